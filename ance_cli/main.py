@@ -1,0 +1,160 @@
+"""The `ance` command: demo, run, bm25, evaluate, search.
+
+Commands that compute metrics accept --json and then print them as one JSON object on their last line.
+User errors (bad data, bad config, missing files) print one line and exit with status 2, without a traceback.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train dense retrievers with ANCE, orchestrated by Prefect.")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _guard(fn):
+    """Run a command body; AnceError and config errors become one red line and exit code 2."""
+    from pydantic import ValidationError
+
+    from ance_core.config import format_validation_error
+    from ance_core.errors import AnceError
+
+    try:
+        return fn()
+    except AnceError as e:
+        _fail(str(e))
+    except ValidationError as e:
+        _fail(f"invalid config:\n{format_validation_error(e)}")
+
+
+def _print_pipeline(result: dict, as_json: bool) -> None:
+    typer.echo("")
+    typer.echo(result["markdown"])
+    typer.echo(f"final checkpoint: {result['final_checkpoint']}")
+    typer.echo(f"report: {result['report_dir']}/results.md")
+    if as_json:
+        last = result["results"][-1]
+        typer.echo(json.dumps({k: v for k, v in last.items()} | {"results": result["results"]}))
+
+
+def _run_pipeline(config, as_json: bool) -> None:
+    from flows.ance_pipeline import ance_pipeline
+
+    _print_pipeline(ance_pipeline(config), as_json)
+
+
+@app.command()
+def demo(
+    rounds: Annotated[int, typer.Option(help="ANCE rounds after the BM25 warm-up")] = 2,
+    work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+):
+    """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
+    from ance_core.config import PipelineConfig
+
+    _guard(lambda: _run_pipeline(PipelineConfig(rounds=rounds, work_dir=work_dir), as_json))
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML or JSON pipeline config")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+):
+    """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
+    from ance_core.config import load_config
+
+    _guard(lambda: _run_pipeline(load_config(config), as_json))
+
+
+def _print_metrics(metrics: dict, title: str, as_json: bool) -> None:
+    typer.echo(title)
+    for k, v in metrics.items():
+        typer.echo(f"  {k:<16}{v:.4f}")
+    if as_json:
+        typer.echo(json.dumps(metrics))
+
+
+@app.command()
+def bm25(
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    split: Annotated[str, typer.Option(help="qrels split to evaluate")] = "test",
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+):
+    """Evaluate the BM25 baseline (top-1000) on a split."""
+    from ance_core.config import BM25Config, DataConfig
+    from flows.evaluate import bm25_baseline
+
+    def body():
+        metrics = bm25_baseline(DataConfig(dataset=dataset, eval_split=split), BM25Config(), work_dir)
+        _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
+
+    _guard(body)
+
+
+@app.command()
+def evaluate(
+    checkpoint: Annotated[Path, typer.Option(help="A checkpoint folder written by training (or init)")],
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    split: Annotated[str, typer.Option()] = "test",
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+):
+    """Encode the corpus with a checkpoint, index it and evaluate it on a split."""
+    from ance_core.config import DataConfig
+    from ance_core.model import read_meta
+    from flows.evaluate import evaluate_checkpoint
+
+    def body():
+        read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
+        metrics = evaluate_checkpoint(str(checkpoint.resolve()), DataConfig(dataset=dataset, eval_split=split),
+                                      work_dir=work_dir)
+        _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
+
+    _guard(body)
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Query text")],
+    model: Annotated[Path, typer.Option(help="Checkpoint folder")],
+    index: Annotated[Path, typer.Option(help="Index folder (with `index` and `docid`)")],
+    top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
+    dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
+):
+    """Print the top hits of a query."""
+    from ance_core.errors import AnceError
+    from ance_core.model import read_meta
+    from ance_core.search import search_text
+
+    def body():
+        read_meta(model)
+        if not (index / "index").is_file():
+            raise AnceError(f"{index}: not an index folder (no 'index' file)")
+        hits = search_text(model, index, query, top_k)
+        texts = _corpus_titles(dataset) if dataset else {}
+        for rank, hit in enumerate(hits, 1):
+            typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
+
+    _guard(body)
+
+
+def _corpus_titles(dataset: str) -> dict[str, str]:
+    from ance_core.data import load_dataset, passage_texts, resolve_dataset
+
+    corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
+    return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+
+
+def main() -> None:  # pragma: no cover
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(app())

@@ -1,0 +1,30 @@
+"""BM25 with bm25s and a Snowball stemmer: the baseline run and the source of BM25 negatives."""
+
+import bm25s
+import numpy as np
+import pandas as pd
+import Stemmer
+
+from ance_core.config import BM25Config
+from ance_core.data import passage_texts
+from ance_core.search import run_frame
+
+
+class BM25:
+    def __init__(self, corpus: pd.DataFrame, cfg: BM25Config):
+        self.cfg = cfg
+        self.stemmer = Stemmer.Stemmer(cfg.stemmer) if cfg.stemmer else None
+        self.doc_ids = corpus["doc_id"].astype(str).to_numpy(dtype=object)
+        tokens = bm25s.tokenize(passage_texts(corpus), stopwords=cfg.stopwords, stemmer=self.stemmer,
+                                show_progress=False)
+        self.retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+        self.retriever.index(tokens, show_progress=False)
+
+    def search(self, queries: pd.DataFrame, top_k: int) -> pd.DataFrame:
+        """Run (query_id, doc_id, rank, score) with min(top_k, corpus size) hits per query."""
+        k = min(top_k, len(self.doc_ids))
+        tokens = bm25s.tokenize(queries["text"].tolist(), stopwords=self.cfg.stopwords, stemmer=self.stemmer,
+                                return_ids=False, show_progress=False)
+        tokens = [t if t else [""] for t in tokens]  # a query of only stopwords matches nothing, not an error
+        rows, scores = self.retriever.retrieve(tokens, k=k, show_progress=True, n_threads=0)
+        return run_frame(queries["query_id"].tolist(), self.doc_ids[rows], np.asarray(scores, dtype=np.float32))

@@ -1,0 +1,154 @@
+"""One pydantic config per stage, composed into the pipeline config.
+
+Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is refused before any work starts.
+The defaults are the demo: SciFact, all-MiniLM-L6-v2, BM25 warm-up then two ANCE rounds on a 2-core CPU.
+"""
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ance_core.errors import AnceError
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+class StageConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataConfig(StageConfig):
+    """Which dataset, where it lives, and which qrels splits train and evaluate."""
+
+    dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
+    format: Literal["auto", "beir", "msmarco"] = "auto"
+    data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
+    download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
+    train_split: str = "train"
+    eval_split: str = "test"
+
+
+class BM25Config(StageConfig):
+    """bm25s with a Snowball stemmer; title and text are indexed together."""
+
+    k1: float = Field(0.9, gt=0)
+    b: float = Field(0.4, ge=0, le=1)
+    method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = "lucene"
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+    top_k: int = Field(1000, ge=1, description="Depth of the evaluation run")
+
+
+class ModelConfig(StageConfig):
+    """BERT-Siamese (ANCE eq. 1-3): shared encoder -> pooled vector -> Linear(h, h) -> LayerNorm, dot product."""
+
+    name: str = Field("minilm", description="'minilm', any Hugging Face model id, or a local path")
+    pooling: Literal["mean", "cls"] = "mean"
+    init_temperature: float = Field(
+        0.05,
+        gt=0,
+        description="Head initialisation: identity projection and LayerNorm gain sqrt(1/(T*h)), so q.d of a "
+        "fresh head equals the centred cosine of the pooled vectors divided by T",
+    )
+    query_max_length: int = Field(64, ge=8)
+    passage_max_length: int = Field(256, ge=8)
+
+
+class TrainConfig(StageConfig):
+    """NLL over 1 positive + n mined negatives per query (ANCE eq. 5), optionally with in-batch negatives."""
+
+    epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs when set")
+    batch_size: int = Field(16, ge=1, description="Queries per micro-batch")
+    grad_accumulation: int = Field(1, ge=1)
+    learning_rate: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    max_grad_norm: float = Field(2.0, gt=0)
+    in_batch_negatives: bool = True
+    query_max_length: int = Field(64, ge=8)
+    passage_max_length: int = Field(128, ge=8)
+    precision: Precision = "auto"
+    seed: int = 42
+    checkpoint_every: int = Field(50, ge=0, description="Optimizer steps between resumable checkpoints; 0 = end only")
+
+
+class EncodeConfig(StageConfig):
+    """Corpus/query encoding: length-sorted dynamic padding, streamed to .npy shards."""
+
+    batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(50_000, ge=1, description="Passages per .npy shard (bounds memory)")
+    precision: Precision = "auto"
+
+
+class IndexConfig(StageConfig):
+    """faiss IndexFlatIP (the paper's); on the GPU when faiss-gpu and CUDA are present."""
+
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
+
+
+class MiningConfig(StageConfig):
+    """Negatives = retrieval top-k minus all labelled positives; n sampled uniformly (ANCE eq. 10)."""
+
+    top_k: int = Field(200, ge=1)
+    num_negatives: int = Field(1, ge=1, description="Negatives per (query, positive) pair; the paper uses 1")
+    seed: int = 42
+
+
+class EvalConfig(StageConfig):
+    top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run")
+
+
+class PipelineConfig(StageConfig):
+    """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
+
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    bm25: BM25Config = BM25Config()
+    bm25_negatives: MiningConfig = MiningConfig(top_k=100)
+    warmup: TrainConfig = TrainConfig()
+    encode: EncodeConfig = EncodeConfig()
+    index: IndexConfig = IndexConfig()
+    mining: MiningConfig = MiningConfig()
+    ance: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    rounds: int = Field(2, ge=0, description="ANCE rounds after the BM25 warm-up")
+    work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
+
+    @model_validator(mode="after")
+    def _splits_differ(self) -> "PipelineConfig":
+        if self.data.train_split == self.data.eval_split:
+            raise ValueError(
+                f"data.train_split and data.eval_split are both '{self.data.train_split}': "
+                "training on the evaluation split would report leaked metrics"
+            )
+        return self
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read a YAML or JSON pipeline config; errors name the file and the offending field."""
+    path = Path(path)
+    if not path.is_file():
+        raise AnceError(f"{path}: config file not found")
+    try:
+        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise AnceError(f"{path}: invalid config:\n{format_validation_error(e)}") from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {loc}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else ""))
+    return "\n".join(lines)

@@ -1,0 +1,323 @@
+"""Dataset loading (BEIR and MS MARCO layouts) with validation, resolution from a data home, parquet tables.
+
+Tables (what every later stage reads):
+  corpus.parquet   doc_id, title, text
+  queries.parquet  query_id, text          (only queries that appear in some qrels split)
+  qrels.parquet    query_id, doc_id, relevance, split
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ance_core.artifacts import file_digest
+from ance_core.errors import AnceError, DataError
+
+BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+# md5 of each public BEIR archive, as published in the BEIR README.
+BEIR_MD5 = {
+    "msmarco": "444067daf65d982533ea17ebd59501e4",
+    "trec-covid": "ce62140cb23feb9becf6270d0d1fe6d1",
+    "nfcorpus": "a89dba18a62ef92f7d323ec890a0d38d",
+    "nq": "d4d3d2e48787a744b6f6e691ff534307",
+    "hotpotqa": "f412724f78b0d91183a0e86805e16114",
+    "fiqa": "17918ed23cd04fb15047f73e6c3bd9d9",
+    "arguana": "8ad3e3c2a5867cdced806d6503f29b99",
+    "webis-touche2020": "46f650ba5a527fc69e0a6521c5a23563",
+    "cqadupstack": "4e41456d7df8ee7760a7f866133bda78",
+    "quora": "18fb154900ba42a600f84b839c173167",
+    "dbpedia-entity": "c2a39eb420a3164af735795df012ac2c",
+    "scidocs": "38121350fc3a4d2f48850f6aff52e4a9",
+    "fever": "5a818580227bfb4b35bb6fa46d9b6c03",
+    "climate-fever": "8b66f0a9126c521bae2bde127b4dc99d",
+    "scifact": "5f7d1de60b170fc8027bb7898e2efca1",
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    corpus: pd.DataFrame
+    queries: pd.DataFrame
+    qrels: pd.DataFrame
+
+    def split_qrels(self, split: str) -> pd.DataFrame:
+        qrels = self.qrels[self.qrels["split"] == split]
+        if qrels.empty:
+            available = sorted(self.qrels["split"].unique())
+            raise AnceError(f"split '{split}' has no qrels (available splits: {', '.join(available)})")
+        return qrels
+
+    def split_queries(self, split: str) -> pd.DataFrame:
+        ids = self.split_qrels(split)["query_id"].unique()
+        return self.queries[self.queries["query_id"].isin(ids)].reset_index(drop=True)
+
+    def positives(self, split: str) -> dict[str, set[str]]:
+        """All labelled-relevant documents of each query of the split (relevance > 0)."""
+        rel = self.split_qrels(split)
+        rel = rel[rel["relevance"] > 0]
+        return {q: set(d) for q, d in rel.groupby("query_id")["doc_id"]}
+
+
+# ---------------------------------------------------------------- resolution and download
+
+
+def data_home(explicit: str | None = None) -> Path:
+    return Path(explicit or os.environ.get("ANCE_DATA_HOME") or Path.home() / ".cache" / "ance" / "data")
+
+
+def resolve_dataset(dataset: str, home: str | None = None, download: bool = True) -> Path:
+    """A path to an existing folder, or a name under the data home (downloaded from BEIR when missing)."""
+    as_path = Path(dataset).expanduser()
+    if as_path.is_dir():
+        return as_path
+    root = data_home(home)
+    if (root / dataset).is_dir():
+        return root / dataset
+    if dataset in BEIR_MD5 and download:
+        try:
+            return download_beir(dataset, root)
+        except OSError as e:
+            raise AnceError(
+                f"dataset '{dataset}' is not in the data home {root} and downloading it failed ({e}); "
+                f"put it at {root / dataset} or set ANCE_DATA_HOME"
+            ) from None
+    known = ", ".join(sorted(BEIR_MD5))
+    raise AnceError(
+        f"dataset '{dataset}' not found: not a folder, not in the data home {root}"
+        + (f" (downloadable BEIR names: {known})" if download else " and download is off")
+    )
+
+
+def download_beir(name: str, root: Path) -> Path:
+    """Download the public BEIR zip for `name`, verify its md5, unpack atomically into root/name."""
+    url = BEIR_URL.format(name=name)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".download-{name}-") as tmp:
+        archive = Path(tmp) / f"{name}.zip"
+        md5 = hashlib.md5()
+        with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as out:
+            while block := response.read(1 << 20):
+                md5.update(block)
+                out.write(block)
+        if md5.hexdigest() != BEIR_MD5[name]:
+            raise AnceError(f"{url}: checksum mismatch (md5 {md5.hexdigest()}, expected {BEIR_MD5[name]})")
+        unpacked = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():  # refuse entries that would escape the target folder
+                if not (unpacked / member).resolve().is_relative_to(unpacked.resolve()):
+                    raise AnceError(f"{url}: unsafe path in archive: {member}")
+            zf.extractall(unpacked)
+        source = unpacked / name if (unpacked / name).is_dir() else unpacked
+        os.replace(source, root / name)
+    return root / name
+
+
+def dataset_digest(folder: Path) -> str:
+    """Content digest of every data file in the folder (names and bytes)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        if path.suffix in {".jsonl", ".tsv", ".json"}:
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(file_digest(path).encode())
+    return h.hexdigest()[:16]
+
+
+def detect_format(folder: Path) -> str:
+    if (folder / "corpus.jsonl").is_file():
+        return "beir"
+    if (folder / "collection.tsv").is_file():
+        return "msmarco"
+    raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
+
+
+# ---------------------------------------------------------------- line readers
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line."""
+    if not path.is_file():
+        raise DataError(path, "file not found")
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(path, f"not valid UTF-8 (byte {e.start} of the line)", number) from None
+            line = line.rstrip("\r\n")
+            if line.strip():
+                yield number, line
+
+
+def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
+    ids: dict[str, int] = {}
+    rows: list[tuple[str, ...]] = []
+    for number, line in _lines(path):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(path, f"malformed JSON: {e.msg} at column {e.colno}", number) from None
+        if not isinstance(obj, dict):
+            raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
+        for name in ("_id", *fields):
+            if name not in obj or obj[name] is None:
+                raise DataError(path, f"missing field '{name}'", number)
+            if name != "_id" and not isinstance(obj[name], str):
+                raise DataError(path, f"field '{name}' must be a string", number)
+        doc_id = str(obj["_id"])
+        if not doc_id:
+            raise DataError(path, "empty '_id'", number)
+        if doc_id in ids:
+            raise DataError(path, f"duplicate id '{doc_id}' (first on line {ids[doc_id]})", number)
+        ids[doc_id] = number
+        rows.append((doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional)))
+    return pd.DataFrame(rows, columns=["id", *fields, *optional])
+
+
+def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
+    for number, line in _lines(path):
+        parts = line.split("\t")
+        if len(parts) != columns:
+            raise DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}", number)
+        yield number, parts
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def _relevance(path: Path, number: int, value: str) -> int:
+    try:
+        return int(float(value))
+    except ValueError:
+        raise DataError(path, f"relevance '{value}' is not a number", number) from None
+
+
+def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str):
+    if not rows:
+        raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
+    for number, qid, did, _ in rows:
+        if qid not in query_ids:
+            raise DataError(path, f"query '{qid}' is not in the queries file", number)
+        if did not in doc_ids:
+            raise DataError(path, f"document '{did}' is not in the corpus", number)
+
+
+def _load_beir(folder: Path) -> Dataset:
+    corpus = _read_jsonl(folder / "corpus.jsonl", ("text",), optional=("title",))
+    if corpus.empty:
+        raise DataError(folder / "corpus.jsonl", "empty corpus")
+    corpus = corpus.rename(columns={"id": "doc_id"})[["doc_id", "title", "text"]]
+    queries = _read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
+    qrels_dir = folder / "qrels"
+    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    if not files:
+        raise DataError(qrels_dir, "no qrels/<split>.tsv files")
+    query_ids, doc_ids = set(queries["query_id"]), set(corpus["doc_id"])
+    frames = []
+    for path in files:
+        rows: list[tuple[int, str, str, int]] = []
+        for number, parts in _read_tsv(path, 3, "query-id, corpus-id, score"):
+            if number == 1 and parts[2].strip().lower() in {"score", "relevance"}:
+                continue  # header
+            rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
+        _check_qrels(path, rows, query_ids, doc_ids, path.stem)
+        frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
+            split=path.stem))
+    return _finish(corpus, queries, pd.concat(frames, ignore_index=True))
+
+
+def _load_msmarco(folder: Path) -> Dataset:
+    path = folder / "collection.tsv"
+    seen: dict[str, int] = {}
+    docs = []
+    for number, line in _lines(path):
+        parts = line.split("\t")
+        if len(parts) not in (2, 3):
+            raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
+        if parts[0] in seen:
+            raise DataError(path, f"duplicate id '{parts[0]}' (first on line {seen[parts[0]]})", number)
+        seen[parts[0]] = number
+        docs.append((parts[0], parts[1] if len(parts) == 3 else "", parts[-1]))
+    if not docs:
+        raise DataError(path, "empty corpus")
+    corpus = pd.DataFrame(docs, columns=["doc_id", "title", "text"])
+    query_frames, qrel_frames = [], []
+    qrel_files = sorted(folder.glob("qrels.*.tsv"))
+    if not qrel_files:
+        raise DataError(folder, "no qrels.<split>.tsv files")
+    for qpath in qrel_files:
+        split = qpath.name[len("qrels."):-len(".tsv")]
+        queries_path = folder / f"queries.{split}.tsv"
+        qs = [(parts[0], parts[1], number) for number, parts in _read_tsv(queries_path, 2, "id, text")]
+        first: dict[str, int] = {}
+        for qid, _, number in qs:
+            if qid in first:
+                raise DataError(queries_path, f"duplicate id '{qid}' (first on line {first[qid]})", number)
+            first[qid] = number
+        rows = []
+        for number, line in _lines(qpath):
+            parts = line.split()
+            if len(parts) == 4:  # TREC: qid iteration docid relevance
+                qid, did, rel = parts[0], parts[2], parts[3]
+            elif len(parts) == 3:
+                qid, did, rel = parts
+            else:
+                raise DataError(qpath, f"expected 4 (TREC) or 3 columns, got {len(parts)}", number)
+            rows.append((number, qid, did, _relevance(qpath, number, rel)))
+        _check_qrels(qpath, rows, set(first), set(seen), split)
+        query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
+        qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
+            split=split))
+    queries = pd.concat(query_frames, ignore_index=True).drop_duplicates("query_id")
+    return _finish(corpus, queries, pd.concat(qrel_frames, ignore_index=True))
+
+
+def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame) -> Dataset:
+    used = set(qrels["query_id"])
+    queries = queries[queries["query_id"].isin(used)].reset_index(drop=True)
+    qrels = qrels.drop_duplicates(["query_id", "doc_id", "split"], keep="last").reset_index(drop=True)
+    return Dataset(corpus.reset_index(drop=True), queries, qrels)
+
+
+def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:
+    folder = Path(folder)
+    fmt = detect_format(folder) if fmt == "auto" else fmt
+    return _load_beir(folder) if fmt == "beir" else _load_msmarco(folder)
+
+
+# ---------------------------------------------------------------- parquet tables
+
+
+def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
+    dataset.corpus.to_parquet(out / "corpus.parquet", index=False)
+    dataset.queries.to_parquet(out / "queries.parquet", index=False)
+    dataset.qrels.to_parquet(out / "qrels.parquet", index=False)
+    return {
+        "documents": len(dataset.corpus),
+        "queries": len(dataset.queries),
+        **{f"qrels_{s}": int(n) for s, n in dataset.qrels["split"].value_counts().items()},
+    }
+
+
+def read_tables(folder: str | Path) -> Dataset:
+    folder = Path(folder)
+    return Dataset(
+        corpus=pd.read_parquet(folder / "corpus.parquet"),
+        queries=pd.read_parquet(folder / "queries.parquet"),
+        qrels=pd.read_parquet(folder / "qrels.parquet"),
+    )
+
+
+def passage_texts(corpus: pd.DataFrame) -> list[str]:
+    """Title and text joined, as both BM25 and the encoder see a passage."""
+    titles = corpus["title"].fillna("").astype(str)
+    texts = corpus["text"].astype(str)
+    return [f"{t} {x}".strip() if t else x for t, x in zip(titles, texts, strict=True)]
+

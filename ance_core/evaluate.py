@@ -1,0 +1,54 @@
+"""Retrieval metrics with ir_measures (trec_eval): nDCG@10, RR@10 (MRR@10), R@100, R@1000.
+
+Metric keys avoid '@' (MLflow refuses it): ndcg_at_10, mrr_at_10, recall_at_100, recall_at_1000.
+Queries of the split that the run does not cover count as zero, not as missing.
+"""
+
+from pathlib import Path
+
+import ir_measures
+import pandas as pd
+from ir_measures import R, RR, nDCG
+
+from ance_core.artifacts import write_json
+from ance_core.search import write_trec
+
+MEASURES = {
+    "ndcg_at_10": nDCG @ 10,
+    "mrr_at_10": RR @ 10,
+    "recall_at_100": R @ 100,
+    "recall_at_1000": R @ 1000,
+}
+_NAMES = {str(m): k for k, m in MEASURES.items()}
+
+
+def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
+    """One row per query of the qrels: query_id and one column per metric."""
+    qrels = qrels[["query_id", "doc_id", "relevance"]].astype({"relevance": int})
+    run = run[["query_id", "doc_id", "score"]].astype({"score": float})
+    values = [
+        (m.query_id, _NAMES[str(m.measure)], float(m.value))
+        for m in ir_measures.iter_calc(list(MEASURES.values()), qrels, run)
+    ]
+    table = pd.DataFrame(values, columns=["query_id", "metric", "value"])
+    table = table.pivot(index="query_id", columns="metric", values="value")
+    all_queries = pd.Index(sorted(qrels["query_id"].unique()), name="query_id")
+    return table.reindex(all_queries).fillna(0.0)[list(MEASURES)].reset_index()
+
+
+def aggregate(per_query: pd.DataFrame) -> dict[str, float]:
+    return {k: float(per_query[k].mean()) for k in MEASURES}
+
+
+def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame) -> tuple[dict[str, float], pd.DataFrame]:
+    per_query = per_query_metrics(run, qrels)
+    return aggregate(per_query), per_query
+
+
+def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str) -> dict[str, float]:
+    """metrics.json, per_query.parquet and the TREC run file of one evaluation, into folder `out`."""
+    metrics, per_query = evaluate_run(run, qrels)
+    per_query.to_parquet(out / "per_query.parquet", index=False)
+    write_trec(run, out / "run.trec", tag)
+    write_json(out / "metrics.json", metrics)
+    return metrics

@@ -1,0 +1,26 @@
+"""The NLL loss of ANCE eq. 5 as a pure function of embeddings."""
+
+import torch
+import torch.nn.functional as F
+
+
+def nll_loss(
+    q: torch.Tensor, p: torch.Tensor, group_size: int, in_batch: bool, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """-log softmax score of each query's positive among its own negatives (and, optionally, all other passages).
+
+    q: (B, h) queries. p: (B * G, h) passages in groups of G = 1 + n per query, the positive first.
+    in_batch: also contrast against the other queries' passages (columns of the whole batch).
+    mask: (B, B * G) bool, True where a column must not count as a negative (e.g. another query's passage that
+          is also a labelled positive of this query); only with in_batch.
+    """
+    B = q.size(0)
+    if in_batch:
+        scores = q @ p.T  # (B, B*G)
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        target = torch.arange(B, device=q.device) * group_size  # column of each query's own positive
+    else:
+        scores = torch.einsum("bh,bgh->bg", q, p.view(B, group_size, -1))  # (B, G)
+        target = torch.zeros(B, dtype=torch.long, device=q.device)
+    return F.cross_entropy(scores.float(), target)

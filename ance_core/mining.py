@@ -1,0 +1,51 @@
+"""Negative mining (ANCE eq. 10): D- = retrieval top-k minus ALL labelled positives; n sampled uniformly.
+
+retrieve -> drop positives -> sample, each its own function. The same code mines BM25 negatives (from a BM25
+run, the warm-up's "BM25 Neg") and ANCE negatives (from the ANN run of the current checkpoint).
+Deterministic: the sample for a query depends only on (seed, round, query id).
+"""
+
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from ance_core.errors import AnceError
+
+NEGATIVE_COLUMNS = ["query_id", "positive_id", "negative_ids", "negative_ranks", "negative_scores"]
+
+
+def drop_positives(ranked: pd.DataFrame, positives: set[str], top_k: int) -> pd.DataFrame:
+    """The top-k rows of one query's ranked list (doc_id, rank, score) whose doc is not a labelled positive."""
+    top = ranked[ranked["rank"] <= top_k]
+    return top[~top["doc_id"].isin(positives)]
+
+
+def query_rng(seed: int, round_: int, query_id: str) -> np.random.Generator:
+    return np.random.default_rng([seed, round_, zlib.crc32(query_id.encode())])
+
+
+def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
+    """n distinct candidates, uniformly without replacement, kept in rank order."""
+    if len(candidates) < n:
+        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested: raise mining top_k")
+    picked = np.sort(rng.choice(len(candidates), size=n, replace=False))
+    return candidates.iloc[picked]
+
+
+def ance_negatives(
+    run: pd.DataFrame, positives: dict[str, set[str]], top_k: int, n: int, seed: int, round_: int
+) -> pd.DataFrame:
+    """One row per (query, positive): n negatives from the query's top-k minus its positives."""
+    grouped = dict(tuple(run.groupby("query_id", sort=False)))
+    rows = []
+    for query_id in sorted(positives):
+        if query_id not in grouped:
+            raise AnceError(f"query '{query_id}' has labelled positives but no retrieval results")
+        candidates = drop_positives(grouped[query_id], positives[query_id], top_k)
+        rng = query_rng(seed, round_, query_id)
+        for positive_id in sorted(positives[query_id]):
+            neg = sample_uniform(candidates, n, rng)
+            rows.append((query_id, positive_id, neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(),
+                         neg["score"].astype(float).tolist()))
+    return pd.DataFrame(rows, columns=NEGATIVE_COLUMNS)

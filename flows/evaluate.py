@@ -1,0 +1,33 @@
+"""Small flows for the CLI (and later the `evaluate` deployment): BM25 baseline, checkpoint evaluation."""
+
+from prefect import flow
+
+from ance_core.artifacts import ArtifactRef
+from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, IndexConfig
+from ance_core.report import read_metrics
+from tasks.bm25 import bm25_run
+from tasks.data import prepare_data
+from tasks.encode import encode_corpus
+from tasks.evaluate import evaluate
+from tasks.index import build_index
+from tasks.retrieve import dense_run
+
+
+@flow(name="bm25-baseline")
+def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work") -> dict:
+    tables = prepare_data(data, work_dir)
+    run = bm25_run(tables, bm25, data.eval_split, bm25.top_k, work_dir)
+    return read_metrics(evaluate(run, tables, data.eval_split, work_dir))
+
+
+@flow(name="evaluate")
+def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
+                        index: IndexConfig = IndexConfig(), eval: EvalConfig = EvalConfig(),
+                        work_dir: str = "work") -> dict:
+    from ance_core.artifacts import file_digest
+
+    ref = ArtifactRef(checkpoint, file_digest(f"{checkpoint}/model.safetensors")[:16])
+    tables = prepare_data(data, work_dir)
+    built = build_index(encode_corpus(ref, tables, encode, work_dir), work_dir)
+    run = dense_run(ref, built, tables, data.eval_split, eval.top_k, encode, index, work_dir)
+    return read_metrics(evaluate(run, tables, data.eval_split, work_dir))

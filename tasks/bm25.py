@@ -1,0 +1,20 @@
+from prefect import task
+
+from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.bm25 import BM25
+from ance_core.config import BM25Config
+from ance_core.data import read_tables
+from tasks.common import TASK_DEFAULTS
+
+
+@task(name="bm25-run", **TASK_DEFAULTS)
+def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str) -> ArtifactRef:
+    """BM25 top-k for the queries of a split: the baseline run, or the candidates for BM25 negatives."""
+
+    def build(out):
+        tables = read_tables(data.path)
+        run = BM25(tables.corpus, cfg).search(tables.split_queries(split), top_k)
+        run.to_parquet(out / "run.parquet", index=False)
+        return {"queries": int(run["query_id"].nunique()), "depth": top_k}
+
+    return run_stage(work_dir, "bm25", {"bm25": cfg, "split": split, "top_k": top_k}, {"data": data.digest}, build)

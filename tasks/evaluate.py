@@ -1,0 +1,18 @@
+import pandas as pd
+from prefect import task
+
+from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.data import read_tables
+from ance_core.evaluate import write_evaluation
+from tasks.common import TASK_DEFAULTS
+
+
+@task(name="evaluate", **TASK_DEFAULTS)
+def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str) -> ArtifactRef:
+    """nDCG@10, MRR@10, R@100, R@1000 of a run on a split; per-query values and the TREC file are kept."""
+
+    def build(out):
+        qrels = read_tables(data.path).split_qrels(split)
+        return write_evaluation(pd.read_parquet(f"{run.path}/run.parquet"), qrels, out, tag=run.digest)
+
+    return run_stage(work_dir, "evaluate", {"split": split}, {"run": run.digest, "data": data.digest}, build)

@@ -1,0 +1,12 @@
+from prefect import task
+
+from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.config import ModelConfig
+from ance_core.model import init_model
+from tasks.common import TASK_DEFAULTS
+
+
+@task(name="init-model", **TASK_DEFAULTS)
+def init_checkpoint(cfg: ModelConfig, work_dir: str) -> ArtifactRef:
+    """The starting checkpoint: pretrained encoder plus a freshly initialised projection head."""
+    return run_stage(work_dir, "model", cfg, {}, lambda out: init_model(cfg, out))

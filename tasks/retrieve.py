@@ -1,0 +1,23 @@
+from prefect import task
+
+from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.config import EncodeConfig, IndexConfig
+from ance_core.data import read_tables
+from ance_core.search import dense_retrieve
+from tasks.common import TASK_DEFAULTS
+
+
+@task(name="dense-run", **TASK_DEFAULTS)
+def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
+              encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
+    """ANN top-k for the queries of a split with a checkpoint and its index."""
+
+    def build(out):
+        queries = read_tables(data.path).split_queries(split)
+        run = dense_retrieve(checkpoint.path, index.path, queries, top_k, encode_cfg, index_cfg)
+        run.to_parquet(out / "run.parquet", index=False)
+        return {"queries": len(queries), "depth": top_k}
+
+    config = {"split": split, "top_k": top_k, "encode": encode_cfg}  # index placement does not change results
+    inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}
+    return run_stage(work_dir, "retrieve", config, inputs, build)
