@@ -43,12 +43,26 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     typer.echo(f"report: {result['report_dir']}/results.md")
     if as_json:
         last = result["results"][-1]
-        typer.echo(json.dumps({k: v for k, v in last.items()} | {"results": result["results"]}))
+        summary = {k: v for k, v in last.items() if k != "model"}
+        typer.echo(json.dumps(summary | {k: result[k] for k in ("results", "stages", "final_checkpoint")}))
+
+
+def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:
+    """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run.
+
+    This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
+    from ance_core.data import read_tables
+    from tasks.data import prepare_data
+
+    tables = read_tables(prepare_data.fn(data, work_dir).path)
+    for split in splits:
+        tables.split_qrels(split)
 
 
 def _run_pipeline(config, as_json: bool) -> None:
     from flows.ance_pipeline import ance_pipeline
 
+    _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split))
     _print_pipeline(ance_pipeline(config), as_json)
 
 
@@ -95,6 +109,7 @@ def bm25(
     from flows.evaluate import bm25_baseline
 
     def body():
+        _preflight(DataConfig(dataset=dataset, eval_split=split), work_dir, (split,))
         metrics = bm25_baseline(DataConfig(dataset=dataset, eval_split=split), BM25Config(), work_dir)
         _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
@@ -116,6 +131,7 @@ def evaluate(
 
     def body():
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
+        _preflight(DataConfig(dataset=dataset, eval_split=split), work_dir, (split,))
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), DataConfig(dataset=dataset, eval_split=split),
                                       work_dir=work_dir)
         _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
@@ -157,4 +173,8 @@ def _corpus_titles(dataset: str) -> dict[str, str]:
 
 def main() -> None:  # pragma: no cover
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     sys.exit(app())

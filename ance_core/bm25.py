@@ -25,6 +25,13 @@ class BM25:
         k = min(top_k, len(self.doc_ids))
         tokens = bm25s.tokenize(queries["text"].tolist(), stopwords=self.cfg.stopwords, stemmer=self.stemmer,
                                 return_ids=False, show_progress=False)
-        tokens = [t if t else [""] for t in tokens]  # a query of only stopwords matches nothing, not an error
-        rows, scores = self.retriever.retrieve(tokens, k=k, show_progress=True, n_threads=0)
-        return run_frame(queries["query_id"].tolist(), self.doc_ids[rows], np.asarray(scores, dtype=np.float32))
+        vocab = self.retriever.vocab_dict
+        ids = [[vocab[t] for t in q if t and t in vocab] for q in tokens]
+        # A query with no indexed term (only stopwords, or unseen words) matches nothing: no hits, not an error.
+        keep = [i for i, q in enumerate(ids) if q]
+        query_ids = queries["query_id"].to_numpy(dtype=object)[keep].tolist()
+        if not keep:
+            return run_frame([], np.empty((0, k), dtype=object), np.empty((0, k), dtype=np.float32))
+        rows, scores = self.retriever.retrieve([ids[i] for i in keep], k=k, show_progress=len(keep) > 100,
+                                               n_threads=0)
+        return run_frame(query_ids, self.doc_ids[rows], np.asarray(scores, dtype=np.float32))

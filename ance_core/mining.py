@@ -17,7 +17,7 @@ NEGATIVE_COLUMNS = ["query_id", "positive_id", "negative_ids", "negative_ranks",
 
 def drop_positives(ranked: pd.DataFrame, positives: set[str], top_k: int) -> pd.DataFrame:
     """The top-k rows of one query's ranked list (doc_id, rank, score) whose doc is not a labelled positive."""
-    top = ranked[ranked["rank"] <= top_k]
+    top = ranked[ranked["rank"] <= top_k].sort_values("rank", kind="stable")
     return top[~top["doc_id"].isin(positives)]
 
 

@@ -7,6 +7,10 @@ import random
 from pathlib import Path
 
 import pytest
+import transformers
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
 
 REPO = Path(__file__).resolve().parents[1]
 

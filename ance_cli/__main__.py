@@ -1,0 +1,3 @@
+from ance_cli.main import main
+
+main()

@@ -1,0 +1,47 @@
+"""CLI behaviour on user errors: one clear line, exit status 2, no traceback, nothing written."""
+
+import json
+
+from typer.testing import CliRunner
+
+from ance_cli.main import app
+from tests.conftest import write_beir
+
+runner = CliRunner()
+
+
+def _invoke(args):
+    result = runner.invoke(app, args)
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
+
+
+def test_not_a_checkpoint(tmp_path):
+    code, out = _invoke(["evaluate", "--checkpoint", str(tmp_path), "--dataset", str(tmp_path)])
+    assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
+
+
+def test_bad_config_names_the_field(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("warmup:\n  learning_rate: -1\n")
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and "warmup.learning_rate" in out and "Traceback" not in out
+
+
+def test_bad_data_names_file_and_line_before_any_work(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"train": [("q1", "d1", 1)], "test": [("q1", "d1", 1)]})
+    with open(ds / "corpus.jsonl", "a") as f:
+        f.write('{"_id": "d2", "text": \n')
+    cfg = tmp_path / "c.yaml"
+    work = tmp_path / "work"
+    cfg.write_text(json.dumps({"data": {"dataset": str(ds)}, "work_dir": str(work)}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and "corpus.jsonl:2: malformed JSON" in out and "Traceback" not in out
+    assert not any(p.name != ".partial" and p.is_file() for p in work.rglob("*"))  # nothing half-written
+
+
+def test_missing_split_is_refused_before_any_work(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"train": [("q1", "d1", 1)]})
+    code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "split 'test' has no qrels (available splits: train)" in out

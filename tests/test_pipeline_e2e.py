@@ -1,0 +1,103 @@
+"""End to end: the `ance run` command (Prefect flow, ephemeral server) on a ~200-document SciFact subset with a
+tiny random BERT; every stage's artifacts are checked, then an identical re-run reuses every stage."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+ROUNDS = 2
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_scifact, tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    work = root / "work"
+    train = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
+    config = {
+        "data": {"dataset": str(tiny_scifact)},
+        "model": {"name": str(tiny_model), "passage_max_length": 48},
+        "warmup": train,
+        "ance": train,
+        "mining": {"top_k": 50},
+        "encode": {"batch_size": 32, "shard_size": 64},
+        "rounds": ROUNDS,
+        "work_dir": str(work),
+    }
+    path = root / "tiny.yaml"
+    path.write_text(json.dumps(config))
+    env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+    def run():
+        proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run()
+    return work, first, run
+
+
+def _folders(work: Path, stage: str) -> list[Path]:
+    return sorted(p for p in (work / stage).iterdir() if not p.name.startswith("."))
+
+
+def test_every_stage_wrote_its_artifacts(pipeline, tiny_scifact):
+    work, result, _ = pipeline
+    tables = _folders(work, "data")[0]
+    for name in ("corpus.parquet", "queries.parquet", "qrels.parquet", "manifest.json"):
+        assert (tables / name).is_file()
+    assert len(pd.read_parquet(tables / "corpus.parquet")) == 200
+    assert len(_folders(work, "bm25")) == 2  # eval run (top-1000) and train candidates (top-100)
+    assert (_folders(work, "model")[0] / "ance_model.json").is_file()
+    encodes = _folders(work, "encode")
+    assert len(encodes) == ROUNDS + 2  # zero-shot, warm-up, each round: each checkpoint encoded exactly once
+    for folder in encodes:
+        shards = sorted(folder.glob("emb_*.npy"))
+        assert len(shards) == 4  # 200 passages in shards of 64
+        assert sum(len(np.load(s)) for s in shards) == len((folder / "docids.txt").read_text().splitlines()) == 200
+    for folder in _folders(work, "index"):
+        assert (folder / "index").is_file() and (folder / "docid").is_file()
+    qrels = pd.read_parquet(tables / "qrels.parquet")
+    positives = qrels[(qrels["split"] == "train") & (qrels["relevance"] > 0)].groupby("query_id")["doc_id"].apply(set)
+    mined = _folders(work, "mine")
+    assert len(mined) == ROUNDS + 1
+    for folder in mined:
+        negatives = pd.read_parquet(folder / "negatives.parquet")
+        assert len(negatives) == len(qrels[(qrels["split"] == "train") & (qrels["relevance"] > 0)])
+        for row in negatives.itertuples():
+            assert not set(row.negative_ids) & positives[row.query_id]
+    trained = _folders(work, "train")
+    assert len(trained) == ROUNDS + 1
+    for folder in trained:
+        assert len((folder / "train_log.jsonl").read_text().splitlines()) == 3
+        for name in ("model.safetensors", "head.safetensors", "tokenizer.json", "optimizer.safetensors"):
+            assert (folder / name).is_file()
+    for folder in _folders(work, "evaluate"):
+        assert (folder / "run.trec").is_file() and (folder / "per_query.parquet").is_file()
+    assert not list(work.rglob(".partial-*"))
+
+
+def test_metrics_are_numbers_in_range(pipeline):
+    _, result, _ = pipeline
+    models = [r["model"] for r in result["results"]]
+    assert models == ["BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))]
+    for row in result["results"]:
+        for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000"):
+            assert 0.0 <= row[key] <= 1.0
+    assert result["results"][0]["ndcg_at_10"] > 0.5  # BM25 on a 200-document subset finds the positives
+    assert result["ndcg_at_10"] == result["results"][-1]["ndcg_at_10"]
+
+
+def test_identical_rerun_reuses_every_stage(pipeline):
+    _, first, run = pipeline
+    assert not any(stage["cached"] for stage in first["stages"])
+    second = run()
+    assert all(stage["cached"] for stage in second["stages"]), [s for s in second["stages"] if not s["cached"]]
+    assert second["results"] == first["results"]
+    assert second["final_checkpoint"] == first["final_checkpoint"]
