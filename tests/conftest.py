@@ -60,26 +60,32 @@ def tiny_scifact(scifact_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A 2-layer, 32-dim random BERT with a WordPiece vocabulary trained here on a few sentences."""
+    """A 2-layer, 32-dim random BERT with a WordPiece vocabulary trained here (on SciFact text when present, so
+    real passages do not collapse to [UNK])."""
+    import torch
     from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-bert")
-    folder_corpus = folder / "train.txt"
+    text_file = folder / "train.txt"
     words = ("cell protein gene cancer patients study risk effect mice treatment increase expression "
              "blood disease clinical results human response level activity associated reduced").split()
     rng = random.Random(0)
-    folder_corpus.write_text("\n".join(" ".join(rng.choices(words, k=12)) for _ in range(400)))
+    lines = [" ".join(rng.choices(words, k=12)) for _ in range(400)]
+    if (scifact := shared_scifact()) is not None:
+        docs = (scifact / "corpus.jsonl").read_text().splitlines()[:3000]
+        lines += [json.loads(d)["title"] + " " + json.loads(d)["text"] for d in docs]
+        lines += [json.loads(q)["text"] for q in (scifact / "queries.jsonl").read_text().splitlines()]
+    text_file.write_text("\n".join(lines))
     wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train([str(folder_corpus)], vocab_size=600, min_frequency=1, show_progress=False)
-    wordpiece.save_model(str(folder))
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    wordpiece.train([str(text_file)], vocab_size=4000, min_frequency=2, show_progress=False)
+    text_file.unlink()
+    tokenizer = BertTokenizerFast(tokenizer_object=wordpiece._tokenizer, unk_token="[UNK]", sep_token="[SEP]",
+                                  pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    assert tokenizer.vocab_size > 100
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=512)
-    import torch
-
     torch.manual_seed(0)
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    folder_corpus.unlink()
     return folder
