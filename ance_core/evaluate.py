@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ir_measures
 import pandas as pd
-from ir_measures import R, RR, nDCG
+from ir_measures import RR, R, nDCG
 
 from ance_core.artifacts import write_json
 from ance_core.search import write_trec

@@ -134,7 +134,9 @@ def read_meta(path: str | Path) -> ModelMeta:
     return ModelMeta(**json.loads(meta_path.read_text()))
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
+def load_checkpoint(
+    path: str | Path, device: torch.device | str = "cpu"
+) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
     path = Path(path)
     meta = read_meta(path)
     model = BiEncoder(_load_encoder(str(path)), meta.pooling)

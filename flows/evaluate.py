@@ -22,12 +22,12 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 
 @flow(name="evaluate")
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
-                        index: IndexConfig = IndexConfig(), eval: EvalConfig = EvalConfig(),
+                        index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work") -> dict:
     from ance_core.artifacts import file_digest
 
     ref = ArtifactRef(checkpoint, file_digest(f"{checkpoint}/model.safetensors")[:16])
     tables = prepare_data(data, work_dir)
     built = build_index(encode_corpus(ref, tables, encode, work_dir), work_dir)
-    run = dense_run(ref, built, tables, data.eval_split, eval.top_k, encode, index, work_dir)
+    run = dense_run(ref, built, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)
     return read_metrics(evaluate(run, tables, data.eval_split, work_dir))

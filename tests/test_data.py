@@ -106,3 +106,21 @@ def test_resolve_dataset(tmp_path, monkeypatch, beir):
         resolve_dataset("nope")
     with pytest.raises(AnceError, match="download is off"):
         resolve_dataset("scifact", home=str(tmp_path / "empty"), download=False)
+
+
+def test_download_verifies_checksum_and_unpacks_atomically(tmp_path, monkeypatch, beir):
+    import hashlib
+    import shutil
+
+    from ance_core import data
+
+    archive = shutil.make_archive(str(tmp_path / "ds"), "zip", root_dir=beir.parent, base_dir="ds")
+    monkeypatch.setattr(data, "BEIR_URL", f"file://{tmp_path}/{{name}}.zip")
+    home = tmp_path / "home"
+    monkeypatch.setitem(data.BEIR_MD5, "ds", "0" * 32)
+    with pytest.raises(AnceError, match="checksum mismatch"):
+        resolve_dataset("ds", home=str(home))
+    assert not (home / "ds").exists() and not list(home.glob(".download-*"))  # nothing half-written
+    monkeypatch.setitem(data.BEIR_MD5, "ds", hashlib.md5(open(archive, "rb").read()).hexdigest())
+    folder = resolve_dataset("ds", home=str(home))
+    assert folder == home / "ds" and len(load_dataset(folder).corpus) == 4

@@ -108,3 +108,34 @@ def test_identical_rerun_reuses_every_stage(pipeline):
     assert all(stage["cached"] for stage in second["stages"]), [s for s in second["stages"] if not s["cached"]]
     assert second["results"] == first["results"]
     assert second["final_checkpoint"] == first["final_checkpoint"]
+
+
+def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_scifact, tmp_path):
+    work, result, _ = pipeline
+    from typer.testing import CliRunner
+
+    from ance_cli.main import app
+    from ance_core.artifacts import read_manifest
+
+    final = Path(result["final_checkpoint"])
+    # the index built from the final checkpoint's encoding (manifests record each stage's inputs)
+    index = next(p for p in _folders(work, "index")
+                 if read_manifest(work / "encode" / read_manifest(p)["inputs"]["embeddings"])["inputs"]["checkpoint"]
+                 == final.name)
+    out = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k", "3",
+                                   "--dataset", str(tiny_scifact)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.strip().splitlines()
+    assert len(lines) == 3 and lines[0].split()[0] == "1"
+    scores = [float(line.split()[1]) for line in lines]
+    assert scores == sorted(scores, reverse=True)
+
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "evaluate", "--checkpoint", str(final), "--dataset",
+                           str(tiny_scifact), "--split", "test", "--work-dir", str(tmp_path / "w"), "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the same checkpoint evaluated on its own (other encode batch size: bf16 rounding may differ slightly)
+    assert metrics["recall_at_1000"] == pytest.approx(result["recall_at_1000"], abs=0.02)
+    assert metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"], abs=0.03)

@@ -26,7 +26,8 @@ def setup(tiny_model, tmp_path_factory):
     return ckpt, negatives, corpus, queries, positives
 
 
-CFG = TrainConfig(max_steps=4, batch_size=3, learning_rate=1e-3, checkpoint_every=2, precision="fp32", warmup_ratio=0.25)
+CFG = TrainConfig(max_steps=4, batch_size=3, learning_rate=1e-3, checkpoint_every=2, precision="fp32",
+                  warmup_ratio=0.25)
 
 
 def _weights(folder):
