@@ -1,7 +1,8 @@
 """Passages/s of the pipeline encoder (length-sorted dynamic padding) vs a plain padded transformers loop.
 
-Same model, max length, batch size, threads and bf16 autocast; one run; prints the ratio.
-    python bench/encode.py [--passages 1024] [--batch-size 64] [--max-length 256]
+Same model, max length, batch size, threads and bf16 autocast, one run, both warmed up first; prints the ratio
+and the padding each approach computes (tokens run through the model / real tokens), per max length.
+    python bench/encode.py [--passages 1024] [--batch-size 64] [--max-lengths 256 512]
 """
 
 import argparse
@@ -20,10 +21,8 @@ from ance_core.encode import encode_texts
 from ance_core.model import init_model, load_checkpoint, pool, resolve_model_name
 
 
-def plain_loop(texts: list[str], model_path: str, max_length: int, batch_size: int) -> np.ndarray:
+def plain_loop(model, tokenizer, texts: list[str], max_length: int, batch_size: int) -> np.ndarray:
     """What a first version would write: corpus order, each batch padded to its longest passage."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModel.from_pretrained(model_path).eval()
     out = []
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         for start in range(0, len(texts), batch_size):
@@ -34,36 +33,54 @@ def plain_loop(texts: list[str], model_path: str, max_length: int, batch_size: i
     return np.concatenate(out)
 
 
+def padded_ratio(lengths: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+    padded = sum(lengths[order[i : i + batch_size]].max() * len(order[i : i + batch_size])
+                 for i in range(0, len(order), batch_size))
+    return padded / lengths.sum()
+
+
+def rate(fn) -> float:
+    start = time.perf_counter()
+    n = len(fn())
+    return n / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dataset", default="scifact")
     parser.add_argument("--passages", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--max-lengths", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--model", default="minilm")
     args = parser.parse_args()
 
-    corpus = load_dataset(resolve_dataset(args.dataset)).corpus.head(args.passages)
-    texts = passage_texts(corpus)
-    ckpt = Path(tempfile.mkdtemp(prefix="ance-bench-"))
-    init_model(ModelConfig(name=args.model, passage_max_length=args.max_length), ckpt)
-    model, tokenizer, meta = load_checkpoint(ckpt)
-    print(f"{len(texts)} passages, max length {args.max_length}, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, bf16 autocast, model {resolve_model_name(args.model)}")
-
-    start = time.perf_counter()
-    encode_texts(model, tokenizer, texts, args.max_length, args.batch_size, torch.bfloat16)
-    pipeline_rate = len(texts) / (time.perf_counter() - start)
-
-    start = time.perf_counter()
-    plain_loop(texts, resolve_model_name(args.model), args.max_length, args.batch_size)
-    plain_rate = len(texts) / (time.perf_counter() - start)
-
-    print(f"pipeline encoder: {pipeline_rate:7.1f} passages/s")
-    print(f"plain loop:       {plain_rate:7.1f} passages/s")
-    print(f"ratio (pipeline / plain): {pipeline_rate / plain_rate:.2f}x")
+    texts = passage_texts(load_dataset(resolve_dataset(args.dataset)).corpus.head(args.passages))
+    source = resolve_model_name(args.model)
+    plain_model, plain_tok = AutoModel.from_pretrained(source).eval(), AutoTokenizer.from_pretrained(source)
+    bs = args.batch_size
+    print(f"{len(texts)} {args.dataset} passages, batch {bs}, {torch.get_num_threads()} threads, bf16 autocast, "
+          f"model {args.model}")
+    print("max_len  pipeline psg/s  plain psg/s  ratio  padded/real tokens (pipeline, plain)")
+    for max_length in args.max_lengths:
+        ckpt = Path(tempfile.mkdtemp(prefix="ance-bench-"))
+        init_model(ModelConfig(name=args.model, passage_max_length=max_length), ckpt)
+        model, tokenizer, _ = load_checkpoint(ckpt)
+        pipeline = lambda: encode_texts(model, tokenizer, texts, max_length, bs, torch.bfloat16)  # noqa: E731
+        plain = lambda: plain_loop(plain_model, plain_tok, texts, max_length, bs)  # noqa: E731
+        encode_texts(model, tokenizer, texts[:bs], max_length, bs, torch.bfloat16)  # warm-up
+        plain_loop(plain_model, plain_tok, texts[:bs], max_length, bs)
+        plain_rate, pipeline_rate = rate(plain), rate(pipeline)
+        lengths = np.array([len(x) for x in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]])
+        pad_sorted = padded_ratio(lengths, np.argsort(-lengths, kind="stable"), bs)
+        pad_plain = padded_ratio(lengths, np.arange(len(lengths)), bs)
+        print(f"{max_length:7d}  {pipeline_rate:14.1f}  {plain_rate:11.1f}  {pipeline_rate / plain_rate:5.2f}x"
+              f"  {pad_sorted:.3f}, {pad_plain:.3f}")
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     main()
