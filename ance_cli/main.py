@@ -5,6 +5,7 @@ User errors (bad data, bad config, missing files) print one line and exit with s
 """
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -173,8 +174,11 @@ def _corpus_titles(dataset: str) -> dict[str, str]:
 
 def main() -> None:  # pragma: no cover
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Prefect's ephemeral server sends a telemetry heartbeat that can hit a locked SQLite file and print a traceback.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
     sys.exit(app())
