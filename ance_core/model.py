@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
+from ance_core.artifacts import digest_of, file_digest
 from ance_core.config import ModelConfig, Precision
 from ance_core.errors import AnceError
 
@@ -125,6 +126,12 @@ def save_checkpoint(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: 
     head |= {f"norm.{k}": v for k, v in model.norm.state_dict().items()}
     save_file({k: v.contiguous() for k, v in head.items()}, out / HEAD_FILE)
     (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2))
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """Content digest of what a checkpoint computes with: weights, head and encoding settings."""
+    path = Path(path)
+    return digest_of({name: file_digest(path / name) for name in ("model.safetensors", HEAD_FILE, META_FILE)})
 
 
 def read_meta(path: str | Path) -> ModelMeta:

@@ -4,6 +4,7 @@ from prefect import flow
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, IndexConfig
+from ance_core.model import checkpoint_digest
 from ance_core.report import read_metrics
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
@@ -24,9 +25,7 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work") -> dict:
-    from ance_core.artifacts import file_digest
-
-    ref = ArtifactRef(checkpoint, file_digest(f"{checkpoint}/model.safetensors")[:16])
+    ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
     tables = prepare_data(data, work_dir)
     built = build_index(encode_corpus(ref, tables, encode, work_dir), work_dir)
     run = dense_run(ref, built, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)

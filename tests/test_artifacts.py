@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from ance_core.artifacts import is_complete, read_manifest, run_stage
+
+
+def test_complete_stage_is_reused_without_rebuilding(tmp_path):
+    calls = []
+
+    def build(out):
+        calls.append(out)
+        (out / "x.txt").write_text("1")
+        return {"rows": 1}
+
+    first = run_stage(tmp_path, "s", {"a": 1}, {"in": "d1"}, build)
+    again = run_stage(tmp_path, "s", {"a": 1}, {"in": "d1"}, build)
+    assert first.path == again.path and len(calls) == 1 and again.cached and not first.cached
+    assert read_manifest(first.path)["summary"] == {"rows": 1}
+    other = run_stage(tmp_path, "s", {"a": 2}, {"in": "d1"}, build)  # a config change is another folder
+    assert other.digest != first.digest and len(calls) == 2
+    assert run_stage(tmp_path, "s", {"a": 1}, {"in": "d2"}, build).digest != first.digest  # so is an input
+
+
+def test_failed_build_leaves_nothing_visible(tmp_path):
+    def broken(out):
+        (out / "half.txt").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        run_stage(tmp_path, "s", {}, {}, broken)
+    assert not any((tmp_path / "s").iterdir())  # no final folder, no partial folder
+
+
+def test_resumable_build_keeps_its_partial_folder_for_the_next_attempt(tmp_path):
+    attempts = []
+
+    def flaky(out):
+        attempts.append(sorted(p.name for p in out.iterdir()))
+        (out / f"checkpoint-{len(attempts)}").mkdir()
+        if len(attempts) == 1:
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        run_stage(tmp_path, "train", {}, {}, flaky, resumable=True)
+    ref = run_stage(tmp_path, "train", {}, {}, flaky, resumable=True)
+    assert attempts == [[], ["checkpoint-1"]]  # the second attempt saw the first one's checkpoint
+    assert is_complete(ref.path) and json.loads((tmp_path / "train" / ref.digest / "manifest.json").read_text())
+    assert not list((tmp_path / "train").glob(".partial-*"))
