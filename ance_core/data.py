@@ -156,6 +156,13 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield number, line
 
 
+def _claim_id(seen: dict[str, int], path: Path, item_id: str, number: int) -> None:
+    """Record the line an id first appears on; a second appearance is an error naming both lines."""
+    if item_id in seen:
+        raise DataError(path, f"duplicate id '{item_id}' (first on line {seen[item_id]})", number)
+    seen[item_id] = number
+
+
 def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     ids: dict[str, int] = {}
     rows: list[tuple[str, ...]] = []
@@ -174,9 +181,7 @@ def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] =
         doc_id = str(obj["_id"])
         if not doc_id:
             raise DataError(path, "empty '_id'", number)
-        if doc_id in ids:
-            raise DataError(path, f"duplicate id '{doc_id}' (first on line {ids[doc_id]})", number)
-        ids[doc_id] = number
+        _claim_id(ids, path, doc_id, number)
         rows.append((doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional)))
     return pd.DataFrame(rows, columns=["id", *fields, *optional])
 
@@ -241,9 +246,7 @@ def _load_msmarco(folder: Path) -> Dataset:
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
-        if parts[0] in seen:
-            raise DataError(path, f"duplicate id '{parts[0]}' (first on line {seen[parts[0]]})", number)
-        seen[parts[0]] = number
+        _claim_id(seen, path, parts[0], number)
         docs.append((parts[0], parts[1] if len(parts) == 3 else "", parts[-1]))
     if not docs:
         raise DataError(path, "empty corpus")
@@ -258,9 +261,7 @@ def _load_msmarco(folder: Path) -> Dataset:
         qs = [(parts[0], parts[1], number) for number, parts in _read_tsv(queries_path, 2, "id, text")]
         first: dict[str, int] = {}
         for qid, _, number in qs:
-            if qid in first:
-                raise DataError(queries_path, f"duplicate id '{qid}' (first on line {first[qid]})", number)
-            first[qid] = number
+            _claim_id(first, queries_path, qid, number)
         rows = []
         for number, line in _lines(qpath):
             parts = line.split()
