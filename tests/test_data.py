@@ -96,6 +96,7 @@ def test_msmarco_layout_trec_and_three_column_qrels(tmp_path):
     (folder / "qrels.dev.tsv").write_text("20 0 9 1\n")
     with pytest.raises(DataError, match=r"qrels.dev.tsv:1: document '9' is not in the corpus"):
         load_dataset(folder)
+    (folder / "qrels.dev.tsv").write_text("20 2 1\n")
     (folder / "queries.train.tsv").write_text("10\twhat first\n10\tagain\n")
     with pytest.raises(DataError, match=r"queries.train.tsv:2: duplicate id '10' \(first on line 1\)"):
         load_dataset(folder)
