@@ -110,8 +110,9 @@ def bm25(
     from flows.evaluate import bm25_baseline
 
     def body():
-        _preflight(DataConfig(dataset=dataset, eval_split=split), work_dir, (split,))
-        metrics = bm25_baseline(DataConfig(dataset=dataset, eval_split=split), BM25Config(), work_dir)
+        data = DataConfig(dataset=dataset, eval_split=split)
+        _preflight(data, work_dir, (split,))
+        metrics = bm25_baseline(data, BM25Config(), work_dir)
         _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
     _guard(body)
@@ -132,9 +133,9 @@ def evaluate(
 
     def body():
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
-        _preflight(DataConfig(dataset=dataset, eval_split=split), work_dir, (split,))
-        metrics = evaluate_checkpoint(str(checkpoint.resolve()), DataConfig(dataset=dataset, eval_split=split),
-                                      work_dir=work_dir)
+        data = DataConfig(dataset=dataset, eval_split=split)
+        _preflight(data, work_dir, (split,))
+        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
         _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
     _guard(body)
