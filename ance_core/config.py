@@ -117,6 +117,15 @@ class PipelineConfig(StageConfig):
     ance: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     rounds: int = Field(2, ge=0, description="ANCE rounds after the BM25 warm-up")
+    refresh: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: each round waits for its negatives (reproducible). async (ANCE Fig. 2): one continuous "
+        "training run; the index is refreshed in the background from each round's checkpoint and the new "
+        "negatives are swapped in as soon as they are ready",
+    )
+    max_staleness: int | None = Field(
+        None, ge=1, description="async only: the trainer waits when its negatives come from a checkpoint more than "
+        "this many steps old and fresher ones are being mined; unset = never wait")
     work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
 
     @model_validator(mode="after")

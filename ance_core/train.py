@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -34,6 +34,8 @@ from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoin
 from ance_core.optim import linear_schedule, make_optimizer
 
 StepCallback = Callable[[dict], None]
+NegativesUpdate = Callable[[int], pd.DataFrame | None]
+SnapshotHook = Callable[[int, Callable[[Path], None]], None]
 CHECKPOINTS = "checkpoints"
 
 
@@ -138,8 +140,17 @@ def train(
     cfg: TrainConfig,
     out: Path,
     callbacks: Sequence[StepCallback] = (),
+    negatives_update: NegativesUpdate | None = None,
+    snapshot_steps: Collection[int] = (),
+    on_snapshot: SnapshotHook | None = None,
 ) -> dict:
-    """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`."""
+    """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`.
+
+    Asynchronous refresh (ANCE Fig. 2): before each step `negatives_update(step)` may return a newer negatives
+    table for the same (query, positive) rows, which replaces the one in use without changing the data order.
+    After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
+    `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
+    """
     if negatives.empty:
         raise ValueError("no training pairs: the negatives table is empty")
     device = pick_device()
@@ -150,6 +161,16 @@ def train(
     query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
     pairs = negatives.reset_index(drop=True)
     group = 1 + len(pairs["negative_ids"].iloc[0])
+
+    def swap_negatives(table: pd.DataFrame) -> None:
+        """Same rows, newer negatives: aligned on (query_id, positive_id), so the data order is untouched."""
+        key = ["query_id", "positive_id"]
+        merged = pairs[key].merge(table[[*key, "negative_ids"]], on=key, how="left", validate="one_to_one")
+        if merged["negative_ids"].isna().any() or len(table) != len(pairs):
+            raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
+        if {len(n) for n in merged["negative_ids"]} != {group - 1}:
+            raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
+        pairs["negative_ids"] = merged["negative_ids"].to_numpy()
 
     micro_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     steps_per_epoch = max(1, micro_per_epoch // cfg.grad_accumulation)
@@ -185,6 +206,8 @@ def train(
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
     with open(log_path, "a") as log:
         while step < total:
+            if negatives_update is not None and (table := negatives_update(step)) is not None:
+                swap_negatives(table)
             epoch, k = divmod(step, steps_per_epoch)
             order = epoch_order(len(pairs), cfg.seed, epoch)
             started = time.perf_counter()
@@ -216,8 +239,11 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
             state["epoch"] = epoch
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+            snapshot = step in snapshot_steps and step < total
+            if (snapshot or cfg.checkpoint_every and step % cfg.checkpoint_every == 0) and step < total:
                 _write_checkpoint(out, step, **state)
+            if snapshot and on_snapshot is not None:
+                on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)
     bar.close()

@@ -1,20 +1,27 @@
-"""The ANCE pipeline (paper Fig. 2, run synchronously): BM25 warm-up, then K rounds of
-encode -> index -> mine -> train, with every checkpoint evaluated from the same corpus encoding it mines from."""
+"""The ANCE pipeline (paper Fig. 2): BM25 warm-up, then K rounds of encode -> index -> mine -> train, every checkpoint
+evaluated from the same corpus encoding it mines from.
+
+`refresh: sync` runs the rounds one after the other. `refresh: async` trains all rounds as one continuous run while
+an inferencer refreshes the negatives in the background (see tasks/train.py: train_async).
+"""
 
 from prefect import flow
 
+from ance_core.artifacts import ArtifactRef
 from ance_core.config import PipelineConfig
-from ance_core.report import StageTiming
+from ance_core.report import StageTiming, read_report
 from tasks.bm25 import bm25_run
+from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
 from tasks.index import build_index
 from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
+from tasks.refresh import refresh_negatives
 from tasks.report import report
 from tasks.retrieve import dense_run
-from tasks.train import train_round
+from tasks.train import train_async, train_round
 
 
 @flow(name="ance-train", log_prints=True)
@@ -22,42 +29,73 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     c, wd = config, config.work_dir
     train_split, eval_split = c.data.train_split, c.data.eval_split
     timings: list[StageTiming] = []
-    evaluations = []
+    evaluations: list[tuple[str, ArtifactRef]] = []
 
-    def stage(label: str, name: str, ref):
+    def stage(label: str, name: str, task, *args) -> ArtifactRef:
+        ref = run_task(task, *args)
         timings.append(StageTiming(label, name, ref))
         return ref
 
-    def encode_and_evaluate(label: str, checkpoint):
-        """Encode the corpus once per checkpoint: the index serves its evaluation and the next round's mining."""
-        emb = stage(label, "encode", encode_corpus(checkpoint, data, c.encode, wd))
-        index = stage(label, "index", build_index(emb, wd))
-        run = stage(label, "retrieve", dense_run(checkpoint, index, data, eval_split, c.eval.top_k, c.encode,
-                                                 c.index, wd))
-        evaluations.append((label, stage(label, "evaluate", evaluate(run, data, eval_split, wd))))
-        return index
+    def refresh(label: str, checkpoint: ArtifactRef, round_: int) -> dict[str, ArtifactRef]:
+        """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation)."""
+        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd)
+        for name, ref in refs.items():
+            timings.append(StageTiming(label if name in ("encode", "index") else f"ANCE round {round_}", name, ref))
+        return refs
 
-    data = stage("data", "prepare", prepare_data(c.data, wd))
-    bm25_eval = stage("BM25", "bm25", bm25_run(data, c.bm25, eval_split, c.bm25.top_k, wd))
-    evaluations.append(("BM25", stage("BM25", "evaluate", evaluate(bm25_eval, data, eval_split, wd))))
+    def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> None:
+        """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given."""
+        if index is None:
+            index = stage(label, "index", build_index, stage(label, "encode", encode_corpus, checkpoint, data,
+                                                             c.encode, wd), wd)
+        run = stage(label, "retrieve", dense_run, checkpoint, index, data, eval_split, c.eval.top_k, c.encode,
+                    c.index, wd)
+        evaluations.append((label, stage(label, "evaluate", evaluate, run, data, eval_split, wd)))
 
-    checkpoint = stage("zero-shot", "init", init_checkpoint(c.model, wd))
-    encode_and_evaluate("zero-shot", checkpoint)
+    data = stage("data", "prepare", prepare_data, c.data, wd)
+    bm25_eval = stage("BM25", "bm25", bm25_run, data, c.bm25, eval_split, c.bm25.top_k, wd)
+    evaluations.append(("BM25", stage("BM25", "evaluate", evaluate, bm25_eval, data, eval_split, wd)))
 
-    bm25_train = stage("warmup", "bm25", bm25_run(data, c.bm25, train_split, c.bm25_negatives.top_k, wd))
-    negatives = stage("warmup", "mine", mine_negatives(bm25_train, data, train_split, c.bm25_negatives, 0, wd))
-    checkpoint = stage("warmup", "train", train_round(checkpoint, negatives, data, train_split, c.warmup, wd))
-    label = "warmup"
+    checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
+    evaluate_model("zero-shot", checkpoint)
 
-    for k in range(1, c.rounds + 1):
-        index = encode_and_evaluate(label, checkpoint)
-        label = f"ANCE round {k}"
-        run = stage(label, "retrieve", dense_run(checkpoint, index, data, train_split, c.mining.top_k, c.encode,
-                                                 c.index, wd))
-        negatives = stage(label, "mine", mine_negatives(run, data, train_split, c.mining, k, wd))
-        checkpoint = stage(label, "train", train_round(checkpoint, negatives, data, train_split, c.ance, wd))
-    encode_and_evaluate(label, checkpoint)
+    bm25_train = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.top_k, wd)
+    negatives = stage("warmup", "mine", mine_negatives, bm25_train, data, train_split, c.bm25_negatives, 0, wd)
+    checkpoint = stage("warmup", "train", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
+    label, extra = "warmup", {}
 
-    result = report(evaluations, timings, eval_split, c.data.dataset, wd)
+    if c.refresh == "sync" or c.rounds == 0:
+        for k in range(1, c.rounds + 1):
+            refs = refresh(label, checkpoint, k)
+            evaluate_model(label, checkpoint, refs["index"])
+            label = f"ANCE round {k}"
+            checkpoint = stage(label, "train", train_round, checkpoint, refs["mine"], data, train_split, c.ance, wd)
+    else:
+        refs = refresh(label, checkpoint, 1)
+        evaluate_model(label, checkpoint, refs["index"])
+        state = train_async(checkpoint, refs["mine"], data, train_split, c.ance, c.rounds, c.encode, c.index,
+                            c.mining, c.max_staleness, wd, return_state=True)
+        trained = state.result()
+        timings.append(StageTiming("ANCE (async)", "train", trained["checkpoint"]))
+        for k, snapshot in enumerate(trained["snapshots"], 1):
+            evaluate_model(f"ANCE round {k}", snapshot)  # encoded and indexed by the inferencer: cached
+        checkpoint, label = trained["checkpoint"], f"ANCE round {c.rounds}"
+        extra = {"async_refresh": trained["refresh"]}
+        _print_staleness(trained["refresh"])
+    evaluate_model(label, checkpoint)
+
+    summary = run_task(report, evaluations, timings, eval_split, c.data.dataset, wd)
+    result = read_report(summary)
     print(result["markdown"])
-    return result | {"final_checkpoint": checkpoint.path}
+    reused = [s for s in timings if s.ref.cached]
+    print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
+    stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
+    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path}
+
+
+def _print_staleness(refresh: dict) -> None:
+    rows = ", ".join(f"round {r['round']}: mean {r['mean_staleness']} max {r['max_staleness']}"
+                     for r in refresh["rounds"])
+    swaps = ", ".join(f"step-{s['checkpoint_step']} negatives at step {s['swapped_at_step']}" for s in refresh["swaps"])
+    print(f"async refresh: staleness of negatives in trainer steps ({rows}); trainer waited "
+          f"{refresh['wait_seconds']} s; swaps: {swaps or 'none'}")

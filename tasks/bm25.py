@@ -1,13 +1,11 @@
-from prefect import task
-
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.bm25 import BM25
 from ance_core.config import BM25Config
 from ance_core.data import read_tables
-from tasks.common import TASK_DEFAULTS
+from tasks.common import stage_task
 
 
-@task(name="bm25-run", **TASK_DEFAULTS)
+@stage_task("bm25-run")
 def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str) -> ArtifactRef:
     """BM25 top-k for the queries of a split: the baseline run, or the candidates for BM25 negatives."""
 

@@ -1,10 +1,66 @@
-"""Task defaults shared by every stage: retries with backoff, but never for user errors."""
+"""What every stage task shares: a content cache key, persisted results, retries with backoff, fault injection.
 
-from prefect import Task
+Cache key (`StageCache`): the task's source, the ance_core version and the task's inputs with each `ArtifactRef`
+reduced to its digest (which is itself derived from content: the dataset's bytes, upstream configs and digests),
+plus whatever content the inputs do not carry (the dataset files, read by `prepare-data`). Results are persisted,
+so a re-run in a new process finds them. A cached record whose folder was deleted or is incomplete is not used:
+the task runs again and rebuilds the same folder.
+
+Fault injection, for tests and drills: `ANCE_FAULT="<task>[@<step>][:fail|:hang]"` (comma-separated for several)
+makes the named task raise `InjectedFault` once per process (the retry then succeeds), or hang so that the process
+can be killed at a known point. `@<step>` applies to `train`: the fault fires after that optimizer step (and after
+its checkpoint, when one is due). `:hang` first creates the file named by `ANCE_FAULT_SIGNAL`, if set.
+"""
+
+import dataclasses
+import functools
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import TaskRun
+from prefect.context import TaskRunContext
+from prefect.results import get_result_store
 from prefect.states import State
+from prefect.tasks import Task, exponential_backoff
+from pydantic import BaseModel
 
+import ance_core
+from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
+
+FAULT_ENV = "ANCE_FAULT"
+FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"
+_fired: set[str] = set()
+
+
+class InjectedFault(RuntimeError):
+    """A failure asked for by ANCE_FAULT; transient by design (retried)."""
+
+
+def inject_fault(task_name: str, step: int | None = None) -> None:
+    """Fire the fault ANCE_FAULT names for this task (and step), at most once per process."""
+    for spec in filter(None, (s.strip() for s in os.environ.get(FAULT_ENV, "").split(","))):
+        target, _, mode = spec.partition(":")
+        name, _, at = target.partition("@")
+        if name != task_name or (at and (step is None or int(at) != step)) or (not at and step is not None):
+            continue
+        if spec in _fired:
+            return
+        _fired.add(spec)
+        if mode == "hang":
+            if signal := os.environ.get(FAULT_SIGNAL_ENV):
+                Path(signal).write_text(spec)
+            while True:
+                time.sleep(60)
+        raise InjectedFault(f"{FAULT_ENV}={spec}: injected failure of task '{task_name}'"
+                            + (f" at step {step}" if step is not None else ""))
 
 
 def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool:
@@ -18,4 +74,92 @@ def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool
     return True
 
 
-TASK_DEFAULTS = dict(retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_unless_user_error)
+def _content(value: Any) -> Any:
+    """What of a task input decides its result: digests of artifacts, the values of configs."""
+    if isinstance(value, ArtifactRef):
+        return value.digest
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _content(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_content(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _content(v) for k, v in value.items()}
+    return value
+
+
+def artifact_paths(result: Any) -> list[str]:
+    """Every stage folder a task result points at."""
+    if isinstance(result, ArtifactRef):
+        return [result.path]
+    if isinstance(result, (list, tuple)):
+        return [p for v in result for p in artifact_paths(v)]
+    if isinstance(result, dict):
+        return [p for v in result.values() for p in artifact_paths(v)]
+    return []
+
+
+def _record_usable(key: str) -> bool:
+    """False when a cached result exists but one of its folders is gone or half-written."""
+    store = get_result_store()
+    if not store.exists(key):
+        return True
+    try:
+        result = store.read(key).result
+    except Exception:  # an unreadable record (older layout): rebuild rather than fail
+        return False
+    return all(is_complete(p) for p in artifact_paths(result))
+
+
+@dataclass
+class StageCache(CachePolicy):
+    """Content-keyed cache policy of the stage tasks (see the module docstring)."""
+
+    extra: Callable[[dict[str, Any]], Any] | None = field(default=None)
+
+    def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> str | None:
+        parts = {
+            "task": task_ctx.task.name,
+            "source": TASK_SOURCE.compute_key(task_ctx, inputs, flow_parameters),
+            "version": ance_core.__version__,
+            "inputs": {k: _content(v) for k, v in sorted(inputs.items())},
+        }
+        if self.extra is not None:
+            extra = self.extra(inputs)
+            if extra is None:  # the content cannot be read without running the task: do not cache
+                return None
+            parts["extra"] = extra
+        key = f"{task_ctx.task.name}-{digest_of(parts, 32)}"
+        return key if _record_usable(key) else f"{key}-rebuild-{uuid.uuid4().hex[:12]}"
+
+
+TASK_DEFAULTS = dict(
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),  # 5 s, 10 s
+    retry_jitter_factor=0.2,
+    retry_condition_fn=retry_unless_user_error,
+    persist_result=True,
+)
+
+
+def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = None, **options: Any):
+    """Decorator: a Prefect task with the stage defaults, the content cache key and the fault-injection hook."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def body(*args, **kwargs):
+            inject_fault(name)
+            return fn(*args, **kwargs)
+
+        return task(name=name, cache_policy=StageCache(extra=extra_key), **(TASK_DEFAULTS | options))(body)
+
+    return wrap
+
+
+def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
+    """Call a stage task and return its reference, marked `cached` when Prefect answered from its cache."""
+    state = stage(*args, return_state=True, **kwargs)
+    ref = state.result()
+    return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")

@@ -1,12 +1,20 @@
-from prefect import task
-
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.config import DataConfig
 from ance_core.data import dataset_digest, load_dataset, resolve_dataset, save_tables
-from tasks.common import TASK_DEFAULTS
+from ance_core.errors import AnceError
+from tasks.common import stage_task
 
 
-@task(name="prepare-data", **TASK_DEFAULTS)
+def _dataset_content(inputs: dict) -> str | None:
+    """The cache key holds the dataset's bytes, not only its name: an edited file is read again."""
+    cfg: DataConfig = inputs["cfg"]
+    try:
+        return dataset_digest(resolve_dataset(cfg.dataset, cfg.data_home, download=False))
+    except AnceError:  # not there yet (the task downloads it): nothing to key on, so run
+        return None
+
+
+@stage_task("prepare-data", extra_key=_dataset_content)
 def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     """Resolve, validate and store the dataset as parquet tables, keyed by its content digest."""
     folder = resolve_dataset(cfg.dataset, cfg.data_home, cfg.download)

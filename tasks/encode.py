@@ -1,13 +1,11 @@
-from prefect import task
-
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.config import EncodeConfig
 from ance_core.data import read_tables
 from ance_core.encode import encode_corpus as core_encode_corpus
-from tasks.common import TASK_DEFAULTS
+from tasks.common import stage_task
 
 
-@task(name="encode-corpus", **TASK_DEFAULTS)
+@stage_task("encode-corpus")
 def encode_corpus(checkpoint: ArtifactRef, data: ArtifactRef, cfg: EncodeConfig, work_dir: str) -> ArtifactRef:
     """Encode every passage with a checkpoint into .npy shards."""
     inputs = {"checkpoint": checkpoint.digest, "data": data.digest}

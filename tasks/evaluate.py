@@ -1,13 +1,12 @@
 import pandas as pd
-from prefect import task
 
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data import read_tables
 from ance_core.evaluate import write_evaluation
-from tasks.common import TASK_DEFAULTS
+from tasks.common import stage_task
 
 
-@task(name="evaluate", **TASK_DEFAULTS)
+@stage_task("evaluate")
 def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str) -> ArtifactRef:
     """nDCG@10, MRR@10, R@100, R@1000 of a run on a split; per-query values and the TREC file are kept."""
 

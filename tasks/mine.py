@@ -1,14 +1,13 @@
 import pandas as pd
-from prefect import task
 
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.config import MiningConfig
 from ance_core.data import read_tables
 from ance_core.mining import ance_negatives
-from tasks.common import TASK_DEFAULTS
+from tasks.common import stage_task
 
 
-@task(name="mine-negatives", **TASK_DEFAULTS)
+@stage_task("mine-negatives")
 def mine_negatives(run: ArtifactRef, data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
                    work_dir: str) -> ArtifactRef:
     """Negatives = top-k of a run minus all positives, n sampled uniformly per (query, positive)."""

@@ -1,16 +1,12 @@
-from pathlib import Path
-
-from prefect import task
-
-from ance_core.artifacts import ArtifactRef, digest_of
+from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.report import StageTiming, build_report, write_report
+from tasks.common import stage_task
 
 
-@task(name="report")
+@stage_task("report")
 def report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str, dataset: str,
-           work_dir: str) -> dict:
-    """The results table (markdown + JSON) under <work_dir>/reports/<digest>/."""
-    result = build_report(evaluations, timings, split, dataset)
-    folder = Path(work_dir) / "reports" / digest_of([ref.digest for _, ref in evaluations])
-    write_report(result, folder)
-    return result | {"report_dir": str(folder)}
+           work_dir: str) -> ArtifactRef:
+    """The results table (results.md + results.json) under <work_dir>/reports/<digest>/."""
+    inputs = {label: ref.digest for label, ref in evaluations}
+    return run_stage(work_dir, "reports", {"split": split, "dataset": dataset}, inputs,
+                     lambda out: write_report(build_report(evaluations, timings, split, dataset), out))

@@ -1,13 +1,11 @@
-from prefect import task
-
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
 from ance_core.search import dense_retrieve
-from tasks.common import TASK_DEFAULTS
+from tasks.common import stage_task
 
 
-@task(name="dense-run", **TASK_DEFAULTS)
+@stage_task("dense-run")
 def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
               encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
     """ANN top-k for the queries of a split with a checkpoint and its index."""

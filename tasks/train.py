@@ -1,14 +1,30 @@
+"""Training tasks: one synchronous round, or the asynchronous trainer that keeps training while an inferencer
+thread refreshes its negatives from its own recent checkpoints (ANCE Fig. 2, Appendix A.1)."""
+
+import contextvars
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
 import pandas as pd
-from prefect import task
+from prefect import get_run_logger
 
-from ance_core.artifacts import ArtifactRef, run_stage
-from ance_core.config import TrainConfig
+from ance_core.artifacts import ArtifactRef, is_complete, read_manifest, run_stage, stage_key
+from ance_core.config import EncodeConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
-from ance_core.train import train
-from tasks.common import TASK_DEFAULTS
+from ance_core.errors import AnceError
+from ance_core.train import latest_checkpoint, train
+from tasks.common import inject_fault, stage_task
+from tasks.refresh import refresh_negatives
 
 
-@task(name="train", **TASK_DEFAULTS)
+def _fault_callback(name: str):
+    return lambda record: inject_fault(name, step=record["step"])
+
+
+@stage_task("train")
 def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
                 work_dir: str) -> ArtifactRef:
     """Train from a checkpoint on mined negatives; a retried or re-run task resumes from its last checkpoint."""
@@ -16,7 +32,198 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     def build(out):
         tables = read_tables(data.path)
         pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
-        return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split), cfg, out)
+        return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split), cfg, out,
+                     callbacks=[_fault_callback("train")])
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     return run_stage(work_dir, "train", {"train": cfg, "split": split}, inputs, build, resumable=True)
+
+
+def steps_per_round(pairs: int, cfg: TrainConfig) -> int:
+    """Optimizer steps one synchronous round of `cfg` takes on `pairs` training pairs."""
+    per_epoch = max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
+    return cfg.max_steps or per_epoch * cfg.epochs
+
+
+def _snapshot_config(step: int, trainer_key: str) -> tuple[dict, dict]:
+    return {"step": step}, {"trainer": trainer_key}
+
+
+def snapshot_ref(work_dir: str, trainer_key: str, step: int) -> ArtifactRef:
+    """The published checkpoint of an asynchronous trainer at a step (it must exist)."""
+    config, inputs = _snapshot_config(step, trainer_key)
+    key = stage_key("snapshot", config, inputs)
+    folder = Path(work_dir) / "snapshot" / key
+    if not is_complete(folder):
+        raise AnceError(f"{folder}: the step-{step} checkpoint of trainer {trainer_key} is missing; delete "
+                        f"{Path(work_dir) / 'train-async' / trainer_key} to train again")
+    return ArtifactRef(str(folder), key, read_manifest(folder).get("seconds", 0.0), cached=True)
+
+
+class AsyncNegatives:
+    """The trainer's side of the asynchronous refresh.
+
+    At each snapshot step the current model is saved as its own stage folder and an inferencer thread runs
+    encode -> index -> retrieve -> mine with it (Prefect tasks, cached and retried). Before every step the trainer
+    asks `update(step)` for newer negatives and swaps them in as soon as they are ready; it waits only when
+    `max_staleness` is set and exceeded. Every step's staleness (steps since the checkpoint that produced the
+    negatives in use) and every wait are recorded; the state survives a kill in `async_state.json`.
+    """
+
+    def __init__(self, out: Path, first: ArtifactRef, refresh_args: dict, trainer_key: str, work_dir: str,
+                 max_staleness: int | None, steps_per_round: int):
+        self.out, self.refresh_args, self.trainer_key, self.work_dir = out, refresh_args, trainer_key, work_dir
+        self.steps_per_round = steps_per_round
+        self.max_staleness = max_staleness
+        self.logger = get_run_logger()
+        self.lock = threading.Condition()
+        self.ready: dict[int, tuple[ArtifactRef, float]] = {}  # snapshot step -> (negatives, seconds after snapshot)
+        self.threads: list[threading.Thread] = []
+        self.snapshots: dict[int, ArtifactRef] = {}
+        self.errors: list[str] = []
+        state_file = out / "async_state.json"
+        self.state = json.loads(state_file.read_text()) if state_file.is_file() else {
+            "in_use": {"checkpoint_step": 0, "negatives": first.path, "digest": first.digest},
+            "swaps": [], "waits": [], "staleness": [],
+        }
+
+    def _save_state(self) -> None:
+        tmp = self.out / ".async_state.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.out / "async_state.json")
+
+    def on_snapshot(self, step: int, save) -> None:
+        ref = run_stage(self.work_dir, "snapshot", *_snapshot_config(step, self.trainer_key), save)
+        self.publish(step, ref)
+
+    def publish(self, step: int, snapshot: ArtifactRef) -> None:
+        self.snapshots[step] = snapshot
+        started = time.time()
+        context = contextvars.copy_context()  # the inferencer's tasks run as children of this task run
+
+        def infer():
+            try:
+                # round k+1 is mined with round k's checkpoint, as in the synchronous pipeline
+                round_ = step // self.steps_per_round + 1
+                result = context.run(refresh_negatives, snapshot, round_=round_, **self.refresh_args)
+            except Exception as e:  # the trainer goes on with the negatives it has; the run reports the failure
+                self.logger.warning(f"refresh from the step-{step} checkpoint failed: {e}")
+                with self.lock:
+                    self.errors.append(f"step {step}: {e}")
+                    self.lock.notify_all()
+                return
+            with self.lock:
+                self.ready[step] = (result["mine"], time.time() - started)
+                self.lock.notify_all()
+            self.logger.info(f"negatives from the step-{step} checkpoint are ready after {time.time() - started:.0f} s")
+
+        thread = threading.Thread(target=infer, name=f"inferencer-step-{step}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _newest_ready(self) -> int | None:
+        newer = [s for s in self.ready if s > self.state["in_use"]["checkpoint_step"]]
+        return max(newer) if newer else None
+
+    def update(self, step: int) -> pd.DataFrame | None:
+        with self.lock:
+            in_use = self.state["in_use"]["checkpoint_step"]
+            pending = [s for s in self.snapshots if s > in_use and s not in self.ready]
+            if self.max_staleness is not None and step - in_use > self.max_staleness and pending \
+                    and self._newest_ready() is None:
+                started = time.time()
+                while self._newest_ready() is None and len(self.errors) + len(self.ready) < len(self.snapshots):
+                    self.lock.wait(timeout=1.0)
+                self.state["waits"].append({"step": step, "seconds": round(time.time() - started, 3)})
+            newest = self._newest_ready()
+            table = None
+            if newest is not None:
+                negatives, ready_after = self.ready[newest]
+                table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+                self.state["swaps"].append({"checkpoint_step": newest, "swapped_at_step": step,
+                                            "ready_after_s": round(ready_after, 2), "negatives": negatives.path})
+                self.state["in_use"] = {"checkpoint_step": newest, "negatives": negatives.path,
+                                        "digest": negatives.digest}
+                self.logger.info(f"step {step}: swapped in negatives mined with the step-{newest} checkpoint")
+            self.state["staleness"].append([step, step - self.state["in_use"]["checkpoint_step"]])
+            self._save_state()
+            return table
+
+    def resume(self, resumed_step: int, snapshot_steps: list[int]) -> pd.DataFrame | None:
+        """After a restart: keep the negatives that were in use, re-launch refreshes not yet swapped in."""
+        self.state["staleness"] = [s for s in self.state["staleness"] if s[0] < resumed_step]
+        self.state["swaps"] = [s for s in self.state["swaps"] if s["swapped_at_step"] < resumed_step]
+        self.state["waits"] = [w for w in self.state["waits"] if w["step"] < resumed_step]
+        if self.state["swaps"]:
+            last = self.state["swaps"][-1]
+            self.state["in_use"] = {"checkpoint_step": last["checkpoint_step"], "negatives": last["negatives"],
+                                    "digest": ""}
+        for step in snapshot_steps:
+            if step <= resumed_step:
+                self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step))
+        in_use = self.state["in_use"]
+        return pd.read_parquet(f"{in_use['negatives']}/negatives.parquet") if in_use["checkpoint_step"] else None
+
+    def finish(self, steps_per_round: int, rounds: int) -> dict:
+        for thread in self.threads:
+            thread.join()
+        per_round = []
+        for k in range(rounds):
+            first, last = k * steps_per_round, (k + 1) * steps_per_round
+            values = [s for step, s in self.state["staleness"] if first <= step < last]
+            per_round.append({"round": k + 1, "mean_staleness": round(sum(values) / len(values), 2) if values else 0,
+                              "max_staleness": max(values, default=0)})
+        return {"steps_per_round": steps_per_round, "rounds": per_round, "swaps": self.state["swaps"],
+                "waits": self.state["waits"], "wait_seconds": round(sum(w["seconds"] for w in self.state["waits"]), 3),
+                "refresh_errors": self.errors}
+
+
+@stage_task("train-async")
+def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
+                rounds: int, encode: EncodeConfig, index: IndexConfig, mining: MiningConfig,
+                max_staleness: int | None, work_dir: str) -> dict:
+    """All ANCE rounds as one continuous training run (one optimizer, one LR schedule over rounds x the steps of a
+    round) whose negatives are refreshed in the background from the checkpoint at the end of each round.
+
+    Returns the final checkpoint, the round snapshots (evaluated by the flow) and the staleness/wait record."""
+    inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
+    config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
+              "max_staleness": max_staleness}
+    key = stage_key("train-async", config, inputs)
+    report: dict = {}
+    snapshots: dict[int, ArtifactRef] = {}
+
+    def build(out: Path):
+        tables = read_tables(data.path)
+        pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+        per_round = steps_per_round(len(pairs), cfg)
+        snapshot_steps = [k * per_round for k in range(1, rounds)]
+        refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir)
+        async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
+        resumed = latest_checkpoint(out)
+        first_table = None
+        if resumed is not None:
+            first_table = async_negatives.resume(int(resumed.name[5:]), snapshot_steps)
+        pending = [first_table]
+
+        def update(step: int) -> pd.DataFrame | None:
+            if pending:  # the negatives in use when the run was interrupted
+                table = pending.pop()
+                return table if table is not None else async_negatives.update(step)
+            return async_negatives.update(step)
+
+        summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split),
+                        cfg.model_copy(update={"max_steps": per_round * rounds}), out,
+                        callbacks=[_fault_callback("train-async")], negatives_update=update,
+                        snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
+        report.update(async_negatives.finish(per_round, rounds))
+        snapshots.update(async_negatives.snapshots)
+        (out / "async_refresh.json").write_text(json.dumps(report, indent=1))
+        return summary | {"wait_seconds": report["wait_seconds"]}
+
+    final = run_stage(work_dir, "train-async", config, inputs, build, resumable=True)
+    if not report:  # built before: read back what the run recorded
+        report.update(json.loads((Path(final.path) / "async_refresh.json").read_text()))
+    per_round = report["steps_per_round"]
+    refs = [snapshot_ref(work_dir, key, k * per_round) for k in range(1, rounds)]
+    return {"checkpoint": final, "snapshots": refs, "refresh": report}
