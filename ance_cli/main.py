@@ -45,7 +45,8 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     if as_json:
         last = result["results"][-1]
         summary = {k: v for k, v in last.items() if k != "model"}
-        typer.echo(json.dumps(summary | {k: result[k] for k in ("results", "stages", "final_checkpoint")}))
+        keys = ("results", "stages", "final_checkpoint", "async_refresh")
+        typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
 def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:

@@ -40,7 +40,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation)."""
         refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd)
         for name, ref in refs.items():
-            timings.append(StageTiming(label if name in ("encode", "index") else f"ANCE round {round_}", name, ref))
+            for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
+            timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
         return refs
 
     def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> None:

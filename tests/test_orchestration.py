@@ -1,0 +1,162 @@
+"""Orchestration through the real CLI and Prefect (ephemeral server): content-keyed caching, invalidation of a
+deleted artifact, a transient failure recovered by a retry, a killed run resumed, and the asynchronous refresh."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+TRAIN = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
+
+
+def tiny_config(data: Path, work: Path, **overrides) -> dict:
+    config = {
+        "data": {"dataset": str(data)},
+        "model": {"passage_max_length": 48},
+        "warmup": TRAIN,
+        "ance": TRAIN,
+        "mining": {"top_k": 50},
+        "encode": {"batch_size": 32, "shard_size": 64},
+        "rounds": 2,
+        "work_dir": str(work),
+    }
+    for key, value in overrides.items():
+        config[key] = config[key] | value if isinstance(value, dict) and key in config else value
+    return config
+
+
+def command(root: Path, config: dict, name: str = "config.json") -> list[str]:
+    path = root / name
+    path.write_text(json.dumps(config))
+    return [sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"]
+
+
+def env_for(root: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "ANCE_FAULT"}
+    return env | {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | extra
+
+
+def run(root: Path, config: dict, **extra_env: str) -> tuple[dict, str]:
+    proc = subprocess.run(command(root, config), capture_output=True, text=True, env=env_for(root, **extra_env),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
+
+
+def by_stage(result: dict) -> dict[tuple[str, str], bool]:
+    return {(s["for"], s["stage"]): s["cached"] for s in result["stages"]}
+
+
+@pytest.fixture(scope="module")
+def base(tiny_scifact, tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("orchestration")
+    config = tiny_config(tiny_scifact, root / "work", model={"name": str(tiny_model)})
+    first, _ = run(root, config)
+    return root, config, first
+
+
+def test_rerun_recomputes_nothing(base):
+    root, config, first = base
+    again, _ = run(root, config)
+    assert all(again_cached for again_cached in by_stage(again).values()), by_stage(again)
+    assert again["results"] == first["results"]
+
+
+def test_changed_ance_config_recomputes_only_downstream(base):
+    root, config, first = base
+    changed = config | {"ance": TRAIN | {"learning_rate": 5e-4}}
+    result, _ = run(root, changed)
+    stages = by_stage(result)
+    upstream = [k for k in stages if k[0] in ("data", "BM25", "zero-shot", "warmup")]
+    upstream += [("ANCE round 1", "retrieve-train"), ("ANCE round 1", "mine")]  # mined with the warm-up checkpoint
+    assert upstream and all(stages[k] for k in upstream), [k for k in upstream if not stages[k]]
+    downstream = [("ANCE round 1", "train"), ("ANCE round 1", "encode"), ("ANCE round 2", "train"),
+                  ("ANCE round 2", "evaluate")]
+    assert not any(stages[k] for k in downstream), {k: stages[k] for k in downstream}
+    rows = {r["model"]: r for r in result["results"]}
+    assert rows["warmup"] == {r["model"]: r for r in first["results"]}["warmup"]
+
+
+def test_deleted_artifact_is_rebuilt_not_returned_dangling(base):
+    root, config, first = base
+    zero_shot_encode = next(s for s in first["stages"] if (s["for"], s["stage"]) == ("zero-shot", "encode"))
+    shutil.rmtree(zero_shot_encode["path"])
+    result, _ = run(root, config)
+    stages = by_stage(result)
+    assert not stages[("zero-shot", "encode")]  # rebuilt into the same folder
+    assert Path(zero_shot_encode["path"], "manifest.json").is_file()
+    assert stages[("zero-shot", "index")] and stages[("warmup", "train")]  # same content key: reused
+    assert result["results"] == first["results"]
+
+
+def test_transient_failures_are_retried_and_training_resumes(base, tiny_scifact, tmp_path):
+    """encode fails once, the warm-up training fails once after its step-2 checkpoint: retries finish the run."""
+    _, config, first = base
+    result, log = run(tmp_path, config | {"work_dir": str(tmp_path / "work")},
+                      ANCE_FAULT="encode-corpus,train@2")
+    assert "injected failure of task 'encode-corpus'" in log and "injected failure of task 'train' at step 2" in log
+    assert "Retry 1/2" in log
+    warmup = next(s for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "train"))
+    manifest = json.loads(Path(warmup["path"], "manifest.json").read_text())
+    assert manifest["summary"]["resumed_from_step"] == 2
+    assert len(Path(warmup["path"], "train_log.jsonl").read_text().splitlines()) == 3
+    assert result["results"] == first["results"]  # same metrics as the run that never failed
+
+
+def test_killed_run_resumes_from_completed_stages_and_last_checkpoint(tiny_scifact, tiny_model, tmp_path):
+    """SIGKILL the whole process group in the middle of ANCE round 1 (after its step-4 checkpoint), run again."""
+    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
+                         ance=TRAIN | {"max_steps": 6})  # the warm-up has 3 steps, so step 5 is in ANCE round 1
+    reference, _ = run(tmp_path / "ref", config | {"work_dir": str(tmp_path / "ref-work")}) if (
+        tmp_path / "ref").mkdir() is None else (None, None)
+    signal_file = tmp_path / "hung"
+    proc = subprocess.Popen(command(tmp_path, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env_for(tmp_path, ANCE_FAULT="train@5:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert signal_file.exists(), f"the run never reached step 5 of ANCE round 1 (exit {proc.poll()})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    partial = list((tmp_path / "work" / "train").glob(".partial-*/checkpoints/step-000004"))
+    assert len(partial) == 1  # killed mid-round, with its step-4 checkpoint on disk
+
+    resumed, _ = run(tmp_path, config)
+    stages = by_stage(resumed)
+    assert stages[("warmup", "train")] and stages[("zero-shot", "encode")]  # completed before the kill
+    assert not stages[("ANCE round 1", "train")]
+    round1 = next(s for s in resumed["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "train"))
+    assert json.loads(Path(round1["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 4
+    assert resumed["results"] == reference["results"]  # the same metrics as the uninterrupted run
+
+
+def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_path):
+    """Async mode: the trainer keeps going on round-1 negatives, then swaps in those mined with its step-6
+    checkpoint; max_staleness=7 makes it wait at step 8 at the latest (tiny steps outrun the inferencer)."""
+    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
+                         ance=TRAIN | {"max_steps": 6}, refresh="async", max_staleness=7)
+    result, log = run(tmp_path, config)
+    refresh = result["async_refresh"]
+    assert refresh["steps_per_round"] == 6 and not refresh["refresh_errors"]
+    assert [s["checkpoint_step"] for s in refresh["swaps"]] == [6]
+    swap_step = refresh["swaps"][0]["swapped_at_step"]
+    assert 6 <= swap_step <= 8
+    assert refresh["rounds"][0] == {"round": 1, "mean_staleness": 2.5, "max_staleness": 5}
+    assert refresh["rounds"][1]["max_staleness"] == max(swap_step - 1, 11 - swap_step)
+    if swap_step == 8:
+        assert refresh["waits"] and refresh["waits"][0]["step"] == 8
+    models = [r["model"] for r in result["results"]]
+    assert models == ["BM25", "zero-shot", "warmup", "ANCE round 1", "ANCE round 2"]
+    stages = by_stage(result)
+    assert stages[("ANCE round 1", "encode")]  # the inferencer encoded the step-6 checkpoint; evaluation reused it
+    assert "async refresh: staleness" in log
+    again, _ = run(tmp_path, config)
+    assert all(by_stage(again).values()) and again["async_refresh"] == refresh
