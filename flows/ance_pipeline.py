@@ -5,6 +5,8 @@ evaluated from the same corpus encoding it mines from.
 an inferencer refreshes the negatives in the background (see tasks/train.py: train_async).
 """
 
+import dataclasses
+
 from prefect import flow
 
 from ance_core.artifacts import ArtifactRef
@@ -77,7 +79,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         state = train_async(checkpoint, refs["mine"], data, train_split, c.ance, c.rounds, c.encode, c.index,
                             c.mining, c.max_staleness, wd, return_state=True)
         trained = state.result()
-        timings.append(StageTiming("ANCE (async)", "train", trained["checkpoint"]))
+        trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
+        timings.append(StageTiming("ANCE (async)", "train", trainer))
         for k, snapshot in enumerate(trained["snapshots"], 1):
             evaluate_model(f"ANCE round {k}", snapshot)  # encoded and indexed by the inferencer: cached
         checkpoint, label = trained["checkpoint"], f"ANCE round {c.rounds}"
