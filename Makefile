@@ -9,8 +9,9 @@ export TOKENIZERS_PARALLELISM ?= false
 # Prefect state of the demo and the tests stays inside the checkout.
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_PORT ?= 4200
 
-.PHONY: demo test env lint bench clean
+.PHONY: demo test env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +23,34 @@ env: $(BIN)/.installed
 demo: env  ## the full pipeline on SciFact with all-MiniLM-L6-v2, offline, on CPU
 	$(BIN)/ance demo
 
-test: env  ## the whole test suite (offline)
+test: env system-deps  ## the whole test suite (offline; starts its own Prefect servers on 127.0.0.1)
 	$(BIN)/python -m pytest -q
+
+# Debian packages the tests use: chromium (Prefect UI test) and docker-compose (compose file check).
+system-deps:
+	@command -v chromium >/dev/null && command -v docker-compose >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends chromium docker-compose >/dev/null; }
+
+up: env  ## start a Prefect server on 127.0.0.1:$(PREFECT_PORT) and a worker for the cpu pool (logs in .stack/logs)
+	scripts/stack.sh up
+
+down:  ## stop what `make up` started
+	scripts/stack.sh down
+
+deploy: env  ## register the deployments of prefect.yaml on the server `make up` started
+	scripts/stack.sh deploy
+
+stack-status:
+	scripts/stack.sh status
 
 lint: env
 	$(BIN)/ruff check .
 
-bench: env
+bench: env  ## speed measurements recorded in BENCHMARKS.md (long: runs the demo pipeline several times)
 	$(BIN)/python bench/encode.py
+	$(BIN)/python bench/orchestration.py
 
 clean:
-	rm -rf work .prefect
+	rm -rf work .prefect .stack

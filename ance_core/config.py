@@ -127,6 +127,8 @@ class PipelineConfig(StageConfig):
         None, ge=1, description="async only: the trainer waits when its negatives come from a checkpoint more than "
         "this many steps old and fresher ones are being mined; unset = never wait")
     work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
+    start_checkpoint: str | None = Field(
+        None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
 
     @model_validator(mode="after")
     def _splits_differ(self) -> "PipelineConfig":

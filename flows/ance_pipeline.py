@@ -6,11 +6,17 @@ an inferencer refreshes the negatives in the background (see tasks/train.py: tra
 """
 
 import dataclasses
+import json
+import time
+from pathlib import Path
 
 from prefect import flow
+from prefect.runtime import flow_run
 
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import ArtifactRef, write_json
 from ance_core.config import PipelineConfig
+from ance_core.errors import AnceError
+from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
@@ -59,13 +65,16 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     bm25_eval = stage("BM25", "bm25", bm25_run, data, c.bm25, eval_split, c.bm25.top_k, wd)
     evaluations.append(("BM25", stage("BM25", "evaluate", evaluate, bm25_eval, data, eval_split, wd)))
 
-    checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
-    evaluate_model("zero-shot", checkpoint)
-
-    bm25_train = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.top_k, wd)
-    negatives = stage("warmup", "mine", mine_negatives, bm25_train, data, train_split, c.bm25_negatives, 0, wd)
-    checkpoint = stage("warmup", "train", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
-    label, extra = "warmup", {}
+    if c.start_checkpoint:  # retraining: the rounds start from a model trained before
+        checkpoint, label = ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint)), "start"
+    else:
+        checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
+        evaluate_model("zero-shot", checkpoint)
+        bm25_train = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.top_k, wd)
+        negatives = stage("warmup", "mine", mine_negatives, bm25_train, data, train_split, c.bm25_negatives, 0, wd)
+        checkpoint = stage("warmup", "train", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
+        label = "warmup"
+    extra = {}
 
     if c.refresh == "sync" or c.rounds == 0:
         for k in range(1, c.rounds + 1):
@@ -94,7 +103,36 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     reused = [s for s in timings if s.ref.cached]
     print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
+    record_latest(wd, checkpoint, result["results"][-1])
     return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path}
+
+
+LATEST = "latest.json"
+
+
+def record_latest(work_dir: str, checkpoint: ArtifactRef, metrics: dict) -> None:
+    """<work_dir>/latest.json names the newest trained model: where `retrain` starts from."""
+    run = flow_run.get_id()
+    write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "metrics": metrics,
+                                        "flow_run_id": run, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
+    """ANCE rounds from the newest trained model in the work folder (the scheduled deployment runs this).
+
+    `config.start_checkpoint` overrides where it starts; without a trained model it stops with a clear error."""
+    start = config.start_checkpoint
+    if start is None:
+        latest = Path(config.work_dir) / LATEST
+        if not latest.is_file():
+            raise AnceError(f"{latest}: no trained model to retrain from yet; run the ance-train deployment first "
+                            "or set start_checkpoint")
+        start = json.loads(latest.read_text())["checkpoint"]
+    if not Path(start, "ance_model.json").is_file():
+        raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")
+    print(f"retraining from {start}")
+    return ance_pipeline(config.model_copy(update={"start_checkpoint": start}))
 
 
 def _print_staleness(refresh: dict) -> None:

@@ -1,0 +1,106 @@
+"""Overhead of Prefect orchestration on the demo pipeline, and the time of a fully cached re-run.
+
+One run each, on fresh work folders, same machine, same config:
+  1. `ance run` (the Prefect flow, ephemeral server, content-keyed caching) - the whole command's wall time;
+  2. the same stage functions called in plain Python in the same order (`task.fn`: no Prefect at all);
+  3. `ance run` again on the work folder of 1: every stage cached.
+Prints the ratio 1/2 (goal <= 1.05) and the time of 3 (goal <= 30 s).
+    python bench/orchestration.py [--rounds 2] [--config FILE] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ance_core.config import PipelineConfig, load_config
+from tasks.bm25 import bm25_run
+from tasks.data import prepare_data
+from tasks.encode import encode_corpus
+from tasks.evaluate import evaluate
+from tasks.index import build_index
+from tasks.mine import mine_negatives
+from tasks.model import init_checkpoint
+from tasks.report import report
+from tasks.retrieve import dense_run
+from tasks.train import train_round
+
+
+def plain_pipeline(c: PipelineConfig) -> list[tuple[str, float]]:
+    """The synchronous pipeline of flows/ance_pipeline.py as plain function calls."""
+    wd, tr, ev = c.work_dir, c.data.train_split, c.data.eval_split
+    evaluations = []
+
+    def evaluate_model(label, checkpoint, index=None):
+        if index is None:
+            index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
+        run = dense_run.fn(checkpoint, index, data, ev, c.eval.top_k, c.encode, c.index, wd)
+        evaluations.append((label, evaluate.fn(run, data, ev, wd)))
+
+    data = prepare_data.fn(c.data, wd)
+    evaluations.append(("BM25", evaluate.fn(bm25_run.fn(data, c.bm25, ev, c.bm25.top_k, wd), data, ev, wd)))
+    checkpoint = init_checkpoint.fn(c.model, wd)
+    evaluate_model("zero-shot", checkpoint)
+    candidates = bm25_run.fn(data, c.bm25, tr, c.bm25_negatives.top_k, wd)
+    negatives = mine_negatives.fn(candidates, data, tr, c.bm25_negatives, 0, wd)
+    checkpoint, label = train_round.fn(checkpoint, negatives, data, tr, c.warmup, wd), "warmup"
+    for k in range(1, c.rounds + 1):
+        index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
+        run = dense_run.fn(checkpoint, index, data, tr, c.mining.top_k, c.encode, c.index, wd)
+        negatives = mine_negatives.fn(run, data, tr, c.mining, k, wd)
+        evaluate_model(label, checkpoint, index)
+        label = f"ANCE round {k}"
+        checkpoint = train_round.fn(checkpoint, negatives, data, tr, c.ance, wd)
+    evaluate_model(label, checkpoint)
+    report.fn(evaluations, [], ev, c.data.dataset, wd)
+    return evaluations
+
+
+def timed_cli(config: PipelineConfig, folder: Path, env: dict) -> tuple[float, dict]:
+    path = folder / "config.json"
+    path.write_text(config.model_dump_json())
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"], env=env,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(proc.stdout[-2000:] + proc.stderr[-4000:])
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--config", type=Path, help="a pipeline config instead of the demo's")
+    parser.add_argument("--out", type=Path, help="keep the work folders here (default: a temporary folder)")
+    args = parser.parse_args()
+    base = load_config(args.config) if args.config else PipelineConfig(rounds=args.rounds)
+    out = args.out or Path(tempfile.mkdtemp(prefix="ance-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"PREFECT_HOME": str(out / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+    prefect_cfg = base.model_copy(update={"work_dir": str(out / "work-prefect")})
+    prefect_s, first = timed_cli(prefect_cfg, out, env)
+    print(f"Prefect flow (ance run, whole command): {prefect_s:.1f} s", flush=True)
+
+    plain_cfg = base.model_copy(update={"work_dir": str(out / "work-plain")})
+    started = time.perf_counter()
+    plain_pipeline(plain_cfg)
+    plain_s = time.perf_counter() - started
+    print(f"plain Python (same stage functions):    {plain_s:.1f} s", flush=True)
+
+    cached_s, again = timed_cli(prefect_cfg, out, env)
+    reused = sum(s["cached"] for s in again["stages"])
+    print(f"cached re-run (ance run, whole command): {cached_s:.1f} s, {reused}/{len(again['stages'])} stages cached")
+    print(f"overhead ratio Prefect / plain: {prefect_s / plain_s:.3f}")
+    print(json.dumps({"prefect_s": round(prefect_s, 1), "plain_s": round(plain_s, 1),
+                      "ratio": round(prefect_s / plain_s, 3), "cached_rerun_s": round(cached_s, 1),
+                      "cached_stages": reused, "stages": len(again["stages"])}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Single-purpose flows behind the deployments `bm25-warmup` and `refresh-negatives` (the `evaluate` deployment's
+flow is in flows/evaluate.py). Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
+
+from prefect import flow
+
+from ance_core.artifacts import ArtifactRef
+from ance_core.config import DataConfig, EncodeConfig, IndexConfig, MiningConfig, PipelineConfig
+from ance_core.model import checkpoint_digest
+from ance_core.report import read_metrics
+from tasks.bm25 import bm25_run
+from tasks.common import run_task
+from tasks.data import prepare_data
+from tasks.encode import encode_corpus
+from tasks.evaluate import evaluate
+from tasks.index import build_index
+from tasks.mine import mine_negatives
+from tasks.model import init_checkpoint
+from tasks.refresh import refresh_negatives
+from tasks.retrieve import dense_run
+from tasks.train import train_round
+
+
+@flow(name="bm25-warmup", log_prints=True)
+def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
+    """Train the starting model on BM25 negatives (the paper's warm-up) and evaluate it."""
+    c, wd, split = config, config.work_dir, config.data.train_split
+    data = run_task(prepare_data, c.data, wd)
+    candidates = run_task(bm25_run, data, c.bm25, split, c.bm25_negatives.top_k, wd)
+    negatives = run_task(mine_negatives, candidates, data, split, c.bm25_negatives, 0, wd)
+    checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split, c.warmup, wd)
+    index = run_task(build_index, run_task(encode_corpus, checkpoint, data, c.encode, wd), wd)
+    run = run_task(dense_run, checkpoint, index, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd)
+    metrics = read_metrics(run_task(evaluate, run, data, c.data.eval_split, wd))
+    print(f"warm-up checkpoint {checkpoint.path}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return {"checkpoint": checkpoint.path, "metrics": metrics}
+
+
+@flow(name="refresh-negatives", log_prints=True)
+def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
+                           index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
+                           round_number: int = 1, work_dir: str = "work") -> dict[str, str]:
+    """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives."""
+    ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
+    tables = run_task(prepare_data, data, work_dir)
+    refs = refresh_negatives(ref, tables, data.train_split, encode, index, mining, round_number, work_dir)
+    print("negatives: " + refs["mine"].path)
+    return {name: r.path for name, r in refs.items()}
