@@ -1,0 +1,208 @@
+"""The real local stack (no mocks): `scripts/stack.sh up` starts `prefect server` on a free 127.0.0.1 port and a process
+worker; `scripts/stack.sh deploy` registers prefect.yaml's deployments. Runs are triggered through the REST API, as the
+UI's "Run" button does, and the Prefect UI is checked in headless Chromium (Debian's package, `make system-deps`)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("ANCE_TEST_ARTIFACTS", REPO / "artifacts"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stack")
+    port = free_port()
+    env = os.environ | {"STACK_DIR": str(root), "PREFECT_PORT": str(port), "VENV": str(Path(sys.executable).parents[1])}
+    env.pop("PREFECT_API_URL", None)
+
+    def script(action: str) -> str:
+        proc = subprocess.run([str(REPO / "scripts" / "stack.sh"), action], env=env, capture_output=True, text=True,
+                              timeout=300)
+        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in (root / "logs").glob("*.log"))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
+        return proc.stdout
+
+    try:
+        script("up")
+        script("deploy")
+        yield {"api": f"http://127.0.0.1:{port}/api", "ui": f"http://127.0.0.1:{port}", "root": root}
+    finally:
+        script("down")
+    assert "stopped" in script("status")
+
+
+def api(stack, method: str, path: str, **kwargs) -> httpx.Response:
+    """One REST call; 503/429 (SQLite busy under load) are retried with backoff, as Prefect's own client does."""
+    for attempt in range(6):
+        response = httpx.request(method, stack["api"] + path, timeout=30, **kwargs)
+        if response.status_code not in (429, 503):
+            return response
+        time.sleep(2**attempt)
+    return response
+
+
+def deployment_id(stack, name: str) -> str:
+    flow_name = {"ance-train": "ance-train", "bm25-warmup": "bm25-warmup", "refresh-negatives": "refresh-negatives",
+                 "evaluate": "evaluate", "retrain": "retrain"}[name]
+    response = api(stack, "GET", f"/deployments/name/{flow_name}/{name}")
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+def trigger(stack, name: str, parameters: dict) -> str:
+    response = api(stack, "POST", f"/deployments/{deployment_id(stack, name)}/create_flow_run",
+                   json={"parameters": parameters})
+    assert response.status_code in (200, 201), response.text
+    return response.json()["id"]
+
+
+def wait(stack, flow_run_id: str, timeout: float = 900) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        run = api(stack, "GET", f"/flow_runs/{flow_run_id}").json()
+        if run["state_type"] in TERMINAL:
+            if run["state_type"] != "COMPLETED":
+                logs = api(stack, "POST", "/logs/filter",
+                           json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}).json()
+                worker = (stack["root"] / "logs" / "worker-cpu.log").read_text()[-3000:]
+                pytest.fail(f"flow run {run['state_type']}: " + "\n".join(x["message"] for x in logs) + worker)
+            return run
+        time.sleep(2)
+    pytest.fail(f"flow run {flow_run_id} not finished after {timeout} s")
+
+
+def task_states(stack, flow_run_id: str, timeout: float = 120) -> dict[str, str]:
+    """Task run states of a flow run, once they have settled: Prefect 3 records task-run states through its event
+    pipeline, so they can trail the flow run's own state by a few seconds."""
+    deadline = time.time() + timeout
+    while True:
+        runs = api(stack, "POST", "/task_runs/filter",
+                   json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}).json()
+        states = {r["name"]: r["state"]["name"] for r in runs}
+        if all(r["state"]["type"] in TERMINAL for r in runs) or time.time() > deadline:
+            return states
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_scifact, tiny_model, tmp_path_factory):
+    work = tmp_path_factory.mktemp("stack-work")
+    train = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
+    return {"data": {"dataset": str(tiny_scifact)}, "model": {"name": str(tiny_model), "passage_max_length": 48},
+            "warmup": train, "ance": train, "mining": {"top_k": 50}, "encode": {"batch_size": 32}, "rounds": 1,
+            "work_dir": str(work)}
+
+
+@pytest.fixture(scope="module")
+def trained(stack, tiny):
+    flow_run_id = trigger(stack, "ance-train", {"config": tiny})
+    return flow_run_id, wait(stack, flow_run_id)
+
+
+def test_deployments_are_registered_with_pools_and_schedule(stack):
+    for name in ("ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain"):
+        deployment = api(stack, "GET", f"/deployments/{deployment_id(stack, name)}").json()
+        assert deployment["work_pool_name"] == "cpu"
+        assert "config" in json.dumps(deployment["parameter_openapi_schema"]) or name in ("refresh-negatives",
+                                                                                           "evaluate")
+    retrain = api(stack, "GET", f"/deployments/{deployment_id(stack, 'retrain')}").json()
+    assert [s["schedule"]["cron"] for s in retrain["schedules"]] == ["0 3 * * 1"]
+    gpu = api(stack, "GET", "/deployments/name/ance-train/ance-train-gpu").json()
+    assert gpu["work_pool_name"] == "gpu" and gpu["job_variables"]["image"]
+    pools = {p["name"]: p["type"] for p in api(stack, "POST", "/work_pools/filter", json={}).json()}
+    assert pools["cpu"] == "process" and pools["gpu"] == "docker"
+
+
+def test_bad_parameters_are_refused_before_any_work(stack):
+    response = api(stack, "POST", f"/deployments/{deployment_id(stack, 'ance-train')}/create_flow_run",
+                   json={"parameters": {"config": {"rounds": -1, "ance": {"learning_rate": 0}}}})
+    assert response.status_code == 409
+    assert "config.rounds" in response.json()["detail"]
+    response = api(stack, "POST", f"/deployments/{deployment_id(stack, 'ance-train')}/create_flow_run",
+                   json={"parameters": {"config": {"warmpu": {}}}})
+    assert response.status_code == 409 and "warmpu" in response.json()["detail"]
+
+
+def test_ui_triggered_run_completes_with_artifacts(stack, trained, tiny):
+    flow_run_id, run = trained
+    states = task_states(stack, flow_run_id)
+    assert len(states) >= 15 and set(states.values()) == {"Completed"}, states
+    work = Path(tiny["work_dir"])
+    latest = json.loads((work / "latest.json").read_text())
+    assert latest["flow_run_id"] == flow_run_id and Path(latest["checkpoint"], "model.safetensors").is_file()
+    report = next((work / "reports").glob("*/results.json"))
+    assert [r["model"] for r in json.loads(report.read_text())["results"]] == ["BM25", "zero-shot", "warmup",
+                                                                              "ANCE round 1"]
+
+
+def test_second_run_with_same_parameters_is_all_cached(stack, trained, tiny):
+    flow_run_id = trigger(stack, "ance-train", {"config": tiny})
+    wait(stack, flow_run_id)
+    states = task_states(stack, flow_run_id)
+    assert states and set(states.values()) == {"Cached"}, states
+
+
+def test_stage_deployments_and_retrain(stack, trained, tiny, tiny_scifact):
+    work = Path(tiny["work_dir"])
+    first = json.loads((work / "latest.json").read_text())["checkpoint"]
+    data = {"dataset": str(tiny_scifact)}
+    runs = {
+        "evaluate": trigger(stack, "evaluate", {"checkpoint": first, "data": data, "work_dir": str(work)}),
+        "refresh-negatives": trigger(stack, "refresh-negatives", {"checkpoint": first, "data": data,
+                                                                  "mining": {"top_k": 50}, "work_dir": str(work)}),
+        "retrain": trigger(stack, "retrain", {"config": tiny}),
+    }
+    for name, flow_run_id in runs.items():
+        wait(stack, flow_run_id)
+        assert set(task_states(stack, flow_run_id).values()) <= {"Completed", "Cached"}, name
+    latest = json.loads((work / "latest.json").read_text())
+    assert latest["checkpoint"] != first  # trained further, by the ance-train subflow of the retrain run
+    subflow = api(stack, "GET", f"/flow_runs/{latest['flow_run_id']}").json()
+    assert api(stack, "GET", f"/task_runs/{subflow['parent_task_run_id']}").json()["flow_run_id"] == runs["retrain"]
+
+
+def test_prefect_ui_shows_the_completed_run(stack, trained):
+    from playwright.sync_api import sync_playwright
+
+    flow_run_id, run = trained
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{stack['ui']}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
+            page.get_by_text(run["name"], exact=True).first.wait_for(timeout=30_000)
+            header = page.inner_text("body")
+            assert "Completed" in header and "ance-train" in header
+            page.get_by_text("Task Runs", exact=True).first.click()
+            page.get_by_text("train-", exact=False).first.wait_for(timeout=30_000)
+            page.wait_for_load_state("networkidle")
+            body = page.inner_text("body")
+            page.screenshot(path=str(ARTIFACTS / "prefect-ui-flow-run.png"), full_page=True)
+        finally:
+            browser.close()
+    count = len(task_states(stack, flow_run_id))
+    assert f"{count} Task runs" in body and f"({count} Completed)" in body
+    for task in ("prepare-data", "bm25-run", "encode-corpus", "build-index", "mine-negatives", "train", "evaluate"):
+        assert f"{task}-" in body, task
