@@ -1,0 +1,42 @@
+"""Unit tests of the task layer's helpers: fault injection and what a cache key is made of."""
+
+import pytest
+
+from ance_core.artifacts import ArtifactRef
+from ance_core.config import MiningConfig
+from ance_core.report import StageTiming
+from tasks import common
+from tasks.common import InjectedFault, _content, artifact_paths, inject_fault
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(common, "_fired", set())
+
+
+def test_fault_fires_once_for_the_named_task(monkeypatch):
+    monkeypatch.setenv("ANCE_FAULT", "encode-corpus")
+    inject_fault("train")  # other tasks are untouched
+    with pytest.raises(InjectedFault, match="encode-corpus"):
+        inject_fault("encode-corpus")
+    inject_fault("encode-corpus")  # the retry succeeds
+
+
+def test_step_fault_fires_only_at_its_step(monkeypatch):
+    monkeypatch.setenv("ANCE_FAULT", "train@3, evaluate")
+    inject_fault("train")  # task start: no step yet
+    inject_fault("train", step=2)
+    with pytest.raises(InjectedFault, match="at step 3"):
+        inject_fault("train", step=3)
+    inject_fault("evaluate", step=3)  # a task-level fault does not fire inside training steps
+    with pytest.raises(InjectedFault):
+        inject_fault("evaluate")
+
+
+def test_cache_key_content_uses_digests_not_paths_or_timings():
+    a = ArtifactRef("/w/encode/abc", "abc", seconds=12.0, cached=False)
+    b = ArtifactRef("/elsewhere/abc", "abc", seconds=0.1, cached=True)
+    assert _content(a) == _content(b) == "abc"
+    assert _content([StageTiming("warmup", "train", a)]) == _content([StageTiming("warmup", "train", b)])
+    assert _content(MiningConfig(top_k=5)) != _content(MiningConfig(top_k=6))
+    assert artifact_paths({"checkpoint": a, "snapshots": [b], "refresh": {"x": 1}}) == [a.path, b.path]
