@@ -8,6 +8,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
 
 from ance_core.config import IndexConfig
 from ance_core.encode import iter_shards
@@ -41,7 +42,9 @@ class FlatIndex:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
         if self.on_gpu:
             self._resources = faiss.StandardGpuResources()
-            index = faiss.index_cpu_to_gpu(self._resources, 0, index)
+            # the calling thread's current CUDA device (the async inferencer uses its own GPU)
+            device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+            index = faiss.index_cpu_to_gpu(self._resources, device, index)
         self.index = index
         self.docids = np.array((folder / "docid").read_text(encoding="utf-8").splitlines(), dtype=object)
         self.batch_size = cfg.search_batch_size

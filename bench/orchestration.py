@@ -4,7 +4,9 @@ One run each, on fresh work folders, same machine, same config:
   1. `ance run` (the Prefect flow, ephemeral server, content-keyed caching) - the whole command's wall time;
   2. the same stage functions called in plain Python in the same order (`task.fn`: no Prefect at all);
   3. `ance run` again on the work folder of 1: every stage cached.
-Prints the ratio 1/2 (goal <= 1.05) and the time of 3 (goal <= 30 s).
+Prints the ratio 1/2 (goal <= 1.05) and the time of 3 (goal <= 30 s), and splits the difference between 1 and 2
+into the stages' own compute (build seconds from each stage's manifest.json) and everything else (interpreter and
+Prefect start-up, task bookkeeping, cache keys, result persistence).
     python bench/orchestration.py [--rounds 2] [--config FILE] [--out DIR]
 """
 
@@ -60,6 +62,28 @@ def plain_pipeline(c: PipelineConfig) -> list[tuple[str, float]]:
     return evaluations
 
 
+def stage_seconds(work_dir: Path) -> dict[str, float]:
+    """Build seconds per stage type, summed over the stage folders of a work dir (from their manifests)."""
+    totals: dict[str, float] = {}
+    for manifest in sorted(work_dir.glob("*/*/manifest.json")):
+        stage = manifest.parent.parent.name
+        totals[stage] = totals.get(stage, 0.0) + json.loads(manifest.read_text())["seconds"]
+    return totals
+
+
+def breakdown(prefect_s: float, plain_s: float, prefect_work: Path, plain_work: Path) -> dict:
+    a, b = stage_seconds(prefect_work), stage_seconds(plain_work)
+    print("stage compute (s)      Prefect    plain")
+    for stage in sorted(set(a) | set(b)):
+        print(f"  {stage:<18} {a.get(stage, 0):9.1f} {b.get(stage, 0):8.1f}")
+    prefect_stages, plain_stages = sum(a.values()), sum(b.values())
+    print(f"  {'all stages':<18} {prefect_stages:9.1f} {plain_stages:8.1f}")
+    print(f"outside the stages: Prefect {prefect_s - prefect_stages:.1f} s, plain {plain_s - plain_stages:.1f} s")
+    return {"prefect_stage_s": round(prefect_stages, 1), "plain_stage_s": round(plain_stages, 1),
+            "prefect_outside_s": round(prefect_s - prefect_stages, 1),
+            "plain_outside_s": round(plain_s - plain_stages, 1)}
+
+
 def timed_cli(config: PipelineConfig, folder: Path, env: dict) -> tuple[float, dict]:
     path = folder / "config.json"
     path.write_text(config.model_dump_json())
@@ -97,9 +121,10 @@ def main() -> None:
     reused = sum(s["cached"] for s in again["stages"])
     print(f"cached re-run (ance run, whole command): {cached_s:.1f} s, {reused}/{len(again['stages'])} stages cached")
     print(f"overhead ratio Prefect / plain: {prefect_s / plain_s:.3f}")
+    parts = breakdown(prefect_s, plain_s, Path(prefect_cfg.work_dir), Path(plain_cfg.work_dir))
     print(json.dumps({"prefect_s": round(prefect_s, 1), "plain_s": round(plain_s, 1),
                       "ratio": round(prefect_s / plain_s, 3), "cached_rerun_s": round(cached_s, 1),
-                      "cached_stages": reused, "stages": len(again["stages"])}))
+                      "cached_stages": reused, "stages": len(again["stages"])} | parts))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from prefect import get_run_logger
 
 from ance_core.artifacts import ArtifactRef, is_complete, read_manifest, run_stage, stage_key
@@ -24,6 +25,18 @@ def _fault_callback(name: str):
     return lambda record: inject_fault(name, step=record["step"])
 
 
+def _progress_callback(every: int = 10):
+    """Training progress in the task's Prefect log (the UI shows it; tqdm's bar only reaches the terminal)."""
+    logger = get_run_logger()
+
+    def log(record: dict) -> None:
+        if record["step"] % every == 0:
+            logger.info(f"step {record['step']}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, "
+                        f"grad norm {record['grad_norm']:.2f}, {record['examples_per_s']:.1f} examples/s")
+
+    return log
+
+
 @stage_task("train")
 def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
                 work_dir: str) -> ArtifactRef:
@@ -33,7 +46,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         tables = read_tables(data.path)
         pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
         return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split), cfg, out,
-                     callbacks=[_fault_callback("train")])
+                     callbacks=[_progress_callback(), _fault_callback("train")])
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     return run_stage(work_dir, "train", {"train": cfg, "split": split}, inputs, build, resumable=True)
@@ -102,6 +115,8 @@ class AsyncNegatives:
         context = contextvars.copy_context()  # the inferencer's tasks run as children of this task run
 
         def infer():
+            if torch.cuda.device_count() > 1:  # 1:1 allocation (paper A.3): the trainer keeps GPU 0
+                torch.cuda.set_device(torch.cuda.device_count() - 1)
             try:
                 # round k+1 is mined with round k's checkpoint, as in the synchronous pipeline
                 round_ = step // self.steps_per_round + 1
@@ -214,7 +229,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
         summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split),
                         cfg.model_copy(update={"max_steps": per_round * rounds}), out,
-                        callbacks=[_fault_callback("train-async")], negatives_update=update,
+                        callbacks=[_progress_callback(), _fault_callback("train-async")], negatives_update=update,
                         snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(per_round, rounds))
         snapshots.update(async_negatives.snapshots)

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    assert {"ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain", "ance-train-gpu"} <= set(deployments)
+    expected = {"ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain", "ance-train-gpu"}
+    assert expected <= set(deployments)
     for name, d in deployments.items():
         path, func = d["entrypoint"].split(":")
         flow = load_flow_from_entrypoint(str(REPO / path) + ":" + func)

@@ -35,3 +35,11 @@ def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_second():
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines()
           if ln and not ln.startswith(("#", "set ", "cd "))]
     assert ci[-1] == "make test"
+
+
+def test_readme_make_targets_exist():
+    targets = set(re.findall(r"^make ([\w-]+)", README, re.M)) | set(re.findall(r"`make ([\w-]+)`", README))
+    assert {"demo", "test", "up", "deploy", "down"} <= targets
+    makefile = (ROOT / "Makefile").read_text()
+    for target in targets:
+        assert re.search(rf"^{target}:", makefile, re.M), target
