@@ -206,7 +206,6 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
               "max_staleness": max_staleness}
     key = stage_key("train-async", config, inputs)
     report: dict = {}
-    snapshots: dict[int, ArtifactRef] = {}
 
     def build(out: Path):
         tables = read_tables(data.path)
@@ -219,20 +218,20 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         first_table = None
         if resumed is not None:
             first_table = async_negatives.resume(int(resumed.name[5:]), snapshot_steps)
-        pending = [first_table]
+        restored = [first_table] if first_table is not None else []  # the negatives in use when interrupted
 
         def update(step: int) -> pd.DataFrame | None:
-            if pending:  # the negatives in use when the run was interrupted
-                table = pending.pop()
-                return table if table is not None else async_negatives.update(step)
-            return async_negatives.update(step)
+            table = async_negatives.update(step)
+            if table is None and restored:
+                table = restored[0]
+            restored.clear()
+            return table
 
         summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split),
                         cfg.model_copy(update={"max_steps": per_round * rounds}), out,
                         callbacks=[_progress_callback(), _fault_callback("train-async")], negatives_update=update,
                         snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(per_round, rounds))
-        snapshots.update(async_negatives.snapshots)
         (out / "async_refresh.json").write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}
 
