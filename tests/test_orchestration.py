@@ -160,3 +160,30 @@ def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_pa
     assert "async refresh: staleness" in log
     again, _ = run(tmp_path, config)
     assert all(by_stage(again).values()) and again["async_refresh"] == refresh
+
+
+def test_async_trainer_killed_after_its_snapshot_resumes(tiny_scifact, tiny_model, tmp_path):
+    """Kill the async trainer at step 8 (after the step-6 snapshot, with a refresh maybe in flight); the re-run
+    resumes from the step-8 checkpoint, re-launches the refresh and records every step's staleness once."""
+    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
+                         ance=TRAIN | {"max_steps": 6}, refresh="async")
+    signal_file = tmp_path / "hung"
+    proc = subprocess.Popen(command(tmp_path, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env_for(tmp_path, ANCE_FAULT="train-async@8:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert signal_file.exists(), f"the async trainer never reached step 8 (exit {proc.poll()})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+    result, _ = run(tmp_path, config)
+    refresh = result["async_refresh"]
+    trainer = next(s for s in result["stages"] if s["stage"] == "train" and s["for"] == "ANCE (async)")
+    assert json.loads(Path(trainer["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 8
+    steps = [step for step, _ in json.loads(Path(trainer["path"], "async_state.json").read_text())["staleness"]]
+    assert steps == list(range(12))
+    assert refresh["rounds"][0] == {"round": 1, "mean_staleness": 2.5, "max_staleness": 5}
+    assert [s["checkpoint_step"] for s in refresh["swaps"]] in ([], [6]) and not refresh["refresh_errors"]
+    assert [r["model"] for r in result["results"]][-2:] == ["ANCE round 1", "ANCE round 2"]
