@@ -50,6 +50,20 @@ def run(root: Path, config: dict, **extra_env: str) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 
+def kill_when_hung(root: Path, config: dict, fault: str) -> None:
+    """Start `ance run` with `fault` set to hang, wait until it hangs, SIGKILL its whole process group."""
+    signal_file = root / "hung"
+    proc = subprocess.Popen(command(root, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env_for(root, ANCE_FAULT=f"{fault}:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert signal_file.exists(), f"the run never reached {fault} (exit {proc.poll()})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
 def by_stage(result: dict) -> dict[tuple[str, str], bool]:
     return {(s["for"], s["stage"]): s["cached"] for s in result["stages"]}
 
@@ -114,18 +128,9 @@ def test_killed_run_resumes_from_completed_stages_and_last_checkpoint(tiny_scifa
     """SIGKILL the whole process group in the middle of ANCE round 1 (after its step-4 checkpoint), run again."""
     config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
                          ance=TRAIN | {"max_steps": 6})  # the warm-up has 3 steps, so step 5 is in ANCE round 1
-    reference, _ = run(tmp_path / "ref", config | {"work_dir": str(tmp_path / "ref-work")}) if (
-        tmp_path / "ref").mkdir() is None else (None, None)
-    signal_file = tmp_path / "hung"
-    proc = subprocess.Popen(command(tmp_path, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env_for(tmp_path, ANCE_FAULT="train@5:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
-                            start_new_session=True)
-    deadline = time.time() + 600
-    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.5)
-    assert signal_file.exists(), f"the run never reached step 5 of ANCE round 1 (exit {proc.poll()})"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    (tmp_path / "ref").mkdir()
+    reference, _ = run(tmp_path / "ref", config | {"work_dir": str(tmp_path / "ref-work")})
+    kill_when_hung(tmp_path, config, "train@5")
     partial = list((tmp_path / "work" / "train").glob(".partial-*/checkpoints/step-000004"))
     assert len(partial) == 1  # killed mid-round, with its step-4 checkpoint on disk
 
@@ -167,16 +172,7 @@ def test_async_trainer_killed_after_its_snapshot_resumes(tiny_scifact, tiny_mode
     resumes from the step-8 checkpoint, re-launches the refresh and records every step's staleness once."""
     config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
                          ance=TRAIN | {"max_steps": 6}, refresh="async")
-    signal_file = tmp_path / "hung"
-    proc = subprocess.Popen(command(tmp_path, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env_for(tmp_path, ANCE_FAULT="train-async@8:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
-                            start_new_session=True)
-    deadline = time.time() + 600
-    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.5)
-    assert signal_file.exists(), f"the async trainer never reached step 8 (exit {proc.poll()})"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_when_hung(tmp_path, config, "train-async@8")
 
     result, _ = run(tmp_path, config)
     refresh = result["async_refresh"]
