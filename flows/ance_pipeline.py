@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
 from ance_core.artifacts import ArtifactRef, write_json
 from ance_core.config import PipelineConfig
@@ -29,6 +29,7 @@ from tasks.model import init_checkpoint
 from tasks.refresh import refresh_negatives
 from tasks.report import report
 from tasks.retrieve import dense_run
+from tasks.tracking import Tracker, log_pipeline
 from tasks.train import train_async, train_round
 
 
@@ -104,7 +105,14 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
-    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path}
+    tracker = Tracker(wd, "ance-train")
+    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
+            "prefect.deployment": str(deployment.get_name() or "")}
+    mlflow_run = log_pipeline(tracker, c, result, timings, tags, data.digest)
+    if tracker.undelivered:
+        print(f"MLflow: {tracker.undelivered} calls not delivered; kept in {tracker.spool}")
+    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,
+                             "mlflow_run_id": mlflow_run, "mlflow_uri": tracker.uri}
 
 
 LATEST = "latest.json"

@@ -112,3 +112,42 @@ class Tracker:
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is not None:
             self._safe("end_run", self.client.set_terminated, run_id, status, payload={"run_id": run_id})
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def log_pipeline(tracker: Tracker, config: BaseModel, report: dict, stage_refs: list, flow_tags: dict[str, str],
+                 dataset_digest: str) -> str | None:
+    """One parent run per pipeline run, a nested run per model (BM25, zero-shot, warm-up, each round): params,
+    metrics, stage wall times, and the training curves with a global step across stages."""
+    tags = flow_tags | {"git_commit": _git_commit(), "dataset": report["dataset"], "dataset_digest": dataset_digest,
+                        "model": getattr(getattr(config, "model", None), "name", "")}
+    parent = tracker.start_run(f"ance-train {flow_tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)
+    tracker.log_params(parent, flatten(config))
+    global_step = 0
+    for row in report["results"]:
+        label = row["model"]
+        child = tracker.start_run(label, parent_id=parent, tags=tags | {"stage": label})
+        metrics = {k: v for k, v in row.items() if k != "model"}
+        for timing in stage_refs:
+            if timing.label == label:
+                metrics[f"time_{timing.stage.replace('-', '_')}_s"] = timing.ref.seconds
+                log = Path(timing.ref.path) / "train_log.jsonl"
+                if timing.stage == "train" and log.is_file():
+                    records = [json.loads(x) for x in log.read_text().splitlines()]
+                    tracker.log_history(child, records, ["loss", "lr", "grad_norm", "examples_per_s"], global_step)
+                    tracker.log_history(parent, records, ["loss", "lr", "grad_norm"], global_step)
+                    global_step += len(records)
+        tracker.log_metrics(child, metrics)
+        tracker.end_run(child)
+    tracker.log_metrics(parent, {k: v for k, v in report["results"][-1].items() if k != "model"})
+    tracker.end_run(parent)
+    return parent

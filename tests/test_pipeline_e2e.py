@@ -139,3 +139,21 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     # the same checkpoint evaluated on its own (other encode batch size: bf16 rounding may differ slightly)
     assert metrics["recall_at_1000"] == pytest.approx(result["recall_at_1000"], abs=0.02)
     assert metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"], abs=0.03)
+
+
+def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
+    from mlflow.tracking import MlflowClient
+
+    _, result, _ = pipeline
+    client = MlflowClient(result["mlflow_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.params["rounds"] == str(ROUNDS) and parent.data.tags["prefect.flow_run_id"]
+    assert parent.data.metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"])
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
+    assert steps == list(range(1, 3 * (ROUNDS + 1) + 1))  # 3 steps per training stage, one global step axis
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    names = {r.info.run_name: r for r in children}
+    assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
+    assert names["warmup"].data.metrics["time_train_s"] > 0
+    assert len(client.get_metric_history(names["warmup"].info.run_id, "grad_norm")) == 3
