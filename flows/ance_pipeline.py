@@ -108,7 +108,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     tracker = Tracker(wd, "ance-train")
     tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
             "prefect.deployment": str(deployment.get_name() or "")}
-    mlflow_run = log_pipeline(tracker, c, result, timings, tags, data.digest)
+    mlflow_run = log_pipeline(tracker, c, result, timings, tags, data.digest, evaluations)
     if tracker.undelivered:
         print(f"MLflow: {tracker.undelivered} calls not delivered; kept in {tracker.spool}")
     return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,

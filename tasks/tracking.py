@@ -124,15 +124,91 @@ def _git_commit() -> str:
         return "unknown"
 
 
+TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", "train_log.jsonl", "manifest.json",
+                  "async_state.json", "async_refresh.json"}
+
+
+def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> None:
+    """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state."""
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file() and path.name not in TRAINING_STATE:
+            tracker._safe("log_artifact", tracker.client.log_artifact, run_id, str(path), "checkpoint",
+                          payload={"run_id": run_id, "file": str(path), "artifact_path": "checkpoint"})
+
+
+def plot_curves(records: list[dict], results: list[dict], out: Path) -> list[Path]:
+    """loss.png, grad_norm.png (global step) and metrics.png (per model) with matplotlib's Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, title in (("loss", "training loss"), ("grad_norm", "pre-clip gradient norm")):
+        if records:
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            ax.plot([r["step"] for r in records], [r[key] for r in records], lw=0.8)
+            ax.set_xlabel("global step"), ax.set_title(title)
+            fig.tight_layout(), fig.savefig(out / f"{key}.png", dpi=110), plt.close(fig)
+            paths.append(out / f"{key}.png")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100"):
+        ax.plot([r["model"] for r in results], [r[key] for r in results], marker="o", label=key)
+    ax.legend(), ax.set_title("metrics per model"), ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout(), fig.savefig(out / "metrics.png", dpi=110), plt.close(fig)
+    return [*paths, out / "metrics.png"]
+
+
+def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
+                    split: str) -> dict:
+    """Register each (label, run_id, metrics) checkpoint as a version of `name`; move the alias `champion` to the best
+    new version only if it beats the current champion on the same dataset and split (nDCG@10)."""
+    client = tracker.client
+    if tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name}) is None:
+        return {}
+    best = None
+    for label, run_id, metrics in versions:
+        tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
+        version = tracker._safe("create_model_version", client.create_model_version, name,
+                                f"runs:/{run_id}/checkpoint", run_id, tags=tags, payload={"name": name, "tags": tags})
+        if version is not None and (best is None or metrics["ndcg_at_10"] > best[1]["ndcg_at_10"]):
+            best = (version.version, metrics)
+    if best is None:
+        return {}
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+    except Exception:
+        current = None
+    same_setting = current is not None and current.tags.get("dataset") == dataset and current.tags.get("split") == split
+    current_score = float(current.tags["ndcg_at_10"]) if same_setting else None
+    # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
+    promote = current_score is None or round(best[1]["ndcg_at_10"], 6) > current_score
+    if promote:
+        tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", best[0],
+                      payload={"name": name, "version": best[0]})
+    return {"candidate_version": best[0], "candidate_ndcg_at_10": best[1]["ndcg_at_10"],
+            "champion_version": best[0] if promote else current.version, "champion_ndcg_at_10_before": current_score,
+            "promoted": promote}
+
+
+def _ensure_registered_model(client: MlflowClient, name: str):
+    try:
+        return client.get_registered_model(name)
+    except Exception:
+        return client.create_registered_model(name)
+
+
 def log_pipeline(tracker: Tracker, config: BaseModel, report: dict, stage_refs: list, flow_tags: dict[str, str],
-                 dataset_digest: str) -> str | None:
+                 dataset_digest: str, evaluations: list | None = None) -> str | None:
     """One parent run per pipeline run, a nested run per model (BM25, zero-shot, warm-up, each round): params,
     metrics, stage wall times, and the training curves with a global step across stages."""
     tags = flow_tags | {"git_commit": _git_commit(), "dataset": report["dataset"], "dataset_digest": dataset_digest,
                         "model": getattr(getattr(config, "model", None), "name", "")}
     parent = tracker.start_run(f"ance-train {flow_tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)
     tracker.log_params(parent, flatten(config))
-    global_step = 0
+    global_step, curve = 0, []
+    folders = dict(evaluations or [])
+    versions = []
     for row in report["results"]:
         label = row["model"]
         child = tracker.start_run(label, parent_id=parent, tags=tags | {"stage": label})
@@ -145,9 +221,28 @@ def log_pipeline(tracker: Tracker, config: BaseModel, report: dict, stage_refs: 
                     records = [json.loads(x) for x in log.read_text().splitlines()]
                     tracker.log_history(child, records, ["loss", "lr", "grad_norm", "examples_per_s"], global_step)
                     tracker.log_history(parent, records, ["loss", "lr", "grad_norm"], global_step)
+                    curve += [r | {"step": r["step"] + global_step} for r in records]
                     global_step += len(records)
+                if timing.stage == "train":
+                    log_checkpoint(tracker, child, timing.ref.path)
+                    versions.append((label, child, {k: v for k, v in row.items() if k != "model"}))
+        if label in folders:
+            tracker.log_artifacts(child, folders[label].path, "evaluation")
         tracker.log_metrics(child, metrics)
         tracker.end_run(child)
     tracker.log_metrics(parent, {k: v for k, v in report["results"][-1].items() if k != "model"})
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in plot_curves(curve, report["results"], Path(tmp)):
+            tracker._safe("log_artifact", tracker.client.log_artifact, parent, str(path), "plots",
+                          payload={"run_id": parent, "file": path.name})
+        (Path(tmp) / "results.md").write_text(report["markdown"])
+        tracker._safe("log_artifact", tracker.client.log_artifact, parent, str(Path(tmp) / "results.md"), "report",
+                      payload={"run_id": parent, "file": "results.md"})
+    decision = register_models(tracker, f"ance-{Path(report['dataset']).name}", versions, report["dataset"],
+                               report["split"])
+    if decision:
+        tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
     tracker.end_run(parent)
     return parent

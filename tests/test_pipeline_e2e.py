@@ -157,3 +157,27 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
     assert names["warmup"].data.metrics["time_train_s"] > 0
     assert len(client.get_metric_history(names["warmup"].info.run_id, "grad_norm")) == 3
+
+
+def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
+    from mlflow.tracking import MlflowClient
+
+    _, result, _ = pipeline
+    client = MlflowClient(result["mlflow_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
+        "plots/loss.png", "plots/grad_norm.png", "plots/metrics.png"}
+    children = {r.info.run_name: r for r in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    final = children[f"ANCE round {ROUNDS}"].info.run_id
+    files = {a.path for a in client.list_artifacts(final, "checkpoint")}
+    assert {"checkpoint/model.safetensors", "checkpoint/head.safetensors", "checkpoint/tokenizer.json"} <= files
+    assert "checkpoint/optimizer.safetensors" not in files
+    assert "evaluation/run.trec" in {a.path for a in client.list_artifacts(final, "evaluation")}
+    name = next(m.name for m in client.search_registered_models())
+    versions = client.search_model_versions(f"name = '{name}'")
+    assert len(versions) >= ROUNDS + 1
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert float(champion.tags["ndcg_at_10"]) == pytest.approx(max(float(v.tags["ndcg_at_10"]) for v in versions))
+    assert parent.data.tags["champion.champion_version"] == str(champion.version)  # a re-run's equal model did not
+    # take the alias from the first run's
