@@ -21,14 +21,11 @@ from ance_core.report import StageTiming, read_report
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
-from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
-from tasks.index import build_index
 from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
-from tasks.refresh import refresh_negatives
+from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.retrieve import dense_run
 from tasks.tracking import Tracker, log_pipeline
 from tasks.train import train_async, train_round
 
@@ -55,12 +52,9 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
 
     def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> None:
         """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given."""
-        if index is None:
-            index = stage(label, "index", build_index, stage(label, "encode", encode_corpus, checkpoint, data,
-                                                             c.encode, wd), wd)
-        run = stage(label, "retrieve", dense_run, checkpoint, index, data, eval_split, c.eval.top_k, c.encode,
-                    c.index, wd)
-        evaluations.append((label, stage(label, "evaluate", evaluate, run, data, eval_split, wd)))
+        refs = evaluate_stages(checkpoint, data, eval_split, c.eval.top_k, c.encode, c.index, wd, index)
+        timings.extend(StageTiming(label, name, ref) for name, ref in refs.items())
+        evaluations.append((label, refs["evaluate"]))
 
     data = stage("data", "prepare", prepare_data, c.data, wd)
     bm25_eval = stage("BM25", "bm25", bm25_run, data, c.bm25, eval_split, c.bm25.top_k, wd)

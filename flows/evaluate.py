@@ -8,10 +8,8 @@ from ance_core.model import checkpoint_digest
 from ance_core.report import read_metrics
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
-from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
-from tasks.index import build_index
-from tasks.retrieve import dense_run
+from tasks.refresh import evaluate_stages
 
 
 @flow(name="bm25-baseline")
@@ -27,6 +25,5 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
                         work_dir: str = "work") -> dict:
     ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
     tables = prepare_data(data, work_dir)
-    built = build_index(encode_corpus(ref, tables, encode, work_dir), work_dir)
-    run = dense_run(ref, built, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)
-    return read_metrics(evaluate(run, tables, data.eval_split, work_dir))
+    refs = evaluate_stages(ref, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)
+    return read_metrics(refs["evaluate"])

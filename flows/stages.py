@@ -10,13 +10,9 @@ from ance_core.report import read_metrics
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
-from tasks.encode import encode_corpus
-from tasks.evaluate import evaluate
-from tasks.index import build_index
 from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
-from tasks.refresh import refresh_negatives
-from tasks.retrieve import dense_run
+from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.train import train_round
 
 
@@ -28,9 +24,8 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     candidates = run_task(bm25_run, data, c.bm25, split, c.bm25_negatives.top_k, wd)
     negatives = run_task(mine_negatives, candidates, data, split, c.bm25_negatives, 0, wd)
     checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split, c.warmup, wd)
-    index = run_task(build_index, run_task(encode_corpus, checkpoint, data, c.encode, wd), wd)
-    run = run_task(dense_run, checkpoint, index, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd)
-    metrics = read_metrics(run_task(evaluate, run, data, c.data.eval_split, wd))
+    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd)
+    metrics = read_metrics(refs["evaluate"])
     print(f"warm-up checkpoint {checkpoint.path}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return {"checkpoint": checkpoint.path, "metrics": metrics}
 

@@ -1,11 +1,15 @@
-"""The inferencer's work for one checkpoint (ANCE Fig. 2, right): encode the corpus, build the index, retrieve the
-training queries' top-k and mine negatives from it. Shared by the synchronous rounds, the asynchronous trainer's
-background refreshes and the `refresh-negatives` flow."""
+"""Stage chains run for one checkpoint, shared by the flows.
+
+`refresh_negatives`: the inferencer's work (ANCE Fig. 2, right): encode the corpus, build the index, retrieve the
+training queries' top-k and mine negatives from it (synchronous rounds, the asynchronous trainer's background
+refreshes, the `refresh-negatives` flow). `evaluate_stages`: encode, index, retrieve and evaluate on a split (every
+flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import EncodeConfig, IndexConfig, MiningConfig
 from tasks.common import run_task
 from tasks.encode import encode_corpus
+from tasks.evaluate import evaluate
 from tasks.index import build_index
 from tasks.mine import mine_negatives
 from tasks.retrieve import dense_run
@@ -19,3 +23,15 @@ def refresh_negatives(checkpoint: ArtifactRef, data: ArtifactRef, split: str, en
     run = run_task(dense_run, checkpoint, built, data, split, mining.top_k, encode, index, work_dir)
     negatives = run_task(mine_negatives, run, data, split, mining, round_, work_dir)
     return {"encode": emb, "index": built, "retrieve": run, "mine": negatives}
+
+
+def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_k: int, encode: EncodeConfig,
+                    index: IndexConfig, work_dir: str, built: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
+    """encode -> index -> retrieve -> evaluate; `built` reuses an index already made from this checkpoint."""
+    refs = {}
+    if built is None:
+        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
+        built = refs["index"] = run_task(build_index, refs["encode"], work_dir)
+    refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
+    refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir)
+    return refs
