@@ -105,6 +105,10 @@ class Tracker:
         self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
                    payload={"run_id": run_id, "tags": tags})
 
+    def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> None:
+        self._safe("log_artifact", self.client.log_artifact, run_id, str(path), artifact_path,
+                   payload={"run_id": run_id, "file": str(path), "artifact_path": artifact_path})
+
     def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> None:
         self._safe("log_artifacts", self.client.log_artifacts, run_id, str(folder), artifact_path,
                    payload={"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path})
@@ -132,8 +136,7 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> 
     """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state."""
     for path in sorted(Path(folder).iterdir()):
         if path.is_file() and path.name not in TRAINING_STATE:
-            tracker._safe("log_artifact", tracker.client.log_artifact, run_id, str(path), "checkpoint",
-                          payload={"run_id": run_id, "file": str(path), "artifact_path": "checkpoint"})
+            tracker.log_artifact(run_id, path, "checkpoint")
 
 
 def plot_curves(records: list[dict], results: list[dict], out: Path) -> list[Path]:
@@ -235,11 +238,9 @@ def log_pipeline(tracker: Tracker, config: BaseModel, report: dict, stage_refs: 
 
     with tempfile.TemporaryDirectory() as tmp:
         for path in plot_curves(curve, report["results"], Path(tmp)):
-            tracker._safe("log_artifact", tracker.client.log_artifact, parent, str(path), "plots",
-                          payload={"run_id": parent, "file": path.name})
+            tracker.log_artifact(parent, path, "plots")
         (Path(tmp) / "results.md").write_text(report["markdown"])
-        tracker._safe("log_artifact", tracker.client.log_artifact, parent, str(Path(tmp) / "results.md"), "report",
-                      payload={"run_id": parent, "file": "results.md"})
+        tracker.log_artifact(parent, Path(tmp) / "results.md", "report")
     decision = register_models(tracker, f"ance-{Path(report['dataset']).name}", versions, report["dataset"],
                                report["split"])
     if decision:
