@@ -96,7 +96,7 @@ class AsyncNegatives:
         self.errors: list[str] = []
         state_file = out / "async_state.json"
         self.state = json.loads(state_file.read_text()) if state_file.is_file() else {
-            "in_use": {"checkpoint_step": 0, "negatives": first.path, "digest": first.digest},
+            "in_use": {"checkpoint_step": 0, "negatives": first.path},
             "swaps": [], "waits": [], "staleness": [],
         }
 
@@ -157,8 +157,7 @@ class AsyncNegatives:
                 table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
                 self.state["swaps"].append({"checkpoint_step": newest, "swapped_at_step": step,
                                             "ready_after_s": round(ready_after, 2), "negatives": negatives.path})
-                self.state["in_use"] = {"checkpoint_step": newest, "negatives": negatives.path,
-                                        "digest": negatives.digest}
+                self.state["in_use"] = {"checkpoint_step": newest, "negatives": negatives.path}
                 self.logger.info(f"step {step}: swapped in negatives mined with the step-{newest} checkpoint")
             self.state["staleness"].append([step, step - self.state["in_use"]["checkpoint_step"]])
             self._save_state()
@@ -171,15 +170,15 @@ class AsyncNegatives:
         self.state["waits"] = [w for w in self.state["waits"] if w["step"] < resumed_step]
         if self.state["swaps"]:
             last = self.state["swaps"][-1]
-            self.state["in_use"] = {"checkpoint_step": last["checkpoint_step"], "negatives": last["negatives"],
-                                    "digest": ""}
+            self.state["in_use"] = {"checkpoint_step": last["checkpoint_step"], "negatives": last["negatives"]}
         for step in snapshot_steps:
             if step <= resumed_step:
                 self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step))
         in_use = self.state["in_use"]
         return pd.read_parquet(f"{in_use['negatives']}/negatives.parquet") if in_use["checkpoint_step"] else None
 
-    def finish(self, steps_per_round: int, rounds: int) -> dict:
+    def finish(self, rounds: int) -> dict:
+        steps_per_round = self.steps_per_round
         for thread in self.threads:
             thread.join()
         per_round = []
@@ -231,7 +230,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                         cfg.model_copy(update={"max_steps": per_round * rounds}), out,
                         callbacks=[_progress_callback(), _fault_callback("train-async")], negatives_update=update,
                         snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
-        report.update(async_negatives.finish(per_round, rounds))
+        report.update(async_negatives.finish(rounds))
         (out / "async_refresh.json").write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}
 
