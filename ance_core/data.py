@@ -6,6 +6,7 @@ Tables (what every later stage reads):
   qrels.parquet    query_id, doc_id, relevance, split
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -121,12 +122,22 @@ def download_beir(name: str, root: Path) -> Path:
 
 
 def dataset_digest(folder: Path) -> str:
-    """Content digest of every data file in the folder (names and bytes)."""
+    """Content digest of every data file in the folder (names and bytes).
+
+    Memoised on the files' (name, size, mtime): the CLI's preflight, the data task's cache key and the task itself
+    all ask for it, and hashing a large collection three times in one run is wasted I/O."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+                   and p.suffix in {".jsonl", ".tsv", ".json"})
+    stats = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _hash_files(str(folder.resolve()), stats)
+
+
+@functools.lru_cache(maxsize=32)
+def _hash_files(folder: str, stats: tuple[tuple[str, int, int], ...]) -> str:
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        if path.suffix in {".jsonl", ".tsv", ".json"}:
-            h.update(str(path.relative_to(folder)).encode())
-            h.update(file_digest(path).encode())
+    for name, _, _ in stats:
+        h.update(name.encode())
+        h.update(file_digest(Path(folder) / name).encode())
     return h.hexdigest()[:16]
 
 
