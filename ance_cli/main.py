@@ -45,7 +45,8 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     if as_json:
         last = result["results"][-1]
         summary = {k: v for k, v in last.items() if k != "model"}
-        keys = ("results", "stages", "final_checkpoint", "async_refresh", "mlflow_run_id", "mlflow_uri")
+        keys = ("results", "stages", "final_checkpoint", "async_refresh", "negatives", "tracking", "mlflow_run_id",
+                "mlflow_uri")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 

@@ -3,4 +3,4 @@
 Pure library: imports torch, transformers, faiss, pandas, numpy -- never prefect or mlflow.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

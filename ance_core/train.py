@@ -3,7 +3,8 @@
 Output folder (a checkpoint once finished):
   config.json, model.safetensors, head.safetensors, ance_model.json, tokenizer files   the trained model
   optimizer.safetensors, trainer_state.json, rng.safetensors                          the training state
-  train_log.jsonl                                                                      one line per step
+  train_log.jsonl        one line per step: loss, lr, pre-clip gradient norm overall and per third of the layers
+                         (grad_norm_bottom/middle/top, ANCE ICLR Fig. 4), examples/s
   checkpoints/step-NNNNNN/   the latest intermediate checkpoint (model + training state); removed at the end
 
 `train` started again on the same folder resumes from its latest checkpoint: same weights, optimizer and
@@ -14,6 +15,7 @@ No pickle: tensors in safetensors, everything else in JSON.
 import json
 import math
 import os
+import re
 import shutil
 import time
 from collections import defaultdict
@@ -46,6 +48,37 @@ class TrainingInterrupted(RuntimeError):
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The shuffled order of the n training pairs in an epoch: a pure function of (seed, epoch)."""
     return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+
+
+def layer_groups(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+    """The transformer layers' parameters in thirds (ANCE ICLR Fig. 4): bottom, middle, top.
+
+    Layer i of n goes to third i*3//n; with fewer than 3 layers the first is "bottom" and the last "top".
+    Embeddings and the head belong to no third (they count in the overall norm only)."""
+    indexed = [(int(m.group(1)), p) for name, p in model.named_parameters()
+               if p.requires_grad and (m := LAYER_INDEX.search(name))]
+    if not indexed:
+        return {}
+    n = max(i for i, _ in indexed) + 1
+    names = ("bottom", "middle", "top")
+    groups: dict[str, list[torch.nn.Parameter]] = {}
+    for i, p in indexed:
+        third = names[i * 3 // n] if n >= 3 else ("bottom" if i == 0 else "top")
+        groups.setdefault(third, []).append(p)
+    return groups
+
+
+def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, float]:
+    """L2 norm of each group's gradients (call before clipping: the pre-clip norms)."""
+    out = {}
+    for name, params in groups.items():
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            out[f"grad_norm_{name}"] = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+    return out
 
 
 def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size: int,
@@ -203,6 +236,7 @@ def train(
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // steps_per_epoch)
     model.train()
+    thirds = layer_groups(model)
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
     with open(log_path, "a") as log:
         while step < total:
@@ -223,6 +257,7 @@ def train(
                 examples += len(idx)
             if scaler is not None:
                 scaler.unscale_(optimizer)
+            layer_norms = group_grad_norms(thirds)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))  # pre-clip
             lr = scheduler.get_last_lr()[0]
             if scaler is not None:
@@ -233,7 +268,7 @@ def train(
             scheduler.step()
             step += 1
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                      "examples_per_s": examples / (time.perf_counter() - started)}
+                      **layer_norms, "examples_per_s": examples / (time.perf_counter() - started)}
             log.write(json.dumps(record) + "\n")
             log.flush()
             bar.update(1)

@@ -11,13 +11,16 @@ import time
 from pathlib import Path
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
+from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, write_json
 from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
+from tasks.analysis import negatives_analysis
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -26,7 +29,8 @@ from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.tracking import Tracker, log_pipeline
+from tasks.retrieve import dense_run
+from tasks.tracking import PipelineTracking, closing_lines
 from tasks.train import train_async, train_round
 
 
@@ -36,6 +40,10 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     train_split, eval_split = c.data.train_split, c.data.eval_split
     timings: list[StageTiming] = []
     evaluations: list[tuple[str, ArtifactRef]] = []
+    trained_on: dict[str, ArtifactRef] = {}  # model label -> the negatives it was trained on
+    stats: dict[str, ArtifactRef] = {}  # model label -> its negatives analysis
+    tracking = PipelineTracking(c, flow_tags())
+    link_mlflow_run(tracking)
 
     def stage(label: str, name: str, task, *args) -> ArtifactRef:
         ref = run_task(task, *args)
@@ -51,12 +59,23 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         return refs
 
     def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> None:
-        """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given."""
+        """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given. A model trained
+        on mined negatives also gets the negatives analysis (its own ranking of the training queries, shared with
+        the next round's mining)."""
         refs = evaluate_stages(checkpoint, data, eval_split, c.eval.top_k, c.encode, c.index, wd, index)
         timings.extend(StageTiming(label, name, ref) for name, ref in refs.items())
         evaluations.append((label, refs["evaluate"]))
+        if label in trained_on:
+            own = run_task(dense_run, checkpoint, index or refs["index"], data, train_split, c.mining.top_k, c.encode,
+                           c.index, wd)
+            stats[label] = run_task(negatives_analysis, trained_on[label], own, data, train_split, wd)
+
+    def train(label: str, task, *args) -> ArtifactRef:
+        with tracking.live(label, timings):  # steps stream to MLflow while it trains
+            return stage(label, "train", task, *args)
 
     data = stage("data", "prepare", prepare_data, c.data, wd)
+    tracking.set_dataset(data.digest)
     bm25_eval = stage("BM25", "bm25", bm25_run, data, c.bm25, eval_split, c.bm25.top_k, wd)
     evaluations.append(("BM25", stage("BM25", "evaluate", evaluate, bm25_eval, data, eval_split, wd)))
 
@@ -67,22 +86,25 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         evaluate_model("zero-shot", checkpoint)
         bm25_train = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.top_k, wd)
         negatives = stage("warmup", "mine", mine_negatives, bm25_train, data, train_split, c.bm25_negatives, 0, wd)
-        checkpoint = stage("warmup", "train", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
-        label = "warmup"
+        checkpoint = train("warmup", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
+        label, trained_on["warmup"] = "warmup", negatives
     extra = {}
 
     if c.refresh == "sync" or c.rounds == 0:
         for k in range(1, c.rounds + 1):
             refs = refresh(label, checkpoint, k)
             evaluate_model(label, checkpoint, refs["index"])
-            label = f"ANCE round {k}"
-            checkpoint = stage(label, "train", train_round, checkpoint, refs["mine"], data, train_split, c.ance, wd)
+            label, trained_on[f"ANCE round {k}"] = f"ANCE round {k}", refs["mine"]
+            checkpoint = train(label, train_round, checkpoint, refs["mine"], data, train_split, c.ance, wd)
     else:
         refs = refresh(label, checkpoint, 1)
         evaluate_model(label, checkpoint, refs["index"])
-        state = train_async(checkpoint, refs["mine"], data, train_split, c.ance, c.rounds, c.encode, c.index,
-                            c.mining, c.max_staleness, wd, return_state=True)
+        with tracking.live("ANCE (async)", timings):
+            state = train_async(checkpoint, refs["mine"], data, train_split, c.ance, c.rounds, c.encode, c.index,
+                                c.mining, c.max_staleness, wd, return_state=True)
         trained = state.result()
+        for k in range(1, c.rounds + 1):
+            trained_on[f"ANCE round {k}"] = negatives_in_use(trained["refresh"], k, refs["mine"])
         trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
         timings.append(StageTiming("ANCE (async)", "train", trainer))
         for k, snapshot in enumerate(trained["snapshots"], 1):
@@ -99,14 +121,47 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
-    tracker = Tracker(wd, "ance-train")
+    tracked = tracking.finish(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
+    closing = closing_lines(tracked)
+    print("\n".join(closing))
+    link_mlflow_run(tracking, result["markdown"], closing)
+    negatives = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in stats.items()}
+    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,
+                             "negatives": negatives, "tracking": tracked, "mlflow_run_id": tracked["run_id"],
+                             "mlflow_uri": tracked["tracking_uri"]}
+
+
+def flow_tags() -> dict[str, str]:
+    """Tags that tie the MLflow runs to this Prefect flow run (and its page, when a Prefect server is used)."""
     tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
             "prefect.deployment": str(deployment.get_name() or "")}
-    mlflow_run = log_pipeline(tracker, c, result, timings, tags, data.digest, evaluations)
-    if tracker.undelivered:
-        print(f"MLflow: {tracker.undelivered} calls not delivered; kept in {tracker.spool}")
-    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,
-                             "mlflow_run_id": mlflow_run, "mlflow_uri": tracker.uri}
+    if PREFECT_UI_URL.value():
+        tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
+    return tags
+
+
+def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:
+    """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
+    the results and anything tracking could not deliver)."""
+    parent, uri = tracking.parent, tracking.tracker.uri
+    url = tracking.run_url(parent)
+    lines = ["# MLflow run", "",
+             f"- run: [{parent}]({url})" if url else f"- run id: `{parent}`",
+             f"- tracking store: `{uri}`" + ("" if url else f" (open it with `mlflow ui --backend-store-uri {uri}`)"),
+             f"- experiment id: `{tracking.tracker.experiment_id}`"]
+    lines += [f"- {line.removeprefix('MLflow: ')}" for line in closing]
+    if markdown:
+        lines += ["", markdown]
+    create_markdown_artifact("\n".join(lines), key="mlflow-run", description="the MLflow run of this pipeline run")
+
+
+def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> ArtifactRef:
+    """The negatives an asynchronous trainer was using when round `round_` ended."""
+    end = round_ * refresh["steps_per_round"]
+    swaps = [s for s in refresh["swaps"] if s["swapped_at_step"] <= end]
+    if not swaps:
+        return first
+    return ArtifactRef(swaps[-1]["negatives"], Path(swaps[-1]["negatives"]).name)
 
 
 LATEST = "latest.json"

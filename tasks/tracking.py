@@ -4,25 +4,36 @@ Embedded default: a SQLite store `<work_dir>/mlflow.db` with artifacts in `<work
 everything with no server; `MLFLOW_TRACKING_URI` points it at a server instead. Every call goes through `_safe`:
 when the store or server fails, a warning is printed once, the call is appended to `<work_dir>/mlflow-undelivered.
 jsonl` (one JSON object per call, enough to replay it), and the pipeline goes on. `undelivered` counts them.
-
-Work in progress (issue 4): registry/champion, plots, per-step live logging and replay are still to come.
 """
 
+import contextlib
+import contextvars
 import json
 import os
+import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# a dead tracking server costs seconds, not MLflow's default of 7 retries with 120 s timeouts
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
+import pandas as pd  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
+from ance_core.analysis import negatives_sample  # noqa: E402
+from ance_core.data import read_tables  # noqa: E402
+
 UNDELIVERED = "mlflow-undelivered.jsonl"
 BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
+PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
@@ -48,8 +59,12 @@ class Tracker:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.work_dir / 'mlflow.db'}"
         self.spool = self.work_dir / UNDELIVERED
-        self.undelivered = 0
+        self.undelivered: dict[str, int] = {}  # call -> count kept in the spool
+        self.delivered_late = 0
+        self.failed_since: float | None = None  # while set, calls go straight to the spool until the next probe
+        self._next_probe = 0.0
         self._warned = False
+        self._lock = threading.Lock()
         self.client = MlflowClient(self.uri)
         self.experiment_id = self._safe("get_experiment", self._experiment, experiment, payload={"name": experiment})
 
@@ -60,18 +75,43 @@ class Tracker:
         location = None if self.uri.startswith("http") else (self.work_dir / "mlartifacts").as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
-    def _safe(self, what: str, fn: Callable, *args: Any, payload: Any = None, **kwargs: Any) -> Any:
+    def attempt(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """Call MLflow; (False, error) instead of raising. After a failure, calls are not tried (they fail at once)
+        until PROBE_SECONDS have passed, so a dead server costs one timeout, not one per call."""
+        if self.failed_since is not None and time.time() < self._next_probe:
+            return False, "tracking server unreachable (not retried yet)"
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exception as e:  # tracking must never stop training
-            self.undelivered += 1
-            if not self._warned:
-                warnings.warn(f"MLflow at {self.uri} failed ({type(e).__name__}: {e}); the pipeline goes on and "
-                              f"keeps what was not delivered in {self.spool}", stacklevel=2)
-                self._warned = True
+            with self._lock:
+                if self.failed_since is None:
+                    self.failed_since = time.time()
+                self._next_probe = time.time() + PROBE_SECONDS
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"MLflow at {self.uri} failed ({type(e).__name__}: {e}); the pipeline goes on, "
+                                  f"retries later and keeps what cannot be delivered in {self.spool}", stacklevel=3)
+            return False, e
+        if self.failed_since is not None:
+            with self._lock:
+                self.failed_since = None
+            print(f"MLflow at {self.uri} reachable again")
+        return True, result
+
+    def keep(self, what: str, payload: Any, error: Any) -> None:
+        """Append an undelivered call to the spool (one JSON object per line: enough to replay it)."""
+        with self._lock:
+            self.undelivered[what] = self.undelivered.get(what, 0) + 1
             with open(self.spool, "a") as f:
-                f.write(json.dumps({"call": what, "payload": payload, "error": str(e)}, default=str) + "\n")
-            return None
+                f.write(json.dumps({"call": what, "payload": payload, "error": str(error),
+                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str) + "\n")
+
+    def _safe(self, what: str, fn: Callable, *args: Any, payload: Any = None, **kwargs: Any) -> Any:
+        ok, result = self.attempt(fn, *args, **kwargs)
+        if ok:
+            return result
+        self.keep(what, payload, result)
+        return None
 
     def start_run(self, name: str, parent_id: str | None = None, tags: dict[str, str] | None = None) -> str | None:
         if self.experiment_id is None:
@@ -96,10 +136,18 @@ class Tracker:
         """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips)."""
         metrics = [Metric(metric_key(k), float(r[k]), 0, int(r["step"]) + step_offset)
                    for r in records for k in keys if k in r]
+        self.log_metric_list(run_id, metrics)
+
+    def log_metric_list(self, run_id: str | None, metrics: list[Metric]) -> bool:
+        delivered = True
         for start in range(0, len(metrics), BATCH):
             chunk = metrics[start:start + BATCH]
-            self._safe("log_metrics", self.client.log_batch, run_id, metrics=chunk,
-                       payload={"run_id": run_id, "metrics": [(m.key, m.value, m.step) for m in chunk]})
+            ok, error = self.attempt(self.client.log_batch, run_id, metrics=chunk)
+            if not ok:
+                points = [(m.key, m.value, m.step) for m in chunk]
+                self.keep("log_metrics", {"run_id": run_id, "metrics": points}, error)
+                delivered = False
+        return delivered
 
     def set_tags(self, run_id: str | None, tags: dict[str, str]) -> None:
         self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
@@ -116,6 +164,72 @@ class Tracker:
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is not None:
             self._safe("end_run", self.client.set_terminated, run_id, status, payload={"run_id": run_id})
+
+    def summary(self) -> dict:
+        """What did not reach MLflow, and where it is kept (printed and returned by the flow)."""
+        return {"tracking_uri": self.uri, "undelivered": dict(self.undelivered),
+                "undelivered_calls": sum(self.undelivered.values()), "delivered_late": self.delivered_late,
+                "kept_in": str(self.spool) if self.undelivered else None}
+
+
+class LiveMetrics:
+    """Streams training steps to MLflow while a stage trains, without slowing it down.
+
+    The training loop only appends to a list (`__call__`); a background thread sends what has accumulated every
+    `interval` seconds in one batch per run. A batch that fails stays queued and is retried at the next flush
+    (delivered late when the server comes back); what is still queued at `close` is left to the pipeline's final
+    logging, which sends it from train_log.jsonl or keeps it in the spool. `delivered` lists the steps that arrived.
+    """
+
+    def __init__(self, tracker: Tracker, runs: dict[str, list[str]], step_offset: int, interval: float = 5.0):
+        self.tracker, self.runs, self.offset, self.interval = tracker, runs, step_offset, interval
+        self.queue: list[dict] = []
+        self.pending: dict[str, list[Metric]] = {run: [] for run in runs}
+        self.delivered: dict[str, set[int]] = {run: set() for run in runs}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="mlflow-live", daemon=True)
+        self._thread.start()
+
+    def __call__(self, record: dict) -> None:
+        with self._lock:
+            self.queue.append(record)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            records, self.queue = self.queue, []
+        now = int(time.time() * 1000)
+        for run, keys in self.runs.items():
+            carried = len(self.pending[run])  # points a failed flush left queued
+            self.pending[run] += [Metric(metric_key(k), float(r[k]), now, int(r["step"]) + self.offset)
+                                  for r in records for k in keys if k in r]
+            if not self.pending[run]:
+                continue
+            sent = self.pending[run]
+            ok = all(self.tracker.attempt(self.tracker.client.log_batch, run, metrics=sent[i:i + BATCH])[0]
+                     for i in range(0, len(sent), BATCH))
+            if ok:
+                self.tracker.delivered_late += carried
+                self.delivered[run] |= {m.step - self.offset for m in sent}
+                self.pending[run] = []
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+
+LIVE: contextvars.ContextVar[LiveMetrics | None] = contextvars.ContextVar("ance_live_metrics", default=None)
+
+
+def live_callbacks() -> list[Callable[[dict], None]]:
+    """The training callback of the current pipeline's live logging, if one is active in this context."""
+    live = LIVE.get()
+    return [live] if live is not None else []
 
 
 def _git_commit() -> str:
@@ -139,27 +253,66 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> 
             tracker.log_artifact(run_id, path, "checkpoint")
 
 
-def plot_curves(records: list[dict], results: list[dict], out: Path) -> list[Path]:
-    """loss.png, grad_norm.png (global step) and metrics.png (per model) with matplotlib's Agg backend."""
+def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], async_refresh: dict | None,
+                out: Path) -> list[Path]:
+    """PNG plots (matplotlib, Agg): loss.png and grad_norms.png on the global step with the stages shaded,
+    metrics.png per model, negatives_overlap.png per model trained on mined negatives, staleness.png (async)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig, name: str) -> Path:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        return out / name
+
+    def stage_bands(ax) -> None:
+        starts = [(r["step"], r["stage"]) for i, r in enumerate(curve) if i == 0 or curve[i - 1]["stage"] != r["stage"]]
+        for k, (step, stage) in enumerate(starts):
+            end = starts[k + 1][0] if k + 1 < len(starts) else curve[-1]["step"]
+            if k % 2:
+                ax.axvspan(step, end, color="0.93", lw=0)
+            ax.annotate(stage, (step, 1.0), xycoords=("data", "axes fraction"), va="top", fontsize=7)
+
     paths = []
-    for key, title in (("loss", "training loss"), ("grad_norm", "pre-clip gradient norm")):
-        if records:
-            fig, ax = plt.subplots(figsize=(7, 3.5))
-            ax.plot([r["step"] for r in records], [r[key] for r in records], lw=0.8)
-            ax.set_xlabel("global step"), ax.set_title(title)
-            fig.tight_layout(), fig.savefig(out / f"{key}.png", dpi=110), plt.close(fig)
-            paths.append(out / f"{key}.png")
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    steps = [r["step"] for r in curve]
+    if curve:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        stage_bands(ax)
+        ax.plot(steps, [r["loss"] for r in curve], lw=0.8)
+        ax.set(xlabel="global step", ylabel="NLL loss", title="training loss")
+        paths.append(save(fig, "loss.png"))
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        stage_bands(ax)
+        for key in ("grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top"):
+            if key in curve[0]:
+                ax.plot(steps, [r.get(key, float("nan")) for r in curve], lw=0.8, label=key)
+        ax.set(xlabel="global step", yscale="log", title="pre-clip gradient norm (overall, per third of the layers)")
+        ax.legend(fontsize=7)
+        paths.append(save(fig, "grad_norms.png"))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
     for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100"):
         ax.plot([r["model"] for r in results], [r[key] for r in results], marker="o", label=key)
-    ax.legend(), ax.set_title("metrics per model"), ax.tick_params(axis="x", rotation=20)
-    fig.tight_layout(), fig.savefig(out / "metrics.png", dpi=110), plt.close(fig)
-    return [*paths, out / "metrics.png"]
+    ax.legend(fontsize=7), ax.set_title("metrics per model"), ax.tick_params(axis="x", rotation=20)
+    paths.append(save(fig, "metrics.png"))
+    if stats:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        labels = list(stats)
+        ax.bar(labels, [100 * stats[k]["overlap"] for k in labels])
+        ax.set(ylabel="% of training negatives", ylim=(0, 100),
+               title="training negatives in the trained model's own top-100 negatives")
+        ax.tick_params(axis="x", rotation=20)
+        paths.append(save(fig, "negatives_overlap.png"))
+    if async_refresh and async_refresh.get("rounds"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        rounds = [f"round {r['round']}" for r in async_refresh["rounds"]]
+        ax.bar(rounds, [r["max_staleness"] for r in async_refresh["rounds"]], label="max", color="0.7")
+        ax.bar(rounds, [r["mean_staleness"] for r in async_refresh["rounds"]], label="mean")
+        ax.set(ylabel="trainer steps", title="staleness of the negatives in use"), ax.legend(fontsize=7)
+        paths.append(save(fig, "staleness.png"))
+    return paths
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
@@ -201,49 +354,161 @@ def _ensure_registered_model(client: MlflowClient, name: str):
         return client.create_registered_model(name)
 
 
-def log_pipeline(tracker: Tracker, config: BaseModel, report: dict, stage_refs: list, flow_tags: dict[str, str],
-                 dataset_digest: str, evaluations: list | None = None) -> str | None:
-    """One parent run per pipeline run, a nested run per model (BM25, zero-shot, warm-up, each round): params,
-    metrics, stage wall times, and the training curves with a global step across stages."""
-    tags = flow_tags | {"git_commit": _git_commit(), "dataset": report["dataset"], "dataset_digest": dataset_digest,
-                        "model": getattr(getattr(config, "model", None), "name", "")}
-    parent = tracker.start_run(f"ance-train {flow_tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)
-    tracker.log_params(parent, flatten(config))
-    global_step, curve = 0, []
-    folders = dict(evaluations or [])
-    versions = []
-    for row in report["results"]:
-        label = row["model"]
-        child = tracker.start_run(label, parent_id=parent, tags=tags | {"stage": label})
-        metrics = {k: v for k, v in row.items() if k != "model"}
-        for timing in stage_refs:
-            if timing.label == label:
-                metrics[f"time_{timing.stage.replace('-', '_')}_s"] = timing.ref.seconds
-                log = Path(timing.ref.path) / "train_log.jsonl"
-                if timing.stage == "train" and log.is_file():
-                    records = [json.loads(x) for x in log.read_text().splitlines()]
-                    tracker.log_history(child, records, ["loss", "lr", "grad_norm", "examples_per_s"], global_step)
-                    tracker.log_history(parent, records, ["loss", "lr", "grad_norm"], global_step)
-                    curve += [r | {"step": r["step"] + global_step} for r in records]
-                    global_step += len(records)
-                if timing.stage == "train":
-                    log_checkpoint(tracker, child, timing.ref.path)
-                    versions.append((label, child, {k: v for k, v in row.items() if k != "model"}))
-        if label in folders:
-            tracker.log_artifacts(child, folders[label].path, "evaluation")
-        tracker.log_metrics(child, metrics)
-        tracker.end_run(child)
-    tracker.log_metrics(parent, {k: v for k, v in report["results"][-1].items() if k != "model"})
-    import tempfile
+STEP_KEYS = ["loss", "lr", "grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top", "examples_per_s"]
+PARENT_KEYS = STEP_KEYS[:-1]  # the parent run's curves span all stages on one global step axis
+LIVE_INTERVAL = float(os.environ.get("ANCE_MLFLOW_LIVE_INTERVAL", "5"))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in plot_curves(curve, report["results"], Path(tmp)):
-            tracker.log_artifact(parent, path, "plots")
-        (Path(tmp) / "results.md").write_text(report["markdown"])
-        tracker.log_artifact(parent, Path(tmp) / "results.md", "report")
-    decision = register_models(tracker, f"ance-{Path(report['dataset']).name}", versions, report["dataset"],
-                               report["split"])
-    if decision:
-        tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
-    tracker.end_run(parent)
-    return parent
+
+def train_log(folder: str | Path) -> list[dict]:
+    log = Path(folder) / "train_log.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+
+
+class PipelineTracking:
+    """The MLflow record of one pipeline run.
+
+    Opened when the flow starts: the parent run (tags, every config value as a param), so the run is visible at
+    once. While a stage trains, `live(label, ...)` streams its steps to the model's nested run and to the parent
+    (LiveMetrics). `finish` logs the rest when the flow ends: metrics per model, stage times, negatives statistics,
+    staleness, the steps not delivered live, checkpoints, evaluations, negatives samples, plots, the results table,
+    and the model registry with its champion decision.
+    """
+
+    def __init__(self, config: BaseModel, flow_tags: dict[str, str], experiment: str = "ance-train",
+                 tracker: Tracker | None = None):
+        self.config = config
+        self.tracker = tracker or Tracker(config.work_dir, experiment)
+        self.tags = {k: v for k, v in flow_tags.items() if v} | {
+            "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
+        name = f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
+        self.parent = self.tracker.start_run(name, tags=self.tags)
+        self.tracker.log_params(self.parent, flatten(config))
+        self.children: dict[str, str | None] = {}
+        self.delivered: dict[tuple[str, str], set[int]] = {}  # (run id, stage label) -> steps that arrived live
+
+    def run_url(self, run_id: str | None) -> str | None:
+        if run_id is None or not self.tracker.uri.startswith("http"):
+            return None
+        return f"{self.tracker.uri.rstrip('/')}/#/experiments/{self.tracker.experiment_id}/runs/{run_id}"
+
+    def child(self, label: str) -> str | None:
+        if label not in self.children:
+            self.children[label] = self.tracker.start_run(label, parent_id=self.parent, tags=self.tags | {
+                "stage": label})
+        return self.children[label]
+
+    def set_dataset(self, digest: str) -> None:
+        self.tracker.set_tags(self.parent, {"dataset_digest": digest})
+
+    @staticmethod
+    def steps_before(timings: list) -> int:
+        """The global step a training stage starts at: the steps of the training stages before it."""
+        return sum(len(train_log(t.ref.path)) for t in timings if t.stage == "train")
+
+    @contextlib.contextmanager
+    def live(self, label: str, timings: list):
+        """Stream the steps of the training stage run inside this block (see LiveMetrics)."""
+        runs = {run: keys for run, keys in ((self.child(label), STEP_KEYS), (self.parent, PARENT_KEYS)) if run}
+        if not runs:
+            yield
+            return
+        live = LiveMetrics(self.tracker, runs, self.steps_before(timings), LIVE_INTERVAL)
+        token = LIVE.set(live)
+        try:
+            yield
+        finally:
+            LIVE.reset(token)
+            live.close()
+            for run, steps in live.delivered.items():
+                self.delivered.setdefault((run, label), set()).update(steps)
+
+    def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
+               async_refresh: dict | None = None) -> dict:
+        tracker, parent = self.tracker, self.parent
+        stats = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in (stats or {}).items()}
+        per_model: dict[str, dict[str, float]] = {}
+        for t in timings:
+            key = f"time_{t.stage.replace('-', '_')}_s"
+            per_model.setdefault(t.label, {})[key] = per_model.get(t.label, {}).get(key, 0.0) + t.ref.seconds
+        curve, global_step, versions = [], 0, []
+        results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
+        for t in timings:
+            if t.stage != "train":
+                continue
+            child, records = self.child(t.label), train_log(t.ref.path)
+            for run, keys in ((child, STEP_KEYS), (parent, PARENT_KEYS)):
+                done = self.delivered.get((run, t.label), set())
+                tracker.log_history(run, [r for r in records if r["step"] not in done], keys, global_step)
+            curve += [r | {"step": r["step"] + global_step, "stage": t.label} for r in records]
+            if async_refresh is not None and Path(t.ref.path, "async_state.json").is_file():
+                state = json.loads(Path(t.ref.path, "async_state.json").read_text())
+                tracker.log_history(child, [{"step": s, "staleness": v} for s, v in state["staleness"]],
+                                    ["staleness"], global_step)
+            global_step += len(records)
+            log_checkpoint(tracker, child, t.ref.path)
+            if t.label in results:
+                versions.append((t.label, child, results[t.label]))
+        samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
+        evaluation_of = dict(evaluations)
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            if samples:
+                tables = read_tables(data_path)
+                for label, folder in samples:
+                    page = negatives_sample(pd.read_parquet(Path(folder, "negatives.parquet")), tables.corpus,
+                                            tables.queries)
+                    (tmp / "negatives_sample.md").write_text(page)
+                    tracker.log_artifact(self.child(label), tmp / "negatives_sample.md", "negatives")
+            for k, row in enumerate((async_refresh or {}).get("rounds", []), 1):
+                per_model.setdefault(f"ANCE round {k}", {}).update(
+                    {"staleness_mean": row["mean_staleness"], "staleness_max": row["max_staleness"]})
+            table = []
+            trained = [t.label for t in timings if t.stage == "train"]
+            for label in [x for x in per_model if x not in results and x not in trained]:  # e.g. data preparation
+                tracker.log_metrics(parent, {f"{label}_{k}": v for k, v in per_model[label].items()})
+            for label in dict.fromkeys([*results, *trained]):
+                neg = stats.get(label, {})
+                metrics = results.get(label, {}) | per_model.get(label, {}) | {
+                    f"neg_{k}": v for k, v in neg.items() if k in ("mean_negative_rank", "median_negative_rank")} | (
+                    {"neg_overlap_top100": neg["overlap"]} if "overlap" in neg else {})
+                child = self.child(label)
+                tracker.log_metrics(child, metrics)
+                if label in evaluation_of:
+                    tracker.log_artifacts(child, evaluation_of[label].path, "evaluation")
+                tracker.end_run(child)
+                table.append({"model": label, **metrics})
+            tracker.log_metrics(parent, results[report["results"][-1]["model"]])
+            for path in plot_curves(curve, report["results"], stats, async_refresh, tmp):
+                tracker.log_artifact(parent, path, "plots")
+            (tmp / "results.md").write_text(report["markdown"])
+            pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
+            for name in ("results.md", "results.csv"):
+                tracker.log_artifact(parent, tmp / name, "report")
+        decision = register_models(tracker, f"ance-{Path(report['dataset']).name}", versions, report["dataset"],
+                                   report["split"])
+        if decision:
+            tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
+        if tracker.undelivered:
+            tracker.set_tags(parent, {"tracking.undelivered_calls": sum(tracker.undelivered.values()),
+                                      "tracking.kept_in": str(tracker.spool)})
+        tracker.end_run(parent)
+        return tracker.summary() | {"run_id": parent, "run_url": self.run_url(parent), "champion": decision,
+                                    "experiment_id": tracker.experiment_id}
+
+
+def closing_lines(summary: dict) -> list[str]:
+    """What the flow prints (and puts in its Prefect artifact) about tracking when it ends."""
+    where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
+    lines = [f"MLflow: parent run {where}"]
+    if summary.get("champion"):
+        c = summary["champion"]
+        lines.append(f"MLflow: champion is version {c['champion_version']} "
+                     f"({'promoted now' if c['promoted'] else 'kept: the new versions did not beat it'})")
+    if summary["delivered_late"]:
+        lines.append(f"MLflow: {summary['delivered_late']} metric points were delivered late, after the tracking "
+                     f"server came back")
+    if summary["undelivered_calls"]:
+        what = ", ".join(f"{n} {call}" for call, n in summary["undelivered"].items())
+        lines.append(f"MLflow: NOT delivered: {what} calls; kept in {summary['kept_in']} (one JSON line per call; "
+                     f"the metrics are also in each training stage's train_log.jsonl)")
+    return lines

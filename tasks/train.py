@@ -19,6 +19,7 @@ from ance_core.errors import AnceError
 from ance_core.train import latest_checkpoint, train
 from tasks.common import inject_fault, stage_task
 from tasks.refresh import refresh_negatives
+from tasks.tracking import live_callbacks
 
 
 def _fault_callback(name: str):
@@ -46,7 +47,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         tables = read_tables(data.path)
         pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
         return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split), cfg, out,
-                     callbacks=[_progress_callback(), _fault_callback("train")])
+                     callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train")])
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     return run_stage(work_dir, "train", {"train": cfg, "split": split}, inputs, build, resumable=True)
@@ -228,7 +229,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
         summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split),
                         cfg.model_copy(update={"max_steps": per_round * rounds}), out,
-                        callbacks=[_progress_callback(), _fault_callback("train-async")], negatives_update=update,
+                        callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train-async")],
+                        negatives_update=update,
                         snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(rounds))
         (out / "async_refresh.json").write_text(json.dumps(report, indent=1))

@@ -156,7 +156,16 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     names = {r.info.run_name: r for r in children}
     assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
     assert names["warmup"].data.metrics["time_train_s"] > 0
-    assert len(client.get_metric_history(names["warmup"].info.run_id, "grad_norm")) == 3
+    for key in ("grad_norm", "grad_norm_bottom", "grad_norm_top", "examples_per_s"):  # the tiny BERT has 2 layers
+        assert len(client.get_metric_history(names["warmup"].info.run_id, key)) == 3, key
+    # negatives statistics (ANCE Fig. 3) for every model trained on mined negatives, also in the flow's result
+    assert set(result["negatives"]) == {"warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
+    for label in result["negatives"]:
+        metrics = names[label].data.metrics
+        assert 0.0 <= metrics["neg_overlap_top100"] <= 1.0 and metrics["neg_mean_negative_rank"] >= 1.0
+        assert metrics["neg_overlap_top100"] == pytest.approx(result["negatives"][label]["overlap"])
+    assert parent.data.metrics["data_time_prepare_s"] >= 0
+    assert result["tracking"]["undelivered_calls"] == 0 and result["tracking"]["kept_in"] is None
 
 
 def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
@@ -166,7 +175,11 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     client = MlflowClient(result["mlflow_uri"])
     parent = client.get_run(result["mlflow_run_id"])
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
-        "plots/loss.png", "plots/grad_norm.png", "plots/metrics.png"}
+        "plots/loss.png", "plots/grad_norms.png", "plots/metrics.png", "plots/negatives_overlap.png"}
+    table = pd.read_csv(client.download_artifacts(parent.info.run_id, "report/results.csv"))
+    assert list(table["model"][:2]) == ["BM25", "zero-shot"] and "neg_overlap_top100" in table
+    assert table.set_index("model").loc["warmup", "ndcg_at_10"] == pytest.approx(
+        next(r["ndcg_at_10"] for r in result["results"] if r["model"] == "warmup"))
     children = {r.info.run_name: r for r in client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     final = children[f"ANCE round {ROUNDS}"].info.run_id
@@ -174,6 +187,9 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     assert {"checkpoint/model.safetensors", "checkpoint/head.safetensors", "checkpoint/tokenizer.json"} <= files
     assert "checkpoint/optimizer.safetensors" not in files
     assert "evaluation/run.trec" in {a.path for a in client.list_artifacts(final, "evaluation")}
+    sample = Path(client.download_artifacts(children["warmup"].info.run_id, "negatives/negatives_sample.md"))
+    text = sample.read_text()
+    assert text.count("## Query") == 10 and "- **positive**" in text and "(rank " in text
     name = next(m.name for m in client.search_registered_models())
     versions = client.search_model_versions(f"name = '{name}'")
     assert len(versions) >= ROUNDS + 1

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ance_core.config import PipelineConfig
-from tasks.tracking import UNDELIVERED, Tracker, flatten, metric_key
+from tasks.tracking import UNDELIVERED, LiveMetrics, Tracker, flatten, metric_key
 
 
 def test_flatten_and_metric_names():
@@ -31,7 +31,7 @@ def test_runs_params_and_step_history_in_the_embedded_store(tmp_path):
     assert [m.step for m in history] == list(range(1, 2501))  # one point per step, across batches of 1000
     assert client.get_run(child).data.metrics["ndcg_at_10"] == 0.5
     assert client.get_run(parent).data.params["ance.learning_rate"] == "2e-05"
-    assert tracker.undelivered == 0 and not (tmp_path / UNDELIVERED).exists()
+    assert tracker.undelivered == {} and not (tmp_path / UNDELIVERED).exists()
 
 
 def test_a_dead_server_warns_once_and_keeps_what_was_not_delivered(tmp_path, monkeypatch):
@@ -43,4 +43,69 @@ def test_a_dead_server_warns_once_and_keeps_what_was_not_delivered(tmp_path, mon
     lines = [json.loads(x) for x in (tmp_path / UNDELIVERED).read_text().splitlines()]
     assert [x["call"] for x in lines] == ["get_experiment", "log_metrics"]
     assert lines[1]["payload"]["metrics"] == [["loss", 1.0, 3]]
-    assert tracker.undelivered == 2
+    assert tracker.undelivered == {"get_experiment": 1, "log_metrics": 1}
+    summary = tracker.summary()
+    assert summary["undelivered_calls"] == 2 and summary["kept_in"] == str(tmp_path / UNDELIVERED)
+
+
+class FlakyClient:
+    """An MlflowClient whose log_batch fails while `down` is set (a server that goes away and comes back)."""
+
+    def __init__(self, client):
+        self.client, self.down, self.calls = client, False, 0
+
+    def log_batch(self, run_id, **kwargs):
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("connection refused")
+        return self.client.log_batch(run_id, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_live_metrics_are_retried_and_delivered_late_when_the_server_comes_back(tmp_path, monkeypatch):
+    monkeypatch.setattr("tasks.tracking.PROBE_SECONDS", 0.0)
+    tracker = Tracker(tmp_path, "ance-test")
+    run = tracker.start_run("train")
+    tracker.client = flaky = FlakyClient(tracker.client)
+    live = LiveMetrics(tracker, {run: ["loss", "grad_norm_top"]}, step_offset=100, interval=3600)  # flushed by hand
+    for step in (1, 2):
+        live({"step": step, "loss": 1.0 / step, "grad_norm_top": 0.5})
+    live.flush()
+    flaky.down = True
+    with pytest.warns(UserWarning, match="retries later"):
+        live({"step": 3, "loss": 0.3})
+        live.flush()
+    assert live.pending[run] and live.delivered[run] == {1, 2}
+    flaky.down = False
+    live({"step": 4, "loss": 0.25})
+    live.close()
+    history = MlflowClient(tracker.uri).get_metric_history(run, "loss")
+    assert [m.step for m in history] == [101, 102, 103, 104]  # global steps, none lost, none twice
+    assert live.delivered[run] == {1, 2, 3, 4} and tracker.delivered_late == 1 and tracker.undelivered == {}
+
+
+def test_after_a_failure_calls_go_to_the_spool_until_the_next_probe(tmp_path):
+    tracker = Tracker(tmp_path, "ance-test")
+    run = tracker.start_run("train")
+    tracker.client = flaky = FlakyClient(tracker.client)
+    flaky.down = True
+    with pytest.warns(UserWarning):
+        for step in range(5):
+            tracker.log_metrics(run, {"loss": 1.0}, step=step)
+    assert flaky.calls == 1 and tracker.undelivered == {"log_metrics": 5}  # one timeout, not five
+
+
+def test_live_callbacks_only_inside_a_live_block(tmp_path):
+    from tasks.tracking import LIVE, live_callbacks
+
+    assert live_callbacks() == []
+    tracker = Tracker(tmp_path, "ance-test")
+    live = LiveMetrics(tracker, {tracker.start_run("train"): ["loss"]}, 0, interval=3600)
+    token = LIVE.set(live)
+    try:
+        assert live_callbacks() == [live]
+    finally:
+        LIVE.reset(token)
+        live.close()

@@ -1,0 +1,71 @@
+"""Analyses of the negatives a model trains on (ANCE 000 Fig. 3, ICLR §6.2).
+
+`negative_stats`: the mean rank of the sampled training negatives in the ranking they were mined from, and the
+overlap between those negatives and the trained model's own top-100 negatives (its retrieval minus positives) on a
+fixed sample of the training queries. The paper measures ~15% for BM25 negatives, and ANCE negatives rising towards
+100% as the model that mines them and the model that is tested become the same.
+"""
+
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from ance_core.data import passage_texts
+
+
+def query_sample(query_ids, size: int, seed: int) -> list[str]:
+    """A fixed sample of queries: the same ids for every round of a run (depends only on the ids and seed)."""
+    ids = sorted(set(query_ids))
+    if len(ids) <= size:
+        return ids
+    keyed = sorted(ids, key=lambda q: zlib.crc32(f"{seed}:{q}".encode()))
+    return sorted(keyed[:size])
+
+
+def negative_stats(negatives: pd.DataFrame, run: pd.DataFrame, positives: dict[str, set[str]], sample: list[str],
+                   depth: int = 100) -> dict:
+    """Mean mined rank of the training negatives, and their overlap with `run`'s top-`depth` negatives.
+
+    negatives: the mining output (query_id, positive_id, negative_ids, negative_ranks); run: the trained model's
+    ranking of the same queries (query_id, doc_id, rank). Overlap = |training negatives ∩ model's top-depth
+    non-positive documents| / |training negatives|, pooled over the sampled queries.
+    """
+    ranks = np.concatenate([np.asarray(r, dtype=float) for r in negatives["negative_ranks"]])
+    used = negatives[negatives["query_id"].isin(sample)].groupby("query_id")["negative_ids"].agg(
+        lambda lists: {d for ids in lists for d in ids})
+    run = run[run["query_id"].isin(used.index)].sort_values(["query_id", "rank"], kind="stable")
+    hit = total = 0
+    for query_id, docs in run.groupby("query_id", sort=False)["doc_id"]:
+        tops = [d for d in docs if d not in positives.get(query_id, set())][:depth]
+        train_negs = used[query_id]
+        hit += len(train_negs & set(tops))
+        total += len(train_negs)
+    return {"mean_negative_rank": float(ranks.mean()), "median_negative_rank": float(np.median(ranks)),
+            "overlap": hit / total if total else float("nan"), "overlap_queries": int(len(used)),
+            "overlap_depth": depth}
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def negatives_sample(negatives: pd.DataFrame, corpus: pd.DataFrame, queries: pd.DataFrame, n_queries: int = 10,
+                     seed: int = 0, width: int = 300) -> str:
+    """A readable sample of mined negatives (markdown): per query its text, a positive and the negatives with the
+    rank and score they were mined at, so a person can judge whether they are true negatives."""
+    text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+    query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
+    chosen = set(query_sample(negatives["query_id"], n_queries, seed))
+    rows = negatives[negatives["query_id"].isin(chosen)].drop_duplicates("query_id")
+    parts = [f"# {len(rows)} sampled queries and their training negatives\n"]
+    for row in rows.itertuples():
+        parts.append(f"## Query {row.query_id}: {_clip(query_text.get(row.query_id, ''), width)}\n")
+        parts.append(f"- **positive** `{row.positive_id}`: {_clip(text.get(row.positive_id, ''), width)}")
+        scores = getattr(row, "negative_scores", None)
+        for i, (doc, rank) in enumerate(zip(row.negative_ids, row.negative_ranks, strict=True)):
+            score = f", score {scores[i]:.3f}" if scores is not None else ""
+            parts.append(f"- negative `{doc}` (rank {int(rank)}{score}): {_clip(text.get(doc, ''), width)}")
+        parts.append("")
+    return "\n".join(parts)
