@@ -30,7 +30,7 @@ from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
 from tasks.retrieve import dense_run
-from tasks.tracking import PipelineTracking, closing_lines
+from tasks.tracking import PipelineTracking, champion_checkpoint, closing_lines
 from tasks.train import train_async, train_round
 
 
@@ -176,19 +176,25 @@ def record_latest(work_dir: str, checkpoint: ArtifactRef, metrics: dict) -> None
 
 @flow(name="retrain", log_prints=True)
 def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
-    """ANCE rounds from the newest trained model in the work folder (the scheduled deployment runs this).
+    """ANCE rounds from the champion model, `models:/ance-<dataset>@champion` in the MLflow registry (the scheduled
+    deployment runs this).
 
-    `config.start_checkpoint` overrides where it starts; without a trained model it stops with a clear error."""
-    start = config.start_checkpoint
+    `config.start_checkpoint` overrides where it starts. Without a champion (nothing registered yet, or the tracking
+    server unreachable) it starts from the newest model of the work folder (<work_dir>/latest.json), and without
+    either it stops with a clear error."""
+    start, source = config.start_checkpoint, "start_checkpoint"
+    if start is None:
+        start, source = champion_checkpoint(config.work_dir, config.data.dataset)
     if start is None:
         latest = Path(config.work_dir) / LATEST
         if not latest.is_file():
-            raise AnceError(f"{latest}: no trained model to retrain from yet; run the ance-train deployment first "
-                            "or set start_checkpoint")
-        start = json.loads(latest.read_text())["checkpoint"]
+            raise AnceError(f"{source}, and {latest} does not exist: no trained model to retrain from yet; run the "
+                            "ance-train deployment first or set start_checkpoint")
+        print(f"{source}; starting from the newest model of the work folder instead")
+        start, source = json.loads(latest.read_text())["checkpoint"], str(latest)
     if not Path(start, "ance_model.json").is_file():
         raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")
-    print(f"retraining from {start}")
+    print(f"retraining from {source}: {start}")
     return ance_pipeline(config.model_copy(update={"start_checkpoint": start}))
 
 

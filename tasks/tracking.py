@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -484,7 +485,7 @@ class PipelineTracking:
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
             for name in ("results.md", "results.csv"):
                 tracker.log_artifact(parent, tmp / name, "report")
-        decision = register_models(tracker, f"ance-{Path(report['dataset']).name}", versions, report["dataset"],
+        decision = register_models(tracker, model_name(report["dataset"]), versions, report["dataset"],
                                    report["split"])
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
@@ -512,3 +513,32 @@ def closing_lines(summary: dict) -> list[str]:
         lines.append(f"MLflow: NOT delivered: {what} calls; kept in {summary['kept_in']} (one JSON line per call; "
                      f"the metrics are also in each training stage's train_log.jsonl)")
     return lines
+
+
+def model_name(dataset: str) -> str:
+    """The registered model a dataset's pipeline runs register their rounds under."""
+    return f"ance-{Path(dataset).name}"
+
+
+def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | None = None) -> tuple[str | None, str]:
+    """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
+
+    Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(work_dir).resolve() / 'mlflow.db'}"
+    name = model_name(dataset)
+    try:
+        client = MlflowClient(uri, registry_uri=uri)
+        version = client.get_model_version_by_alias(name, "champion")
+    except Exception as e:  # no such model or alias, or the tracking server is unreachable
+        return None, f"models:/{name}@champion not found at {uri} ({type(e).__name__}: {str(e)[:200]})"
+    final = Path(work_dir).resolve() / "champion" / f"{name}-v{version.version}"
+    if not (final / "ance_model.json").is_file():
+        tmp = final.parent / f".partial-{final.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # the version's source is runs:/<run id>/checkpoint (register_models)
+        folder = client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(tmp))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(folder, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final), f"models:/{name}@champion (version {version.version})"

@@ -197,3 +197,21 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     assert float(champion.tags["ndcg_at_10"]) == pytest.approx(max(float(v.tags["ndcg_at_10"]) for v in versions))
     assert parent.data.tags["champion.champion_version"] == str(champion.version)  # a re-run's equal model did not
     # take the alias from the first run's
+
+
+def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, tiny_scifact, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import champion_checkpoint, model_name
+
+    work, result, _ = pipeline
+    folder, source = champion_checkpoint(work, str(tiny_scifact))
+    name = model_name(str(tiny_scifact))
+    champion = MlflowClient(result["mlflow_uri"]).get_model_version_by_alias(name, "champion")
+    assert source == f"models:/{name}@champion (version {champion.version})"
+    trained = next(s["path"] for s in result["stages"] if s["for"] == champion.tags["label"] and s["stage"] == "train")
+    for file in ("model.safetensors", "head.safetensors", "ance_model.json", "tokenizer.json"):
+        assert Path(folder, file).read_bytes() == Path(trained, file).read_bytes(), file
+    assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
+    missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
+    assert missing is None and "models:/ance-no-such-dataset@champion not found" in why
