@@ -33,6 +33,7 @@ from ance_core.analysis import negatives_sample  # noqa: E402
 from ance_core.data import read_tables  # noqa: E402
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
 PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
 
@@ -72,9 +73,13 @@ class Tracker:
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
-            return found.experiment_id
-        location = None if self.uri.startswith("http") else (self.work_dir / "mlartifacts").as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+            experiment_id = found.experiment_id
+        else:
+            location = None if self.uri.startswith("http") else (self.work_dir / "mlartifacts").as_uri()
+            experiment_id = self.client.create_experiment(name, artifact_location=location)
+        if found is None or EXPERIMENT_KIND[0] not in found.tags:  # the UI opens it on its runs, not on GenAI traces
+            self.client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+        return experiment_id
 
     def attempt(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         """Call MLflow; (False, error) instead of raising. After a failure, calls are not tried (they fail at once)
