@@ -42,6 +42,11 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     typer.echo(result["markdown"])
     typer.echo(f"final checkpoint: {result['final_checkpoint']}")
     typer.echo(f"report: {result['report_dir']}/results.md")
+    if "tracking" in result:
+        from tasks.tracking import closing_lines
+
+        for line in closing_lines(result["tracking"]):
+            typer.echo(line)
     if as_json:
         last = result["results"][-1]
         summary = {k: v for k, v in last.items() if k != "model"}
