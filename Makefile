@@ -33,7 +33,7 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends chromium docker-compose >/dev/null; }
 
-up: env  ## start a Prefect server on 127.0.0.1:$(PREFECT_PORT) and a worker for the cpu pool (logs in .stack/logs)
+up: env  ## start Prefect (127.0.0.1:$(PREFECT_PORT)) and MLflow (127.0.0.1:5000) servers and a cpu-pool worker (logs in .stack/logs)
 	scripts/stack.sh up
 
 down:  ## stop what `make up` started
@@ -51,6 +51,7 @@ lint: env
 bench: env  ## speed measurements recorded in BENCHMARKS.md (long: runs the demo pipeline several times)
 	$(BIN)/python bench/encode.py
 	$(BIN)/python bench/orchestration.py
+	$(BIN)/python bench/tracking.py
 
 clean:
 	rm -rf work .prefect .stack

@@ -121,7 +121,9 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
+    started = time.perf_counter()
     tracked = tracking.finish(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
+    tracked["final_logging_s"] = round(time.perf_counter() - started, 1)
     closing = closing_lines(tracked)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)

@@ -192,6 +192,7 @@ class LiveMetrics:
         self.queue: list[dict] = []
         self.pending: dict[str, list[Metric]] = {run: [] for run in runs}
         self.delivered: dict[str, set[int]] = {run: set() for run in runs}
+        self.busy_s = 0.0  # wall time spent sending (in the background thread, and in close)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="mlflow-live", daemon=True)
@@ -206,6 +207,7 @@ class LiveMetrics:
             self.flush()
 
     def flush(self) -> None:
+        started = time.perf_counter()
         with self._lock:
             records, self.queue = self.queue, []
         now = int(time.time() * 1000)
@@ -222,6 +224,7 @@ class LiveMetrics:
                 self.tracker.delivered_late += carried
                 self.delivered[run] |= {m.step - self.offset for m in sent}
                 self.pending[run] = []
+        self.busy_s += time.perf_counter() - started
 
     def close(self) -> None:
         self._stop.set()
@@ -505,7 +508,8 @@ class PipelineTracking:
 def closing_lines(summary: dict) -> list[str]:
     """What the flow prints (and puts in its Prefect artifact) about tracking when it ends."""
     where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
-    lines = [f"MLflow: parent run {where}"]
+    lines = [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
+                                              if "final_logging_s" in summary else "")]
     if summary.get("champion"):
         c = summary["champion"]
         lines.append(f"MLflow: champion is version {c['champion_version']} "

@@ -38,17 +38,25 @@ def test_compose_file_validates():
     assert {"postgres", "prefect-server", "worker-cpu", "worker-gpu", "mlflow"} <= set(config["services"])
     server = config["services"]["prefect-server"]
     assert "postgresql+asyncpg://" in server["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    mlflow = config["services"]["mlflow"]
+    assert "--backend-store-uri postgresql://" in mlflow["command"] and "--artifacts-destination" in mlflow["command"]
+    assert "profiles" not in mlflow  # part of the default stack
+    assert config["services"]["worker-cpu"]["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert all(p.get("host_ip", "127.0.0.1") == "127.0.0.1" for s in config["services"].values()
                for p in s.get("ports", []) if isinstance(p, dict))
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu", "Dockerfile.mlflow"])
 def test_images_are_pinned_and_non_root(name):
     text = (REPO / "docker" / name).read_text()
     base = re.search(r"^FROM (\S+)", text, re.M).group(1)
     assert ":" in base and not base.endswith(":latest"), base
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0")
+    if name == "Dockerfile.mlflow":
+        mlflow_pin = re.search(r"^mlflow==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
+        assert f'"mlflow=={mlflow_pin}"' in text
+        return
     assert "constraints.txt" in text
     torch_pin = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
     if name == "Dockerfile.gpu":
