@@ -67,6 +67,7 @@ class Tracker:
         self._next_probe = 0.0
         self._warned = False
         self._lock = threading.Lock()
+        self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
         self.client = MlflowClient(self.uri)
         self.experiment_id = self._safe("get_experiment", self._experiment, experiment, payload={"name": experiment})
 
@@ -110,7 +111,7 @@ class Tracker:
             self.undelivered[what] = self.undelivered.get(what, 0) + 1
             with open(self.spool, "a") as f:
                 f.write(json.dumps({"call": what, "payload": payload, "error": str(error),
-                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str) + "\n")
+                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | self.context, default=str) + "\n")
 
     def _safe(self, what: str, fn: Callable, *args: Any, payload: Any = None, **kwargs: Any) -> Any:
         ok, result = self.attempt(fn, *args, **kwargs)
@@ -387,6 +388,7 @@ class PipelineTracking:
                  tracker: Tracker | None = None):
         self.config = config
         self.tracker = tracker or Tracker(config.work_dir, experiment)
+        self.tracker.context = {k: v for k, v in flow_tags.items() if k == "prefect.flow_run_id"}
         self.tags = {k: v for k, v in flow_tags.items() if v} | {
             "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
         name = f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
@@ -441,6 +443,7 @@ class PipelineTracking:
             per_model.setdefault(t.label, {})[key] = per_model.get(t.label, {}).get(key, 0.0) + t.ref.seconds
         curve, global_step, versions = [], 0, []
         results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
+        last_train = next((t for t in reversed(timings) if t.stage == "train"), None)
         for t in timings:
             if t.stage != "train":
                 continue
@@ -451,12 +454,15 @@ class PipelineTracking:
             curve += [r | {"step": r["step"] + global_step, "stage": t.label} for r in records]
             if async_refresh is not None and Path(t.ref.path, "async_state.json").is_file():
                 state = json.loads(Path(t.ref.path, "async_state.json").read_text())
-                tracker.log_history(child, [{"step": s, "staleness": v} for s, v in state["staleness"]],
+                # recorded before each step (0-based, as the trainer asks for negatives); logged at the step it trained
+                tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
                                     ["staleness"], global_step)
             global_step += len(records)
             log_checkpoint(tracker, child, t.ref.path)
             if t.label in results:
                 versions.append((t.label, child, results[t.label]))
+            elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
+                versions.append((t.label, child, results[report["results"][-1]["model"]]))
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)
         with tempfile.TemporaryDirectory() as tmp:
@@ -521,6 +527,8 @@ def closing_lines(summary: dict) -> list[str]:
         what = ", ".join(f"{n} {call}" for call, n in summary["undelivered"].items())
         lines.append(f"MLflow: NOT delivered: {what} calls; kept in {summary['kept_in']} (one JSON line per call; "
                      f"the metrics are also in each training stage's train_log.jsonl)")
+        lines.append("MLflow: to deliver everything once the tracking server is back, run the same pipeline again: "
+                     "its stages are cached, and the new run logs all of them")
     return lines
 
 

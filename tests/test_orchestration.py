@@ -163,6 +163,20 @@ def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_pa
     stages = by_stage(result)
     assert stages[("ANCE round 1", "encode")]  # the inferencer encoded the step-6 checkpoint; evaluation reused it
     assert "async refresh: staleness" in log
+    # tracked: the trainer's per-step staleness, per-round staleness and negatives statistics, its model registered
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result["mlflow_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    children = {r.info.run_name: r for r in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    trainer = children["ANCE (async)"].info.run_id
+    assert [m.step for m in client.get_metric_history(trainer, "staleness")] == list(range(4, 16))  # after warm-up
+    assert [m.step for m in client.get_metric_history(trainer, "loss")] == list(range(4, 16))
+    assert children["ANCE round 2"].data.metrics["staleness_max"] == refresh["rounds"][1]["max_staleness"]
+    assert set(result["negatives"]) == {"warmup", "ANCE round 1", "ANCE round 2"}
+    versions = client.search_model_versions(f"run_id = '{trainer}'")
+    assert len(versions) == 1 and versions[0].tags["label"] == "ANCE (async)"
     again, _ = run(tmp_path, config)
     assert all(by_stage(again).values()) and again["async_refresh"] == refresh
 
