@@ -1,9 +1,15 @@
-"""MLflow tracking of a pipeline run, which never stops the pipeline.
+"""MLflow tracking of a pipeline run, which never slows or stops the pipeline.
 
 Embedded default: a SQLite store `<work_dir>/mlflow.db` with artifacts in `<work_dir>/mlartifacts/`, so a run logs
-everything with no server; `MLFLOW_TRACKING_URI` points it at a server instead. Every call goes through `_safe`:
-when the store or server fails, a warning is printed once, the call is appended to `<work_dir>/mlflow-undelivered.
-jsonl` (one JSON object per call, enough to replay it), and the pipeline goes on. `undelivered` counts them.
+everything with no server; `MLFLOW_TRACKING_URI` points it at a server instead (`make up` starts one).
+
+- `Tracker`: every MLflow call goes through `attempt`/`_safe`. When the store or server fails, a warning is printed
+  once, calls go straight to the spool for PROBE_SECONDS before MLflow is tried again, and each call that was not
+  delivered is appended to `<work_dir>/mlflow-undelivered.jsonl` (one JSON object per call, with its payload).
+- `LiveMetrics`: training steps streamed from a background thread while a stage trains; failed batches are retried.
+- `PipelineTracking`: the parent run and a nested run per model, opened at flow start and completed at flow end
+  (metrics, negatives statistics, checkpoints, evaluations, plots, results table, registry and champion alias).
+- `champion_checkpoint`: `models:/ance-<dataset>@champion` downloaded for `retrain`.
 """
 
 import contextlib

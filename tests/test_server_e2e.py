@@ -3,6 +3,7 @@ ports and a process worker; `scripts/stack.sh deploy` registers prefect.yaml's d
 the REST API, as the UI's "Run" button does; what they tracked is read back through MLflow's REST API; both UIs are
 checked in headless Chromium (Debian's package, `make system-deps`)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -119,6 +120,21 @@ def tiny(tiny_scifact, tiny_model, tmp_path_factory):
             "work_dir": str(work)}
 
 
+@contextlib.contextmanager
+def browser_page():
+    """A page of headless Debian chromium (Playwright drives it; no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
 def mlflow_api(stack, method: str, path: str, **kwargs) -> dict:
     response = httpx.request(method, f"{stack['mlflow']}/api/2.0/mlflow/{path}", timeout=30, **kwargs)
     assert response.status_code == 200, f"{path}: {response.status_code} {response.text[:500]}"
@@ -132,6 +148,10 @@ def mlflow_runs(stack, flow_run_id: str) -> list[dict]:
         "experiment_ids": [experiment["experiment"]["experiment_id"]], "max_results": 200,
         "filter": f"tags.`prefect.flow_run_id` = '{flow_run_id}'"})
     return found.get("runs", [])
+
+
+def mlflow_parent(stack, flow_run_id: str) -> dict:
+    return next(r for r in mlflow_runs(stack, flow_run_id) if "mlflow.parentRunId" not in tags_of(r))
 
 
 def tags_of(run: dict) -> dict[str, str]:
@@ -207,7 +227,7 @@ def test_second_run_with_same_parameters_is_all_cached(stack, trained, tiny):
 def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
     flow_run_id, _, seen_while_running = trained
     runs = mlflow_runs(stack, flow_run_id)
-    parent = next(r for r in runs if "mlflow.parentRunId" not in tags_of(r))
+    parent = mlflow_parent(stack, flow_run_id)
     pid, tags = parent["info"]["run_id"], tags_of(parent)
     children = {r["info"]["run_name"]: r for r in runs if tags_of(r).get("mlflow.parentRunId") == pid}
     assert set(children) == {"BM25", "zero-shot", "warmup", "ANCE round 1"}
@@ -242,29 +262,20 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
 
 
 def test_mlflow_ui_lists_the_experiment_and_the_run(stack, trained):
-    from playwright.sync_api import sync_playwright
-
     flow_run_id = trained[0]
-    parent = next(r for r in mlflow_runs(stack, flow_run_id) if "mlflow.parentRunId" not in tags_of(r))
+    parent = mlflow_parent(stack, flow_run_id)
     experiment_id, name = parent["info"]["experiment_id"], parent["info"]["run_name"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{stack['mlflow']}/#/experiments/{experiment_id}/runs", wait_until="load")
-            page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
-            body = page.inner_text("body")
-            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-experiment.png"), full_page=True)
-            page.goto(f"{stack['mlflow']}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}",
-                      wait_until="load")
-            page.get_by_text("ndcg_at_10", exact=True).first.wait_for(timeout=60_000)
-            run_page = page.inner_text("body")
-            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-run.png"), full_page=True)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(f"{stack['mlflow']}/#/experiments/{experiment_id}/runs", wait_until="load")
+        page.get_by_text(name, exact=True).first.wait_for(timeout=60_000)
+        body = page.inner_text("body")
+        page.screenshot(path=str(ARTIFACTS / "mlflow-ui-experiment.png"), full_page=True)
+        page.goto(f"{stack['mlflow']}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}",
+                  wait_until="load")
+        page.get_by_text("ndcg_at_10", exact=True).first.wait_for(timeout=60_000)
+        run_page = page.inner_text("body")
+        page.screenshot(path=str(ARTIFACTS / "mlflow-ui-run.png"), full_page=True)
     assert "ance-train" in body and "Training runs" in body
     assert name in run_page and "ndcg_at_10" in run_page
 
@@ -287,34 +298,25 @@ def test_stage_deployments_and_retrain(stack, trained, tiny, tiny_scifact):
     subflow = api(stack, "GET", f"/flow_runs/{latest['flow_run_id']}").json()
     assert api(stack, "GET", f"/task_runs/{subflow['parent_task_run_id']}").json()["flow_run_id"] == runs["retrain"]
     # it started from the registry's champion, downloaded into the work folder
-    parent = next(r for r in mlflow_runs(stack, latest["flow_run_id"]) if "mlflow.parentRunId" not in tags_of(r))
+    parent = mlflow_parent(stack, latest["flow_run_id"])
     start = {p["key"]: p["value"] for p in parent["data"]["params"]}["start_checkpoint"]
     assert Path(start).parent == work / "champion" and Path(start).name.startswith(
         f"ance-{Path(tiny_scifact).name}-v")
 
 
 def test_prefect_ui_shows_the_completed_run(stack, trained):
-    from playwright.sync_api import sync_playwright
-
     flow_run_id, run, _ = trained
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{stack['ui']}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
-            page.get_by_text(run["name"], exact=True).first.wait_for(timeout=30_000)
-            header = page.inner_text("body")
-            assert "Completed" in header and "ance-train" in header
-            page.get_by_text("Task Runs", exact=True).first.click()
-            page.get_by_text("train-", exact=False).first.wait_for(timeout=30_000)
-            page.wait_for_load_state("networkidle")
-            body = page.inner_text("body")
-            page.screenshot(path=str(ARTIFACTS / "prefect-ui-flow-run.png"), full_page=True)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(f"{stack['ui']}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
+        page.get_by_text(run["name"], exact=True).first.wait_for(timeout=30_000)
+        header = page.inner_text("body")
+        assert "Completed" in header and "ance-train" in header
+        page.get_by_text("Task Runs", exact=True).first.click()
+        page.get_by_text("train-", exact=False).first.wait_for(timeout=30_000)
+        page.wait_for_load_state("networkidle")
+        body = page.inner_text("body")
+        page.screenshot(path=str(ARTIFACTS / "prefect-ui-flow-run.png"), full_page=True)
     count = len(task_states(stack, flow_run_id))
     assert f"{count} Task runs" in body and f"({count} Completed)" in body
     for task in ("prepare-data", "bm25-run", "encode-corpus", "build-index", "mine-negatives", "train", "evaluate"):
