@@ -32,6 +32,7 @@ def negative_stats(negatives: pd.DataFrame, run: pd.DataFrame, positives: dict[s
     non-positive documents| / |training negatives|, pooled over the sampled queries.
     """
     ranks = np.concatenate([np.asarray(r, dtype=float) for r in negatives["negative_ranks"]])
+    ranks = ranks[ranks > 0]  # random documents have no mined rank
     used = negatives[negatives["query_id"].isin(sample)].groupby("query_id")["negative_ids"].agg(
         lambda lists: {d for ids in lists for d in ids})
     run = run[run["query_id"].isin(used.index)].sort_values(["query_id", "rank"], kind="stable")
@@ -41,7 +42,8 @@ def negative_stats(negatives: pd.DataFrame, run: pd.DataFrame, positives: dict[s
         train_negs = used[query_id]
         hit += len(train_negs & set(tops))
         total += len(train_negs)
-    return {"mean_negative_rank": float(ranks.mean()), "median_negative_rank": float(np.median(ranks)),
+    return {"mean_negative_rank": float(ranks.mean()) if len(ranks) else None,
+            "median_negative_rank": float(np.median(ranks)) if len(ranks) else None,
             "overlap": hit / total if total else float("nan"), "overlap_queries": int(len(used)),
             "overlap_depth": depth}
 
@@ -65,7 +67,9 @@ def negatives_sample(negatives: pd.DataFrame, corpus: pd.DataFrame, queries: pd.
         parts.append(f"- **positive** `{row.positive_id}`: {_clip(text.get(row.positive_id, ''), width)}")
         scores = getattr(row, "negative_scores", None)
         for i, (doc, rank) in enumerate(zip(row.negative_ids, row.negative_ranks, strict=True)):
-            score = f", score {scores[i]:.3f}" if scores is not None else ""
-            parts.append(f"- negative `{doc}` (rank {int(rank)}{score}): {_clip(text.get(doc, ''), width)}")
+            score = scores[i] if scores is not None else None
+            where = f"rank {int(rank)}" if rank else "random"  # random documents have no rank or score
+            where += f", score {score:.3f}" if score is not None and np.isfinite(score) else ""
+            parts.append(f"- negative `{doc}` ({where}): {_clip(text.get(doc, ''), width)}")
         parts.append("")
     return "\n".join(parts)

@@ -69,6 +69,8 @@ class TrainConfig(StageConfig):
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     max_grad_norm: float = Field(2.0, gt=0)
     in_batch_negatives: bool = True
+    hardest_in_batch: int | None = Field(
+        None, ge=1, description="Keep only each query's n highest-scoring in-batch negatives (the nce sampler sets it)")
     query_max_length: int = Field(64, ge=8)
     passage_max_length: int = Field(128, ge=8)
     precision: Precision = "auto"
@@ -91,12 +93,31 @@ class IndexConfig(StageConfig):
     search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
 
 
-class MiningConfig(StageConfig):
-    """Negatives = retrieval top-k minus all labelled positives; n sampled uniformly (ANCE eq. 10)."""
+Sampler = Literal["ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"]
 
-    top_k: int = Field(200, ge=1)
-    num_negatives: int = Field(1, ge=1, description="Negatives per (query, positive) pair; the paper uses 1")
+
+class MiningConfig(StageConfig):
+    """Which negatives a training stage gets (ance_core/samplers.py). `ance` (the paper's): top-k of the current
+    model's ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
+
+    sampler: Sampler = Field(
+        "ance", description="ance: uniform from the model's ANN top-k; simans: ambiguous negatives around the "
+        "positive's score (SimANS eq. 4); bm25: from BM25's top-k; random: from the corpus; bm25+random: half each; "
+        "in-batch: other queries' positives only; nce: the hardest of those")
+    top_k: int | None = Field(None, ge=1, description="Ranked candidates; default ance 200, simans 100, bm25 100")
+    num_negatives: int = Field(1, ge=1, description="Negatives per (query, positive) pair; the paper uses 1. "
+                               "nce: the in-batch negatives kept per query")
     seed: int = 42
+    simans_a: float = Field(0.5, gt=0, description="SimANS density a (the paper: 0.5)")
+    simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b (the paper: 0)")
+    skip_top: int = Field(0, ge=0, description="False-negative control: never sample the top r ranks")
+    margin: float | None = Field(
+        None, ge=0, lt=1, description="False-negative control: drop candidates scoring above (1 - m)·s(q,d+)")
+
+    @property
+    def depth(self) -> int:
+        """The retrieval depth the sampler mines from."""
+        return self.top_k or {"ance": 200}.get(self.sampler, 100)
 
 
 class EvalConfig(StageConfig):
@@ -109,7 +130,8 @@ class PipelineConfig(StageConfig):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     bm25: BM25Config = BM25Config()
-    bm25_negatives: MiningConfig = MiningConfig(top_k=100)
+    bm25_negatives: MiningConfig = Field(MiningConfig(sampler="bm25"), description="The warm-up's negatives "
+                                         "(bm25, random, bm25+random, in-batch or nce: there is no trained model yet)")
     warmup: TrainConfig = TrainConfig()
     encode: EncodeConfig = EncodeConfig()
     index: IndexConfig = IndexConfig()
@@ -129,6 +151,20 @@ class PipelineConfig(StageConfig):
     work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
     start_checkpoint: str | None = Field(
         None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
+
+    @model_validator(mode="after")
+    def _async_needs_a_dense_sampler(self) -> "PipelineConfig":
+        if self.refresh == "async" and self.rounds and self.mining.sampler not in ("ance", "simans"):
+            raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
+                             f"'{self.mining.sampler}' does not use them (use ance or simans, or refresh: sync)")
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_sampler_has_no_model(self) -> "PipelineConfig":
+        if self.bm25_negatives.sampler in ("ance", "simans"):
+            raise ValueError(f"bm25_negatives.sampler '{self.bm25_negatives.sampler}' mines with the model being "
+                             "trained, and the warm-up has none yet; use bm25, random, bm25+random, in-batch or nce")
+        return self
 
     @model_validator(mode="after")
     def _splits_differ(self) -> "PipelineConfig":

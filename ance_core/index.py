@@ -52,6 +52,17 @@ class FlatIndex:
     def __len__(self) -> int:
         return self.index.ntotal
 
+    def vectors(self, doc_ids: list[str]) -> np.ndarray:
+        """The indexed vectors of some documents (flat index: exact), (n, h) float32."""
+        if not hasattr(self, "_row"):
+            self._row = {d: i for i, d in enumerate(self.docids)}
+        missing = [d for d in doc_ids if d not in self._row]
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        if not doc_ids:
+            return np.zeros((0, self.index.d), dtype=np.float32)
+        return np.stack([self.index.reconstruct(self._row[d]) for d in doc_ids]).astype(np.float32)
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """queries (n, h) -> scores (n, k) float32 and doc ids (n, k), best first. Searched in BLAS-sized batches."""
         k = min(k, len(self))

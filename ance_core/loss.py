@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 
 def nll_loss(
-    q: torch.Tensor, p: torch.Tensor, group_size: int, in_batch: bool, mask: torch.Tensor | None = None
+    q: torch.Tensor, p: torch.Tensor, group_size: int, in_batch: bool, mask: torch.Tensor | None = None,
+    hardest: int | None = None,
 ) -> torch.Tensor:
     """-log softmax score of each query's positive among its own negatives (and, optionally, all other passages).
 
@@ -13,6 +14,8 @@ def nll_loss(
     in_batch: also contrast against the other queries' passages (columns of the whole batch).
     mask: (B, B * G) bool, True where a column must not count as a negative (e.g. another query's passage that
           is also a labelled positive of this query); only with in_batch.
+    hardest: keep only each query's `hardest` highest-scoring negatives (NCE Neg: the hardest in-batch
+          negatives); only with in_batch.
     """
     B = q.size(0)
     if in_batch:
@@ -20,6 +23,13 @@ def nll_loss(
         if mask is not None:
             scores = scores.masked_fill(mask, float("-inf"))
         target = torch.arange(B, device=q.device) * group_size  # column of each query's own positive
+        if hardest is not None:
+            own = torch.zeros_like(scores, dtype=torch.bool)
+            own[torch.arange(B), target] = True
+            others = scores.detach().masked_fill(own, float("-inf"))
+            keep = own.clone()
+            keep.scatter_(1, others.topk(min(hardest, scores.size(1) - 1), dim=1).indices, True)
+            scores = scores.masked_fill(~keep, float("-inf"))
     else:
         scores = torch.einsum("bh,bgh->bg", q, p.view(B, group_size, -1))  # (B, G)
         target = torch.zeros(B, dtype=torch.long, device=q.device)

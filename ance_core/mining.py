@@ -25,27 +25,20 @@ def query_rng(seed: int, round_: int, query_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, round_, zlib.crc32(query_id.encode())])
 
 
-def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
-    """n distinct candidates, uniformly without replacement, kept in rank order."""
+def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
+                   p: np.ndarray | None = None) -> pd.DataFrame:
+    """n distinct candidates without replacement, uniformly (or with probabilities `p`), kept in rank order."""
     if len(candidates) < n:
-        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested: raise mining top_k")
-    picked = np.sort(rng.choice(len(candidates), size=n, replace=False))
+        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested: raise mining.top_k or "
+                        "loosen mining.skip_top / mining.margin")
+    picked = np.sort(rng.choice(len(candidates), size=n, replace=False, p=p))
     return candidates.iloc[picked]
 
 
 def ance_negatives(
     run: pd.DataFrame, positives: dict[str, set[str]], top_k: int, n: int, seed: int, round_: int
 ) -> pd.DataFrame:
-    """One row per (query, positive): n negatives from the query's top-k minus its positives."""
-    grouped = dict(tuple(run.groupby("query_id", sort=False)))
-    rows = []
-    for query_id in sorted(positives):
-        if query_id not in grouped:
-            raise AnceError(f"query '{query_id}' has labelled positives but no retrieval results")
-        candidates = drop_positives(grouped[query_id], positives[query_id], top_k)
-        rng = query_rng(seed, round_, query_id)
-        for positive_id in sorted(positives[query_id]):
-            neg = sample_uniform(candidates, n, rng)
-            rows.append((query_id, positive_id, neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(),
-                         neg["score"].astype(float).tolist()))
-    return pd.DataFrame(rows, columns=NEGATIVE_COLUMNS)
+    """One row per (query, positive): n negatives from the query's top-k minus its positives (sampler `ance`)."""
+    from ance_core.samplers import sample_negatives
+
+    return sample_negatives("ance", positives, n, seed, round_, run=run, top_k=top_k)

@@ -38,11 +38,24 @@ def dense_retrieve(
     top_k: int,
     encode_cfg: EncodeConfig = EncodeConfig(),
     index_cfg: IndexConfig = IndexConfig(),
-) -> pd.DataFrame:
+    positives: dict[str, set[str]] | None = None,
+) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
+    """The top-k run; with `positives`, also every labelled positive's exact score (query_id, doc_id, score),
+    retrieved or not (SimANS needs s(q, d+))."""
     model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
     q = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, encode_cfg)
-    scores, ids = FlatIndex(index_dir, index_cfg).search(q, top_k)
-    return run_frame(queries["query_id"].tolist(), ids, scores)
+    index = FlatIndex(index_dir, index_cfg)
+    scores, ids = index.search(q, top_k)
+    run = run_frame(queries["query_id"].tolist(), ids, scores)
+    if positives is None:
+        return run
+    row = {query_id: i for i, query_id in enumerate(queries["query_id"])}
+    pairs = [(query_id, d) for query_id in row for d in sorted(positives.get(query_id, ()))]
+    docs = index.vectors([d for _, d in pairs])
+    qs = q[[row[query_id] for query_id, _ in pairs]]
+    scored = pd.DataFrame(pairs, columns=["query_id", "doc_id"]).assign(
+        score=np.einsum("ij,ij->i", qs.astype(np.float32), docs).astype(np.float32) if pairs else [])
+    return run, scored
 
 
 def search_text(checkpoint: str | Path, index_dir: str | Path, text: str, top_k: int = 10) -> list[Hit]:

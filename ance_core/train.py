@@ -194,6 +194,9 @@ def train(
     query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
     pairs = negatives.reset_index(drop=True)
     group = 1 + len(pairs["negative_ids"].iloc[0])
+    if group == 1 and not cfg.in_batch_negatives:
+        raise ValueError("the training pairs have no mined negatives (sampler in-batch or nce) and "
+                         "in_batch_negatives is off: there would be nothing to contrast with")
 
     def swap_negatives(table: pd.DataFrame) -> None:
         """Same rows, newer negatives: aligned on (query_id, positive_id), so the data order is untouched."""
@@ -231,7 +234,7 @@ def train(
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
             q = model(**tokenize([query_text[x] for x in qids], cfg.query_max_length))  # (B, h)
             p = model(**tokenize([doc_text[x] for x in pids], cfg.passage_max_length))  # (B*G, h)
-        return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask)
+        return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // steps_per_epoch)

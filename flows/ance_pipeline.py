@@ -8,6 +8,7 @@ an inferencer refreshes the negatives in the background (see tasks/train.py: tra
 import dataclasses
 import json
 import time
+import warnings
 from pathlib import Path
 
 from prefect import flow
@@ -20,6 +21,7 @@ from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
+from ance_core.samplers import DENSE, MINED, SPARSE, train_config_for
 from tasks.analysis import negatives_analysis
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
@@ -52,7 +54,10 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
 
     def refresh(label: str, checkpoint: ArtifactRef, round_: int) -> dict[str, ArtifactRef]:
         """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation)."""
-        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd)
+        bm25 = None
+        if c.mining.sampler in SPARSE:  # BM25 negatives in the rounds too (the same run every round: cached)
+            bm25 = stage(f"ANCE round {round_}", "bm25", bm25_run, data, c.bm25, train_split, c.mining.depth, wd)
+        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd, bm25)
         for name, ref in refs.items():
             for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
             timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
@@ -66,7 +71,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         timings.extend(StageTiming(label, name, ref) for name, ref in refs.items())
         evaluations.append((label, refs["evaluate"]))
         if label in trained_on:
-            own = run_task(dense_run, checkpoint, index or refs["index"], data, train_split, c.mining.top_k, c.encode,
+            depth = max(c.mining.depth, 100) if c.mining.sampler in DENSE else 100  # shared with the next mining
+            own = run_task(dense_run, checkpoint, index or refs["index"], data, train_split, depth, c.encode,
                            c.index, wd)
             stats[label] = run_task(negatives_analysis, trained_on[label], own, data, train_split, wd)
 
@@ -84,18 +90,26 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     else:
         checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
         evaluate_model("zero-shot", checkpoint)
-        bm25_train = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.top_k, wd)
-        negatives = stage("warmup", "mine", mine_negatives, bm25_train, data, train_split, c.bm25_negatives, 0, wd)
-        checkpoint = train("warmup", train_round, checkpoint, negatives, data, train_split, c.warmup, wd)
-        label, trained_on["warmup"] = "warmup", negatives
+        ranking = None
+        if c.bm25_negatives.sampler in SPARSE:
+            ranking = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.depth, wd)
+        negatives = stage("warmup", "mine", mine_negatives, ranking, data, train_split, c.bm25_negatives, 0, wd)
+        checkpoint = train("warmup", train_round, checkpoint, negatives, data, train_split,
+                           train_config_for(c.bm25_negatives, c.warmup), wd)
+        label = "warmup"
+        if c.bm25_negatives.sampler in MINED:
+            trained_on["warmup"] = negatives
     extra = {}
 
     if c.refresh == "sync" or c.rounds == 0:
         for k in range(1, c.rounds + 1):
             refs = refresh(label, checkpoint, k)
-            evaluate_model(label, checkpoint, refs["index"])
-            label, trained_on[f"ANCE round {k}"] = f"ANCE round {k}", refs["mine"]
-            checkpoint = train(label, train_round, checkpoint, refs["mine"], data, train_split, c.ance, wd)
+            evaluate_model(label, checkpoint, refs.get("index"))
+            label = f"ANCE round {k}"
+            if c.mining.sampler in MINED:
+                trained_on[label] = refs["mine"]
+            checkpoint = train(label, train_round, checkpoint, refs["mine"], data, train_split,
+                               train_config_for(c.mining, c.ance), wd)
     else:
         refs = refresh(label, checkpoint, 1)
         evaluate_model(label, checkpoint, refs["index"])
@@ -122,7 +136,13 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
     started = time.perf_counter()
-    tracked = tracking.finish(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
+    try:
+        tracked = tracking.finish(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
+    except Exception as e:  # a bug in what is logged must not fail a trained pipeline
+        warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are in "
+                      f"{summary.path}", stacklevel=1)
+        tracked = tracking.tracker.summary() | {"run_id": tracking.parent, "run_url": tracking.run_url(tracking.parent),
+                                                "champion": {}, "error": f"{type(e).__name__}: {e}"}
     tracked["final_logging_s"] = round(time.perf_counter() - started, 1)
     closing = closing_lines(tracked)
     print("\n".join(closing))

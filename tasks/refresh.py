@@ -7,6 +7,8 @@ flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import EncodeConfig, IndexConfig, MiningConfig
+from ance_core.errors import AnceError
+from ance_core.samplers import DENSE, SPARSE
 from tasks.common import run_task
 from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
@@ -16,13 +18,25 @@ from tasks.retrieve import dense_run
 
 
 def refresh_negatives(checkpoint: ArtifactRef, data: ArtifactRef, split: str, encode: EncodeConfig,
-                      index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str) -> dict[str, ArtifactRef]:
-    """encode -> index -> retrieve -> mine with one checkpoint; every step is a cached, retried task."""
-    emb = run_task(encode_corpus, checkpoint, data, encode, work_dir)
-    built = run_task(build_index, emb, work_dir)
-    run = run_task(dense_run, checkpoint, built, data, split, mining.top_k, encode, index, work_dir)
-    negatives = run_task(mine_negatives, run, data, split, mining, round_, work_dir)
-    return {"encode": emb, "index": built, "retrieve": run, "mine": negatives}
+                      index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str,
+                      bm25: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
+    """Negatives for a round with the configured sampler; every step is a cached, retried task.
+
+    Dense samplers (ance, simans): encode -> index -> retrieve -> mine with the checkpoint. BM25 samplers mine from
+    `bm25` (a BM25 run of the split, at least `mining.depth` deep); random and in-batch samplers need no ranking."""
+    refs: dict[str, ArtifactRef] = {}
+    ranking = None
+    if mining.sampler in DENSE:
+        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
+        refs["index"] = run_task(build_index, refs["encode"], work_dir)
+        ranking = refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode,
+                                              index, work_dir)
+    elif mining.sampler in SPARSE:
+        if bm25 is None:
+            raise AnceError(f"sampler '{mining.sampler}' mines from a BM25 run, and none was given")
+        ranking = bm25
+    refs["mine"] = run_task(mine_negatives, ranking, data, split, mining, round_, work_dir)
+    return refs
 
 
 def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_k: int, encode: EncodeConfig,

@@ -4,16 +4,21 @@ from ance_core.data import read_tables
 from ance_core.search import dense_retrieve
 from tasks.common import stage_task
 
+POSITIVE_SCORES = "positive_scores.parquet"  # every labelled positive's exact score, retrieved or not
+
 
 @stage_task("dense-run")
 def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
               encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
-    """ANN top-k for the queries of a split with a checkpoint and its index."""
+    """ANN top-k for the queries of a split with a checkpoint and its index, and the positives' scores."""
 
     def build(out):
-        queries = read_tables(data.path).split_queries(split)
-        run = dense_retrieve(checkpoint.path, index.path, queries, top_k, encode_cfg, index_cfg)
+        tables = read_tables(data.path)
+        queries = tables.split_queries(split)
+        run, positives = dense_retrieve(checkpoint.path, index.path, queries, top_k, encode_cfg, index_cfg,
+                                        positives=tables.positives(split))
         run.to_parquet(out / "run.parquet", index=False)
+        positives.to_parquet(out / POSITIVE_SCORES, index=False)
         return {"queries": len(queries), "depth": top_k}
 
     config = {"split": split, "top_k": top_k, "encode": encode_cfg}  # index placement does not change results

@@ -489,9 +489,10 @@ class PipelineTracking:
                 tracker.log_metrics(parent, {f"{label}_{k}": v for k, v in per_model[label].items()})
             for label in dict.fromkeys([*results, *trained]):
                 neg = stats.get(label, {})
-                metrics = results.get(label, {}) | per_model.get(label, {}) | {
-                    f"neg_{k}": v for k, v in neg.items() if k in ("mean_negative_rank", "median_negative_rank")} | (
-                    {"neg_overlap_top100": neg["overlap"]} if "overlap" in neg else {})
+                ranks = {f"neg_{k}": v for k, v in neg.items()
+                         if k in ("mean_negative_rank", "median_negative_rank") and v is not None}
+                overlap = {"neg_overlap_top100": neg["overlap"]} if "overlap" in neg else {}
+                metrics = results.get(label, {}) | per_model.get(label, {}) | ranks | overlap
                 child = self.child(label)
                 tracker.log_metrics(child, metrics)
                 if label in evaluation_of:

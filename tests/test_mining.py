@@ -53,7 +53,7 @@ def test_sampling_is_uniform_over_candidates():
 
 def test_too_few_candidates_is_a_clear_error():
     run = _run(n_queries=1, depth=5)
-    with pytest.raises(AnceError, match="raise mining top_k"):
+    with pytest.raises(AnceError, match="raise mining.top_k"):
         ance_negatives(run, {"q0": {"d-x"}}, top_k=3, n=4, seed=0, round_=0)
     with pytest.raises(AnceError, match="no retrieval results"):
         ance_negatives(run, {"q9": {"d1"}}, top_k=3, n=1, seed=0, round_=0)

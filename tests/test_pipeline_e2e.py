@@ -215,3 +215,36 @@ def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, 
     assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
     missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
     assert missing is None and "models:/ance-no-such-dataset@champion not found" in why
+
+
+@pytest.mark.parametrize("warmup_sampler, round_sampler", [("random", "simans"), ("nce", "bm25+random")])
+def test_samplers_are_chosen_per_stage_in_the_config(tiny_scifact, tiny_model, tmp_path, warmup_sampler,
+                                                     round_sampler):
+    train = {"max_steps": 2, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
+    config = {"data": {"dataset": str(tiny_scifact)}, "model": {"name": str(tiny_model), "passage_max_length": 48},
+              "warmup": train, "ance": train, "encode": {"batch_size": 32}, "rounds": 1, "work_dir": str(tmp_path),
+              "bm25_negatives": {"sampler": warmup_sampler, "num_negatives": 2},
+              "mining": {"sampler": round_sampler, "num_negatives": 2, "top_k": 40}}
+    (tmp_path / "c.yaml").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.yaml"), "--json"],
+                          capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    mined = {s["for"]: s["path"] for s in result["stages"] if s["stage"] == "mine"}
+    warm = pd.read_parquet(Path(mined["warmup"], "negatives.parquet"))
+    rounds = pd.read_parquet(Path(mined["ANCE round 1"], "negatives.parquet"))
+    if warmup_sampler == "random":
+        assert all(list(r) == [0, 0] for r in warm["negative_ranks"]) and "warmup" in result["negatives"]
+    else:  # nce mines nothing: the warm-up trains on its hardest in-batch negatives
+        assert all(len(x) == 0 for x in warm["negative_ids"]) and "warmup" not in result["negatives"]
+        assert not any(s["stage"] == "bm25" and s["for"] == "warmup" for s in result["stages"])
+    if round_sampler == "simans":  # from the warm-up model's ANN top-40, with the positives' exact scores
+        assert all(1 <= r <= 40 for ranks in rounds["negative_ranks"] for r in ranks)
+        retrieve = next(s["path"] for s in result["stages"] if s["stage"] == "retrieve-train")
+        assert len(pd.read_parquet(Path(retrieve, "positive_scores.parquet"))) == len(rounds)
+    else:  # one from BM25's top-40, one random
+        assert all(sorted(r)[0] == 0 and 1 <= sorted(r)[1] <= 40 for r in rounds["negative_ranks"])
+        assert not any(s["stage"] == "retrieve-train" for s in result["stages"])
+    for ids, row in zip(rounds["negative_ids"], rounds.itertuples(), strict=True):
+        assert len(set(ids)) == 2 and row.positive_id not in ids

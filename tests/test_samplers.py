@@ -1,0 +1,108 @@
+"""Negative samplers on hand-made rankings: no positive, no duplicate, deterministic, the right distribution."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ance_core.errors import AnceError
+from ance_core.samplers import MINED, SAMPLERS, filter_candidates, sample_negatives, simans_probabilities
+
+CORPUS = [f"d{i}" for i in range(300)]
+POSITIVES = {"q1": {"d0", "d5"}, "q2": {"d7"}, "q3": {"d100", "d101", "d102"}}
+
+
+def ranking(query_ids, k=150, seed=0) -> pd.DataFrame:
+    """A ranking per query over the corpus, positives included, scores decreasing with rank."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in query_ids:
+        order = rng.permutation(len(CORPUS))[:k]
+        for r, i in enumerate(order, 1):
+            rows.append((q, CORPUS[i], r, 10.0 - r * 0.05))
+    return pd.DataFrame(rows, columns=["query_id", "doc_id", "rank", "score"])
+
+
+RUN = ranking(POSITIVES)
+SCORES = {(q, d): 8.0 for q, ds in POSITIVES.items() for d in ds}
+
+
+def mine(sampler, n=4, seed=1, round_=0, **kw):
+    return sample_negatives(sampler, POSITIVES, n, seed, round_, run=RUN, positive_scores=SCORES, corpus_ids=CORPUS,
+                            **kw)
+
+
+@pytest.mark.parametrize("sampler", MINED)
+def test_never_a_positive_never_twice_and_deterministic(sampler):
+    table = mine(sampler)
+    assert len(table) == sum(len(v) for v in POSITIVES.values())
+    for row in table.itertuples():
+        assert len(row.negative_ids) == 4 and len(set(row.negative_ids)) == 4
+        assert not set(row.negative_ids) & POSITIVES[row.query_id]
+    ids = ["query_id", "positive_id", "negative_ids", "negative_ranks"]  # (random documents have NaN scores)
+    assert table[ids].equals(mine(sampler)[ids])
+    assert not table[ids].equals(mine(sampler, seed=2)[ids])
+
+
+def test_ranked_samplers_stay_in_their_top_k():
+    for sampler, top_k in (("ance", 200), ("bm25", 100), ("simans", 100), ("ance", 20)):
+        table = mine(sampler, top_k=top_k)
+        assert max(r for ranks in table["negative_ranks"] for r in ranks) <= top_k
+
+
+def test_bm25_plus_random_is_half_and_half():
+    table = mine("bm25+random", n=4, top_k=10)
+    for ranks in table["negative_ranks"]:
+        assert sum(r == 0 for r in ranks) == 2 and all(1 <= r <= 10 for r in ranks if r)
+
+
+def test_in_batch_samplers_mine_nothing():
+    for sampler in ("in-batch", "nce"):
+        table = sample_negatives(sampler, POSITIVES, 1, 0, 0)
+        assert len(table) == 6 and all(len(x) == 0 for x in table["negative_ids"])
+
+
+def test_false_negative_controls():
+    ranked = RUN[RUN["query_id"] == "q1"]
+    assert filter_candidates(ranked, 5, None, None)["rank"].min() == 6
+    kept = filter_candidates(ranked, 0, 0.1, 8.0)  # scores above 0.9 * 8.0 = 7.2 are dropped
+    assert kept["score"].max() <= 7.2 and len(kept) == (ranked["score"] <= 7.2).sum()
+    table = mine("ance", skip_top=30, margin=0.1)
+    assert min(r for ranks in table["negative_ranks"] for r in ranks) > 30
+    assert max(s for scores in table["negative_scores"] for s in scores) <= 7.2
+    with pytest.raises(AnceError, match="raise mining.top_k"):
+        mine("ance", top_k=20, skip_top=19)
+
+
+def test_simans_frequencies_follow_its_formula():
+    """One query, one positive scored 8.0, 100 candidates: empirical single-draw frequencies over many seeds match
+    eq. 4, and the mode sits at the candidate whose score is closest to s⁺ + b."""
+    positives = {"q": {"pos"}}
+    scores = np.linspace(10.0, 5.05, 100)  # rank 1..100
+    run = pd.DataFrame({"query_id": "q", "doc_id": [f"c{i}" for i in range(100)], "rank": np.arange(1, 101),
+                        "score": scores})
+    for b in (0.0, -1.0):
+        counts = np.zeros(100)
+        for seed in range(4000):
+            table = sample_negatives("simans", positives, 1, seed, 0, run=run, positive_scores={("q", "pos"): 8.0},
+                                     a=2.0, b=b)
+            counts[table["negative_ranks"][0][0] - 1] += 1
+        expected = simans_probabilities(scores, 8.0, 2.0, b)
+        assert np.abs(counts / counts.sum() - expected).max() < 0.02
+        assert abs(scores[np.argmax(expected)] - (8.0 + b)) < 0.05
+        assert abs(scores[np.argmax(counts)] - (8.0 + b)) < 0.4
+
+
+def test_simans_probability_is_the_formula():
+    p = simans_probabilities(np.array([9.0, 8.0, 7.0, 6.0]), 8.0, 0.5, 0.0)
+    raw = np.exp(-0.5 * (np.array([9.0, 8.0, 7.0, 6.0]) - 8.0) ** 2)
+    assert np.allclose(p, raw / raw.sum()) and p.argmax() == 1 and np.isclose(p[0], p[2])
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(AnceError, match="unknown sampler 'hard'"):
+        sample_negatives("hard", POSITIVES, 1, 0, 0, run=RUN)
+    with pytest.raises(AnceError, match="needs the positives' scores"):
+        sample_negatives("simans", POSITIVES, 1, 0, 0, run=RUN)
+    with pytest.raises(AnceError, match="needs the corpus ids"):
+        sample_negatives("random", POSITIVES, 1, 0, 0)
+    assert set(SAMPLERS) == {"ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"}
