@@ -97,6 +97,32 @@ def run(
     _guard(lambda: _run_pipeline(load_config(config), as_json))
 
 
+@app.command()
+def compare(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompareConfig")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON last")] = False,
+):
+    """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
+    from ance_core.config import CompareConfig, load_config
+
+    def body():
+        from flows.compare import compare_negatives
+        from tasks.tracking import closing_lines
+
+        c = load_config(config, CompareConfig) if config else CompareConfig()
+        _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split))
+        result = compare_negatives(c)
+        typer.echo("")
+        typer.echo(result["table"])
+        typer.echo(f"report: {result['report_dir']}/results.md")
+        for line in closing_lines(result["tracking"]):
+            typer.echo(line)
+        if as_json:
+            typer.echo(json.dumps({k: result[k] for k in ("results", "train_seconds", "tracking", "table")}))
+
+    _guard(body)
+
+
 def _print_metrics(metrics: dict, title: str, as_json: bool) -> None:
     typer.echo(title)
     for k, v in metrics.items():

@@ -73,3 +73,23 @@ def negatives_sample(negatives: pd.DataFrame, corpus: pd.DataFrame, queries: pd.
             parts.append(f"- negative `{doc}` ({where}): {_clip(text.get(doc, ''), width)}")
         parts.append("")
     return "\n".join(parts)
+
+
+def score_profile(queries: np.ndarray, docs: np.ndarray, depth: int = 100) -> np.ndarray:
+    """(n, depth): each query's top-`depth` scores over the whole corpus minus its mean score over the corpus
+    (ANCE ICLR Fig. 3: a few high scores, then a long flat tail)."""
+    scores = queries.astype(np.float32) @ docs.astype(np.float32).T
+    top = -np.sort(-scores, axis=1)[:, :depth]
+    return top - scores.mean(axis=1, keepdims=True)
+
+
+def ranks_relative_to_positive(negatives: pd.DataFrame, run: pd.DataFrame) -> np.ndarray:
+    """Mined rank of each sampled negative minus the rank of its pair's positive in the same ranking (SimANS samples
+    around the positive: centred near 0). Pairs whose positive the ranking did not retrieve are left out."""
+    rank_of = dict(zip(zip(run["query_id"], run["doc_id"], strict=True), run["rank"], strict=True))
+    out = []
+    for row in negatives.itertuples():
+        positive = rank_of.get((row.query_id, row.positive_id))
+        if positive is not None:
+            out += [int(r) - int(positive) for r in row.negative_ranks if r]
+    return np.asarray(out, dtype=np.int64)

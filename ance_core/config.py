@@ -176,8 +176,42 @@ class PipelineConfig(StageConfig):
         return self
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read a YAML or JSON pipeline config; errors name the file and the offending field."""
+class CompareConfig(StageConfig):
+    """The same model, data, seed and training budget with each sampler, all from one BM25 warm-up checkpoint (the
+    paper's "BM25 -> *", ANCE Table 1): one training stage per sampler, then evaluation and the analyses."""
+
+    samplers: list[Sampler] = Field(
+        ["random", "bm25", "bm25+random", "in-batch", "nce", "ance", "simans"], min_length=1,
+        description="The samplers to compare, each trained with `ance` from the warm-up checkpoint")
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    bm25: BM25Config = BM25Config()
+    bm25_negatives: MiningConfig = Field(MiningConfig(sampler="bm25"), description="The warm-up's negatives")
+    warmup: TrainConfig = TrainConfig()
+    encode: EncodeConfig = EncodeConfig()
+    index: IndexConfig = IndexConfig()
+    mining: MiningConfig = Field(MiningConfig(), description="Shared mining options (num_negatives, seed, SimANS a "
+                                 "and b, false-negative controls); `sampler` and `top_k` are set per sampler")
+    ance: TrainConfig = Field(TrainConfig(), description="The training budget every sampler gets")
+    eval: EvalConfig = EvalConfig()
+    work_dir: str = "work"
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompareConfig":
+        if len(set(self.samplers)) != len(self.samplers):
+            raise ValueError(f"samplers lists one twice: {self.samplers}")
+        self.as_pipeline()  # the warm-up's checks (splits differ, a warm-up sampler that needs no model)
+        return self
+
+    def as_pipeline(self) -> PipelineConfig:
+        """The pipeline config of the warm-up (shared stages, shared cache)."""
+        fields = {k: getattr(self, k) for k in ("data", "model", "bm25", "bm25_negatives", "warmup", "encode", "index",
+                                                 "mining", "ance", "eval", "work_dir")}
+        return PipelineConfig(**fields, rounds=0)
+
+
+def load_config(path: str | Path, schema: type[StageConfig] = PipelineConfig) -> Any:
+    """Read a YAML or JSON config (a pipeline's by default); errors name the file and the offending field."""
     path = Path(path)
     if not path.is_file():
         raise AnceError(f"{path}: config file not found")
@@ -188,7 +222,7 @@ def load_config(path: str | Path) -> PipelineConfig:
     if not isinstance(raw, dict):
         raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
     try:
-        return PipelineConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as e:
         raise AnceError(f"{path}: invalid config:\n{format_validation_error(e)}") from None
 

@@ -8,7 +8,6 @@ an inferencer refreshes the negatives in the background (see tasks/train.py: tra
 import dataclasses
 import json
 import time
-import warnings
 from pathlib import Path
 
 from prefect import flow
@@ -135,15 +134,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
-    started = time.perf_counter()
-    try:
-        tracked = tracking.finish(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
-    except Exception as e:  # a bug in what is logged must not fail a trained pipeline
-        warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are in "
-                      f"{summary.path}", stacklevel=1)
-        tracked = tracking.tracker.summary() | {"run_id": tracking.parent, "run_url": tracking.run_url(tracking.parent),
-                                                "champion": {}, "error": f"{type(e).__name__}: {e}"}
-    tracked["final_logging_s"] = round(time.perf_counter() - started, 1)
+    tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
     closing = closing_lines(tracked)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)

@@ -1,6 +1,6 @@
 import pandas as pd
 
-from ance_core.analysis import negative_stats, query_sample
+from ance_core.analysis import negative_stats, query_sample, score_profile
 from ance_core.artifacts import ArtifactRef, run_stage, write_json
 from ance_core.data import read_tables
 from tasks.common import stage_task
@@ -25,3 +25,33 @@ def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactR
     config = {"split": split, "sample": SAMPLE_QUERIES, "seed": SAMPLE_SEED, "depth": DEPTH}
     inputs = {"negatives": negatives.digest, "run": run.digest, "data": data.digest}
     return run_stage(work_dir, "negative-stats", config, inputs, build)
+
+
+PROFILE_QUERIES = 10
+
+
+@stage_task("score-profile")
+def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str,
+                       work_dir: str) -> ArtifactRef:
+    """Top-100 score profile of a checkpoint for a fixed sample of queries (ance_core.analysis.score_profile)."""
+
+    def build(out):
+        import numpy as np
+
+        from ance_core.config import EncodeConfig
+        from ance_core.encode import encode_queries
+        from ance_core.index import FlatIndex
+        from ance_core.model import load_checkpoint, pick_device
+
+        queries = read_tables(data.path).split_queries(split)
+        sample = query_sample(queries["query_id"], PROFILE_QUERIES, SAMPLE_SEED)
+        texts = queries.set_index("query_id").loc[sample, "text"].tolist()
+        model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
+        q = encode_queries(model, tokenizer, texts, meta.query_max_length, EncodeConfig())
+        flat = FlatIndex(index.path).index
+        np.save(out / "profile.npy", score_profile(q, flat.reconstruct_n(0, flat.ntotal), DEPTH))
+        return {"queries": len(sample)}
+
+    inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}
+    return run_stage(work_dir, "score-profile", {"split": split, "queries": PROFILE_QUERIES, "depth": DEPTH}, inputs,
+                     build)

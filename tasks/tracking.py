@@ -439,8 +439,20 @@ class PipelineTracking:
             for run, steps in live.delivered.items():
                 self.delivered.setdefault((run, label), set()).update(steps)
 
+    def finish_safely(self, *args: Any, **kwargs: Any) -> dict:
+        """`finish`, timed; a bug in what is logged warns instead of failing a pipeline that trained fine."""
+        started = time.perf_counter()
+        try:
+            tracked = self.finish(*args, **kwargs)
+        except Exception as e:
+            warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are "
+                          "in the run's report folder", stacklevel=2)
+            tracked = self.tracker.summary() | {"run_id": self.parent, "run_url": self.run_url(self.parent),
+                                                "champion": {}, "error": f"{type(e).__name__}: {e}"}
+        return tracked | {"final_logging_s": round(time.perf_counter() - started, 1)}
+
     def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
-               async_refresh: dict | None = None) -> dict:
+               async_refresh: dict | None = None, extra_plots: Iterable[Path] = ()) -> dict:
         tracker, parent = self.tracker, self.parent
         stats = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
@@ -500,7 +512,7 @@ class PipelineTracking:
                 tracker.end_run(child)
                 table.append({"model": label, **metrics})
             tracker.log_metrics(parent, results[report["results"][-1]["model"]])
-            for path in plot_curves(curve, report["results"], stats, async_refresh, tmp):
+            for path in [*plot_curves(curve, report["results"], stats, async_refresh, tmp), *extra_plots]:
                 tracker.log_artifact(parent, path, "plots")
             (tmp / "results.md").write_text(report["markdown"])
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)

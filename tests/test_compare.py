@@ -1,0 +1,50 @@
+"""The compare-negatives flow end to end on the tiny SciFact subset (real Prefect flow, embedded MLflow store)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+SAMPLERS = ["bm25", "in-batch", "nce", "simans"]
+
+
+def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_scifact, tiny_model, tmp_path):
+    train = {"max_steps": 2, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
+    config = {"samplers": SAMPLERS, "data": {"dataset": str(tiny_scifact)},
+              "model": {"name": str(tiny_model), "passage_max_length": 48}, "warmup": train, "ance": train,
+              "encode": {"batch_size": 32}, "mining": {"top_k": 40, "num_negatives": 2}, "work_dir": str(tmp_path)}
+    (tmp_path / "compare.yaml").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "compare", "--config", str(tmp_path / "compare.yaml"),
+                           "--json"], capture_output=True, text=True, timeout=900,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["model"] for r in result["results"]] == ["BM25 warm-up", *SAMPLERS]
+    for row in result["results"]:
+        assert 0.0 <= row["ndcg_at_10"] <= 1.0 and 0.0 <= row["recall_at_1000"] <= 1.0
+    assert set(result["train_seconds"]) == {"BM25 warm-up", *SAMPLERS}
+    table = result["table"].splitlines()
+    assert table[0].startswith("| sampler | nDCG@10 | MRR@10 | R@100 | R@1000 | train wall time (s)")
+    assert [line.split(" | ")[0].strip("| ") for line in table[2:]] == ["BM25 warm-up", *SAMPLERS]
+    # every sampler's model started from the warm-up checkpoint, with the same number of steps
+    logs = {}
+    for line in table[2:]:
+        assert line.count("|") == 10
+    client = MlflowClient(result["tracking"]["tracking_uri"])
+    parent = client.get_run(result["tracking"]["run_id"])
+    children = {r.info.run_name: r for r in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    assert set(children) == {"BM25 warm-up", *SAMPLERS}
+    for sampler in SAMPLERS:
+        logs[sampler] = client.get_metric_history(children[sampler].info.run_id, "loss")
+        assert len(logs[sampler]) == 2
+    assert "neg_overlap_top100" in children["simans"].data.metrics  # mined samplers get the negatives analysis
+    assert "neg_overlap_top100" not in children["in-batch"].data.metrics
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"plots/loss.png", "plots/grad_norms.png", "plots/negatives_overlap.png", "plots/score_profiles.png",
+            "plots/sampled_ranks.png"} <= plots
+    assert client.get_experiment(parent.info.experiment_id).name == "compare-negatives"
