@@ -9,7 +9,7 @@ for (seed, round, query id):
   pair. The positive's score is its exact dense score (the retrieval stage scores every labelled positive, also
   one the top-k did not retrieve), so the distribution is defined whether or not the positive was retrieved.
 - `bm25`: uniform from the BM25 top-k (default 100) minus positives; `random`: uniform from the corpus minus
-  positives; `bm25+random`: half of each (the odd one from BM25).
+  positives; `bm25+random`: half of each (an odd one from either, with probability 1/2).
 
 Training-time samplers mine nothing (`negative_ids` is empty): `in-batch` contrasts each query with the other
 queries' positives; `nce` keeps only the hardest of those (the highest-scoring, `TrainConfig`-independent: the
@@ -126,13 +126,14 @@ def sample_negatives(
             if sampler == "simans":
                 p = simans_probabilities(candidates["score"].to_numpy(), s_pos, a, b)
                 neg = sample_uniform(candidates, n, rng, p)
-            elif sampler == "bm25+random":
-                neg = sample_uniform(candidates, n - n // 2, rng)
+            elif sampler == "bm25+random":  # 1:1 in expectation: an odd one goes either way with p = 1/2
+                from_bm25 = n // 2 + (int(rng.random() < 0.5) if n % 2 else 0)
+                neg = sample_uniform(candidates, from_bm25, rng)
             else:
                 neg = sample_uniform(candidates, n, rng)
             ids, ranks, scores = neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(), neg["score"].tolist()
             if sampler == "bm25+random":
-                extra = random_docs(docs, positives[query_id] | set(ids), n // 2, rng)
+                extra = random_docs(docs, positives[query_id] | set(ids), n - len(ids), rng)
                 ids, ranks, scores = ids + extra, ranks + [0] * len(extra), scores + [float("nan")] * len(extra)
             rows.append((query_id, positive_id, ids, ranks, [float(s) for s in scores]))
     return pd.DataFrame(rows, columns=NEGATIVE_COLUMNS)

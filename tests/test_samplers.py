@@ -55,6 +55,14 @@ def test_bm25_plus_random_is_half_and_half():
         assert sum(r == 0 for r in ranks) == 2 and all(1 <= r <= 10 for r in ranks if r)
 
 
+def test_bm25_plus_random_with_one_negative_mixes_across_pairs():
+    positives = {f"q{i}": {f"d{i}"} for i in range(200)}
+    run = ranking(positives, k=20)
+    table = sample_negatives("bm25+random", positives, 1, 0, 0, run=run, top_k=10, corpus_ids=CORPUS)
+    random_share = sum(r[0] == 0 for r in table["negative_ranks"]) / len(table)
+    assert 0.4 < random_share < 0.6
+
+
 def test_in_batch_samplers_mine_nothing():
     for sampler in ("in-batch", "nce"):
         table = sample_negatives(sampler, POSITIVES, 1, 0, 0)
