@@ -26,6 +26,11 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
         assert d["work_pool"]["name"] == ("gpu" if name.endswith("-gpu") else "cpu")
     schema = load_flow_from_entrypoint(str(REPO / "flows/ance_pipeline.py") + ":ance_pipeline").parameters
     assert "config" in schema.properties and "PipelineConfig" in str(schema.definitions)
+    # the UI form offers every sampler as a choice, per stage (warm-up and rounds share MiningConfig)
+    sampler = schema.definitions["MiningConfig"]["properties"]["sampler"]
+    assert sampler["enum"] == ["ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"]
+    compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
+    assert "samplers" in compare.definitions["CompareConfig"]["properties"]
     assert [s["cron"] for s in deployments["retrain"]["schedules"]] == ["0 3 * * 1"]
 
 
