@@ -114,7 +114,7 @@ def compare(
         result = compare_negatives(c)
         typer.echo("")
         typer.echo(result["table"])
-        typer.echo(f"report: {result['report_dir']}/results.md")
+        typer.echo(f"report: {result['report_dir']}/results.md; table and plots: {result['files']}")
         for line in closing_lines(result["tracking"]):
             typer.echo(line)
         if as_json:

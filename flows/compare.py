@@ -3,7 +3,6 @@
 warm-up checkpoint ("BM25 -> *"). Every stage is a cached task shared with the pipeline (the warm-up, the warm-up
 model's corpus encoding and ranking of the training queries are computed once for all samplers)."""
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -87,13 +86,18 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
     table = comparison_table(result["results"], timings, stats)
     result["markdown"] = f"## Negative samplers, {c.data.dataset} {eval_split}\n\n{table}\n\n" + result["markdown"]
     print(result["markdown"])
-    with tempfile.TemporaryDirectory() as tmp:
-        plots = plot_analyses(profiles, rankings, Path(tmp))
-        tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra_plots=plots)
+    out = Path(wd) / "compare" / summary.digest  # the table and the plots as files, beside MLflow's copies
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(result["markdown"])
+    plots = plot_analyses(profiles, rankings, out)
+    tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra_plots=plots,
+                                     plots_dir=out)
+    print(f"table and plots: {out}")
     closing = closing_lines(tracked)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)
-    return {"table": table, "results": result["results"], "report_dir": summary.path, "tracking": tracked,
+    return {"table": table, "results": result["results"], "report_dir": summary.path, "files": str(out),
+            "tracking": tracked,
             "train_seconds": {t.label: t.ref.seconds for t in timings if t.stage == "train"}}
 
 

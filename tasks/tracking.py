@@ -452,7 +452,8 @@ class PipelineTracking:
         return tracked | {"final_logging_s": round(time.perf_counter() - started, 1)}
 
     def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
-               async_refresh: dict | None = None, extra_plots: Iterable[Path] = ()) -> dict:
+               async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
+               plots_dir: Path | None = None) -> dict:
         tracker, parent = self.tracker, self.parent
         stats = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
@@ -512,7 +513,8 @@ class PipelineTracking:
                 tracker.end_run(child)
                 table.append({"model": label, **metrics})
             tracker.log_metrics(parent, results[report["results"][-1]["model"]])
-            for path in [*plot_curves(curve, report["results"], stats, async_refresh, tmp), *extra_plots]:
+            curves = plot_curves(curve, report["results"], stats, async_refresh, plots_dir or tmp)
+            for path in [*curves, *extra_plots]:
                 tracker.log_artifact(parent, path, "plots")
             (tmp / "results.md").write_text(report["markdown"])
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)

@@ -48,3 +48,5 @@ def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_sci
     assert {"plots/loss.png", "plots/grad_norms.png", "plots/negatives_overlap.png", "plots/score_profiles.png",
             "plots/sampled_ranks.png"} <= plots
     assert client.get_experiment(parent.info.experiment_id).name == "compare-negatives"
+    files = {p.name for p in (tmp_path / "compare").glob("*/*")}  # the same table and plots as files
+    assert {"comparison.md", "loss.png", "grad_norms.png", "score_profiles.png", "sampled_ranks.png"} <= files
