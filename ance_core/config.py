@@ -94,6 +94,9 @@ class IndexConfig(StageConfig):
 
 
 Sampler = Literal["ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"]
+DENSE = ("ance", "simans")  # samplers that mine from the ANN ranking of the model being trained
+SPARSE = ("bm25", "bm25+random")  # samplers that mine from a BM25 ranking
+DEFAULT_TOP_K = {"ance": 200, "simans": 100, "bm25": 100, "bm25+random": 100}  # the papers' candidate depths
 
 
 class MiningConfig(StageConfig):
@@ -117,7 +120,7 @@ class MiningConfig(StageConfig):
     @property
     def depth(self) -> int:
         """The retrieval depth the sampler mines from."""
-        return self.top_k or {"ance": 200}.get(self.sampler, 100)
+        return self.top_k or DEFAULT_TOP_K.get(self.sampler, 100)
 
 
 class EvalConfig(StageConfig):
@@ -154,14 +157,14 @@ class PipelineConfig(StageConfig):
 
     @model_validator(mode="after")
     def _async_needs_a_dense_sampler(self) -> "PipelineConfig":
-        if self.refresh == "async" and self.rounds and self.mining.sampler not in ("ance", "simans"):
+        if self.refresh == "async" and self.rounds and self.mining.sampler not in DENSE:
             raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
                              f"'{self.mining.sampler}' does not use them (use ance or simans, or refresh: sync)")
         return self
 
     @model_validator(mode="after")
     def _warmup_sampler_has_no_model(self) -> "PipelineConfig":
-        if self.bm25_negatives.sampler in ("ance", "simans"):
+        if self.bm25_negatives.sampler in DENSE:
             raise ValueError(f"bm25_negatives.sampler '{self.bm25_negatives.sampler}' mines with the model being "
                              "trained, and the warm-up has none yet; use bm25, random, bm25+random, in-batch or nce")
         return self

@@ -3,6 +3,7 @@
 An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini.
 """
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -52,10 +53,12 @@ class FlatIndex:
     def __len__(self) -> int:
         return self.index.ntotal
 
+    @functools.cached_property
+    def _row(self) -> dict[str, int]:
+        return {d: i for i, d in enumerate(self.docids)}
+
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """The indexed vectors of some documents (flat index: exact), (n, h) float32."""
-        if not hasattr(self, "_row"):
-            self._row = {d: i for i, d in enumerate(self.docids)}
         missing = [d for d in doc_ids if d not in self._row]
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")

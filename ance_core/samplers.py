@@ -24,17 +24,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from ance_core.config import MiningConfig, TrainConfig
+from ance_core.config import DEFAULT_TOP_K, DENSE, SPARSE, MiningConfig, TrainConfig
 from ance_core.errors import AnceError
 from ance_core.mining import NEGATIVE_COLUMNS, drop_positives, query_rng, sample_uniform
 
-RANKED = ("ance", "simans", "bm25", "bm25+random")  # mine from a ranking (dense or BM25)
+RANKED = (*DENSE, *SPARSE)  # mine from a ranking (dense or BM25)
 MINED = (*RANKED, "random")
 IN_BATCH = ("in-batch", "nce")
 SAMPLERS = (*MINED, *IN_BATCH)
-DEFAULT_TOP_K = {"ance": 200, "simans": 100, "bm25": 100, "bm25+random": 100}
-DENSE = ("ance", "simans")  # rank with the model being trained
-SPARSE = ("bm25", "bm25+random")  # rank with BM25
 
 
 def simans_probabilities(scores: np.ndarray, positive_score: float, a: float, b: float) -> np.ndarray:

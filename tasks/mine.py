@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pandas as pd
 
 from ance_core.artifacts import ArtifactRef, run_stage
@@ -17,9 +19,9 @@ def mine_negatives(run: ArtifactRef | None, data: ArtifactRef, split: str, cfg: 
     def build(out):
         tables = read_tables(data.path)
         ranking = pd.read_parquet(f"{run.path}/run.parquet") if run is not None else None
-        scores = None
-        if run is not None and (path := f"{run.path}/{POSITIVE_SCORES}") and pd.io.common.file_exists(path):
-            table = pd.read_parquet(path)
+        scores = None  # the positives' exact scores: written by dense retrieval, not by BM25
+        if run is not None and Path(run.path, POSITIVE_SCORES).is_file():
+            table = pd.read_parquet(Path(run.path, POSITIVE_SCORES))
             scores = dict(zip(zip(table["query_id"], table["doc_id"], strict=True), table["score"], strict=True))
         negatives = sample_negatives(
             cfg.sampler, tables.positives(split), cfg.num_negatives, cfg.seed, round_, run=ranking, top_k=cfg.depth,

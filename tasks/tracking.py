@@ -149,18 +149,12 @@ class Tracker:
         """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips)."""
         metrics = [Metric(metric_key(k), float(r[k]), 0, int(r["step"]) + step_offset)
                    for r in records for k in keys if k in r]
-        self.log_metric_list(run_id, metrics)
-
-    def log_metric_list(self, run_id: str | None, metrics: list[Metric]) -> bool:
-        delivered = True
         for start in range(0, len(metrics), BATCH):
             chunk = metrics[start:start + BATCH]
             ok, error = self.attempt(self.client.log_batch, run_id, metrics=chunk)
             if not ok:
                 points = [(m.key, m.value, m.step) for m in chunk]
                 self.keep("log_metrics", {"run_id": run_id, "metrics": points}, error)
-                delivered = False
-        return delivered
 
     def set_tags(self, run_id: str | None, tags: dict[str, str]) -> None:
         self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
