@@ -20,13 +20,12 @@ from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
-from ance_core.samplers import DENSE, MINED, SPARSE, train_config_for
-from tasks.analysis import negatives_analysis
+from ance_core.samplers import DENSE, MINED, train_config_for
+from tasks.analysis import negatives_analysis, read_stats
 from tasks.bm25 import bm25_run
-from tasks.common import run_task
+from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate
-from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
@@ -39,24 +38,17 @@ from tasks.train import train_async, train_round
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     c, wd = config, config.work_dir
     train_split, eval_split = c.data.train_split, c.data.eval_split
-    timings: list[StageTiming] = []
+    log = StageLog()
+    timings, stage = log.timings, log.run
     evaluations: list[tuple[str, ArtifactRef]] = []
     trained_on: dict[str, ArtifactRef] = {}  # model label -> the negatives it was trained on
     stats: dict[str, ArtifactRef] = {}  # model label -> its negatives analysis
     tracking = PipelineTracking(c, flow_tags())
     link_mlflow_run(tracking)
 
-    def stage(label: str, name: str, task, *args) -> ArtifactRef:
-        ref = run_task(task, *args)
-        timings.append(StageTiming(label, name, ref))
-        return ref
-
     def refresh(label: str, checkpoint: ArtifactRef, round_: int) -> dict[str, ArtifactRef]:
         """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation)."""
-        bm25 = None
-        if c.mining.sampler in SPARSE:  # BM25 negatives in the rounds too (the same run every round: cached)
-            bm25 = stage(f"ANCE round {round_}", "bm25", bm25_run, data, c.bm25, train_split, c.mining.depth, wd)
-        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd, bm25)
+        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd, c.bm25)
         for name, ref in refs.items():
             for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
             timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
@@ -67,8 +59,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         on mined negatives also gets the negatives analysis (its own ranking of the training queries, shared with
         the next round's mining)."""
         refs = evaluate_stages(checkpoint, data, eval_split, c.eval.top_k, c.encode, c.index, wd, index)
-        timings.extend(StageTiming(label, name, ref) for name, ref in refs.items())
-        evaluations.append((label, refs["evaluate"]))
+        evaluations.append((label, log.record(label, refs)["evaluate"]))
         if label in trained_on:
             depth = max(c.mining.depth, 100) if c.mining.sampler in DENSE else 100  # shared with the next mining
             own = run_task(dense_run, checkpoint, index or refs["index"], data, train_split, depth, c.encode,
@@ -89,10 +80,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     else:
         checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
         evaluate_model("zero-shot", checkpoint)
-        ranking = None
-        if c.bm25_negatives.sampler in SPARSE:
-            ranking = stage("warmup", "bm25", bm25_run, data, c.bm25, train_split, c.bm25_negatives.depth, wd)
-        negatives = stage("warmup", "mine", mine_negatives, ranking, data, train_split, c.bm25_negatives, 0, wd)
+        negatives = log.record("warmup", refresh_negatives(None, data, train_split, c.encode, c.index,
+                                                           c.bm25_negatives, 0, wd, c.bm25))["mine"]
         checkpoint = train("warmup", train_round, checkpoint, negatives, data, train_split,
                            train_config_for(c.bm25_negatives, c.warmup), wd)
         label = "warmup"
@@ -138,7 +127,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     closing = closing_lines(tracked)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)
-    negatives = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in stats.items()}
+    negatives = {label: read_stats(ref) for label, ref in stats.items()}
     return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,
                              "negatives": negatives, "tracking": tracked, "mlflow_run_id": tracked["run_id"],
                              "mlflow_uri": tracked["tracking_uri"]}

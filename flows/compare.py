@@ -13,13 +13,11 @@ from ance_core.analysis import ranks_relative_to_positive
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import CompareConfig
 from ance_core.report import COLUMNS, StageTiming, markdown_table, read_report
-from ance_core.samplers import DENSE, MINED, SPARSE, train_config_for
+from ance_core.samplers import DENSE, MINED, train_config_for
 from flows.ance_pipeline import closing_lines, flow_tags, link_mlflow_run
-from tasks.analysis import negatives_analysis, score_profile_task
-from tasks.bm25 import bm25_run
-from tasks.common import run_task
+from tasks.analysis import negatives_analysis, read_stats, score_profile_task
+from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
-from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
@@ -34,45 +32,34 @@ WARMUP = "BM25 warm-up"
 def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
     c, wd = config, config.work_dir
     split, eval_split = c.data.train_split, c.data.eval_split
-    timings: list[StageTiming] = []
+    log = StageLog()
+    timings, stage = log.timings, log.run
     evaluations: list[tuple[str, ArtifactRef]] = []
     stats: dict[str, ArtifactRef] = {}
     tracking = PipelineTracking(c, flow_tags(), experiment="compare-negatives")
     link_mlflow_run(tracking)
 
-    def stage(label: str, name: str, task, *args) -> ArtifactRef:
-        ref = run_task(task, *args)
-        timings.append(StageTiming(label, name, ref))
-        return ref
-
     data = stage("data", "prepare", prepare_data, c.data, wd)
     tracking.set_dataset(data.digest)
     start = run_task(init_checkpoint, c.model, wd)
-    ranking = None
-    if c.bm25_negatives.sampler in SPARSE:
-        ranking = stage(WARMUP, "bm25", bm25_run, data, c.bm25, split, c.bm25_negatives.depth, wd)
-    negatives = stage(WARMUP, "mine", mine_negatives, ranking, data, split, c.bm25_negatives, 0, wd)
+    negatives = log.record(WARMUP, refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd,
+                                                     c.bm25))
     with tracking.live(WARMUP, timings):
-        warm = stage(WARMUP, "train", train_round, start, negatives, data, split,
+        warm = stage(WARMUP, "train", train_round, start, negatives["mine"], data, split,
                      train_config_for(c.bm25_negatives, c.warmup), wd)
-    refs = evaluate_stages(warm, data, eval_split, c.eval.top_k, c.encode, c.index, wd)
-    timings.extend(StageTiming(WARMUP, name, ref) for name, ref in refs.items())
+    refs = log.record(WARMUP, evaluate_stages(warm, data, eval_split, c.eval.top_k, c.encode, c.index, wd))
     evaluations.append((WARMUP, refs["evaluate"]))
     profiles = {WARMUP: run_task(score_profile_task, warm, refs["index"], data, eval_split, wd)}
     rankings: dict[str, tuple[ArtifactRef, ArtifactRef]] = {}  # dense sampler -> (its ranking, its negatives)
-    bm25 = None
-    if any(s in SPARSE for s in c.samplers):
-        bm25 = stage("negatives", "bm25", bm25_run, data, c.bm25, split, 100, wd)
-
     for sampler in c.samplers:
         mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if sampler in DENSE else None})
-        mined = refresh_negatives(warm, data, split, c.encode, c.index, mining, 1, wd, bm25)
-        timings.append(StageTiming(sampler, "mine", mined["mine"]))
+        mined = refresh_negatives(warm, data, split, c.encode, c.index, mining, 1, wd, c.bm25)
+        # encode, index and retrieve belong to the warm-up model (recorded with its evaluation)
+        log.record(sampler, {name: mined[name] for name in ("bm25", "mine") if name in mined})
         with tracking.live(sampler, timings):
             trained = stage(sampler, "train", train_round, warm, mined["mine"], data, split,
                             train_config_for(mining, c.ance), wd)
-        refs = evaluate_stages(trained, data, eval_split, c.eval.top_k, c.encode, c.index, wd)
-        timings.extend(StageTiming(sampler, name, ref) for name, ref in refs.items())
+        refs = log.record(sampler, evaluate_stages(trained, data, eval_split, c.eval.top_k, c.encode, c.index, wd))
         evaluations.append((sampler, refs["evaluate"]))
         profiles[sampler] = run_task(score_profile_task, trained, refs["index"], data, eval_split, wd)
         if sampler in MINED:
@@ -103,16 +90,13 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
 
 def comparison_table(results: list[dict], timings: list[StageTiming], stats: dict[str, ArtifactRef]) -> str:
     """ANCE Table 1's layout: a row per sampler, the metrics, training wall time, and the training analyses."""
-    import json
-
     train = {t.label: t for t in timings if t.stage == "train"}
     rows = []
     for r in results:
         log = train_log(train[r["model"]].ref.path) if r["model"] in train else []
         norms = [sum(x[k] for x in log) / len(log) if log and k in log[0] else None
                  for k in ("grad_norm_bottom", "grad_norm_top")]
-        overlap = json.loads(Path(stats[r["model"]].path, "stats.json").read_text())["overlap"] \
-            if r["model"] in stats else None
+        overlap = read_stats(stats[r["model"]])["overlap"] if r["model"] in stats else None
         rows.append([r["model"], *(f"{r[k]:.4f}" for k in COLUMNS),
                      f"{train[r['model']].ref.seconds:.0f}" if r["model"] in train else "—",
                      f"{log[-1]['loss'] if log else float('nan'):.4f}",

@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import pandas as pd
 
 from ance_core.analysis import negative_stats, query_sample, score_profile
@@ -6,6 +9,12 @@ from ance_core.data import read_tables
 from tasks.common import stage_task
 
 SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
+STATS = "stats.json"
+
+
+def read_stats(ref: ArtifactRef) -> dict:
+    """What a negative-stats stage measured (ance_core.analysis.negative_stats)."""
+    return json.loads(Path(ref.path, STATS).read_text())
 
 
 @stage_task("negative-stats")
@@ -19,7 +28,7 @@ def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactR
         table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
         sample = query_sample(table["query_id"], SAMPLE_QUERIES, SAMPLE_SEED)
         stats = negative_stats(table, pd.read_parquet(f"{run.path}/run.parquet"), positives, sample, DEPTH)
-        write_json(out / "stats.json", stats)
+        write_json(out / STATS, stats)
         return stats
 
     config = {"split": split, "sample": SAMPLE_QUERIES, "seed": SAMPLE_SEED, "depth": DEPTH}

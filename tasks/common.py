@@ -34,6 +34,7 @@ from pydantic import BaseModel
 import ance_core
 from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
+from ance_core.report import StageTiming
 
 FAULT_ENV = "ANCE_FAULT"
 FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"
@@ -163,3 +164,20 @@ def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
     state = stage(*args, return_state=True, **kwargs)
     ref = state.result()
     return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")
+
+
+class StageLog:
+    """The stage runs of a flow, each under the model label it ran for: the report's wall-time table and the
+    per-model stage times in MLflow."""
+
+    def __init__(self) -> None:
+        self.timings: list[StageTiming] = []
+
+    def run(self, label: str, name: str, stage: Task, *args: Any) -> ArtifactRef:
+        ref = run_task(stage, *args)
+        self.timings.append(StageTiming(label, name, ref))
+        return ref
+
+    def record(self, label: str, refs: dict[str, ArtifactRef]) -> dict[str, ArtifactRef]:
+        self.timings.extend(StageTiming(label, name, ref) for name, ref in refs.items())
+        return refs

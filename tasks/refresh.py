@@ -6,9 +6,9 @@ refreshes, the `refresh-negatives` flow). `evaluate_stages`: encode, index, retr
 flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import EncodeConfig, IndexConfig, MiningConfig
+from ance_core.config import DENSE, SPARSE, BM25Config, EncodeConfig, IndexConfig, MiningConfig
 from ance_core.errors import AnceError
-from ance_core.samplers import DENSE, SPARSE
+from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
@@ -17,24 +17,25 @@ from tasks.mine import mine_negatives
 from tasks.retrieve import dense_run
 
 
-def refresh_negatives(checkpoint: ArtifactRef, data: ArtifactRef, split: str, encode: EncodeConfig,
+def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: str, encode: EncodeConfig,
                       index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str,
-                      bm25: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
-    """Negatives for a round with the configured sampler; every step is a cached, retried task.
+                      bm25: BM25Config = BM25Config()) -> dict[str, ArtifactRef]:
+    """Negatives for a round (the warm-up is round 0) with the configured sampler; every step is a cached, retried
+    task.
 
-    Dense samplers (ance, simans): encode -> index -> retrieve -> mine with the checkpoint. BM25 samplers mine from
-    `bm25` (a BM25 run of the split, at least `mining.depth` deep); random and in-batch samplers need no ranking."""
+    Dense samplers (ance, simans): encode -> index -> retrieve -> mine with the checkpoint. BM25 samplers: a BM25 run
+    of the split, `mining.depth` deep -> mine. Random and in-batch samplers need no ranking (nor a checkpoint)."""
     refs: dict[str, ArtifactRef] = {}
     ranking = None
     if mining.sampler in DENSE:
+        if checkpoint is None:
+            raise AnceError(f"sampler '{mining.sampler}' ranks with a trained model, and there is none yet")
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
         refs["index"] = run_task(build_index, refs["encode"], work_dir)
         ranking = refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode,
                                               index, work_dir)
     elif mining.sampler in SPARSE:
-        if bm25 is None:
-            raise AnceError(f"sampler '{mining.sampler}' mines from a BM25 run, and none was given")
-        ranking = bm25
+        ranking = refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir)
     refs["mine"] = run_task(mine_negatives, ranking, data, split, mining, round_, work_dir)
     return refs
 

@@ -37,6 +37,7 @@ from pydantic import BaseModel  # noqa: E402
 
 from ance_core.analysis import negatives_sample  # noqa: E402
 from ance_core.data import read_tables  # noqa: E402
+from tasks.analysis import read_stats  # noqa: E402
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -449,7 +450,7 @@ class PipelineTracking:
                async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
                plots_dir: Path | None = None) -> dict:
         tracker, parent = self.tracker, self.parent
-        stats = {label: json.loads(Path(ref.path, "stats.json").read_text()) for label, ref in (stats or {}).items()}
+        stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
         for t in timings:
             key = f"time_{t.stage.replace('-', '_')}_s"
