@@ -62,11 +62,16 @@ def metric_key(name: str) -> str:
     return name.replace("@", "_at_").replace(" ", "_").lower()
 
 
+def resolve_tracking_uri(work_dir: str | Path, explicit: str | None = None) -> str:
+    """An explicit URI, else $MLFLOW_TRACKING_URI, else the embedded store <work_dir>/mlflow.db."""
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(work_dir).resolve() / 'mlflow.db'}"
+
+
 class Tracker:
     def __init__(self, work_dir: str | Path, experiment: str, tracking_uri: str | None = None):
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.work_dir / 'mlflow.db'}"
+        self.uri = resolve_tracking_uri(self.work_dir, tracking_uri)
         self.spool = self.work_dir / UNDELIVERED
         self.undelivered: dict[str, int] = {}  # call -> count kept in the spool
         self.delivered_late = 0
@@ -453,8 +458,8 @@ class PipelineTracking:
         stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
         for t in timings:
-            key = f"time_{t.stage.replace('-', '_')}_s"
-            per_model.setdefault(t.label, {})[key] = per_model.get(t.label, {}).get(key, 0.0) + t.ref.seconds
+            key, times = f"time_{t.stage.replace('-', '_')}_s", per_model.setdefault(t.label, {})
+            times[key] = times.get(key, 0.0) + t.ref.seconds
         curve, global_step, versions = [], 0, []
         results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
         last_train = next((t for t in reversed(timings) if t.stage == "train"), None)
@@ -557,7 +562,7 @@ def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | 
     """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
 
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(work_dir).resolve() / 'mlflow.db'}"
+    uri = resolve_tracking_uri(work_dir, tracking_uri)
     name = model_name(dataset)
     try:
         client = MlflowClient(uri, registry_uri=uri)
