@@ -21,7 +21,7 @@ from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
 from ance_core.samplers import DENSE, MINED, train_config_for
-from tasks.analysis import negatives_analysis, read_stats
+from tasks.analysis import DEPTH, analyse_negatives, read_stats
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
@@ -29,7 +29,6 @@ from tasks.evaluate import evaluate
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.retrieve import dense_run
 from tasks.tracking import PipelineTracking, champion_checkpoint, closing_lines
 from tasks.train import train_async, train_round
 
@@ -61,10 +60,9 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         refs = evaluate_stages(checkpoint, data, eval_split, c.eval.top_k, c.encode, c.index, wd, index)
         evaluations.append((label, log.record(label, refs)["evaluate"]))
         if label in trained_on:
-            depth = max(c.mining.depth, 100) if c.mining.sampler in DENSE else 100  # shared with the next mining
-            own = run_task(dense_run, checkpoint, index or refs["index"], data, train_split, depth, c.encode,
-                           c.index, wd)
-            stats[label] = run_task(negatives_analysis, trained_on[label], own, data, train_split, wd)
+            depth = c.mining.depth if c.mining.sampler in DENSE else DEPTH  # dense: the next mining's ranking, cached
+            stats[label] = analyse_negatives(trained_on[label], checkpoint, index or refs["index"], data, train_split,
+                                             c.encode, c.index, wd, depth)
 
     def train(label: str, task, *args) -> ArtifactRef:
         with tracking.live(label, timings):  # steps stream to MLflow while it trains

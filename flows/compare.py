@@ -15,13 +15,12 @@ from ance_core.config import CompareConfig
 from ance_core.report import COLUMNS, StageTiming, markdown_table, read_report
 from ance_core.samplers import DENSE, MINED, train_config_for
 from flows.ance_pipeline import closing_lines, flow_tags, link_mlflow_run
-from tasks.analysis import negatives_analysis, read_stats, score_profile_task
+from tasks.analysis import analyse_negatives, read_stats, score_profile_task
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.retrieve import dense_run
 from tasks.tracking import PipelineTracking, train_log
 from tasks.train import train_round
 
@@ -63,8 +62,8 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
         evaluations.append((sampler, refs["evaluate"]))
         profiles[sampler] = run_task(score_profile_task, trained, refs["index"], data, eval_split, wd)
         if sampler in MINED:
-            own = run_task(dense_run, trained, refs["index"], data, split, 100, c.encode, c.index, wd)
-            stats[sampler] = run_task(negatives_analysis, mined["mine"], own, data, split, wd)
+            stats[sampler] = analyse_negatives(mined["mine"], trained, refs["index"], data, split, c.encode, c.index,
+                                               wd)
         if sampler in DENSE:
             rankings[sampler] = (mined["retrieve"], mined["mine"])
 

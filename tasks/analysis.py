@@ -5,8 +5,10 @@ import pandas as pd
 
 from ance_core.analysis import negative_stats, query_sample, score_profile
 from ance_core.artifacts import ArtifactRef, run_stage, write_json
+from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
-from tasks.common import stage_task
+from tasks.common import run_task, stage_task
+from tasks.retrieve import dense_run
 
 SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
 STATS = "stats.json"
@@ -34,6 +36,15 @@ def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactR
     config = {"split": split, "sample": SAMPLE_QUERIES, "seed": SAMPLE_SEED, "depth": DEPTH}
     inputs = {"negatives": negatives.digest, "run": run.digest, "data": data.digest}
     return run_stage(work_dir, "negative-stats", config, inputs, build)
+
+
+def analyse_negatives(negatives: ArtifactRef, checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef,
+                      split: str, encode: EncodeConfig, index_cfg: IndexConfig, work_dir: str,
+                      depth: int = DEPTH) -> ArtifactRef:
+    """The trained model ranks the training queries (at least DEPTH deep; at the next round's mining depth the
+    ranking is that mining's, cached), then `negatives_analysis` holds its training negatives against it."""
+    own = run_task(dense_run, checkpoint, index, data, split, max(depth, DEPTH), encode, index_cfg, work_dir)
+    return run_task(negatives_analysis, negatives, own, data, split, work_dir)
 
 
 PROFILE_QUERIES = 10
