@@ -60,16 +60,20 @@ def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfi
                 model, tokenizer, texts[start : start + cfg.shard_size], meta.passage_max_length,
                 cfg.batch_size, dtype, bar,
             )
+            if model.projector is not None:
+                emb = model.projector.docs(emb)
             np.save(out / f"emb_{shard:05d}.npy", emb)
     (out / "docids.txt").write_text("\n".join(ids) + "\n", encoding="utf-8")
-    return {"passages": len(ids), "dim": model.dim, "shards": shard + 1, "device": str(device)}
+    return {"passages": len(ids), "dim": emb.shape[1], "shards": shard + 1, "device": str(device)}
 
 
 def encode_queries(
     model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, cfg: EncodeConfig
 ) -> np.ndarray:
+    """(len(texts), dim) float32; projected when the checkpoint is a compressed one."""
     device = next(model.parameters()).device
-    return encode_texts(model, tokenizer, texts, max_length, cfg.batch_size, autocast_dtype(cfg.precision, device))
+    emb = encode_texts(model, tokenizer, texts, max_length, cfg.batch_size, autocast_dtype(cfg.precision, device))
+    return emb if model.projector is None else model.projector.queries(emb)
 
 
 def iter_shards(folder: str | Path) -> Iterator[np.ndarray]:

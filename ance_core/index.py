@@ -1,18 +1,25 @@
-"""faiss IndexFlatIP over encoded shards (the paper's index); moved to the GPU when faiss-gpu and CUDA exist.
+"""faiss indexes over encoded shards: IndexFlatIP (the paper's, exact; moved to the GPU when faiss-gpu and CUDA exist),
+and the approximate HNSW and IVF-PQ indexes the compression table compares against it.
 
-An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini.
+An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini, and for the
+approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading.
 """
 
 import functools
+import json
+import math
 import shutil
+import time
 from pathlib import Path
 
 import faiss
 import numpy as np
 import torch
 
-from ance_core.config import IndexConfig
+from ance_core.config import CompressConfig, IndexConfig, IndexType
 from ance_core.encode import iter_shards
+
+SEARCH_PARAMS = "search.json"
 
 
 def gpu_available() -> bool:
@@ -32,13 +39,56 @@ def build_index(embeddings_dir: str | Path, out: Path) -> dict:
     return {"vectors": index.ntotal, "dim": index.d, "type": "IndexFlatIP"}
 
 
+def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg: CompressConfig) -> dict:
+    """An approximate index ('hnsw' or 'ivfpq'; 'flat' is `build_index`) over the shards. IVF-PQ codes
+    `cfg.pq_dims_per_code` dimensions per byte (8-bit codes; fewer on collections too small to train 256 centroids
+    per sub-quantizer)."""
+    vectors = np.ascontiguousarray(np.concatenate(list(iter_shards(embeddings_dir))), dtype=np.float32)
+    n, d = vectors.shape
+    search: dict[str, int] = {}
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = max(40, 2 * cfg.hnsw_m)
+        search = {"efSearch": cfg.hnsw_ef_search}
+        summary = {"type": "IndexHNSWFlat", "M": cfg.hnsw_m}
+    elif kind == "ivfpq":
+        if d % cfg.pq_dims_per_code:
+            raise ValueError(f"compression.pq_dims_per_code {cfg.pq_dims_per_code} does not divide the vector "
+                             f"dimension {d} of {embeddings_dir}")
+        m, bits = d // cfg.pq_dims_per_code, min(8, int(math.log2(n)))
+        nlist = cfg.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, bits, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        search = {"nprobe": min(cfg.ivf_nprobe, nlist)}
+        summary = {"type": "IndexIVFPQ", "nlist": nlist, "pq_m": m, "pq_bits": bits}
+    else:
+        raise ValueError(f"build_ann_index: unknown index type '{kind}' (flat indexes come from build_index)")
+    index.add(vectors)
+    faiss.write_index(index, str(out / "index"))
+    (out / SEARCH_PARAMS).write_text(json.dumps(search))
+    shutil.copy2(Path(embeddings_dir) / "docids.txt", out / "docid")
+    return summary | {"vectors": index.ntotal, "dim": d, "bytes": (out / "index").stat().st_size} | search
+
+
+def _set_search_params(index: faiss.Index, params: dict[str, int]) -> None:
+    if "efSearch" in params:
+        faiss.downcast_index(index).hnsw.efSearch = params["efSearch"]
+    if "nprobe" in params:
+        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
+
+
 class FlatIndex:
-    """A loaded index: `search` returns (scores, doc ids) for a matrix of query vectors."""
+    """A loaded index (flat, or an approximate one with its search parameters): `search` returns (scores, doc ids)
+    for a matrix of query vectors."""
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
         index = faiss.read_index(str(folder / "index"))
-        self.on_gpu = cfg.device != "cpu" and gpu_available()
+        if (folder / SEARCH_PARAMS).is_file():
+            _set_search_params(index, json.loads((folder / SEARCH_PARAMS).read_text()))
+        # HNSW has no GPU implementation: it stays on the CPU
+        self.on_gpu = cfg.device != "cpu" and gpu_available() and not isinstance(faiss.downcast_index(index),
+                                                                                  faiss.IndexHNSW)
         if cfg.device == "gpu" and not self.on_gpu:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
         if self.on_gpu:
@@ -64,6 +114,8 @@ class FlatIndex:
             raise KeyError(f"documents not in the index: {missing[:5]}")
         if not doc_ids:
             return np.zeros((0, self.index.d), dtype=np.float32)
+        if (ivf := faiss.try_extract_index_ivf(self.index)) is not None:
+            ivf.make_direct_map()  # IVF-PQ: the decoded (approximate) vectors
         return np.stack([self.index.reconstruct(self._row[d]) for d in doc_ids]).astype(np.float32)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,3 +127,22 @@ class FlatIndex:
             batch = np.ascontiguousarray(queries[start : start + self.batch_size], dtype=np.float32)
             scores[start : start + len(batch)], rows[start : start + len(batch)] = self.index.search(batch, k)
         return scores, self.docids[rows]
+
+
+def search_latency(index: FlatIndex, queries: np.ndarray, k: int, batch: int) -> dict[str, float]:
+    """Median search time per query in milliseconds: `batched` over calls of `batch` queries (time / batch size),
+    `single` over one-query calls. One untimed call first."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    k = min(k, len(index))
+    index.index.search(queries[:batch], k)
+
+    def per_query(size: int) -> float:
+        times = []
+        for start in range(0, len(queries) - size + 1, size):
+            chunk = queries[start:start + size]
+            began = time.perf_counter()
+            index.index.search(chunk, k)
+            times.append((time.perf_counter() - began) / size)
+        return 1000 * float(np.median(times))
+
+    return {"latency_batched_ms": per_query(min(batch, len(queries))), "latency_single_ms": per_query(1)}

@@ -4,12 +4,16 @@
 
 A checkpoint folder is a plain Hugging Face model folder (config.json, model.safetensors, tokenizer files)
 plus `head.safetensors` (the projection and LayerNorm) and `ance_model.json` (pooling and encoding lengths),
-so it is self-describing: search, evaluation and the next training round need nothing else.
+so it is self-describing: search, evaluation and the next training round need nothing else. A compressed
+checkpoint (ance_core/conae.py) is a copy of one with `projector.safetensors` added: encoding with it projects
+queries and passages to the compressed dimension.
 """
 
 import json
 import logging
 import math
+import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,12 +23,16 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from ance_core.artifacts import digest_of, file_digest
+from ance_core.conae import PROJECTOR_FILE, Projector
 from ance_core.config import ModelConfig, Precision
 from ance_core.errors import AnceError
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 META_FILE = "ance_model.json"
 HEAD_FILE = "head.safetensors"
+# what a training stage keeps beside the model files (to resume), and what is not part of the model
+TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", "train_log.jsonl", "manifest.json",
+                  "async_state.json", "async_refresh.json"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class BiEncoder(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
+        self.projector: Projector | None = None  # a compressed checkpoint's (applied by encoding, not by forward)
         h = encoder.config.hidden_size
         self.proj = nn.Linear(h, h)
         self.norm = nn.LayerNorm(h)
@@ -131,7 +140,27 @@ def save_checkpoint(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: 
 def checkpoint_digest(path: str | Path) -> str:
     """Content digest of what a checkpoint computes with: weights, head and encoding settings."""
     path = Path(path)
-    return digest_of({name: file_digest(path / name) for name in ("model.safetensors", HEAD_FILE, META_FILE)})
+    names = ("model.safetensors", HEAD_FILE, META_FILE)
+    names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
+    return digest_of({name: file_digest(path / name) for name in names})
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The files a checkpoint computes with (weights, head, projector, config, tokenizer), not its training state."""
+    return [p for p in sorted(Path(path).iterdir()) if p.is_file() and p.name not in TRAINING_STATE]
+
+
+def write_compressed_checkpoint(teacher: str | Path, projector: Projector, out: Path) -> None:
+    """The teacher's model files (hard links where the file system allows, else copies) plus the projector."""
+    out.mkdir(parents=True, exist_ok=True)
+    for src in model_files(teacher):
+        if src.name == PROJECTOR_FILE:
+            raise AnceError(f"{teacher}: already a compressed checkpoint; compress its teacher instead")
+        try:
+            os.link(src, out / src.name)
+        except OSError:
+            shutil.copy2(src, out / src.name)
+    projector.save(out)
 
 
 def read_meta(path: str | Path) -> ModelMeta:
@@ -151,6 +180,8 @@ def load_checkpoint(
     model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
     model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if (path / PROJECTOR_FILE).is_file():
+        model.projector = Projector.load(path)
     return model.to(device), tokenizer, meta
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.encode import encode_queries
+from ance_core.errors import AnceError
 from ance_core.index import FlatIndex
 from ance_core.model import load_checkpoint, pick_device
 
@@ -45,6 +46,10 @@ def dense_retrieve(
     model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
     q = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, encode_cfg)
     index = FlatIndex(index_dir, index_cfg)
+    if q.shape[1] != index.index.d:
+        raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
+                        f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
+                        "compressed embeddings, and its teacher the full one")
     scores, ids = index.search(q, top_k)
     run = run_frame(queries["query_id"].tolist(), ids, scores)
     if positives is None:

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ance_core.config import TrainConfig
 from ance_core.data import passage_texts
+from ance_core.errors import AnceError
 from ance_core.loss import nll_loss
 from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
 from ance_core.optim import linear_schedule, make_optimizer
@@ -190,6 +191,9 @@ def train(
     dtype = autocast_dtype(cfg.precision, device)
     torch.manual_seed(cfg.seed)
     model, tokenizer, meta = load_checkpoint(init_checkpoint, device)
+    if model.projector is not None:
+        raise AnceError(f"{init_checkpoint}: a compressed checkpoint (it has a projector); train its teacher and "
+                        "compress again")
     doc_text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
     query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
     pairs = negatives.reset_index(drop=True)

@@ -6,7 +6,6 @@ an inferencer refreshes the negatives in the background (see tasks/train.py: tra
 """
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
 from ance_core.samplers import DENSE, MINED, train_config_for
+from flows.compress import compress_model, log_compression, public_rows
 from tasks.analysis import DEPTH, analyse_negatives, read_stats
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
@@ -29,7 +29,7 @@ from tasks.evaluate import evaluate
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.tracking import PipelineTracking, champion_checkpoint, closing_lines
+from tasks.tracking import LATEST, PipelineTracking, closing_lines, trained_checkpoint
 from tasks.train import train_async, train_round
 
 
@@ -53,7 +53,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
             timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
         return refs
 
-    def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> None:
+    def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
         """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given. A model trained
         on mined negatives also gets the negatives analysis (its own ranking of the training queries, shared with
         the next round's mining)."""
@@ -63,6 +63,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
             depth = c.mining.depth if c.mining.sampler in DENSE else DEPTH  # dense: the next mining's ranking, cached
             stats[label] = analyse_negatives(trained_on[label], checkpoint, index or refs["index"], data, train_split,
                                              c.encode, c.index, wd, depth)
+        return refs
 
     def train(label: str, task, *args) -> ArtifactRef:
         with tracking.live(label, timings):  # steps stream to MLflow while it trains
@@ -112,7 +113,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
         checkpoint, label = trained["checkpoint"], f"ANCE round {c.rounds}"
         extra = {"async_refresh": trained["refresh"]}
         _print_staleness(trained["refresh"])
-    evaluate_model(label, checkpoint)
+    final = evaluate_model(label, checkpoint)
 
     summary = run_task(report, evaluations, timings, eval_split, c.data.dataset, wd)
     result = read_report(summary)
@@ -122,6 +123,14 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
     record_latest(wd, checkpoint, result["results"][-1])
     tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
+    if c.compression is not None:  # the final model, from the corpus encoding its evaluation just made
+        compressed = compress_model(checkpoint, final["encode"], data, c.compression, train_split, eval_split,
+                                    c.encode, c.index, wd)
+        tracked["compression"] = log_compression(tracking.tracker, tracking.parent, compressed, c.compression,
+                                                 c.data.dataset, tracking.tags) | {"table": compressed["table"]}
+        extra["compression"] = {"table": compressed["table"], "files": compressed["files"],
+                                "rows": public_rows(compressed["rows"])}
+        tracked |= tracking.tracker.summary()
     closing = closing_lines(tracked)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)
@@ -164,9 +173,6 @@ def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> Artifact
     return ArtifactRef(swaps[-1]["negatives"], Path(swaps[-1]["negatives"]).name)
 
 
-LATEST = "latest.json"
-
-
 def record_latest(work_dir: str, checkpoint: ArtifactRef, metrics: dict) -> None:
     """<work_dir>/latest.json names the newest trained model: where `retrain` starts from."""
     run = flow_run.get_id()
@@ -182,16 +188,7 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
     `config.start_checkpoint` overrides where it starts. Without a champion (nothing registered yet, or the tracking
     server unreachable) it starts from the newest model of the work folder (<work_dir>/latest.json), and without
     either it stops with a clear error."""
-    start, source = config.start_checkpoint, "start_checkpoint"
-    if start is None:
-        start, source = champion_checkpoint(config.work_dir, config.data.dataset)
-    if start is None:
-        latest = Path(config.work_dir) / LATEST
-        if not latest.is_file():
-            raise AnceError(f"{source}, and {latest} does not exist: no trained model to retrain from yet; run the "
-                            "ance-train deployment first or set start_checkpoint")
-        print(f"{source}; starting from the newest model of the work folder instead")
-        start, source = json.loads(latest.read_text())["checkpoint"], str(latest)
+    start, source = trained_checkpoint(config.work_dir, config.data.dataset, config.start_checkpoint)
     if not Path(start, "ance_model.json").is_file():
         raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")
     print(f"retraining from {source}: {start}")

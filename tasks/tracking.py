@@ -37,6 +37,8 @@ from pydantic import BaseModel  # noqa: E402
 
 from ance_core.analysis import negatives_sample  # noqa: E402
 from ance_core.data import read_tables  # noqa: E402
+from ance_core.errors import AnceError  # noqa: E402
+from ance_core.model import model_files  # noqa: E402
 from tasks.analysis import read_stats  # noqa: E402
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
@@ -258,15 +260,10 @@ def _git_commit() -> str:
         return "unknown"
 
 
-TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", "train_log.jsonl", "manifest.json",
-                  "async_state.json", "async_refresh.json"}
-
-
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> None:
     """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state."""
-    for path in sorted(Path(folder).iterdir()):
-        if path.is_file() and path.name not in TRAINING_STATE:
-            tracker.log_artifact(run_id, path, "checkpoint")
+    for path in model_files(folder):
+        tracker.log_artifact(run_id, path, "checkpoint")
 
 
 def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], async_refresh: dict | None,
@@ -332,21 +329,26 @@ def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], 
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
-                    split: str) -> dict:
+                    split: str, alias: str | None = "champion") -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`; move the alias `champion` to the best
-    new version only if it beats the current champion on the same dataset and split (nDCG@10)."""
+    new version only if it beats the current champion on the same dataset and split (nDCG@10). `alias=None`
+    registers without any alias."""
     client = tracker.client
     if tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name}) is None:
         return {}
-    best = None
+    best, registered = None, []
     for label, run_id, metrics in versions:
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
         version = tracker._safe("create_model_version", client.create_model_version, name,
                                 f"runs:/{run_id}/checkpoint", run_id, tags=tags, payload={"name": name, "tags": tags})
+        if version is not None:
+            registered.append(version.version)
         if version is not None and (best is None or metrics["ndcg_at_10"] > best[1]["ndcg_at_10"]):
             best = (version.version, metrics)
     if best is None:
         return {}
+    if alias is None:
+        return {"versions": registered}
     try:
         current = client.get_model_version_by_alias(name, "champion")
     except Exception:
@@ -580,3 +582,23 @@ def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | 
         os.replace(folder, final)
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final), f"models:/{name}@champion (version {version.version})"
+
+
+LATEST = "latest.json"
+
+
+def trained_checkpoint(work_dir: str | Path, dataset: str, explicit: str | None = None) -> tuple[str, str]:
+    """(checkpoint folder, where it came from): `explicit`, else the champion `models:/ance-<dataset>@champion`, else
+    the newest model of the work folder (<work_dir>/latest.json, written by every pipeline run); an AnceError when
+    there is none of them."""
+    if explicit is not None:
+        return explicit, "the given checkpoint"
+    start, source = champion_checkpoint(work_dir, dataset)
+    if start is not None:
+        return start, source
+    latest = Path(work_dir) / LATEST
+    if not latest.is_file():
+        raise AnceError(f"{source}, and {latest} does not exist: no trained model yet; run the ance-train deployment "
+                        "first or name a checkpoint")
+    print(f"{source}; using the newest model of the work folder instead")
+    return json.loads(latest.read_text())["checkpoint"], str(latest)

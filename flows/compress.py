@@ -1,0 +1,142 @@
+"""Embedding compression behind the `compress` deployment and the pipeline's `compression` option (ConAE Table 2):
+from a trained checkpoint and its corpus encoding, fit ConAE and the PCA / truncation baselines for each L below h,
+index every variant (flat, and HNSW / IVF-PQ when asked) and measure quality, index size and search latency.
+
+Every step is a cached stage task: the teacher's corpus encoding is read from the encode stage (the pipeline's own
+when it runs at the end of a pipeline), never recomputed. The latency measurement is the one step that is not
+cached: all its figures come from one run.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+
+from ance_core.artifacts import ArtifactRef, digest_of, read_manifest, write_json
+from ance_core.config import CompressConfig, DataConfig, EncodeConfig, IndexConfig
+from ance_core.errors import AnceError
+from ance_core.model import checkpoint_digest, read_meta
+from ance_core.report import markdown_table, read_metrics
+from tasks.common import run_task
+from tasks.compress import ann_index, compress, compressed_model, conae_history, encode_split_queries, measure_latency
+from tasks.data import prepare_data
+from tasks.encode import encode_corpus
+from tasks.evaluate import evaluate
+from tasks.index import build_index
+from tasks.retrieve import dense_run
+from tasks.tracking import Tracker, flatten, log_checkpoint, model_name, register_models, trained_checkpoint
+
+DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
+METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+
+
+def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: ArtifactRef, c: CompressConfig,
+                   train_split: str, eval_split: str, encode: EncodeConfig, index: IndexConfig, work_dir: str) -> dict:
+    """The compression table of one checkpoint: a row per (method, L, index type), the teacher's own first."""
+    h = read_manifest(embeddings.path)["summary"]["dim"]
+    dims = sorted((d for d in c.dims if d < h), reverse=True)
+    if skipped := [d for d in c.dims if d >= h]:
+        print(f"compression: skipping L = {skipped}, not below the model's dimension {h}")
+    train_queries = (run_task(encode_split_queries, checkpoint, data, train_split, encode, work_dir)
+                     if "conae" in c.methods and dims else None)
+    variants = [("teacher", h, None, checkpoint, embeddings)]
+    for dim in dims:
+        for method in c.methods:
+            ref = run_task(compress, checkpoint, embeddings, train_queries, data, train_split, method, dim, c, work_dir)
+            variants.append((method, dim, ref, compressed_model(ref), ref))
+    rows = []
+    for method, dim, folder, model, vectors in variants:
+        for kind in c.index_types:
+            built = (run_task(build_index, vectors, work_dir) if kind == "flat"
+                     else run_task(ann_index, vectors, kind, c, work_dir))
+            run = run_task(dense_run, model, built, data, eval_split, DEPTH, encode, index, work_dir)
+            evaluation = run_task(evaluate, run, data, eval_split, work_dir)
+            rows.append({"method": method, "dim": dim, "index": kind, "compress": folder, "checkpoint": model,
+                         "index_ref": built, "evaluation": evaluation} | read_metrics(evaluation))
+    eval_queries = run_task(encode_split_queries, checkpoint, data, eval_split, encode, work_dir)
+    measured = measure_latency([(r["index_ref"], r["compress"]) for r in rows], eval_queries, DEPTH, c.latency_batch,
+                               index)
+    for row, figures in zip(rows, measured, strict=True):
+        row |= figures
+    table = compression_table(rows, c.latency_batch)
+    out = Path(work_dir) / "compression" / digest_of([checkpoint.digest, [r["evaluation"].digest for r in rows]])
+    out.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(public_rows(rows))
+    frame.to_csv(out / "compression.csv", index=False)
+    (out / "compression.md").write_text(table + "\n")
+    write_json(out / "compression.json", {"checkpoint": checkpoint.path, "split": eval_split, "rows": frame.to_dict(
+        "records")})
+    print(f"## Compression of {checkpoint.path}, {eval_split}\n\n{table}\n\ntable: {out}/compression.md")
+    return {"table": table, "rows": rows, "files": str(out), "checkpoint": checkpoint.path, "split": eval_split}
+
+
+def compression_table(rows: list[dict], batch: int) -> str:
+    """ConAE Table 2's layout: quality against the teacher's flat index, index size and latency."""
+    base = next(r for r in rows if r["method"] == "teacher" and r["index"] == rows[0]["index"])
+    header = ["method", "dim", "index", "nDCG@10", "MRR@10", "R@100", "nDCG@10 vs teacher", "index bytes",
+              "size vs teacher", f"latency/query, batched {batch} (ms)", "latency/query, single (ms)"]
+    body = [[r["method"], str(r["dim"]), r["index"], *(f"{r[k]:.4f}" for k in METRICS),
+             f"{100 * (r['ndcg_at_10'] / base['ndcg_at_10'] - 1):+.1f}%", f"{r['index_bytes']:,}",
+             f"{r['index_bytes'] / base['index_bytes']:.2f}×", f"{r['latency_batched_ms']:.4f}",
+             f"{r['latency_single_ms']:.4f}"] for r in rows]
+    return markdown_table(header, body)
+
+
+def log_compression(tracker: Tracker, parent: str | None, result: dict, config: CompressConfig, dataset: str,
+                    tags: dict[str, str]) -> dict:
+    """An MLflow run for the compression (nested under the pipeline's run when there is one): its config, the table
+    as files, a nested run per row with its metrics, ConAE's training curve and every projector; each ConAE
+    compressed checkpoint (teacher files + projector) is registered as a version of `ance-<dataset>-compressed`."""
+    run = tracker.start_run("compression", parent_id=parent, tags=tags | {"teacher": result["checkpoint"]})
+    tracker.log_params(run, flatten(config))
+    for name in ("compression.md", "compression.csv"):
+        tracker.log_artifact(run, Path(result["files"]) / name)
+    versions, logged = [], set()
+    for r in result["rows"]:
+        label = f"{r['method']}-{r['dim']} {r['index']}"
+        child = tracker.start_run(label, parent_id=run, tags=tags | {"method": r["method"], "dim": str(r["dim"]),
+                                                                     "index": r["index"]})
+        figures = {k: float(r[k]) for k in (*METRICS, "index_bytes", "latency_batched_ms", "latency_single_ms")}
+        tracker.log_metrics(child, figures | {"dim": r["dim"]})
+        if r["compress"] is not None and r["compress"].path not in logged:  # once per projector
+            logged.add(r["compress"].path)
+            tracker.log_artifact(child, Path(r["checkpoint"].path) / "projector.safetensors", "projector")
+            if r["method"] == "conae":
+                tracker.log_history(child, conae_history(r["compress"]), ["loss", "kl", "l_q", "l_d"])
+                log_checkpoint(tracker, child, r["checkpoint"].path)
+                versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
+        tracker.end_run(child)
+    registered = register_models(tracker, f"{model_name(dataset)}-compressed", versions, dataset, result["split"],
+                                 alias=None)
+    tracker.end_run(run)
+    return {"run_id": run, "registered": registered}
+
+
+@flow(name="compress", log_prints=True)
+def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
+                  index: IndexConfig = IndexConfig(), compression: CompressConfig = CompressConfig(),
+                  work_dir: str = "work") -> dict:
+    """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
+    else the newest model of the work folder (<work_dir>/latest.json)."""
+    from flows.ance_pipeline import flow_tags
+
+    path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
+    read_meta(path)
+    if Path(path, "projector.safetensors").is_file():
+        raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
+    print(f"compressing {source}: {path}")
+    ref = ArtifactRef(str(path), checkpoint_digest(path))
+    tables = run_task(prepare_data, data, work_dir)
+    embeddings = run_task(encode_corpus, ref, tables, encode, work_dir)
+    result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode, index,
+                            work_dir)
+    tracker = Tracker(work_dir, "compress")
+    tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
+    return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]),
+                                                              "tracking": tracker.summary() | tracked}
+
+
+def public_rows(rows: list[dict]) -> list[dict]:
+    """The rows without their stage references, plus where each compressed checkpoint and index are."""
+    return [{k: v for k, v in r.items() if k not in ("compress", "checkpoint", "index_ref", "evaluation")}
+            | {"checkpoint_path": r["checkpoint"].path, "index_path": r["index_ref"].path} for r in rows]
