@@ -11,7 +11,7 @@ export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_PORT ?= 4200
 
-.PHONY: demo compare test env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare test env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ env: $(BIN)/.installed
 
 demo: env  ## the full pipeline on SciFact with all-MiniLM-L6-v2, offline, on CPU
 	$(BIN)/ance demo
+
+compress: env  ## the demo pipeline (cached stages reused), then compression of its final model (RESULTS.md)
+	$(BIN)/ance demo --compress
 
 compare: env  ## the compare-negatives flow on SciFact: every negative sampler from one BM25 warm-up (RESULTS.md)
 	$(BIN)/ance compare

@@ -1,4 +1,4 @@
-"""The `ance` command: demo, run, bm25, evaluate, search.
+"""The `ance` command: demo, run, compare, compress, bm25, evaluate, search.
 
 Commands that compute metrics accept --json and then print them as one JSON object on their last line.
 User errors (bad data, bad config, missing files) print one line and exit with status 2, without a traceback.
@@ -40,6 +40,9 @@ def _guard(fn):
 def _print_pipeline(result: dict, as_json: bool) -> None:
     typer.echo("")
     typer.echo(result["markdown"])
+    if "compression" in result:
+        typer.echo(f"## Compression of the final model\n\n{result['compression']['table']}\n")
+        typer.echo(f"compression table and files: {result['compression']['files']}")
     typer.echo(f"final checkpoint: {result['final_checkpoint']}")
     typer.echo(f"report: {result['report_dir']}/results.md")
     if "tracking" in result:
@@ -51,7 +54,7 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         last = result["results"][-1]
         summary = {k: v for k, v in last.items() if k != "model"}
         keys = ("results", "stages", "final_checkpoint", "async_refresh", "negatives", "tracking", "mlflow_run_id",
-                "mlflow_uri")
+                "mlflow_uri", "compression")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
@@ -78,12 +81,15 @@ def _run_pipeline(config, as_json: bool) -> None:
 def demo(
     rounds: Annotated[int, typer.Option(help="ANCE rounds after the BM25 warm-up")] = 2,
     work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
+    compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
+                                           "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
-    from ance_core.config import PipelineConfig
+    from ance_core.config import CompressConfig, PipelineConfig
 
-    _guard(lambda: _run_pipeline(PipelineConfig(rounds=rounds, work_dir=work_dir), as_json))
+    compression = CompressConfig(index_types=["flat", "hnsw", "ivfpq"]) if compress else None
+    _guard(lambda: _run_pipeline(PipelineConfig(rounds=rounds, work_dir=work_dir, compression=compression), as_json))
 
 
 @app.command()
@@ -119,6 +125,39 @@ def compare(
             typer.echo(line)
         if as_json:
             typer.echo(json.dumps({k: result[k] for k in ("results", "train_seconds", "tracking", "table")}))
+
+    _guard(body)
+
+
+@app.command(name="compress")
+def compress_command(
+    checkpoint: Annotated[Path | None, typer.Option(help="A trained checkpoint folder; default: the dataset's "
+                                                    "champion in MLflow, else the work folder's newest model")] = None,
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompressConfig")] = None,
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON last")] = False,
+):
+    """Compress a trained model's embeddings (ConAE and the PCA / truncation baselines) and measure quality, index
+    size and search latency on the evaluation split (the compress deployment's flow)."""
+    from ance_core.config import CompressConfig, DataConfig, load_config
+
+    def body():
+        from flows.compress import compress_flow
+        from tasks.tracking import closing_lines
+
+        c = load_config(config, CompressConfig) if config else CompressConfig()
+        data = DataConfig(dataset=dataset)
+        _preflight(data, work_dir, (data.train_split, data.eval_split))
+        result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
+                               work_dir=work_dir)
+        typer.echo("")
+        typer.echo(result["table"])
+        typer.echo(f"table and files: {result['files']}")
+        for line in closing_lines(result["tracking"]):
+            typer.echo(line)
+        if as_json:
+            typer.echo(json.dumps({k: result[k] for k in ("rows", "files", "checkpoint", "tracking")}))
 
     _guard(body)
 

@@ -132,8 +132,10 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
                             work_dir)
     tracker = Tracker(work_dir, "compress")
     tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
-    return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]),
-                                                              "tracking": tracker.summary() | tracked}
+    url = (f"{tracker.uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{tracked['run_id']}"
+           if tracker.uri.startswith("http") and tracked["run_id"] else None)
+    summary = tracker.summary() | tracked | {"run_url": url}
+    return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]), "tracking": summary}
 
 
 def public_rows(rows: list[dict]) -> list[dict]:

@@ -543,6 +543,8 @@ def closing_lines(summary: dict) -> list[str]:
         c = summary["champion"]
         lines.append(f"MLflow: champion is version {c['champion_version']} "
                      f"({'promoted now' if c['promoted'] else 'kept: the new versions did not beat it'})")
+    if versions := summary.get("compression", summary).get("registered", {}).get("versions"):
+        lines.append(f"MLflow: ConAE compressed models registered as versions {', '.join(map(str, versions))}")
     if summary["delivered_late"]:
         lines.append(f"MLflow: {summary['delivered_late']} metric points were delivered late, after the tracking "
                      f"server came back")

@@ -17,7 +17,7 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     expected = {"ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain", "ance-train-gpu",
-                "compare-negatives"}
+                "compare-negatives", "compress"}
     assert expected <= set(deployments)
     for name, d in deployments.items():
         path, func = d["entrypoint"].split(":")

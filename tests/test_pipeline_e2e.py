@@ -13,6 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROUNDS = 2
+DIMS, INDEXES = (16, 8), ("flat", "hnsw", "ivfpq")  # the tiny BERT's h is 32
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,7 @@ def pipeline(tiny_scifact, tiny_model, tmp_path_factory):
         "encode": {"batch_size": 32, "shard_size": 64},
         "rounds": ROUNDS,
         "work_dir": str(work),
+        "compression": {"dims": list(DIMS), "index_types": list(INDEXES), "epochs": 5},
     }
     path = root / "tiny.yaml"
     path.write_text(json.dumps(config))
@@ -154,7 +156,8 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     names = {r.info.run_name: r for r in children}
-    assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
+    assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1)),
+                          "compression"}
     assert names["warmup"].data.metrics["time_train_s"] > 0
     for key in ("grad_norm", "grad_norm_bottom", "grad_norm_top", "examples_per_s"):  # the tiny BERT has 2 layers
         assert len(client.get_metric_history(names["warmup"].info.run_id, key)) == 3, key
@@ -190,7 +193,7 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     sample = Path(client.download_artifacts(children["warmup"].info.run_id, "negatives/negatives_sample.md"))
     text = sample.read_text()
     assert text.count("## Query") == 10 and "- **positive**" in text and "(rank " in text
-    name = next(m.name for m in client.search_registered_models())
+    name = "ance-scifact-tiny"
     versions = client.search_model_versions(f"name = '{name}'")
     assert len(versions) >= ROUNDS + 1
     champion = client.get_model_version_by_alias(name, "champion")
@@ -248,3 +251,86 @@ def test_samplers_are_chosen_per_stage_in_the_config(tiny_scifact, tiny_model, t
         assert not any(s["stage"] == "retrieve-train" for s in result["stages"])
     for ids, row in zip(rounds["negative_ids"], rounds.itertuples(), strict=True):
         assert len(set(ids)) == 2 and row.positive_id not in ids
+
+
+def test_compression_table_of_the_final_model(pipeline):
+    work, result, _ = pipeline
+    from ance_core.artifacts import read_manifest
+
+    compression = result["compression"]
+    rows = compression["rows"]
+    variants = [("teacher", 32)] + [(m, d) for d in DIMS for m in ("conae", "pca", "truncate")]
+    assert [(r["method"], r["dim"], r["index"]) for r in rows] == [(m, d, i) for m, d in variants for i in INDEXES]
+    teacher = rows[0]
+    # the teacher's flat row is the pipeline's own final evaluation (same checkpoint, same corpus encoding)
+    assert teacher["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"])
+    assert teacher["checkpoint_path"] == result["final_checkpoint"]
+    for r in rows:
+        assert 0 <= r["ndcg_at_10"] <= 1 and 0 <= r["recall_at_100"] <= 1
+        assert r["index_bytes"] > 0 and r["latency_batched_ms"] > 0 and r["latency_single_ms"] > 0
+        if r["method"] != "teacher":
+            assert read_manifest(r["index_path"])["summary"]["dim"] == r["dim"]
+            if r["index"] == "flat":  # a flat index stores 4 bytes per dimension: L/h of the teacher's, plus ids
+                assert r["index_bytes"] == pytest.approx(teacher["index_bytes"] * r["dim"] / 32, rel=0.01)
+    # the teacher's corpus encoding was read, not recomputed: one encoding per checkpoint as before, and ConAE
+    # trained on it
+    compressed = {r["checkpoint_path"] for r in rows if r["method"] == "conae"}
+    for folder in map(Path, compressed):
+        assert (folder / "projector.safetensors").is_file() and (folder / "model.safetensors").is_file()
+        manifest = read_manifest(folder.parent)
+        assert manifest["summary"]["steps"] > 0 and (folder.parent / "conae.safetensors").is_file()
+        assert manifest["inputs"]["embeddings"] in {p.name for p in (work / "encode").iterdir()}
+    files = Path(compression["files"])
+    table = pd.read_csv(files / "compression.csv")
+    assert len(table) == len(rows) and (files / "compression.md").read_text().startswith("| method | dim |")
+
+
+def test_a_compressed_checkpoint_works_with_search_and_evaluate(pipeline, tiny_scifact, tmp_path):
+    _, result, _ = pipeline
+    from typer.testing import CliRunner
+
+    from ance_cli.main import app
+
+    row = next(r for r in result["compression"]["rows"] if (r["method"], r["dim"], r["index"]) == ("pca", 8, "flat"))
+    teacher_index = result["compression"]["rows"][0]["index_path"]
+    runner = CliRunner()
+    out = runner.invoke(app, ["search", "cancer cells", "--model", row["checkpoint_path"], "--index",
+                              row["index_path"], "-k", "3"])
+    assert out.exit_code == 0, out.output
+    assert len(out.output.strip().splitlines()) == 3
+    wrong = runner.invoke(app, ["search", "cancer cells", "--model", row["checkpoint_path"], "--index",
+                                teacher_index])
+    assert wrong.exit_code == 2 and "32-dim vectors" in wrong.output and "8-dim queries" in wrong.output
+
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "evaluate", "--checkpoint", row["checkpoint_path"],
+                           "--dataset", str(tiny_scifact), "--split", "test", "--work-dir", str(tmp_path / "w"),
+                           "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    # evaluate re-encodes the corpus through the projector: the compressed model's own numbers
+    encoded = sorted((tmp_path / "w" / "encode").iterdir())
+    assert np.load(next(p for p in encoded if not p.name.startswith(".")) / "emb_00000.npy").shape[1] == 8
+    assert metrics["ndcg_at_10"] == pytest.approx(row["ndcg_at_10"], abs=0.03)
+    assert metrics["recall_at_100"] == pytest.approx(row["recall_at_100"], abs=0.03)
+
+
+def test_compression_is_in_mlflow_with_projectors_and_registered_models(pipeline):
+    from mlflow.tracking import MlflowClient
+
+    _, result, _ = pipeline
+    client = MlflowClient(result["mlflow_uri"])
+    run_id = result["tracking"]["compression"]["run_id"]
+    run = client.get_run(run_id)
+    assert run.data.tags["mlflow.parentRunId"] == result["mlflow_run_id"] and run.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"compression.md", "compression.csv"}
+    children = {r.info.run_name: r for r in client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")}
+    assert len(children) == len(result["compression"]["rows"])
+    conae = children["conae-16 flat"]
+    assert conae.data.metrics["dim"] == 16 and conae.data.metrics["index_bytes"] > 0
+    assert len(client.get_metric_history(conae.info.run_id, "kl")) == 5  # 5 epochs of one batch (40 queries)
+    assert "projector/projector.safetensors" in {a.path for a in client.list_artifacts(conae.info.run_id, "projector")}
+    versions = client.search_model_versions("name = 'ance-scifact-tiny-compressed'")
+    assert sorted(float(v.tags["dim"]) for v in versions) == sorted(DIMS)
+    assert all(v.source.endswith("/checkpoint") for v in versions)
