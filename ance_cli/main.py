@@ -113,20 +113,27 @@ def compare(
 
     def body():
         from flows.compare import compare_negatives
-        from tasks.tracking import closing_lines
 
         c = load_config(config, CompareConfig) if config else CompareConfig()
         _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split))
         result = compare_negatives(c)
-        typer.echo("")
-        typer.echo(result["table"])
-        typer.echo(f"report: {result['report_dir']}/results.md; table and plots: {result['files']}")
-        for line in closing_lines(result["tracking"]):
-            typer.echo(line)
-        if as_json:
-            typer.echo(json.dumps({k: result[k] for k in ("results", "train_seconds", "tracking", "table")}))
+        _print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
+                     ("results", "train_seconds", "tracking", "table") if as_json else ())
 
     _guard(body)
+
+
+def _print_table(result: dict, where: str, json_keys: tuple[str, ...]) -> None:
+    """A table flow's ending: its table, where its files are, the MLflow lines, and the JSON line when asked."""
+    from tasks.tracking import closing_lines
+
+    typer.echo("")
+    typer.echo(result["table"])
+    typer.echo(where)
+    for line in closing_lines(result["tracking"]):
+        typer.echo(line)
+    if json_keys:
+        typer.echo(json.dumps({k: result[k] for k in json_keys}))
 
 
 @app.command(name="compress")
@@ -141,23 +148,20 @@ def compress_command(
     """Compress a trained model's embeddings (ConAE and the PCA / truncation baselines) and measure quality, index
     size and search latency on the evaluation split (the compress deployment's flow)."""
     from ance_core.config import CompressConfig, DataConfig, load_config
+    from ance_core.model import read_meta
 
     def body():
         from flows.compress import compress_flow
-        from tasks.tracking import closing_lines
 
+        if checkpoint is not None:
+            read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         c = load_config(config, CompressConfig) if config else CompressConfig()
         data = DataConfig(dataset=dataset)
         _preflight(data, work_dir, (data.train_split, data.eval_split))
         result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
                                work_dir=work_dir)
-        typer.echo("")
-        typer.echo(result["table"])
-        typer.echo(f"table and files: {result['files']}")
-        for line in closing_lines(result["tracking"]):
-            typer.echo(line)
-        if as_json:
-            typer.echo(json.dumps({k: result[k] for k in ("rows", "files", "checkpoint", "tracking")}))
+        _print_table(result, f"table and files: {result['files']}",
+                     ("rows", "files", "checkpoint", "tracking") if as_json else ())
 
     _guard(body)
 

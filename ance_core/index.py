@@ -58,9 +58,14 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
         m, bits = d // cfg.pq_dims_per_code, min(8, int(math.log2(n)))
         nlist = cfg.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
         index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, bits, faiss.METRIC_INNER_PRODUCT)
+        # faiss warns once per sub-quantizer when it has fewer than 39 points per centroid; say it once instead
+        index.cp.min_points_per_centroid = index.pq.cp.min_points_per_centroid = 1
         index.train(vectors)
         search = {"nprobe": min(cfg.ivf_nprobe, nlist)}
         summary = {"type": "IndexIVFPQ", "nlist": nlist, "pq_m": m, "pq_bits": bits}
+        if n < 39 * 2 ** bits:
+            print(f"IVF-PQ: {n} vectors train its 2^{bits} codes per sub-quantizer (faiss suggests at least "
+                  f"{39 * 2 ** bits}); on a corpus this small its codes are coarse")
     else:
         raise ValueError(f"build_ann_index: unknown index type '{kind}' (flat indexes come from build_index)")
     index.add(vectors)
@@ -129,20 +134,20 @@ class FlatIndex:
         return scores, self.docids[rows]
 
 
-def search_latency(index: FlatIndex, queries: np.ndarray, k: int, batch: int) -> dict[str, float]:
-    """Median search time per query in milliseconds: `batched` over calls of `batch` queries (time / batch size),
-    `single` over one-query calls. One untimed call first."""
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    k = min(k, len(index))
-    index.index.search(queries[:batch], k)
-
-    def per_query(size: int) -> float:
-        times = []
-        for start in range(0, len(queries) - size + 1, size):
-            chunk = queries[start:start + size]
-            began = time.perf_counter()
-            index.index.search(chunk, k)
-            times.append((time.perf_counter() - began) / size)
-        return 1000 * float(np.median(times))
-
-    return {"latency_batched_ms": per_query(min(batch, len(queries))), "latency_single_ms": per_query(1)}
+def search_latency(indexes: list[tuple[FlatIndex, np.ndarray]], k: int, batch: int, repeats: int = 5) -> list[dict]:
+    """Median search time per query in milliseconds of each (index, queries) pair: `latency_batched_ms` over calls of
+    `batch` queries (call time / batch size), `latency_single_ms` over one-query calls. The pairs are measured in
+    turn, `repeats` times over (after one untimed call each), so a slow spell of the machine touches all of them."""
+    queries = [np.ascontiguousarray(q, dtype=np.float32) for _, q in indexes]
+    times: list[dict[str, list[float]]] = [{"batched": [], "single": []} for _ in indexes]
+    for (index, _), q in zip(indexes, queries, strict=True):
+        index.index.search(q[:batch], min(k, len(index)))
+    for _ in range(repeats):
+        for (index, _), q, out in zip(indexes, queries, times, strict=True):
+            depth = min(k, len(index))
+            for size, key in ((min(batch, len(q)), "batched"), (1, "single")):
+                for start in range(0, len(q) - size + 1, size):
+                    began = time.perf_counter()
+                    index.index.search(q[start:start + size], depth)
+                    out[key].append((time.perf_counter() - began) / size)
+    return [{f"latency_{key}_ms": 1000 * float(np.median(values)) for key, values in t.items()} for t in times]

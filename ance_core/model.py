@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from ance_core.artifacts import digest_of, file_digest
+from ance_core.artifacts import MANIFEST, ArtifactRef, digest_of, file_digest, read_manifest
 from ance_core.conae import PROJECTOR_FILE, Projector
 from ance_core.config import ModelConfig, Precision
 from ance_core.errors import AnceError
@@ -143,6 +143,16 @@ def checkpoint_digest(path: str | Path) -> str:
     names = ("model.safetensors", HEAD_FILE, META_FILE)
     names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
     return digest_of({name: file_digest(path / name) for name in names})
+
+
+def checkpoint_ref(path: str | Path) -> ArtifactRef:
+    """A checkpoint folder as a stage input. A training stage's own folder keeps the digest the pipeline gave it, so
+    its stages that follow (the corpus encoding first) are found in the cache; any other folder is named by its
+    content (`checkpoint_digest`)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file() and read_manifest(path).get("key") == path.name:
+        return ArtifactRef(str(path), path.name)
+    return ArtifactRef(str(path), checkpoint_digest(path))
 
 
 def model_files(path: str | Path) -> list[Path]:

@@ -15,7 +15,7 @@ from prefect import flow
 from ance_core.artifacts import ArtifactRef, digest_of, read_manifest, write_json
 from ance_core.config import CompressConfig, DataConfig, EncodeConfig, IndexConfig
 from ance_core.errors import AnceError
-from ance_core.model import checkpoint_digest, read_meta
+from ance_core.model import checkpoint_ref, read_meta
 from ance_core.report import markdown_table, read_metrics
 from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, conae_history, encode_split_queries, measure_latency
@@ -125,7 +125,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     if Path(path, "projector.safetensors").is_file():
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
     print(f"compressing {source}: {path}")
-    ref = ArtifactRef(str(path), checkpoint_digest(path))
+    ref = checkpoint_ref(path)
     tables = run_task(prepare_data, data, work_dir)
     embeddings = run_task(encode_corpus, ref, tables, encode, work_dir)
     result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode, index,

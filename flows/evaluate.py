@@ -2,9 +2,8 @@
 
 from prefect import flow
 
-from ance_core.artifacts import ArtifactRef
 from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, IndexConfig
-from ance_core.model import checkpoint_digest
+from ance_core.model import checkpoint_ref
 from ance_core.report import read_metrics
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
@@ -23,7 +22,7 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work") -> dict:
-    ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
+    ref = checkpoint_ref(checkpoint)
     tables = prepare_data(data, work_dir)
     refs = evaluate_stages(ref, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)
     return read_metrics(refs["evaluate"])

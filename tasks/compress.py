@@ -114,13 +114,11 @@ def ann_index(embeddings: ArtifactRef, kind: IndexType, cfg: CompressConfig, wor
 def measure_latency(indexes: list[tuple[ArtifactRef, ArtifactRef | None]], eval_queries: ArtifactRef, top_k: int,
                     batch: int, index_cfg: IndexConfig) -> list[dict]:
     """Index size and median search latency per query (batched and single) of every (index, projector) pair, all
-    measured in this one run, one after the other, on the evaluation queries' embeddings (projected for the
+    measured in this one run, in turn and 5 times over, on the evaluation queries' embeddings (projected for the
     compressed indexes). Not cached: a re-run measures again."""
     queries, _ = read_query_embeddings(eval_queries)
-    out = []
-    for index_ref, projector in indexes:
-        projected = queries if projector is None else projector_of(projector).queries(queries)
-        index = FlatIndex(index_ref.path, index_cfg)
-        out.append({"index_bytes": (Path(index_ref.path) / "index").stat().st_size}
-                   | search_latency(index, projected, top_k, batch))
-    return out
+    pairs = [(FlatIndex(index_ref.path, index_cfg), queries if projector is None
+              else projector_of(projector).queries(queries)) for index_ref, projector in indexes]
+    latencies = search_latency(pairs, top_k, batch)
+    return [{"index_bytes": (Path(index_ref.path) / "index").stat().st_size} | latency
+            for (index_ref, _), latency in zip(indexes, latencies, strict=True)]

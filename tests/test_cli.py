@@ -20,6 +20,15 @@ def test_not_a_checkpoint(tmp_path):
     assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
 
 
+def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp_path):
+    code, out = _invoke(["compress", "--checkpoint", str(tmp_path), "--dataset", str(tmp_path)])
+    assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("methods: [conae]\nonly_kl: true\nno_kl: true\n")
+    code, out = _invoke(["compress", "--config", str(cfg), "--dataset", str(tmp_path)])
+    assert code == 2 and "only_kl and no_kl" in out and str(cfg) in out and "Traceback" not in out
+
+
 def test_bad_config_names_the_field(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("warmup:\n  learning_rate: -1\n")

@@ -121,9 +121,9 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
 
     final = Path(result["final_checkpoint"])
     # the index built from the final checkpoint's encoding (manifests record each stage's inputs)
-    index = next(p for p in _folders(work, "index")
-                 if read_manifest(work / "encode" / read_manifest(p)["inputs"]["embeddings"])["inputs"]["checkpoint"]
-                 == final.name)
+    encodes = {p.name: read_manifest(p)["inputs"]["checkpoint"] for p in _folders(work, "encode")}
+    index = next(p for p in _folders(work, "index")  # (the others index compressed vectors)
+                 if encodes.get(read_manifest(p)["inputs"]["embeddings"]) == final.name)
     out = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k", "3",
                                    "--dataset", str(tiny_scifact)])
     assert out.exit_code == 0, out.output
