@@ -18,13 +18,13 @@ from ance_core.errors import AnceError
 from ance_core.model import checkpoint_ref, read_meta
 from ance_core.report import markdown_table, read_metrics
 from tasks.common import run_task
-from tasks.compress import ann_index, compress, compressed_model, conae_history, encode_split_queries, measure_latency
+from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
 from tasks.index import build_index
 from tasks.retrieve import dense_run
-from tasks.tracking import Tracker, flatten, log_checkpoint, model_name, register_models, trained_checkpoint
+from tasks.tracking import Tracker, flatten, log_checkpoint, model_name, register_models, train_log, trained_checkpoint
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
@@ -102,7 +102,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
             logged.add(r["compress"].path)
             tracker.log_artifact(child, Path(r["checkpoint"].path) / "projector.safetensors", "projector")
             if r["method"] == "conae":
-                tracker.log_history(child, conae_history(r["compress"]), ["loss", "kl", "l_q", "l_d"])
+                tracker.log_history(child, train_log(r["compress"].path), ["loss", "kl", "l_q", "l_d"])
                 log_checkpoint(tracker, child, r["checkpoint"].path)
                 versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
         tracker.end_run(child)

@@ -92,11 +92,6 @@ def compressed_model(ref: ArtifactRef) -> ArtifactRef:
     return ArtifactRef(str(Path(ref.path) / "model"), f"{ref.digest}-model", ref.seconds, ref.cached)
 
 
-def conae_history(ref: ArtifactRef) -> list[dict]:
-    log = Path(ref.path) / "train_log.jsonl"
-    return [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
-
-
 def projector_of(ref: ArtifactRef | None) -> Projector | None:
     return None if ref is None else Projector.load(Path(ref.path) / "model")
 
