@@ -10,8 +10,10 @@ export TOKENIZERS_PARALLELISM ?= false
 export PREFECT_HOME ?= $(abspath .prefect)
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_PORT ?= 4200
+# Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: demo compress compare test env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare quality test test-under-load env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +25,9 @@ env: $(BIN)/.installed
 demo: env  ## the full pipeline on SciFact with all-MiniLM-L6-v2, offline, on CPU
 	$(BIN)/ance demo
 
+quality: env  ## the longer recipe (ance demo --recipe full, ~45 min here): RESULTS.md
+	$(BIN)/ance demo --recipe full
+
 compress: env  ## the demo pipeline (cached stages reused), then compression of its final model (RESULTS.md)
 	$(BIN)/ance demo --compress
 
@@ -31,6 +36,10 @@ compare: env  ## the compare-negatives flow on SciFact: every negative sampler f
 
 test: env system-deps  ## the whole test suite (offline; starts its own Prefect servers on 127.0.0.1)
 	$(BIN)/python -m pytest -q
+
+RUNS ?= 3
+test-under-load: env system-deps  ## the whole suite, RUNS times in a row, beside two CPU-bound busy processes
+	scripts/test-under-load.sh $(RUNS)
 
 # Debian packages the tests use: chromium (Prefect UI test) and docker-compose (compose file check).
 system-deps:
@@ -54,10 +63,12 @@ stack-status:
 lint: env
 	$(BIN)/ruff check .
 
-bench: env  ## speed measurements recorded in BENCHMARKS.md (long: runs the demo pipeline several times)
+bench: env  ## speed and reliability measurements recorded in BENCHMARKS.md (long: runs the demo pipeline several times)
 	$(BIN)/python bench/encode.py
 	$(BIN)/python bench/orchestration.py
 	$(BIN)/python bench/tracking.py
+	$(BIN)/python bench/train.py
+	$(BIN)/python bench/reliability.py
 
 clean:
 	rm -rf work .prefect .stack

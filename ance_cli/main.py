@@ -13,6 +13,10 @@ from typing import Annotated
 
 import typer
 
+# Prefect's ephemeral server gets 20 s to start by default; on a loaded 2-core machine that is not enough.
+EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+EPHEMERAL_TIMEOUT_DEFAULT = "180"
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train dense retrievers with ANCE, orchestrated by Prefect.")
 
@@ -35,6 +39,15 @@ def _guard(fn):
         _fail(str(e))
     except ValidationError as e:
         _fail(f"invalid config:\n{format_validation_error(e)}")
+    except RuntimeError as e:
+        if "ephemeral Prefect API server" not in str(e):
+            raise
+        typer.secho(f"error: Prefect's temporary API server did not answer within "
+                    f"{os.environ.get(EPHEMERAL_TIMEOUT)} s (a busy machine starts it slowly). Set "
+                    f"{EPHEMERAL_TIMEOUT} higher, or start a server once (`make up`, or `prefect server start`) and "
+                    f"set PREFECT_API_URL=http://127.0.0.1:4200/api. Prefect said: {str(e)[:300]}",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
 
 
 def _print_pipeline(result: dict, as_json: bool) -> None:
@@ -43,18 +56,19 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     if "compression" in result:
         typer.echo(f"## Compression of the final model\n\n{result['compression']['table']}\n")
         typer.echo(f"compression table and files: {result['compression']['files']}")
-    typer.echo(f"final checkpoint: {result['final_checkpoint']}")
-    typer.echo(f"report: {result['report_dir']}/results.md")
+    typer.echo(f"result checkpoint: {result['final_checkpoint']}")
+    typer.echo(f"report: {result['report_dir']}/results.md; plots: {result['plots_dir']}")
     if "tracking" in result:
         from tasks.tracking import closing_lines
 
-        for line in closing_lines(result["tracking"]):
+        for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
+                                  on_dev=result.get("dev_split") is not None):
             typer.echo(line)
     if as_json:
-        last = result["results"][-1]
-        summary = {k: v for k, v in last.items() if k != "model"}
-        keys = ("results", "stages", "final_checkpoint", "async_refresh", "negatives", "tracking", "mlflow_run_id",
-                "mlflow_uri", "compression")
+        chosen = next(r for r in result["results"] if r["model"] == result["selected"])
+        summary = {k: v for k, v in chosen.items() if k != "model"}
+        keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
+                "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
@@ -63,9 +77,11 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.data import read_tables
+    from tasks.common import faults_off
     from tasks.data import prepare_data
 
-    tables = read_tables(prepare_data.fn(data, work_dir).path)
+    with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
+        tables = read_tables(prepare_data.fn(data, work_dir).path)
     for split in splits:
         tables.split_qrels(split)
 
@@ -79,17 +95,24 @@ def _run_pipeline(config, as_json: bool) -> None:
 
 @app.command()
 def demo(
-    rounds: Annotated[int, typer.Option(help="ANCE rounds after the BM25 warm-up")] = 2,
+    recipe: Annotated[str, typer.Option(help="demo (the defaults, ~13 min here) or full (~45 min)")] = "demo",
+    rounds: Annotated[int | None, typer.Option(help="ANCE rounds after the warm-up (default: the recipe's)")] = None,
     work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
                                            "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
-    from ance_core.config import CompressConfig, PipelineConfig
+    from ance_core.config import CompressConfig
+    from ance_core.recipes import recipe_config
 
     compression = CompressConfig(index_types=["flat", "hnsw", "ivfpq"]) if compress else None
-    _guard(lambda: _run_pipeline(PipelineConfig(rounds=rounds, work_dir=work_dir, compression=compression), as_json))
+
+    def body():
+        overrides = {"work_dir": work_dir, "compression": compression}
+        _run_pipeline(recipe_config(recipe, **overrides | ({"rounds": rounds} if rounds is not None else {})), as_json)
+
+    _guard(body)
 
 
 @app.command()
@@ -253,6 +276,7 @@ def main() -> None:  # pragma: no cover
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Prefect's ephemeral server sends a telemetry heartbeat that can hit a locked SQLite file and print a traceback.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault(EPHEMERAL_TIMEOUT, EPHEMERAL_TIMEOUT_DEFAULT)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

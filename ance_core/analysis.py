@@ -48,6 +48,28 @@ def negative_stats(negatives: pd.DataFrame, run: pd.DataFrame, positives: dict[s
             "overlap_depth": depth}
 
 
+def negatives_above_positive(negatives: pd.DataFrame, scores: pd.DataFrame) -> dict:
+    """How many sampled negatives a model scores above their pair's positive: a sign of false negatives (unlabelled
+    relevant documents) when the model is the one training starts from. `scores`: (query_id, doc_id, score) for every
+    (query, positive) and (query, negative) pair of the table."""
+    score = dict(zip(zip(scores["query_id"], scores["doc_id"], strict=True), scores["score"], strict=True))
+    above = total = 0
+    for row in negatives.itertuples():
+        positive = score[(row.query_id, row.positive_id)]
+        for d in row.negative_ids:
+            above += score[(row.query_id, d)] > positive
+            total += 1
+    return {"above_positive": above / total if total else None, "above_positive_count": above,
+            "negatives": total}
+
+
+def scored_pairs(negatives: pd.DataFrame) -> list[tuple[str, str]]:
+    """Every distinct (query, positive) and (query, negative) pair of a negatives table."""
+    pairs = {(r.query_id, r.positive_id) for r in negatives.itertuples()}
+    pairs |= {(r.query_id, d) for r in negatives.itertuples() for d in r.negative_ids}
+    return sorted(pairs)
+
+
 def _clip(text: str, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"

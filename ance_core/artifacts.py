@@ -3,21 +3,28 @@
 A stage builds into `<work_dir>/<stage>/.partial-<key>/` and renames it to `<work_dir>/<stage>/<key>/` only
 after its manifest is written, so a half-written folder is never visible to a later stage or a cache.
 Resumable stages (training) keep the partial folder across failures and pick up their last checkpoint.
+
+Concurrent runs: a stage holds a file lock per key (`<work_dir>/.locks/<stage>-<key>.lock`, `filelock`) while it
+checks for and builds its folder, so a second run of the same stage waits and then reuses the first one's result
+instead of building into the same partial folder. The operating system releases the lock of a killed process.
 """
 
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 import ance_core
+from ance_core.errors import collect_warnings
 
 MANIFEST = "manifest.json"
 
@@ -72,10 +79,30 @@ def run_stage(
 ) -> ArtifactRef:
     """Return the stage's folder, building it with `build(tmp_dir)` unless a complete one exists.
 
-    `build` writes its files into the temporary folder and may return a small summary for the manifest.
+    `build` writes its files into the temporary folder and may return a small summary for the manifest. What it
+    warns about (`ance_core.errors.warn`) is kept in the manifest (`warnings`), so a reused stage still reports it.
     """
     key = stage_key(stage, config, inputs)
     final = Path(work_dir) / stage / key
+    if is_complete(final):
+        return ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
+    locks = Path(work_dir) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(locks / f"{stage}-{key}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})", flush=True)
+        lock.acquire()
+    try:
+        return _build_stage(final, stage, key, config, inputs, build, resumable)
+    finally:
+        lock.release()
+
+
+def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping[str, str],
+                 build: Callable[[Path], Mapping[str, Any] | None], resumable: bool) -> ArtifactRef:
+    """`run_stage` under its lock: reuse a folder another run completed meanwhile, else build it."""
     if is_complete(final):
         return ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
     partial = final.parent / f".partial-{key}"
@@ -84,7 +111,8 @@ def run_stage(
     partial.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        summary = build(partial) or {}
+        with collect_warnings() as raised:
+            summary = build(partial) or {}
     except BaseException:
         if not resumable:
             shutil.rmtree(partial, ignore_errors=True)
@@ -97,6 +125,7 @@ def run_stage(
         "summary": dict(summary),
         "seconds": round(time.time() - started, 3),
         "version": ance_core.__version__,
+        "warnings": raised,
     }
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     if final.exists():  # an incomplete leftover (no manifest) from an older layout: replace it
@@ -106,8 +135,19 @@ def run_stage(
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON through a temporary file and rename, so readers never see half a file."""
+    """Write JSON through a temporary file of its own and rename, so readers never see half a file (also when
+    several runs write the same file at once: the last rename wins, whole)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(obj, indent=2, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def stage_warnings(folder: str | Path) -> list[str]:
+    """The AnceWarnings a stage raised when it was built (see `run_stage`)."""
+    return read_manifest(folder).get("warnings", []) if is_complete(folder) else []

@@ -4,23 +4,28 @@ Tables (what every later stage reads):
   corpus.parquet   doc_id, title, text
   queries.parquet  query_id, text          (only queries that appear in some qrels split)
   qrels.parquet    query_id, doc_id, relevance, split
+
+Files written on Windows load as they are: a UTF-8 byte-order mark and CRLF line endings are accepted in every file.
+A query whose text is empty is dropped with one warning naming it (it can be neither trained on nor searched for).
 """
 
 import functools
 import hashlib
 import json
+import math
 import os
 import tempfile
 import urllib.request
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
-from ance_core.artifacts import file_digest
-from ance_core.errors import AnceError, DataError
+from ance_core.artifacts import digest_of, file_digest
+from ance_core.errors import AnceError, DataError, preview, warn
+from ance_core.faults import fault_point
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 # md5 of each public BEIR archive, as published in the BEIR README.
@@ -48,6 +53,7 @@ class Dataset:
     corpus: pd.DataFrame
     queries: pd.DataFrame
     qrels: pd.DataFrame
+    min_relevance: dict[str, int] = field(default_factory=dict)  # split -> lowest grade that is a training positive
 
     def split_qrels(self, split: str) -> pd.DataFrame:
         qrels = self.qrels[self.qrels["split"] == split]
@@ -61,9 +67,17 @@ class Dataset:
         return self.queries[self.queries["query_id"].isin(ids)].reset_index(drop=True)
 
     def positives(self, split: str) -> dict[str, set[str]]:
-        """All labelled-relevant documents of each query of the split (relevance > 0)."""
+        """The training positives of each query of the split: relevance >= the split's `min_relevance` (1 unless
+        set for graded qrels, `with_training_grades`). Queries without one are left out."""
+        return self._at_least(split, self.min_relevance.get(split, 1))
+
+    def relevant(self, split: str) -> dict[str, set[str]]:
+        """Every labelled-relevant document of each query of the split (relevance > 0): never a negative."""
+        return self._at_least(split, 1)
+
+    def _at_least(self, split: str, grade: int) -> dict[str, set[str]]:
         rel = self.split_qrels(split)
-        rel = rel[rel["relevance"] > 0]
+        rel = rel[rel["relevance"] >= max(grade, 1)]
         return {q: set(d) for q, d in rel.groupby("query_id")["doc_id"]}
 
 
@@ -153,13 +167,14 @@ def detect_format(folder: Path) -> str:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line."""
+    """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line. A byte-order mark
+    at the start of the file and CRLF line endings (Windows tools write both) are dropped."""
     if not path.is_file():
         raise DataError(path, "file not found")
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(path, f"not valid UTF-8 (byte {e.start} of the line)", number) from None
             line = line.rstrip("\r\n")
@@ -209,10 +224,14 @@ def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[s
 
 
 def _relevance(path: Path, number: int, value: str) -> int:
+    """An integer relevance grade ("1", "1.0"); inf, nan, 1e400 and 0.5 are errors naming the line."""
     try:
-        return int(float(value))
+        grade = float(value)
     except ValueError:
         raise DataError(path, f"relevance '{value}' is not a number", number) from None
+    if not math.isfinite(grade) or grade != int(grade):
+        raise DataError(path, f"relevance '{value}' is not an integer grade", number)
+    return int(grade)
 
 
 def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str):
@@ -246,7 +265,7 @@ def _load_beir(folder: Path) -> Dataset:
         _check_qrels(path, rows, query_ids, doc_ids, path.stem)
         frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=path.stem))
-    return _finish(corpus, queries, pd.concat(frames, ignore_index=True))
+    return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
 
 
 def _load_msmarco(folder: Path) -> Dataset:
@@ -288,12 +307,19 @@ def _load_msmarco(folder: Path) -> Dataset:
         qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=split))
     queries = pd.concat(query_frames, ignore_index=True).drop_duplicates("query_id")
-    return _finish(corpus, queries, pd.concat(qrel_frames, ignore_index=True))
+    return _finish(corpus, queries, pd.concat(qrel_frames, ignore_index=True), folder / "queries.<split>.tsv")
 
 
-def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame) -> Dataset:
+def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, queries_file: Path) -> Dataset:
     used = set(qrels["query_id"])
     queries = queries[queries["query_id"].isin(used)].reset_index(drop=True)
+    empty = queries["text"].str.strip() == ""
+    if empty.any():
+        ids = queries.loc[empty, "query_id"].tolist()
+        warn(f"{queries_file}: {len(ids)} queries with empty text are left out of every split (nothing to train on "
+             f"or search for): {preview(ids)}")
+        queries = queries[~empty].reset_index(drop=True)
+        qrels = qrels[~qrels["query_id"].isin(ids)]
     qrels = qrels.drop_duplicates(["query_id", "doc_id", "split"], keep="last").reset_index(drop=True)
     return Dataset(corpus.reset_index(drop=True), queries, qrels)
 
@@ -304,26 +330,96 @@ def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:
     return _load_beir(folder) if fmt == "beir" else _load_msmarco(folder)
 
 
+def with_dev_split(dataset: Dataset, train_split: str, dev_split: str, fraction: float, seed: int) -> Dataset:
+    """The dataset with a dev split for model selection and recipe choices.
+
+    A dataset that has a split named `dev_split` keeps it. Otherwise about `fraction` of the train split's queries that
+    have a positive (relevance > 0) move to a new split `dev_split`, with all their qrels: they are no longer trained
+    on. Each query moves when sha256(seed, query id), read as a number in [0, 1), is below `fraction`: its membership
+    depends on nothing else, so adding queries to a dataset never moves the others, and seeds give independent splits.
+    """
+    splits = set(dataset.qrels["split"])
+    if dev_split in splits or fraction <= 0 or train_split not in splits:
+        return dataset
+    train = dataset.split_qrels(train_split)
+    candidates = sorted(set(train.loc[train["relevance"] > 0, "query_id"]))
+    dev = {q for q in candidates if _unit_hash(seed, q) < fraction}
+    n_dev = len(dev)
+    if n_dev == 0 or n_dev == len(candidates):
+        warn(f"no dev split: data.dev_fraction {fraction} of the {len(candidates)} '{train_split}' queries with a "
+             f"positive leaves {'no dev' if n_dev == 0 else 'no training'} queries, so all of them are trained on and "
+             f"the run's result is its last model (add a '{dev_split}' split to the dataset, or more queries)")
+        return dataset
+    moved = (dataset.qrels["split"] == train_split) & dataset.qrels["query_id"].isin(dev)
+    qrels = dataset.qrels.copy()
+    qrels.loc[moved, "split"] = dev_split
+    return Dataset(dataset.corpus, dataset.queries, qrels)
+
+
+def _unit_hash(seed: int, query_id: str) -> float:
+    """A number in [0, 1) that depends only on (seed, query id)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\t{query_id}".encode()).digest()[:8], "big") / 2**64
+
+
+def with_training_grades(dataset: Dataset, train_split: str, min_relevance: int | str) -> Dataset:
+    """The dataset with the lowest relevance grade that counts as a training positive on the train split.
+
+    "auto": on graded qrels (two or more positive grades in the train split) only the top grade, else every positive.
+    Sparse, graded collections label many weakly related documents with the low grades (NFCorpus: 96% of its training
+    pairs are grade-1 "indirect" links); trained on as positives, they pull the model away from what the top grade
+    means. Lower grades are never sampled as negatives either way. One warning says what was left out."""
+    if train_split not in set(dataset.qrels["split"]):
+        return dataset
+    train = dataset.split_qrels(train_split)
+    grades = sorted(set(train.loc[train["relevance"] > 0, "relevance"]))
+    grade = (grades[-1] if len(grades) > 1 else 1) if min_relevance == "auto" else int(min_relevance)
+    if grades and grade > grades[0]:
+        relevant = train[train["relevance"] > 0]
+        kept = relevant[relevant["relevance"] >= grade]
+        lost = set(relevant["query_id"]) - set(kept["query_id"])
+        if kept.empty:
+            raise AnceError(f"data.train_min_relevance {grade}: no pair of the '{train_split}' split has that grade "
+                            f"(grades: {', '.join(map(str, grades))})")
+        warn(f"training positives are the {len(kept)} '{train_split}' pairs of relevance >= {grade}"
+             f"{' (graded qrels: the top grade)' if min_relevance == 'auto' else ''}; the other "
+             f"{len(relevant) - len(kept)} relevant pairs ({100 * (1 - len(kept) / len(relevant)):.0f}%, grades "
+             f"{', '.join(str(g) for g in grades if g < grade)}) are not trained on as positives, nor sampled as "
+             f"negatives, and {len(lost)} queries have no training positive left; set data.train_min_relevance: "
+             f"{grades[0]} to train on every relevant pair")
+    return replace(dataset, min_relevance={train_split: grade})
+
+
 # ---------------------------------------------------------------- parquet tables
+
+
+TRAINING_GRADES = "training_grades.json"
 
 
 def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
     dataset.corpus.to_parquet(out / "corpus.parquet", index=False)
+    fault_point("prepare-data", 1)  # the corpus written, the queries and qrels not yet
     dataset.queries.to_parquet(out / "queries.parquet", index=False)
     dataset.qrels.to_parquet(out / "qrels.parquet", index=False)
+    (out / TRAINING_GRADES).write_text(json.dumps(dataset.min_relevance))
     return {
         "documents": len(dataset.corpus),
         "queries": len(dataset.queries),
+        "splits": sorted(dataset.qrels["split"].unique()),
+        # what a dev score was measured on: the champion is compared only with scores on the same queries and labels
+        "split_digests": {split: digest_of(sorted(rows[["query_id", "doc_id", "relevance"]].values.tolist()))
+                          for split, rows in dataset.qrels.groupby("split")},
         **{f"qrels_{s}": int(n) for s, n in dataset.qrels["split"].value_counts().items()},
     }
 
 
 def read_tables(folder: str | Path) -> Dataset:
     folder = Path(folder)
+    grades = folder / TRAINING_GRADES
     return Dataset(
         corpus=pd.read_parquet(folder / "corpus.parquet"),
         queries=pd.read_parquet(folder / "queries.parquet"),
         qrels=pd.read_parquet(folder / "qrels.parquet"),
+        min_relevance=json.loads(grades.read_text()) if grades.is_file() else {},
     )
 
 

@@ -3,6 +3,10 @@
 Output folder of `encode_corpus`:
   emb_00000.npy ...   float32 (n_shard, h), rows in corpus order
   docids.txt          one doc id per line, same order as the concatenated shards
+  windows.txt         maxp checkpoints only: the window number of each row (a document has one row per window)
+
+A document is its first `passage_max_length` tokens (FirstP), or with a `maxp` checkpoint its windows of that many
+tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 """
 
 from collections.abc import Iterator
@@ -17,7 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ance_core.config import EncodeConfig
 from ance_core.data import passage_texts
-from ance_core.model import BiEncoder, autocast_dtype, load_checkpoint, pick_device
+from ance_core.faults import fault_point
+from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device
 
 
 def encode_texts(
@@ -47,13 +52,44 @@ def encode_texts(
     return out
 
 
+WINDOWS = "windows.txt"
+
+
+def passage_windows(tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, max_passages: int) -> list[str]:
+    """A text's consecutive windows of `max_length` tokens with the model's special tokens (at most `max_passages`),
+    cut on token boundaries and returned as the text they cover. The first window is what FirstP encodes."""
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    size = max(1, max_length - special)
+    enc = tokenizer(text, add_special_tokens=False, truncation=True, max_length=size * max_passages,
+                    return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    if not offsets:
+        return [text]
+    return [text[offsets[start][0]:offsets[min(start + size, len(offsets)) - 1][1]]
+            for start in range(0, len(offsets), size)]
+
+
+def document_passages(tokenizer: PreTrainedTokenizerBase, corpus: pd.DataFrame, meta: ModelMeta
+                      ) -> tuple[list[str], list[str], list[int]]:
+    """What a checkpoint encodes of a corpus: (texts, doc id of each, window number of each). FirstP: one text per
+    document (truncated by the tokenizer); MaxP: its windows."""
+    texts = passage_texts(corpus)
+    ids = corpus["doc_id"].astype(str).tolist()
+    if meta.document_mode != "maxp":
+        return texts, ids, [0] * len(ids)
+    out: tuple[list[str], list[str], list[int]] = ([], [], [])
+    for doc_id, text in zip(ids, texts, strict=True):
+        for k, window in enumerate(passage_windows(tokenizer, text, meta.passage_max_length, meta.max_passages)):
+            out[0].append(window), out[1].append(doc_id), out[2].append(k)
+    return out
+
+
 def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path) -> dict:
-    """Encode every passage with the checkpoint into shards of `cfg.shard_size` rows."""
+    """Encode every passage (FirstP) or window (MaxP) with the checkpoint into shards of `cfg.shard_size` rows."""
     device = pick_device()
     model, tokenizer, meta = load_checkpoint(checkpoint, device)
     dtype = autocast_dtype(cfg.precision, device)
-    texts = passage_texts(corpus)
-    ids = corpus["doc_id"].astype(str).tolist()
+    texts, ids, windows = document_passages(tokenizer, corpus, meta)
     with tqdm(total=len(texts), desc="encode corpus", unit="psg", dynamic_ncols=True) as bar:
         for shard, start in enumerate(range(0, len(texts), cfg.shard_size)):
             emb = encode_texts(
@@ -63,8 +99,12 @@ def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfi
             if model.projector is not None:
                 emb = model.projector.docs(emb)
             np.save(out / f"emb_{shard:05d}.npy", emb)
+            fault_point("encode-corpus", shard + 1)
     (out / "docids.txt").write_text("\n".join(ids) + "\n", encoding="utf-8")
-    return {"passages": len(ids), "dim": emb.shape[1], "shards": shard + 1, "device": str(device)}
+    if meta.document_mode == "maxp":
+        (out / WINDOWS).write_text("\n".join(map(str, windows)) + "\n")
+    return {"passages": len(ids), "documents": len(corpus), "document_mode": meta.document_mode, "dim": emb.shape[1],
+            "shards": shard + 1, "device": str(device)}
 
 
 def encode_queries(

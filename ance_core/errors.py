@@ -1,5 +1,10 @@
-"""User-facing errors: the CLI prints them as one line, without a stack trace."""
+"""User-facing errors and warnings: the CLI prints an error as one line, without a stack trace; a warning is a problem
+the run survives (one bad row, a query with no candidates) and is kept in the stage's manifest (`run_stage`)."""
 
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -16,3 +21,35 @@ class DataError(AnceError):
         self.problem = problem
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {problem}")
+
+
+class AnceWarning(UserWarning):
+    """Something the user should know about that the run survives; stages record these in their manifest."""
+
+
+_COLLECTOR: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("ance_warnings", default=None)
+
+
+def warn(message: str) -> None:
+    """Warn (AnceWarning) and record the message in the stage being built, if any (`collect_warnings`)."""
+    if (collected := _COLLECTOR.get()) is not None:
+        collected.append(message)
+    warnings.warn(message, AnceWarning, stacklevel=2)
+
+
+@contextlib.contextmanager
+def collect_warnings() -> Iterator[list[str]]:
+    """The messages `warn` is called with inside this block, in this context (thread-safe: a context variable)."""
+    collected: list[str] = []
+    token = _COLLECTOR.set(collected)
+    try:
+        yield collected
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def preview(ids, limit: int = 5) -> str:
+    """The first few of a list of ids, for a message: "q1, q2, q3 and 12 more"."""
+    ids = [str(i) for i in ids]
+    shown = ", ".join(ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")

@@ -2,7 +2,9 @@
 and the approximate HNSW and IVF-PQ indexes the compression table compares against it.
 
 An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini, and for the
-approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading.
+approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading. A MaxP
+index (a `maxp` checkpoint's windows) also holds `window` (the window number of each row): a document has several
+rows, and a search returns documents, each scored by its best window (MaxP).
 """
 
 import functools
@@ -17,9 +19,19 @@ import numpy as np
 import torch
 
 from ance_core.config import CompressConfig, IndexConfig, IndexType
-from ance_core.encode import iter_shards
+from ance_core.encode import WINDOWS, iter_shards
+from ance_core.faults import fault_point
 
 SEARCH_PARAMS = "search.json"
+WINDOW_FILE = "window"
+GPU_MAX_K = 2048  # faiss-gpu's limit on k for a flat search
+
+
+def _copy_row_ids(embeddings_dir: str | Path, out: Path) -> None:
+    """docid (and window, for MaxP) of the index rows, from the encoding's docids.txt (and windows.txt)."""
+    shutil.copy2(Path(embeddings_dir) / "docids.txt", out / "docid")
+    if (Path(embeddings_dir) / WINDOWS).is_file():
+        shutil.copy2(Path(embeddings_dir) / WINDOWS, out / WINDOW_FILE)
 
 
 def gpu_available() -> bool:
@@ -35,7 +47,8 @@ def build_index(embeddings_dir: str | Path, out: Path) -> dict:
     if index is None:
         raise ValueError(f"{embeddings_dir}: no emb_*.npy shards")
     faiss.write_index(index, str(out / "index"))
-    shutil.copy2(Path(embeddings_dir) / "docids.txt", out / "docid")
+    fault_point("build-index", 1)  # the index written, its doc ids not yet
+    _copy_row_ids(embeddings_dir, out)
     return {"vectors": index.ntotal, "dim": index.d, "type": "IndexFlatIP"}
 
 
@@ -71,7 +84,7 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
     index.add(vectors)
     faiss.write_index(index, str(out / "index"))
     (out / SEARCH_PARAMS).write_text(json.dumps(search))
-    shutil.copy2(Path(embeddings_dir) / "docids.txt", out / "docid")
+    _copy_row_ids(embeddings_dir, out)
     return summary | {"vectors": index.ntotal, "dim": d, "bytes": (out / "index").stat().st_size} | search
 
 
@@ -96,6 +109,7 @@ class FlatIndex:
                                                                                   faiss.IndexHNSW)
         if cfg.device == "gpu" and not self.on_gpu:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
+        self._cpu_index = index  # faiss's GPU search returns at most GPU_MAX_K results per query
         if self.on_gpu:
             self._resources = faiss.StandardGpuResources()
             # the calling thread's current CUDA device (the async inferencer uses its own GPU)
@@ -103,35 +117,85 @@ class FlatIndex:
             index = faiss.index_cpu_to_gpu(self._resources, device, index)
         self.index = index
         self.docids = np.array((folder / "docid").read_text(encoding="utf-8").splitlines(), dtype=object)
+        window_file = folder / WINDOW_FILE
+        self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
+                        else np.zeros(len(self.docids), dtype=np.int64))
+        self.documents = len(set(self.docids)) if window_file.is_file() else len(self.docids)
+        self.max_windows = int(self.windows.max()) + 1 if len(self.windows) else 1
         self.batch_size = cfg.search_batch_size
 
     def __len__(self) -> int:
-        return self.index.ntotal
+        """Documents in the index (not rows: a MaxP document has one row per window)."""
+        return self.documents
 
     @functools.cached_property
-    def _row(self) -> dict[str, int]:
-        return {d: i for i, d in enumerate(self.docids)}
+    def _rows(self) -> dict[str, list[int]]:
+        rows: dict[str, list[int]] = {}
+        for i, d in enumerate(self.docids):
+            rows.setdefault(d, []).append(i)
+        return rows
 
-    def vectors(self, doc_ids: list[str]) -> np.ndarray:
-        """The indexed vectors of some documents (flat index: exact), (n, h) float32."""
-        missing = [d for d in doc_ids if d not in self._row]
-        if missing:
-            raise KeyError(f"documents not in the index: {missing[:5]}")
-        if not doc_ids:
+    def _reconstruct(self, rows: list[int]) -> np.ndarray:
+        if not rows:
             return np.zeros((0, self.index.d), dtype=np.float32)
         if (ivf := faiss.try_extract_index_ivf(self.index)) is not None:
             ivf.make_direct_map()  # IVF-PQ: the decoded (approximate) vectors
-        return np.stack([self.index.reconstruct(self._row[d]) for d in doc_ids]).astype(np.float32)
+        return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64)).astype(np.float32)
+
+    def vectors(self, doc_ids: list[str]) -> np.ndarray:
+        """The indexed vector of each document (flat index: exact), (n, h) float32; a MaxP document's first window."""
+        missing = [d for d in doc_ids if d not in self._rows]
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        return self._reconstruct([self._rows[d][0] for d in doc_ids])
+
+    def best_scores(self, queries: np.ndarray, doc_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each (query vector, document) pair's exact score and the window that gives it: the best of the document's
+        windows (MaxP; one window for FirstP). queries (n, h), doc_ids n -> scores (n,) float32, windows (n,) int."""
+        missing = [d for d in doc_ids if d not in self._rows]
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        scores, windows = np.zeros(len(doc_ids), dtype=np.float32), np.zeros(len(doc_ids), dtype=np.int64)
+        queries = np.asarray(queries, np.float32)
+        for start in range(0, len(doc_ids), self.batch_size):  # in chunks: bounded memory for any number of pairs
+            rows = [self._rows[d] for d in doc_ids[start:start + self.batch_size]]
+            flat = np.concatenate(rows)  # every window row of every pair, pair by pair
+            pair = np.repeat(np.arange(len(rows)), [len(r) for r in rows]) + start
+            row_scores = np.einsum("ij,ij->i", self._reconstruct(flat.tolist()), queries[pair])
+            starts = np.cumsum([0, *[len(r) for r in rows[:-1]]])
+            scores[start:start + len(rows)] = np.maximum.reduceat(row_scores, starts)
+            best = [flat[s + int(np.argmax(row_scores[s:s + len(r)]))] for s, r in zip(starts, rows, strict=True)]
+            windows[start:start + len(rows)] = self.windows[best]
+        return scores, windows
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """queries (n, h) -> scores (n, k) float32 and doc ids (n, k), best first. Searched in BLAS-sized batches."""
+        scores, ids, _ = self.search_windows(queries, k)
+        return scores, ids
+
+    def search_windows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`search`, plus the window each document scored with (0 for FirstP). A MaxP search fetches the top
+        k * max_windows rows, which always hold each of the top-k documents' best window, and keeps each document's
+        first (best) row."""
         k = min(k, len(self))
-        scores = np.empty((len(queries), k), dtype=np.float32)
-        rows = np.empty((len(queries), k), dtype=np.int64)
+        depth = min(k * self.max_windows, self.index.ntotal)
+        index = self.index if not self.on_gpu or depth <= GPU_MAX_K else self._cpu_index
+        scores = np.empty((len(queries), depth), dtype=np.float32)
+        rows = np.empty((len(queries), depth), dtype=np.int64)
         for start in range(0, len(queries), self.batch_size):
             batch = np.ascontiguousarray(queries[start : start + self.batch_size], dtype=np.float32)
-            scores[start : start + len(batch)], rows[start : start + len(batch)] = self.index.search(batch, k)
-        return scores, self.docids[rows]
+            scores[start : start + len(batch)], rows[start : start + len(batch)] = index.search(batch, depth)
+        if self.max_windows == 1:
+            return scores, self.docids[rows], self.windows[rows]
+        out_scores = np.empty((len(queries), k), dtype=np.float32)
+        out_ids = np.empty((len(queries), k), dtype=object)
+        out_windows = np.empty((len(queries), k), dtype=np.int64)
+        for i in range(len(queries)):
+            ids = self.docids[rows[i]]
+            _, first = np.unique(ids, return_index=True)  # each document's best row (rows come best first)
+            keep = np.sort(first)[:k]
+            out_scores[i], out_ids[i], out_windows[i] = scores[i, keep], ids[keep], self.windows[rows[i, keep]]
+        return out_scores, out_ids, out_windows
 
 
 def search_latency(indexes: list[tuple[FlatIndex, np.ndarray]], k: int, batch: int, repeats: int = 5) -> list[dict]:

@@ -29,16 +29,7 @@ def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
                    p: np.ndarray | None = None) -> pd.DataFrame:
     """n distinct candidates without replacement, uniformly (or with probabilities `p`), kept in rank order."""
     if len(candidates) < n:
-        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested: raise mining.top_k or "
-                        "loosen mining.skip_top / mining.margin")
+        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested")
     picked = np.sort(rng.choice(len(candidates), size=n, replace=False, p=p))
     return candidates.iloc[picked]
 
-
-def ance_negatives(
-    run: pd.DataFrame, positives: dict[str, set[str]], top_k: int, n: int, seed: int, round_: int
-) -> pd.DataFrame:
-    """One row per (query, positive): n negatives from the query's top-k minus its positives (sampler `ance`)."""
-    from ance_core.samplers import sample_negatives
-
-    return sample_negatives("ance", positives, n, seed, round_, run=run, top_k=top_k)

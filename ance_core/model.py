@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, digest_of, file_digest, read_manifest
 from ance_core.conae import PROJECTOR_FILE, Projector
@@ -43,6 +43,8 @@ class ModelMeta:
     pooling: str
     query_max_length: int
     passage_max_length: int
+    document_mode: str = "firstp"  # or "maxp": documents as windows of passage_max_length tokens, scored by the best
+    max_passages: int = 1
 
 
 def resolve_model_name(name: str) -> str:
@@ -98,11 +100,15 @@ class BiEncoder(nn.Module):
         return self.norm(self.proj(pool(hidden, attention_mask, self.pooling)))  # (B, h)
 
 
-def _load_encoder(path: str) -> nn.Module:
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout")  # BERT family, DistilBERT/others
+
+
+def _load_encoder(path: str, **config_overrides: float) -> nn.Module:
     try:
-        return AutoModel.from_pretrained(path, add_pooling_layer=False)  # BERT-family: skip the unused pooler
+        # BERT-family: skip the unused pooler
+        return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
     except TypeError:
-        return AutoModel.from_pretrained(path)
+        return AutoModel.from_pretrained(path, **config_overrides)
     except OSError as e:
         raise AnceError(f"cannot load model '{path}': {e}") from None
 
@@ -122,7 +128,8 @@ def init_model(cfg: ModelConfig, out: Path) -> dict:
         quiet.setLevel(level)
     model = BiEncoder(encoder, cfg.pooling)
     model.init_head(cfg.init_temperature)
-    meta = ModelMeta(cfg.name, cfg.pooling, cfg.query_max_length, cfg.passage_max_length)
+    meta = ModelMeta(cfg.name, cfg.pooling, cfg.query_max_length, cfg.passage_max_length, cfg.document_mode,
+                     cfg.max_passages if cfg.document_mode == "maxp" else 1)
     save_checkpoint(model, tokenizer, meta, out)
     return {"source": source, "parameters": sum(p.numel() for p in model.parameters()), "dim": model.dim}
 
@@ -181,11 +188,23 @@ def read_meta(path: str | Path) -> ModelMeta:
 
 
 def load_checkpoint(
-    path: str | Path, device: torch.device | str = "cpu"
+    path: str | Path, device: torch.device | str = "cpu", attention_dropout: float | None = None
 ) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
+    """The model, tokenizer and meta of a checkpoint folder. `attention_dropout` replaces the encoder's
+    attention-probability dropout in the loaded modules (for training); its saved config keeps the model's own."""
     path = Path(path)
     meta = read_meta(path)
-    model = BiEncoder(_load_encoder(str(path)), meta.pooling)
+    overrides, original = {}, None
+    if attention_dropout is not None:
+        config = AutoConfig.from_pretrained(path)
+        key = next((k for k in ATTENTION_DROPOUT_KEYS if hasattr(config, k)), None)
+        if key is None:
+            raise AnceError(f"{path}: model type '{config.model_type}' has no attention-dropout setting "
+                            f"({' or '.join(ATTENTION_DROPOUT_KEYS)}); leave attention_dropout unset")
+        overrides, original = {key: attention_dropout}, (key, getattr(config, key))
+    model = BiEncoder(_load_encoder(str(path), **overrides), meta.pooling)
+    if original is not None:  # the modules were built with the override; a checkpoint saved later keeps the original
+        setattr(model.encoder.config, *original)
     head = load_file(path / HEAD_FILE)
     model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
     model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})

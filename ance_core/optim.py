@@ -47,8 +47,12 @@ def make_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: f
     return AdamW(groups, lr=lr)
 
 
-def linear_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
-    def factor(step: int) -> float:
+def linear_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int, offset: int = 0) -> LambdaLR:
+    """Linear warm-up over `warmup_steps`, then linear decay to zero at `total_steps`. The scheduler's own step 0 is
+    step `offset` of that schedule (a stage that continues a schedule started by an earlier one)."""
+
+    def factor(local_step: int) -> float:
+        step = local_step + offset
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))

@@ -1,4 +1,10 @@
-"""The results table a pipeline run ends with: one row per model, metrics and wall time per stage."""
+"""The results table a pipeline run ends with: one row per model, its metrics on the evaluation split and the dev
+split, the model chosen as the run's result, and the wall time per stage.
+
+Model selection: the run's result is the model with the best dev nDCG@10 among its checkpoints, the one it started
+from included (`select_model`); a training stage that made the dev score worse than its start is a warning
+(`dev_regressions`). Never the evaluation split: that is for reporting.
+"""
 
 import json
 from dataclasses import dataclass
@@ -7,6 +13,7 @@ from pathlib import Path
 from ance_core.artifacts import ArtifactRef, write_json
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
+DEV_KEY = "dev_ndcg_at_10"
 
 
 @dataclass(frozen=True)
@@ -25,26 +32,57 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
 
 
+def select_model(results: list[dict], candidates: list[str]) -> str | None:
+    """The candidate with the best dev nDCG@10 (on a tie, the later one: it trained more); None without dev scores."""
+    scored = [(r[DEV_KEY], k, r["model"]) for k, r in enumerate(results) if r["model"] in candidates and DEV_KEY in r]
+    return max(scored)[2] if scored else None
+
+
+def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[str]:
+    """One warning per training stage whose model scores a lower dev nDCG@10 than the model it started from."""
+    dev = {r["model"]: r[DEV_KEY] for r in results if DEV_KEY in r}
+    out = []
+    for label, start in started_from.items():
+        if label in dev and start in dev and dev[label] < dev[start]:
+            out.append(f"{label} made the model worse on the dev split: nDCG@10 {dev[start]:.4f} ({start}) -> "
+                       f"{dev[label]:.4f} ({dev[label] - dev[start]:+.4f})")
+    return out
+
+
 def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str,
-                 dataset: str) -> dict:
+                 dataset: str, dev: dict[str, ArtifactRef] | None = None, dev_split: str | None = None,
+                 selected: list[str] | None = None, started_from: dict[str, str] | None = None) -> dict:
+    """Rows of metrics per model (`dev_*` keys: the dev split's), the selection among `selected` (candidate labels),
+    the dev regressions of the training stages (`started_from`: label -> the label it trained from), and markdown."""
+    dev = dev or {}
     results = [{"model": label, **read_metrics(ref)} for label, ref in evaluations]
+    for row in results:
+        if row["model"] in dev:
+            row |= {f"dev_{k}": v for k, v in read_metrics(dev[row["model"]]).items()}
+    chosen = select_model(results, selected or [])
+    warnings = dev_regressions(results, started_from or {})
     stages = [{"for": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "path": t.ref.path}
               for t in timings]
     per_model: dict[str, float] = {}
     for s in stages:
         per_model[s["for"]] = per_model.get(s["for"], 0.0) + s["seconds"]
-    metrics_md = markdown_table(
-        ["model", *COLUMNS.values(), "stage time (s)"],
-        [[r["model"], *(f"{r[k]:.4f}" for k in COLUMNS), f"{per_model.get(r['model'], 0.0):.0f}"] for r in results],
-    )
+    show_dev = bool(dev) and dev_split != split
+    header = ["model", *(f"{dev_split} nDCG@10",) * show_dev, *COLUMNS.values(), "stage time (s)"]
+    rows = [[f"**{r['model']}** (result)" if r["model"] == chosen else r["model"],
+             *((f"{r[DEV_KEY]:.4f}" if DEV_KEY in r else "—",) * show_dev),
+             *(f"{r[k]:.4f}" for k in COLUMNS), f"{per_model.get(r['model'], 0.0):.0f}"] for r in results]
     stages_md = markdown_table(["for", "stage", "seconds"],
                                [[s["for"], s["stage"], f"{s['seconds']:.1f}"] for s in stages])
     total = sum(s["seconds"] for s in stages)
-    markdown = (f"## {dataset} {split}\n\n{metrics_md}\n\n"
+    chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models, the starting one "
+                 f"included ({split} is never used to choose).\n\n" if chosen else "")
+    warnings_md = "".join(f"**Warning:** {w}.\n\n" for w in warnings)
+    markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{chosen_md}{warnings_md}"
                 f"Stage time: wall seconds of the builds that produced and evaluated each model (a reused stage counts "
                 f"the time it took when it was built).\n\n"
                 f"### Wall time per stage (total {total:.0f} s)\n\n{stages_md}\n")
-    return {"dataset": dataset, "split": split, "results": results, "stages": stages, "markdown": markdown}
+    return {"dataset": dataset, "split": split, "dev_split": dev_split if dev else None, "results": results,
+            "selected": chosen, "warnings": warnings, "stages": stages, "markdown": markdown}
 
 
 def write_report(report: dict, folder: Path) -> None:

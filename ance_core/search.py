@@ -12,7 +12,7 @@ from ance_core.errors import AnceError
 from ance_core.index import FlatIndex
 from ance_core.model import load_checkpoint, pick_device
 
-RUN_COLUMNS = ["query_id", "doc_id", "rank", "score"]
+RUN_COLUMNS = ["query_id", "doc_id", "rank", "score"]  # dense runs add `window`: the MaxP window a document scored by
 
 
 @dataclass(frozen=True)
@@ -21,15 +21,17 @@ class Hit:
     score: float
 
 
-def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray) -> pd.DataFrame:
-    """(n, k) doc ids and scores, best first -> long run table with 1-based ranks."""
+def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
+              windows: np.ndarray | None = None) -> pd.DataFrame:
+    """(n, k) doc ids and scores (and windows), best first -> long run table with 1-based ranks."""
     n, k = doc_ids.shape
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "query_id": np.repeat(np.asarray(query_ids, dtype=object), k),
         "doc_id": doc_ids.reshape(-1),
         "rank": np.tile(np.arange(1, k + 1), n),
         "score": scores.reshape(-1).astype(np.float32),
     })
+    return frame if windows is None else frame.assign(window=windows.reshape(-1).astype(np.int64))
 
 
 def dense_retrieve(
@@ -50,17 +52,31 @@ def dense_retrieve(
         raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
                         f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
                         "compressed embeddings, and its teacher the full one")
-    scores, ids = index.search(q, top_k)
-    run = run_frame(queries["query_id"].tolist(), ids, scores)
+    scores, ids, windows = index.search_windows(q, top_k)
+    run = run_frame(queries["query_id"].tolist(), ids, scores, windows)
     if positives is None:
         return run
-    row = {query_id: i for i, query_id in enumerate(queries["query_id"])}
-    pairs = [(query_id, d) for query_id in row for d in sorted(positives.get(query_id, ()))]
-    docs = index.vectors([d for _, d in pairs])
-    qs = q[[row[query_id] for query_id, _ in pairs]]
-    scored = pd.DataFrame(pairs, columns=["query_id", "doc_id"]).assign(
-        score=np.einsum("ij,ij->i", qs.astype(np.float32), docs).astype(np.float32) if pairs else [])
-    return run, scored
+    pairs = [(query_id, d) for query_id in queries["query_id"] for d in sorted(positives.get(query_id, ()))]
+    return run, _pair_scores(q, queries["query_id"].tolist(), index, pairs)
+
+
+def _pair_scores(q: np.ndarray, query_ids: list[str], index: FlatIndex, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """(query_id, doc_id, score, window) of each pair: the query's embedding (row of `q`) against the document's
+    indexed vector (its best window's, MaxP)."""
+    row = {query_id: i for i, query_id in enumerate(query_ids)}
+    qs = q[[row[query_id] for query_id, _ in pairs]] if pairs else np.zeros((0, index.index.d), dtype=np.float32)
+    scores, windows = index.best_scores(qs, [d for _, d in pairs])
+    return pd.DataFrame(pairs, columns=["query_id", "doc_id"]).assign(score=scores, window=windows)
+
+
+def score_pairs(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, pairs: list[tuple[str, str]],
+                encode_cfg: EncodeConfig = EncodeConfig()) -> pd.DataFrame:
+    """The model's exact score of each (query id, doc id) pair (query_id, doc_id, score), the documents' vectors read
+    from the model's own index."""
+    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
+    wanted = queries[queries["query_id"].isin({q for q, _ in pairs})]
+    q = encode_queries(model, tokenizer, wanted["text"].tolist(), meta.query_max_length, encode_cfg)
+    return _pair_scores(q, wanted["query_id"].tolist(), FlatIndex(index_dir), pairs)
 
 
 def search_text(checkpoint: str | Path, index_dir: str | Path, text: str, top_k: int = 10) -> list[Hit]:

@@ -12,6 +12,7 @@ scheduler state, RNG state and data position, so the result equals an uninterrup
 No pickle: tensors in safetensors, everything else in JSON.
 """
 
+import functools
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ance_core.config import TrainConfig
 from ance_core.data import passage_texts
+from ance_core.encode import passage_windows
 from ance_core.errors import AnceError
 from ance_core.loss import nll_loss
 from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
@@ -44,6 +47,33 @@ CHECKPOINTS = "checkpoints"
 
 class TrainingInterrupted(RuntimeError):
     """Raised by a callback to stop training after a step (the latest checkpoint stays resumable)."""
+
+
+def planned_steps(pairs: int, cfg: TrainConfig) -> int:
+    """Optimizer steps a training stage of `cfg` takes on `pairs` (query, positive) rows."""
+    per_epoch = max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
+    return cfg.max_steps or per_epoch * cfg.epochs
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A training stage's place in one learning-rate schedule shared by several stages (`schedule: continuous`).
+
+    Its steps are offset+1 .. offset+steps of a schedule of `total` steps that warms up linearly over the first
+    `warmup` and then decays linearly to zero at `total`; with `resume_optimizer`, the optimizer's moments start from
+    the state saved with the starting checkpoint (the previous stage's), so the stages train as one run."""
+
+    offset: int
+    total: int
+    warmup: int
+    resume_optimizer: bool
+
+
+def continuous_schedules(steps: Sequence[int], warmup_ratio: float, resume_first: bool = False) -> list[Schedule]:
+    """One Schedule per stage of `steps` optimizer steps each, all parts of one schedule over their sum."""
+    total, offsets = sum(steps), np.cumsum([0, *steps[:-1]]).tolist()
+    return [Schedule(int(offset), total, int(warmup_ratio * total), resume_first or k > 0)
+            for k, offset in enumerate(offsets)]
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -121,19 +151,36 @@ def _save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, opti
     (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, default=float))
 
 
-def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler) -> int:
-    trained, _, _ = load_checkpoint(folder, next(model.parameters()).device)
-    model.load_state_dict(trained.state_dict())
+def _optimizer_moments(folder: Path, device: torch.device) -> dict[int, dict]:
+    """The per-parameter optimizer state saved in a folder (`_save_state`)."""
     trainer_state = json.loads((folder / "trainer_state.json").read_text())
     entries: dict[int, dict] = defaultdict(dict)
-    device = next(model.parameters()).device
     for key, value in load_file(folder / "optimizer.safetensors").items():
         pid, name = key.split(".", 1)
         entries[int(pid)][name] = value.to(device) if name != "step" else value
     for key, value in trainer_state["optimizer_scalars"].items():
         pid, name = key.split(".", 1)
         entries[int(pid)][name] = value
-    optimizer.load_state_dict({"state": dict(entries), "param_groups": trainer_state["optimizer_param_groups"]})
+    return dict(entries)
+
+
+def resume_optimizer(folder: Path, optimizer) -> None:
+    """Start from the optimizer moments saved with a checkpoint (a previous stage's), keeping this stage's learning
+    rate and weight decay."""
+    if not (folder / "optimizer.safetensors").is_file():
+        raise AnceError(f"{folder}: no optimizer state to continue from (schedule: continuous needs the previous "
+                        "stage's training folder)")
+    device = next(p for group in optimizer.param_groups for p in group["params"]).device
+    optimizer.load_state_dict({"state": _optimizer_moments(folder, device),
+                               "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler) -> int:
+    trained, _, _ = load_checkpoint(folder, next(model.parameters()).device)
+    model.load_state_dict(trained.state_dict())
+    trainer_state = json.loads((folder / "trainer_state.json").read_text())
+    optimizer.load_state_dict({"state": _optimizer_moments(folder, next(model.parameters()).device),
+                               "param_groups": trainer_state["optimizer_param_groups"]})
     scheduler.load_state_dict(trainer_state["scheduler"])
     if scaler is not None and trainer_state["scaler"]:
         scaler.load_state_dict(trainer_state["scaler"])
@@ -162,6 +209,23 @@ def _write_checkpoint(out: Path, step: int, **state) -> None:
             shutil.rmtree(old)
 
 
+def _passage_lookup(doc_text: dict[str, str], tokenizer, meta: ModelMeta) -> Callable[[str, int], str]:
+    """(doc id, window) -> the text a training step encodes: the document (FirstP: truncated by the tokenizer), or
+    with a maxp checkpoint its window, cut as the corpus encoding cuts it (ance_core.encode.passage_windows)."""
+    if meta.document_mode != "maxp":
+        return lambda doc_id, window: doc_text[doc_id]
+
+    @functools.lru_cache(maxsize=20_000)  # bounded: a large corpus's windows are cut again when needed
+    def windows_of(doc_id: str) -> list[str]:
+        return passage_windows(tokenizer, doc_text[doc_id], meta.passage_max_length, meta.max_passages)
+
+    def passage(doc_id: str, window: int) -> str:
+        windows = windows_of(doc_id)
+        return windows[min(int(window), len(windows) - 1)]
+
+    return passage
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -170,15 +234,21 @@ def train(
     negatives: pd.DataFrame,
     corpus: pd.DataFrame,
     queries: pd.DataFrame,
-    positives: dict[str, set[str]],
+    relevant: dict[str, set[str]],
     cfg: TrainConfig,
     out: Path,
     callbacks: Sequence[StepCallback] = (),
     negatives_update: NegativesUpdate | None = None,
     snapshot_steps: Collection[int] = (),
     on_snapshot: SnapshotHook | None = None,
+    schedule: Schedule | None = None,
 ) -> dict:
     """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`.
+    `relevant`: every labelled-relevant document per query, masked out where it would be another query's in-batch
+    negative.
+
+    `schedule` places the stage in a learning-rate schedule shared with other stages (default: its own, warm-up over
+    `cfg.warmup_ratio` of its steps, then linear decay to zero).
 
     Asynchronous refresh (ANCE Fig. 2): before each step `negatives_update(step)` may return a newer negatives
     table for the same (query, positive) rows, which replaces the one in use without changing the data order.
@@ -190,11 +260,14 @@ def train(
     device = pick_device()
     dtype = autocast_dtype(cfg.precision, device)
     torch.manual_seed(cfg.seed)
-    model, tokenizer, meta = load_checkpoint(init_checkpoint, device)
+    model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout)
+    query_length = cfg.query_max_length or meta.query_max_length
+    passage_length = cfg.passage_max_length or meta.passage_max_length
     if model.projector is not None:
         raise AnceError(f"{init_checkpoint}: a compressed checkpoint (it has a projector); train its teacher and "
                         "compress again")
     doc_text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+    passage = _passage_lookup(doc_text, tokenizer, meta)
     query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
     pairs = negatives.reset_index(drop=True)
     group = 1 + len(pairs["negative_ids"].iloc[0])
@@ -205,18 +278,27 @@ def train(
     def swap_negatives(table: pd.DataFrame) -> None:
         """Same rows, newer negatives: aligned on (query_id, positive_id), so the data order is untouched."""
         key = ["query_id", "positive_id"]
-        merged = pairs[key].merge(table[[*key, "negative_ids"]], on=key, how="left", validate="one_to_one")
+        columns = [c for c in ("negative_ids", "negative_windows", "positive_window") if c in table]
+        merged = pairs[key].merge(table[[*key, *columns]], on=key, how="left", validate="one_to_one")
         if merged["negative_ids"].isna().any() or len(table) != len(pairs):
             raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
         if {len(n) for n in merged["negative_ids"]} != {group - 1}:
             raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
-        pairs["negative_ids"] = merged["negative_ids"].to_numpy()
+        for column in columns:
+            pairs[column] = merged[column].to_numpy()
 
-    micro_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
-    steps_per_epoch = max(1, micro_per_epoch // cfg.grad_accumulation)
-    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    steps_per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size) // cfg.grad_accumulation)
+    total = planned_steps(len(pairs), cfg)
     optimizer = make_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay)
-    scheduler = linear_schedule(optimizer, int(cfg.warmup_ratio * total), total)
+    if schedule is None:
+        scheduler = linear_schedule(optimizer, int(cfg.warmup_ratio * total), total)
+    else:
+        if schedule.offset + total > schedule.total:
+            raise ValueError(f"a stage of {total} steps at offset {schedule.offset} overruns its schedule of "
+                             f"{schedule.total} steps")
+        if schedule.resume_optimizer:
+            resume_optimizer(Path(init_checkpoint), optimizer)
+        scheduler = linear_schedule(optimizer, schedule.warmup, schedule.total, offset=schedule.offset)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 and device.type == "cuda" else None
 
     out.mkdir(parents=True, exist_ok=True)
@@ -234,10 +316,13 @@ def train(
     def micro_batch_loss(rows: pd.DataFrame) -> torch.Tensor:
         qids = rows["query_id"].tolist()
         pids = [d for pos, negs in zip(rows["positive_id"], rows["negative_ids"], strict=True) for d in [pos, *negs]]
-        mask = false_negative_mask(qids, pids, group, positives).to(device) if cfg.in_batch_negatives else None
+        windows = ([w for pos, negs in zip(rows["positive_window"], rows["negative_windows"], strict=True)
+                    for w in [pos, *negs]] if "negative_windows" in rows else [0] * len(pids))
+        mask = false_negative_mask(qids, pids, group, relevant).to(device) if cfg.in_batch_negatives else None
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
-            q = model(**tokenize([query_text[x] for x in qids], cfg.query_max_length))  # (B, h)
-            p = model(**tokenize([doc_text[x] for x in pids], cfg.passage_max_length))  # (B*G, h)
+            q = model(**tokenize([query_text[x] for x in qids], query_length))  # (B, h)
+            texts = [passage(d, w) for d, w in zip(pids, windows, strict=True)]
+            p = model(**tokenize(texts, passage_length))  # (B*G, h)
         return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,

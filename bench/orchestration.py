@@ -19,7 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ance_core.artifacts import read_manifest
 from ance_core.config import PipelineConfig, load_config
+from ance_core.samplers import train_config_for
+from tasks.analysis import DEPTH, negatives_analysis
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
@@ -29,36 +32,56 @@ from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
 from tasks.report import report
 from tasks.retrieve import dense_run
-from tasks.train import train_round
+from tasks.train import SchedulePlan, train_round
 
 
 def plain_pipeline(c: PipelineConfig) -> list[tuple[str, float]]:
-    """The synchronous pipeline of flows/ance_pipeline.py as plain function calls."""
-    wd, tr, ev = c.work_dir, c.data.train_split, c.data.eval_split
-    evaluations = []
+    """The synchronous pipeline of flows/ance_pipeline.py (flows/book.py) as plain function calls: the same stages,
+    evaluations on the evaluation and dev splits, negatives analyses and learning-rate schedules."""
+    wd, tr, ev, dev = c.work_dir, c.data.train_split, c.data.eval_split, c.data.dev_split
+    evaluations, dev_evaluations, models, started_from = [], {}, {}, {}
 
-    def evaluate_model(label, checkpoint, index=None):
+    def evaluate_split(label, checkpoint, index, split):
+        run = dense_run.fn(checkpoint, index, data, split, c.eval.top_k, c.encode, c.index, wd)
+        return evaluate.fn(run, data, split, wd)
+
+    def evaluate_model(label, checkpoint, index=None, negatives=None):
         if index is None:
             index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
-        run = dense_run.fn(checkpoint, index, data, ev, c.eval.top_k, c.encode, c.index, wd)
-        evaluations.append((label, evaluate.fn(run, data, ev, wd)))
+        models[label] = {"checkpoint": checkpoint, "index": index}
+        evaluations.append((label, evaluate_split(label, checkpoint, index, ev)))
+        if has_dev:
+            dev_evaluations[label] = evaluate_split(label, checkpoint, index, dev)
+        if negatives is not None:
+            own = dense_run.fn(checkpoint, index, data, tr, max(c.mining.depth, DEPTH), c.encode, c.index, wd)
+            negatives_analysis.fn(negatives, own, data, tr, wd, models[started_from[label]])
 
     data = prepare_data.fn(c.data, wd)
-    evaluations.append(("BM25", evaluate.fn(bm25_run.fn(data, c.bm25, ev, c.bm25.top_k, wd), data, ev, wd)))
+    has_dev = dev in read_manifest(data.path)["summary"]["splits"]
+    for split in [ev, dev] if has_dev else [ev]:
+        run = bm25_run.fn(data, c.bm25, split, c.bm25.top_k, wd)
+        (evaluations.append(("BM25", evaluate.fn(run, data, split, wd))) if split == ev else
+         dev_evaluations.update({"BM25": evaluate.fn(run, data, split, wd)}))
+    round_cfg = train_config_for(c.mining, c.ance)
+    warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
+    schedules = SchedulePlan(c.schedule, [warm_cfg, *[round_cfg] * c.rounds])
     checkpoint = init_checkpoint.fn(c.model, wd)
     evaluate_model("zero-shot", checkpoint)
-    candidates = bm25_run.fn(data, c.bm25, tr, c.bm25_negatives.top_k, wd)
+    candidates = bm25_run.fn(data, c.bm25, tr, c.bm25_negatives.depth, wd)
     negatives = mine_negatives.fn(candidates, data, tr, c.bm25_negatives, 0, wd)
-    checkpoint, label = train_round.fn(checkpoint, negatives, data, tr, c.warmup, wd), "warmup"
+    checkpoint = train_round.fn(checkpoint, negatives, data, tr, warm_cfg, wd, schedules.next(negatives))
+    label, started_from["warmup"] = "warmup", "zero-shot"
     for k in range(1, c.rounds + 1):
         index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
-        run = dense_run.fn(checkpoint, index, data, tr, c.mining.top_k, c.encode, c.index, wd)
-        negatives = mine_negatives.fn(run, data, tr, c.mining, k, wd)
-        evaluate_model(label, checkpoint, index)
+        run = dense_run.fn(checkpoint, index, data, tr, c.mining.depth, c.encode, c.index, wd)
+        round_negatives = mine_negatives.fn(run, data, tr, c.mining, k, wd)
+        evaluate_model(label, checkpoint, index, negatives)
+        negatives, started_from[f"ANCE round {k}"] = round_negatives, label
         label = f"ANCE round {k}"
-        checkpoint = train_round.fn(checkpoint, negatives, data, tr, c.ance, wd)
-    evaluate_model(label, checkpoint)
-    report.fn(evaluations, [], ev, c.data.dataset, wd)
+        checkpoint = train_round.fn(checkpoint, negatives, data, tr, round_cfg, wd, schedules.next(negatives))
+    evaluate_model(label, checkpoint, negatives=negatives)
+    report.fn(evaluations, [], ev, c.data.dataset, wd, dev_evaluations, dev if has_dev else None,
+              [m for m in models], started_from)
     return evaluations
 
 

@@ -10,7 +10,7 @@ cancel drift), with the mlflow server up throughout:
 Prints seconds per step of each and the ratios B/A and C/A (goal: ~1.00), the share of the run the sending thread
 was busy, and the time `close()` waited for the last batch. Fresh output folders for every run; the shared BM25
 negatives are mined once, and a 5-step training run warms up the process, before timing.
-    python bench/tracking.py [--steps 40] [--repeats 2]
+    python bench/tracking.py [--steps 40] [--repeats 3] [--config FILE]  (FILE: a pipeline config, e.g. the tiny one)
 """
 
 import argparse
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
-from ance_core.config import PipelineConfig
+from ance_core.config import PipelineConfig, load_config
 from ance_core.data import read_tables
 from ance_core.train import train
 from tasks.bm25 import bm25_run
@@ -59,14 +59,15 @@ def start_server(store: Path) -> tuple[subprocess.Popen, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=2, help="times each mode runs (order A B C C B A A B C ...)")
+    parser.add_argument("--repeats", type=int, default=3, help="times each mode runs (order A B C C B A A B C ...)")
+    parser.add_argument("--config", type=Path, help="a pipeline config instead of the demo's (data, model, warmup)")
     args = parser.parse_args()
-    c = PipelineConfig()
+    c = load_config(args.config) if args.config else PipelineConfig()
     root = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     wd = str(root / "work")
     data = prepare_data.fn(c.data, wd)
     checkpoint = init_checkpoint.fn(c.model, wd)
-    candidates = bm25_run.fn(data, c.bm25, c.data.train_split, c.bm25_negatives.top_k, wd)
+    candidates = bm25_run.fn(data, c.bm25, c.data.train_split, c.bm25_negatives.depth, wd)
     negatives = mine_negatives.fn(candidates, data, c.data.train_split, c.bm25_negatives, 0, wd)
     tables = read_tables(data.path)
     pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
@@ -77,7 +78,8 @@ def main() -> None:
     waits: dict[str, list[float]] = {k: [] for k in trackers}
     busy: dict[str, list[float]] = {k: [] for k in trackers}
     order = ["no tracking", "embedded SQLite", "mlflow server"]
-    train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(c.data.train_split),  # warm-up
+    relevant = tables.relevant(c.data.train_split)
+    train(checkpoint.path, pairs, tables.corpus, tables.queries, relevant,  # warm-up
           cfg.model_copy(update={"max_steps": 5}), root / "warm-up")
     try:
         sequence = [m for r in range(args.repeats) for m in (order if r % 2 == 0 else order[::-1])]
@@ -90,7 +92,7 @@ def main() -> None:
                 live = LiveMetrics(tracker, {child: STEP_KEYS, parent: PARENT_KEYS}, 0)
                 callbacks = [live]
             started = time.perf_counter()
-            train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(c.data.train_split), cfg,
+            train(checkpoint.path, pairs, tables.corpus, tables.queries, relevant, cfg,
                   root / f"train-{k}", callbacks=callbacks)
             seconds[mode].append((time.perf_counter() - started) / args.steps)
             if live is not None:

@@ -6,6 +6,9 @@ an inferencer refreshes the negatives in the background (see tasks/train.py: tra
 """
 
 import dataclasses
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,125 +22,126 @@ from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
 from ance_core.report import StageTiming, read_report
-from ance_core.samplers import DENSE, MINED, train_config_for
+from ance_core.samplers import train_config_for
+from flows.book import ModelBook
 from flows.compress import compress_model, log_compression, public_rows
-from tasks.analysis import DEPTH, analyse_negatives, read_stats
-from tasks.bm25 import bm25_run
-from tasks.common import StageLog, run_task
+from tasks.common import StageLog
 from tasks.data import prepare_data
-from tasks.evaluate import evaluate
 from tasks.model import init_checkpoint
-from tasks.refresh import evaluate_stages, refresh_negatives
-from tasks.report import report
+from tasks.refresh import refresh_negatives
 from tasks.tracking import LATEST, PipelineTracking, closing_lines, trained_checkpoint
-from tasks.train import train_async, train_round
+from tasks.train import SchedulePlan, train_async, train_round
 
 
 @flow(name="ance-train", log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
-    c, wd = config, config.work_dir
-    train_split, eval_split = c.data.train_split, c.data.eval_split
+    c, wd, split = config, config.work_dir, config.data.train_split
     log = StageLog()
-    timings, stage = log.timings, log.run
-    evaluations: list[tuple[str, ArtifactRef]] = []
-    trained_on: dict[str, ArtifactRef] = {}  # model label -> the negatives it was trained on
-    stats: dict[str, ArtifactRef] = {}  # model label -> its negatives analysis
     tracking = PipelineTracking(c, flow_tags())
     link_mlflow_run(tracking)
 
-    def refresh(label: str, checkpoint: ArtifactRef, round_: int) -> dict[str, ArtifactRef]:
-        """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation)."""
-        refs = refresh_negatives(checkpoint, data, train_split, c.encode, c.index, c.mining, round_, wd, c.bm25)
-        for name, ref in refs.items():
-            for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
-            timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
-        return refs
+    def train(label: str, *args) -> ArtifactRef:
+        with tracking.live(label, log.timings):  # steps stream to MLflow while it trains
+            return log.run(label, "train", train_round, *args)
 
-    def evaluate_model(label: str, checkpoint: ArtifactRef, index: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
-        """Evaluate a checkpoint; the corpus encoding and index are shared with its mining when given. A model trained
-        on mined negatives also gets the negatives analysis (its own ranking of the training queries, shared with
-        the next round's mining)."""
-        refs = evaluate_stages(checkpoint, data, eval_split, c.eval.top_k, c.encode, c.index, wd, index)
-        evaluations.append((label, log.record(label, refs)["evaluate"]))
-        if label in trained_on:
-            depth = c.mining.depth if c.mining.sampler in DENSE else DEPTH  # dense: the next mining's ranking, cached
-            stats[label] = analyse_negatives(trained_on[label], checkpoint, index or refs["index"], data, train_split,
-                                             c.encode, c.index, wd, depth)
-        return refs
-
-    def train(label: str, task, *args) -> ArtifactRef:
-        with tracking.live(label, timings):  # steps stream to MLflow while it trains
-            return stage(label, "train", task, *args)
-
-    data = stage("data", "prepare", prepare_data, c.data, wd)
+    data = log.run("data", "prepare", prepare_data, c.data, wd)
     tracking.set_dataset(data.digest)
-    bm25_eval = stage("BM25", "bm25", bm25_run, data, c.bm25, eval_split, c.bm25.top_k, wd)
-    evaluations.append(("BM25", stage("BM25", "evaluate", evaluate, bm25_eval, data, eval_split, wd)))
+    book = ModelBook(c, data, log)
+    book.bm25()
+    round_cfg = train_config_for(c.mining, c.ance)
+    rounds_cfgs = [round_cfg] * (c.rounds if c.refresh == "sync" else 0)
 
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
         checkpoint, label = ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint)), "start"
+        schedules = SchedulePlan(c.schedule, rounds_cfgs)
     else:
-        checkpoint = stage("zero-shot", "init", init_checkpoint, c.model, wd)
-        evaluate_model("zero-shot", checkpoint)
-        negatives = log.record("warmup", refresh_negatives(None, data, train_split, c.encode, c.index,
-                                                           c.bm25_negatives, 0, wd, c.bm25))["mine"]
-        checkpoint = train("warmup", train_round, checkpoint, negatives, data, train_split,
-                           train_config_for(c.bm25_negatives, c.warmup), wd)
+        warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
+        schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs])
+        checkpoint, label = log.run("zero-shot", "init", init_checkpoint, c.model, wd), "zero-shot"
+        book.evaluate(label, checkpoint)
+        negatives = log.record("warmup", refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0,
+                                                           wd, c.bm25, scorer=book.models[label]))["mine"]
+        checkpoint = train("warmup", checkpoint, negatives, data, split, warm_cfg, wd, schedules.next(negatives))
+        book.trained("warmup", label, negatives, c.bm25_negatives.sampler)
         label = "warmup"
-        if c.bm25_negatives.sampler in MINED:
-            trained_on["warmup"] = negatives
     extra = {}
 
     if c.refresh == "sync" or c.rounds == 0:
         for k in range(1, c.rounds + 1):
-            refs = refresh(label, checkpoint, k)
-            evaluate_model(label, checkpoint, refs.get("index"))
+            refs = refresh(log, label, checkpoint, k, data, c)
+            book.evaluate(label, checkpoint, refs)
+            checkpoint = train(f"ANCE round {k}", checkpoint, refs["mine"], data, split, round_cfg, wd,
+                               schedules.next(refs["mine"]))
+            book.trained(f"ANCE round {k}", label, refs["mine"], c.mining.sampler)
             label = f"ANCE round {k}"
-            if c.mining.sampler in MINED:
-                trained_on[label] = refs["mine"]
-            checkpoint = train(label, train_round, checkpoint, refs["mine"], data, train_split,
-                               train_config_for(c.mining, c.ance), wd)
     else:
-        refs = refresh(label, checkpoint, 1)
-        evaluate_model(label, checkpoint, refs["index"])
-        with tracking.live("ANCE (async)", timings):
-            state = train_async(checkpoint, refs["mine"], data, train_split, c.ance, c.rounds, c.encode, c.index,
+        refs = refresh(log, label, checkpoint, 1, data, c)
+        book.evaluate(label, checkpoint, refs)
+        with tracking.live("ANCE (async)", log.timings):
+            state = train_async(checkpoint, refs["mine"], data, split, c.ance, c.rounds, c.encode, c.index,
                                 c.mining, c.max_staleness, wd, return_state=True)
         trained = state.result()
-        for k in range(1, c.rounds + 1):
-            trained_on[f"ANCE round {k}"] = negatives_in_use(trained["refresh"], k, refs["mine"])
         trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
-        timings.append(StageTiming("ANCE (async)", "train", trainer))
-        for k, snapshot in enumerate(trained["snapshots"], 1):
-            evaluate_model(f"ANCE round {k}", snapshot)  # encoded and indexed by the inferencer: cached
-        checkpoint, label = trained["checkpoint"], f"ANCE round {c.rounds}"
+        log.timings.append(StageTiming("ANCE (async)", "train", trainer))
+        for k in range(1, c.rounds + 1):
+            book.trained(f"ANCE round {k}", label, negatives_in_use(trained["refresh"], k, refs["mine"]),
+                         c.mining.sampler)
+            label = f"ANCE round {k}"
+            if k < c.rounds:  # encoded and indexed by the inferencer: cached
+                book.evaluate(label, trained["snapshots"][k - 1])
+        checkpoint = trained["checkpoint"]
         extra = {"async_refresh": trained["refresh"]}
         _print_staleness(trained["refresh"])
-    final = evaluate_model(label, checkpoint)
+    book.evaluate(label, checkpoint)
 
-    summary = run_task(report, evaluations, timings, eval_split, c.data.dataset, wd)
+    summary = book.report(c.data.dataset)
     result = read_report(summary)
+    chosen = result["selected"] or label  # no dev split: the last model
+    result["warnings"] = book.stage_warnings() + result["warnings"]
     print(result["markdown"])
-    reused = [s for s in timings if s.ref.cached]
-    print(f"{len(reused)} of {len(timings)} stages reused from earlier runs")
-    stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], timings, strict=True)]
-    record_latest(wd, checkpoint, result["results"][-1])
-    tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra.get("async_refresh"))
-    if c.compression is not None:  # the final model, from the corpus encoding its evaluation just made
-        compressed = compress_model(checkpoint, final["encode"], data, c.compression, train_split, eval_split,
-                                    c.encode, c.index, wd)
+    reused = [s for s in log.timings if s.ref.cached]
+    print(f"{len(reused)} of {len(log.timings)} stages reused from earlier runs")
+    stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], log.timings, strict=True)]
+    final = book.models[chosen]
+    metrics = next(r for r in result["results"] if r["model"] == chosen)
+    record_latest(wd, final["checkpoint"], chosen, metrics)
+    plots = Path(wd) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
+    plots.mkdir(parents=True, exist_ok=True)
+    drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
+    tracked = tracking.finish_safely(result, log.timings, book.evaluations, data.path, book.stats,
+                                     extra.get("async_refresh"), plots_dir=drawing,
+                                     selected=(chosen, final["checkpoint"]), dev=book.dev,
+                                     dev_setting=book.dev_setting)
+    for png in drawing.iterdir():
+        os.replace(png, plots / png.name)  # each file whole, whichever run renames last
+    shutil.rmtree(drawing, ignore_errors=True)
+    if c.compression is not None:  # the chosen model, from the corpus encoding its evaluation made
+        compressed = compress_model(final["checkpoint"], final["encode"], data, c.compression, split,
+                                    c.data.eval_split, c.encode, c.index, wd)
         tracked["compression"] = log_compression(tracking.tracker, tracking.parent, compressed, c.compression,
                                                  c.data.dataset, tracking.tags) | {"table": compressed["table"]}
         extra["compression"] = {"table": compressed["table"], "files": compressed["files"],
                                 "rows": public_rows(compressed["rows"])}
         tracked |= tracking.tracker.summary()
-    closing = closing_lines(tracked)
+    closing = closing_lines(tracked, chosen, result["warnings"], on_dev=result["selected"] is not None)
     print("\n".join(closing))
     link_mlflow_run(tracking, result["markdown"], closing)
-    negatives = {label: read_stats(ref) for label, ref in stats.items()}
-    return result | extra | {"stages": stages, "final_checkpoint": checkpoint.path, "report_dir": summary.path,
-                             "negatives": negatives, "tracking": tracked, "mlflow_run_id": tracked["run_id"],
+    return result | extra | {"stages": stages, "selected": chosen, "final_checkpoint": final["checkpoint"].path,
+                             "last_checkpoint": checkpoint.path, "report_dir": summary.path, "plots_dir": str(plots),
+                             "negatives": book.negatives(), "tracking": tracked, "mlflow_run_id": tracked["run_id"],
                              "mlflow_uri": tracked["tracking_uri"]}
+
+
+def refresh(log: StageLog, label: str, checkpoint: ArtifactRef, round_: int, data: ArtifactRef,
+            c: PipelineConfig) -> dict[str, ArtifactRef]:
+    """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation): the corpus
+    encoding and index are recorded for that model, retrieval and mining for the round they feed."""
+    refs = refresh_negatives(checkpoint, data, c.data.train_split, c.encode, c.index, c.mining, round_, c.work_dir,
+                             c.bm25)
+    for name, ref in refs.items():
+        for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
+        log.timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
+    return refs
 
 
 def flow_tags() -> dict[str, str]:
@@ -173,11 +177,13 @@ def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> Artifact
     return ArtifactRef(swaps[-1]["negatives"], Path(swaps[-1]["negatives"]).name)
 
 
-def record_latest(work_dir: str, checkpoint: ArtifactRef, metrics: dict) -> None:
-    """<work_dir>/latest.json names the newest trained model: where `retrain` starts from."""
+def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict) -> None:
+    """<work_dir>/latest.json names the newest run's result (its best model on the dev split): where `retrain` starts
+    from when the registry has no champion."""
     run = flow_run.get_id()
-    write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "metrics": metrics,
-                                        "flow_run_id": run, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "model": label,
+                                        "metrics": metrics, "flow_run_id": run,
+                                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
 @flow(name="retrain", log_prints=True)

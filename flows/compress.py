@@ -33,6 +33,9 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: ArtifactRef, c: CompressConfig,
                    train_split: str, eval_split: str, encode: EncodeConfig, index: IndexConfig, work_dir: str) -> dict:
     """The compression table of one checkpoint: a row per (method, L, index type), the teacher's own first."""
+    if read_meta(checkpoint.path).document_mode == "maxp":
+        raise AnceError(f"{checkpoint.path}: compression of a maxp checkpoint (one vector per window) is not "
+                        "supported; compress a firstp model")
     h = read_manifest(embeddings.path)["summary"]["dim"]
     dims = sorted((d for d in c.dims if d < h), reverse=True)
     if skipped := [d for d in c.dims if d >= h]:
@@ -106,8 +109,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
                 log_checkpoint(tracker, child, r["checkpoint"].path)
                 versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
         tracker.end_run(child)
-    registered = register_models(tracker, f"{model_name(dataset)}-compressed", versions, dataset, result["split"],
-                                 alias=None)
+    registered = register_models(tracker, f"{model_name(dataset)}-compressed", versions, dataset, result["split"])
     tracker.end_run(run)
     return {"run_id": run, "registered": registered}
 

@@ -3,15 +3,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from ance_core.analysis import negative_stats, query_sample, score_profile
+from ance_core.analysis import negative_stats, negatives_above_positive, query_sample, score_profile, scored_pairs
 from ance_core.artifacts import ArtifactRef, run_stage, write_json
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
+from ance_core.errors import warn
+from ance_core.samplers import fallback_stats
+from ance_core.search import score_pairs
 from tasks.common import run_task, stage_task
 from tasks.retrieve import dense_run
 
 SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
 STATS = "stats.json"
+# Share of training negatives the starting model scores above their positive beyond which the run warns: on SciFact's
+# train split the demo's warm-up (BM25) negatives are at {scifact}% (README, "Negatives statistics").
+ABOVE_POSITIVE_WARNING = 0.25
 
 
 def read_stats(ref: ArtifactRef) -> dict:
@@ -20,31 +26,47 @@ def read_stats(ref: ArtifactRef) -> dict:
 
 
 @stage_task("negative-stats")
-def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactRef, split: str,
-                       work_dir: str) -> ArtifactRef:
-    """How the negatives a model trained on relate to its own ranking (ance_core.analysis), on a fixed query sample."""
+def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str,
+                       start: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
+    """How the negatives a model trained on relate to its own ranking (ance_core.analysis), on a fixed query sample;
+    how many of them came from the mining fallback; and, with the model training `start`ed from (its checkpoint and
+    index), how many of them that model scored above their positive (a false-negative warning sign)."""
 
     def build(out):
         tables = read_tables(data.path)
-        positives = tables.positives(split)
+        positives = tables.relevant(split)  # the model's own top negatives exclude every relevant document
         table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
         sample = query_sample(table["query_id"], SAMPLE_QUERIES, SAMPLE_SEED)
         stats = negative_stats(table, pd.read_parquet(f"{run.path}/run.parquet"), positives, sample, DEPTH)
+        stats |= fallback_stats(table)
+        if start is not None:
+            scores = score_pairs(start["checkpoint"].path, start["index"].path, tables.queries, scored_pairs(table))
+            stats |= negatives_above_positive(table, scores)
+            if stats["above_positive"] is not None and stats["above_positive"] > ABOVE_POSITIVE_WARNING:
+                warn(f"{100 * stats['above_positive']:.0f}% of the training negatives in {negatives.path} score above "
+                     f"their positive under the model training starts from (more than "
+                     f"{100 * ABOVE_POSITIVE_WARNING:.0f}%): many are likely unlabelled relevant documents (false "
+                     "negatives); consider the false-negative controls (mining.skip_top, mining.margin), or "
+                     "data.train_min_relevance on graded qrels")
         write_json(out / STATS, stats)
         return stats
 
     config = {"split": split, "sample": SAMPLE_QUERIES, "seed": SAMPLE_SEED, "depth": DEPTH}
     inputs = {"negatives": negatives.digest, "run": run.digest, "data": data.digest}
+    if start is not None:
+        inputs |= {"start_checkpoint": start["checkpoint"].digest, "start_index": start["index"].digest}
     return run_stage(work_dir, "negative-stats", config, inputs, build)
 
 
 def analyse_negatives(negatives: ArtifactRef, checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef,
                       split: str, encode: EncodeConfig, index_cfg: IndexConfig, work_dir: str,
-                      depth: int = DEPTH) -> ArtifactRef:
+                      depth: int = DEPTH, start: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
     """The trained model ranks the training queries (at least DEPTH deep; at the next round's mining depth the
-    ranking is that mining's, cached), then `negatives_analysis` holds its training negatives against it."""
+    ranking is that mining's, cached), then `negatives_analysis` holds its training negatives against it (and against
+    the model it started from: `start`, its checkpoint and index)."""
     own = run_task(dense_run, checkpoint, index, data, split, max(depth, DEPTH), encode, index_cfg, work_dir)
-    return run_task(negatives_analysis, negatives, own, data, split, work_dir)
+    start = {k: start[k] for k in ("checkpoint", "index")} if start is not None else None
+    return run_task(negatives_analysis, negatives, own, data, split, work_dir, start)
 
 
 PROFILE_QUERIES = 10

@@ -8,16 +8,23 @@ the task runs again and rebuilds the same folder.
 
 Fault injection, for tests and drills: `ANCE_FAULT="<task>[@<step>][:fail|:hang]"` (comma-separated for several)
 makes the named task raise `InjectedFault` once per process (the retry then succeeds), or hang so that the process
-can be killed at a known point. `@<step>` applies to `train`: the fault fires after that optimizer step (and after
-its checkpoint, when one is due). `:hang` first creates the file named by `ANCE_FAULT_SIGNAL`, if set.
+can be killed at a known point. Without `@<step>` it fires when the task starts. With it, at a point inside the
+task's work: `train@N` / `train-async@N` after optimizer step N (and its checkpoint, when one is due),
+`encode-corpus@N` after the N-th corpus shard is written, `build-index@1` after the index file is written and before
+its doc ids, `prepare-data@1` between the data tables (ance_core/faults.py). `:hang` first creates the file named by
+`ANCE_FAULT_SIGNAL`, if set. `<spec>#<n>` fires the n-th time the point is reached instead of the first
+(`train@3#3`: after step 3 of the third training stage). `faults_off()` suspends all of it (the CLI's validation
+of the data before the flow).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +41,24 @@ from pydantic import BaseModel
 import ance_core
 from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
+from ance_core.faults import set_fault_hook
 from ance_core.report import StageTiming
 
 FAULT_ENV = "ANCE_FAULT"
 FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"
 _fired: set[str] = set()
+_reached: dict[str, int] = {}
+_SUSPENDED = contextvars.ContextVar("ance_faults_suspended", default=False)
+
+
+@contextlib.contextmanager
+def faults_off() -> Iterator[None]:
+    """No injected fault fires inside this block (in this context)."""
+    token = _SUSPENDED.set(True)
+    try:
+        yield
+    finally:
+        _SUSPENDED.reset(token)
 
 
 class InjectedFault(RuntimeError):
@@ -46,14 +66,21 @@ class InjectedFault(RuntimeError):
 
 
 def inject_fault(task_name: str, step: int | None = None) -> None:
-    """Fire the fault ANCE_FAULT names for this task (and step), at most once per process."""
+    """Fire the fault ANCE_FAULT names for this task (and step), at most once per process; `#n` fires at the n-th
+    time the point is reached (`train@3#3`: step 3 of the third training stage)."""
+    if _SUSPENDED.get():
+        return
     for spec in filter(None, (s.strip() for s in os.environ.get(FAULT_ENV, "").split(","))):
         target, _, mode = spec.partition(":")
+        target, _, nth = target.partition("#")
         name, _, at = target.partition("@")
         if name != task_name or (at and (step is None or int(at) != step)) or (not at and step is not None):
             continue
         if spec in _fired:
             return
+        _reached[spec] = _reached.get(spec, 0) + 1
+        if _reached[spec] < int(nth or 1):
+            continue
         _fired.add(spec)
         if mode == "hang":
             if signal := os.environ.get(FAULT_SIGNAL_ENV):
@@ -62,6 +89,9 @@ def inject_fault(task_name: str, step: int | None = None) -> None:
                 time.sleep(60)
         raise InjectedFault(f"{FAULT_ENV}={spec}: injected failure of task '{task_name}'"
                             + (f" at step {step}" if step is not None else ""))
+
+
+set_fault_hook(inject_fault)  # the fault points inside the core's long work (ance_core/faults.py)
 
 
 def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool:

@@ -1,6 +1,13 @@
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.config import DataConfig
-from ance_core.data import dataset_digest, load_dataset, resolve_dataset, save_tables
+from ance_core.data import (
+    dataset_digest,
+    load_dataset,
+    resolve_dataset,
+    save_tables,
+    with_dev_split,
+    with_training_grades,
+)
 from ance_core.errors import AnceError
 from tasks.common import stage_task
 
@@ -16,9 +23,17 @@ def _dataset_content(inputs: dict) -> str | None:
 
 @stage_task("prepare-data", extra_key=_dataset_content)
 def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
-    """Resolve, validate and store the dataset as parquet tables, keyed by its content digest."""
+    """Resolve, validate and store the dataset as parquet tables (with the dev split carved from the train split when
+    the dataset has none), keyed by its content digest."""
     folder = resolve_dataset(cfg.dataset, cfg.data_home, cfg.download)
     inputs = {"content": dataset_digest(folder)}
     # The key holds the content, not where it was found: the same data from another path is the same stage.
-    key_cfg = {"format": cfg.format}
-    return run_stage(work_dir, "data", key_cfg, inputs, lambda out: save_tables(load_dataset(folder, cfg.format), out))
+    key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
+               "train_min_relevance": cfg.train_min_relevance}
+
+    def build(out):
+        dataset = with_dev_split(load_dataset(folder, cfg.format), cfg.train_split, cfg.dev_split, cfg.dev_fraction,
+                                 cfg.dev_seed)
+        return save_tables(with_training_grades(dataset, cfg.train_split, cfg.train_min_relevance), out)
+
+    return run_stage(work_dir, "data", key_cfg, inputs, build)

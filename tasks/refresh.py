@@ -8,6 +8,7 @@ flow that reports a checkpoint's metrics)."""
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import DENSE, SPARSE, BM25Config, EncodeConfig, IndexConfig, MiningConfig
 from ance_core.errors import AnceError
+from ance_core.model import read_meta
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.encode import encode_corpus
@@ -19,12 +20,14 @@ from tasks.retrieve import dense_run
 
 def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: str, encode: EncodeConfig,
                       index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str,
-                      bm25: BM25Config = BM25Config()) -> dict[str, ArtifactRef]:
+                      bm25: BM25Config = BM25Config(), scorer: dict[str, ArtifactRef] | None = None
+                      ) -> dict[str, ArtifactRef]:
     """Negatives for a round (the warm-up is round 0) with the configured sampler; every step is a cached, retried
     task.
 
     Dense samplers (ance, simans): encode -> index -> retrieve -> mine with the checkpoint. BM25 samplers: a BM25 run
-    of the split, `mining.depth` deep -> mine. Random and in-batch samplers need no ranking (nor a checkpoint)."""
+    of the split, `mining.depth` deep -> mine (with `mining.margin`, the BM25 candidates are scored by `scorer`: a
+    checkpoint and its index). Random and in-batch samplers need no ranking (nor a checkpoint)."""
     refs: dict[str, ArtifactRef] = {}
     ranking = None
     if mining.sampler in DENSE:
@@ -36,17 +39,29 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
                                               index, work_dir)
     elif mining.sampler in SPARSE:
         ranking = refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir)
-    refs["mine"] = run_task(mine_negatives, ranking, data, split, mining, round_, work_dir)
+    if mining.sampler in SPARSE and mining.margin is not None and scorer is None:
+        raise AnceError(f"mining.margin with sampler '{mining.sampler}' needs a model to score the BM25 candidates "
+                        "(the warm-up uses the starting model)")
+    maxp = scorer is not None and read_meta(scorer["checkpoint"].path).document_mode == "maxp"
+    # the scorer ranks nothing here: it scores what BM25 found (margin), and finds MaxP documents' best windows
+    scorer = scorer if mining.sampler not in DENSE and (maxp or mining.margin is not None) else None
+    refs["mine"] = run_task(mine_negatives, ranking, data, split, mining, round_, work_dir,
+                            {k: scorer[k] for k in ("checkpoint", "index")} if scorer else None)
     return refs
 
 
 def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_k: int, encode: EncodeConfig,
-                    index: IndexConfig, work_dir: str, built: ArtifactRef | None = None) -> dict[str, ArtifactRef]:
-    """encode -> index -> retrieve -> evaluate; `built` reuses an index already made from this checkpoint."""
+                    index: IndexConfig, work_dir: str, built: ArtifactRef | None = None,
+                    dev_split: str | None = None) -> dict[str, ArtifactRef]:
+    """encode -> index -> retrieve -> evaluate; `built` reuses an index already made from this checkpoint. With
+    `dev_split`, the same index also answers the dev queries (`retrieve-dev`, `evaluate-dev`)."""
     refs = {}
     if built is None:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
         built = refs["index"] = run_task(build_index, refs["encode"], work_dir)
     refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
     refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir)
+    if dev_split is not None and dev_split != split:
+        refs["retrieve-dev"] = run_task(dense_run, checkpoint, built, data, dev_split, top_k, encode, index, work_dir)
+        refs["evaluate-dev"] = run_task(evaluate, refs["retrieve-dev"], data, dev_split, work_dir)
     return refs

@@ -5,8 +5,16 @@ from tasks.common import stage_task
 
 @stage_task("report")
 def report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str, dataset: str,
-           work_dir: str) -> ArtifactRef:
-    """The results table (results.md + results.json) under <work_dir>/reports/<digest>/."""
+           work_dir: str, dev: dict[str, ArtifactRef] | None = None, dev_split: str | None = None,
+           candidates: list[str] | None = None, started_from: dict[str, str] | None = None) -> ArtifactRef:
+    """The results table (results.md + results.json) under <work_dir>/reports/<digest>/: metrics per model, the model
+    selected on the dev split among `candidates`, and the training stages that made the dev score worse."""
     inputs = {label: ref.digest for label, ref in evaluations}
-    return run_stage(work_dir, "reports", {"split": split, "dataset": dataset}, inputs,
-                     lambda out: write_report(build_report(evaluations, timings, split, dataset), out))
+    inputs |= {f"dev:{label}": ref.digest for label, ref in (dev or {}).items()}
+    config = {"split": split, "dataset": dataset, "dev_split": dev_split, "candidates": candidates,
+              "started_from": started_from}
+
+    def build(out):
+        write_report(build_report(evaluations, timings, split, dataset, dev, dev_split, candidates, started_from), out)
+
+    return run_stage(work_dir, "reports", config, inputs, build)

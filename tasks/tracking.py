@@ -36,9 +36,11 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from ance_core.analysis import negatives_sample  # noqa: E402
+from ance_core.artifacts import ArtifactRef  # noqa: E402
 from ance_core.data import read_tables  # noqa: E402
 from ance_core.errors import AnceError  # noqa: E402
 from ance_core.model import model_files  # noqa: E402
+from ance_core.report import DEV_KEY  # noqa: E402
 from tasks.analysis import read_stats  # noqa: E402
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
@@ -266,6 +268,46 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> 
         tracker.log_artifact(run_id, path, "checkpoint")
 
 
+def quality_over_time(results: list[dict], timings: list) -> list[dict]:
+    """Each model's evaluation and dev nDCG@10 against the run's wall time when it was evaluated: the stage seconds
+    summed in run order up to its evaluation (reused stages count the time they took when built)."""
+    elapsed, at = 0.0, {}
+    for t in timings:
+        elapsed += t.ref.seconds
+        if t.stage == "evaluate":
+            at[t.label] = elapsed
+    return [{"model": r["model"], "seconds": at[r["model"]], "ndcg_at_10": r["ndcg_at_10"],
+             "dev_ndcg_at_10": r.get("dev_ndcg_at_10")} for r in results if r["model"] in at]
+
+
+def plot_quality_over_time(points: list[dict], split: str, dev_split: str | None, out: Path) -> Path:
+    """quality_over_time.png: nDCG@10 on the evaluation and dev splits against wall time, one point per model (BM25
+    as horizontal lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    models = [p for p in points if p["model"] != "BM25"]
+    bm25 = next((p for p in points if p["model"] == "BM25"), None)
+    for key, name, style in (("ndcg_at_10", split, "o-"), ("dev_ndcg_at_10", dev_split, "s--")):
+        if name is None or not models or models[0][key] is None:
+            continue
+        line, = ax.plot([p["seconds"] / 60 for p in models], [p[key] for p in models], style, label=f"{name}")
+        if bm25 is not None and bm25[key] is not None:
+            ax.axhline(bm25[key], color=line.get_color(), lw=0.8, ls=":", label=f"BM25 ({name})")
+    for p in models:
+        ax.annotate(p["model"], (p["seconds"] / 60, p["ndcg_at_10"]), fontsize=7, xytext=(3, -10),
+                    textcoords="offset points")
+    ax.set(xlabel="wall time of the run (min)", ylabel="nDCG@10", title="quality against wall time, per model")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "quality_over_time.png", dpi=110)
+    plt.close(fig)
+    return out / "quality_over_time.png"
+
+
 def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], async_refresh: dict | None,
                 out: Path) -> list[Path]:
     """PNG plots (matplotlib, Agg): loss.png and grad_norms.png on the global step with the stages shaded,
@@ -329,40 +371,45 @@ def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], 
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
-                    split: str, alias: str | None = "champion") -> dict:
-    """Register each (label, run_id, metrics) checkpoint as a version of `name`; move the alias `champion` to the best
-    new version only if it beats the current champion on the same dataset and split (nDCG@10). `alias=None`
-    registers without any alias."""
+                    split: str, candidate: str | None = None, dev_setting: str | None = None) -> dict:
+    """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
+    split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
+    split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
+    if the current champion has no such score. Without a candidate (no dev split, a comparison run) no alias moves:
+    the evaluation split never decides."""
     client = tracker.client
     if tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name}) is None:
         return {}
-    best, registered = None, []
+    chosen, registered = None, []
     for label, run_id, metrics in versions:
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
+        tags |= {"dev_split": dev_setting} if dev_setting else {}
         version = tracker._safe("create_model_version", client.create_model_version, name,
                                 f"runs:/{run_id}/checkpoint", run_id, tags=tags, payload={"name": name, "tags": tags})
         if version is not None:
             registered.append(version.version)
-        if version is not None and (best is None or metrics["ndcg_at_10"] > best[1]["ndcg_at_10"]):
-            best = (version.version, metrics)
-    if best is None:
-        return {}
-    if alias is None:
-        return {"versions": registered}
+            if label == candidate:
+                chosen = (version.version, metrics)
+    if chosen is None or DEV_KEY not in chosen[1] or not dev_setting:
+        return {"versions": registered} if registered else {}
     try:
         current = client.get_model_version_by_alias(name, "champion")
     except Exception:
         current = None
-    same_setting = current is not None and current.tags.get("dataset") == dataset and current.tags.get("split") == split
-    current_score = float(current.tags["ndcg_at_10"]) if same_setting else None
+    comparable = (current is not None and current.tags.get("dataset") == dataset
+                  and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags)
+    current_score = float(current.tags[DEV_KEY]) if comparable else None
     # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
-    promote = current_score is None or round(best[1]["ndcg_at_10"], 6) > current_score
+    promote = current_score is None or round(chosen[1][DEV_KEY], 6) > current_score
     if promote:
-        tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", best[0],
-                      payload={"name": name, "version": best[0]})
-    return {"candidate_version": best[0], "candidate_ndcg_at_10": best[1]["ndcg_at_10"],
-            "champion_version": best[0] if promote else current.version, "champion_ndcg_at_10_before": current_score,
-            "promoted": promote}
+        tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", chosen[0],
+                      payload={"name": name, "version": chosen[0]})
+    return {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
+            "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
+            "champion_version": chosen[0] if promote else current.version,
+            "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
+            "reason": ("no champion with a dev score on the same dev split" if current_score is None else
+                       "higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")}
 
 
 def _ensure_registered_model(client: MlflowClient, name: str):
@@ -455,7 +502,11 @@ class PipelineTracking:
 
     def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
                async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
-               plots_dir: Path | None = None) -> dict:
+               plots_dir: Path | None = None, selected: tuple[str, ArtifactRef] | None = None,
+               dev: dict[str, ArtifactRef] | None = None, dev_setting: str | None = None) -> dict:
+        """Log the rest of the run (see the class docstring). `selected`: the run's result (label, checkpoint), the
+        champion candidate; `dev`: each model's evaluation on the dev split, logged beside the other; `dev_setting`:
+        the dev split's name and content digest (a champion's dev score is compared only on the same one)."""
         tracker, parent = self.tracker, self.parent
         stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
@@ -484,6 +535,12 @@ class PipelineTracking:
                 versions.append((t.label, child, results[t.label]))
             elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
                 versions.append((t.label, child, results[report["results"][-1]["model"]]))
+                if selected is not None and selected[0] == report["results"][-1]["model"]:
+                    selected = (t.label, selected[1])
+        if selected is not None and selected[0] not in {label for label, _, _ in versions}:
+            label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
+            log_checkpoint(tracker, self.child(label), selected[1].path)
+            versions.append((label, self.child(label), results[label]))
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)
         with tempfile.TemporaryDirectory() as tmp:
@@ -507,15 +564,24 @@ class PipelineTracking:
                 ranks = {f"neg_{k}": v for k, v in neg.items()
                          if k in ("mean_negative_rank", "median_negative_rank") and v is not None}
                 overlap = {"neg_overlap_top100": neg["overlap"]} if "overlap" in neg else {}
-                metrics = results.get(label, {}) | per_model.get(label, {}) | ranks | overlap
+                counts = {f"neg_{k}": neg[k] for k in ("fallback_queries", "fallback_negatives", "above_positive")
+                          if neg.get(k) is not None}
+                metrics = results.get(label, {}) | per_model.get(label, {}) | ranks | overlap | counts
                 child = self.child(label)
                 tracker.log_metrics(child, metrics)
                 if label in evaluation_of:
                     tracker.log_artifacts(child, evaluation_of[label].path, "evaluation")
+                if label in (dev or {}):
+                    tracker.log_artifacts(child, dev[label].path, "evaluation-dev")
                 tracker.end_run(child)
                 table.append({"model": label, **metrics})
-            tracker.log_metrics(parent, results[report["results"][-1]["model"]])
+            result_label = report.get("selected") or report["results"][-1]["model"]
+            tracker.log_metrics(parent, results[result_label])
+            tracker.set_tags(parent, {"result_model": result_label} | (
+                {"warnings": "\n".join(report["warnings"])[:5000]} if report.get("warnings") else {}))
             curves = plot_curves(curve, report["results"], stats, async_refresh, plots_dir or tmp)
+            curves.append(plot_quality_over_time(quality_over_time(report["results"], timings), report["split"],
+                                                 report.get("dev_split"), plots_dir or tmp))
             for path in [*curves, *extra_plots]:
                 tracker.log_artifact(parent, path, "plots")
             (tmp / "results.md").write_text(report["markdown"])
@@ -523,7 +589,8 @@ class PipelineTracking:
             for name in ("results.md", "results.csv"):
                 tracker.log_artifact(parent, tmp / name, "report")
         decision = register_models(tracker, model_name(report["dataset"]), versions, report["dataset"],
-                                   report["split"])
+                                   report["split"], selected[0] if selected is not None and dev_setting else None,
+                                   dev_setting)
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:
@@ -534,15 +601,22 @@ class PipelineTracking:
                                     "experiment_id": tracker.experiment_id}
 
 
-def closing_lines(summary: dict) -> list[str]:
-    """What the flow prints (and puts in its Prefect artifact) about tracking when it ends."""
+def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable[str] = (),
+                  on_dev: bool = True) -> list[str]:
+    """What the flow prints (and puts in its Prefect artifact) when it ends: its warnings, its result, and tracking."""
+    lines = [f"WARNING: {w}" for w in warnings]
+    if selected is not None:
+        lines.append(f"Result: {selected} " + ("(the best dev nDCG@10 of the run's models, the starting one included)"
+                                              if on_dev else "(the last model: there is no dev split to choose on)"))
     where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
-    lines = [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
-                                              if "final_logging_s" in summary else "")]
-    if summary.get("champion"):
-        c = summary["champion"]
+    lines += [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
+                                               if "final_logging_s" in summary else "")]
+    if (c := summary.get("champion")) and "promoted" in c:
         lines.append(f"MLflow: champion is version {c['champion_version']} "
-                     f"({'promoted now' if c['promoted'] else 'kept: the new versions did not beat it'})")
+                     f"({'promoted now' if c['promoted'] else 'kept'}: {c['reason']})")
+    elif c and c.get("versions"):
+        lines.append(f"MLflow: registered versions {', '.join(map(str, c['versions']))}; the champion alias did not "
+                     "move (only a pipeline run's result, chosen on its dev split, can take it)")
     if versions := summary.get("compression", summary).get("registered", {}).get("versions"):
         lines.append(f"MLflow: ConAE compressed models registered as versions {', '.join(map(str, versions))}")
     if summary["delivered_late"]:

@@ -3,7 +3,7 @@ thread refreshes its negatives from its own recent checkpoints (ANCE Fig. 2, App
 
 import contextvars
 import json
-import math
+import logging
 import threading
 import time
 from pathlib import Path
@@ -11,12 +11,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 from prefect import get_run_logger
+from prefect.exceptions import MissingContextError
 
 from ance_core.artifacts import ArtifactRef, is_complete, read_manifest, run_stage, stage_key
 from ance_core.config import EncodeConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
 from ance_core.errors import AnceError
-from ance_core.train import latest_checkpoint, train
+from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
 from tasks.common import inject_fault, stage_task
 from tasks.refresh import refresh_negatives
 from tasks.tracking import live_callbacks
@@ -27,8 +28,12 @@ def _fault_callback(name: str):
 
 
 def _progress_callback(every: int = 10):
-    """Training progress in the task's Prefect log (the UI shows it; tqdm's bar only reaches the terminal)."""
-    logger = get_run_logger()
+    """Training progress in the task's Prefect log (the UI shows it; tqdm's bar only reaches the terminal); outside a
+    task run (`train_round.fn`, the benchmarks) in the standard logger `ance`."""
+    try:
+        logger = get_run_logger()
+    except MissingContextError:
+        logger = logging.getLogger("ance")
 
     def log(record: dict) -> None:
         if record["step"] % every == 0:
@@ -40,23 +45,38 @@ def _progress_callback(every: int = 10):
 
 @stage_task("train")
 def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
-                work_dir: str) -> ArtifactRef:
-    """Train from a checkpoint on mined negatives; a retried or re-run task resumes from its last checkpoint."""
+                work_dir: str, schedule: Schedule | None = None) -> ArtifactRef:
+    """Train from a checkpoint on mined negatives (within a shared learning-rate `schedule`, if given); a retried or
+    re-run task resumes from its last checkpoint."""
 
     def build(out):
         tables = read_tables(data.path)
         pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
-        return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split), cfg, out,
-                     callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train")])
+        return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split), cfg, out,
+                     callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train")], schedule=schedule)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
-    return run_stage(work_dir, "train", {"train": cfg, "split": split}, inputs, build, resumable=True)
+    config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
+    return run_stage(work_dir, "train", config, inputs, build, resumable=True)
 
 
-def steps_per_round(pairs: int, cfg: TrainConfig) -> int:
-    """Optimizer steps one synchronous round of `cfg` takes on `pairs` training pairs."""
-    per_epoch = max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
-    return cfg.max_steps or per_epoch * cfg.epochs
+class SchedulePlan:
+    """The learning-rate schedule of each training stage of a run, in order: None (each stage its own) or, for
+    `schedule: continuous`, its part of one schedule over all of them (ance_core.train.Schedule). The step counts come
+    from the first stage's negatives (one row per training pair, whatever the sampler)."""
+
+    def __init__(self, mode: str, stages: list[TrainConfig], resume_first: bool = False):
+        self.mode, self.stages, self.resume_first = mode, stages, resume_first
+        self.planned: list[Schedule] | None = None
+
+    def next(self, negatives: ArtifactRef) -> Schedule | None:
+        if self.mode != "continuous" or not self.stages:
+            return None
+        if self.planned is None:
+            pairs = read_manifest(negatives.path)["summary"]["pairs"]
+            steps = [planned_steps(pairs, cfg) for cfg in self.stages]
+            self.planned = continuous_schedules(steps, self.stages[0].warmup_ratio, self.resume_first)
+        return self.planned.pop(0)
 
 
 def _snapshot_config(step: int, trainer_key: str) -> tuple[dict, dict]:
@@ -210,7 +230,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     def build(out: Path):
         tables = read_tables(data.path)
         pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
-        per_round = steps_per_round(len(pairs), cfg)
+        per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir)
         async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
@@ -227,7 +247,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             restored.clear()
             return table
 
-        summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.positives(split),
+        summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split),
                         cfg.model_copy(update={"max_steps": per_round * rounds}), out,
                         callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train-async")],
                         negatives_update=update,

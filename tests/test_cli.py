@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from tests.conftest import write_beir
+from tests.tiny import write_beir
 
 runner = CliRunner()
 
@@ -46,7 +46,8 @@ def test_bad_data_names_file_and_line_before_any_work(tmp_path):
     cfg.write_text(json.dumps({"data": {"dataset": str(ds)}, "work_dir": str(work)}))
     code, out = _invoke(["run", "--config", str(cfg)])
     assert code == 2 and "corpus.jsonl:2: malformed JSON" in out and "Traceback" not in out
-    assert not any(p.name != ".partial" and p.is_file() for p in work.rglob("*"))  # nothing half-written
+    # nothing half-written (the stage locks are empty files that stay, by design: ance_core/artifacts.py)
+    assert not any(p.is_file() and ".locks" not in p.parts for p in work.rglob("*"))
 
 
 def test_missing_split_is_refused_before_any_work(tmp_path):
@@ -54,3 +55,8 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
                     {"train": [("q1", "d1", 1)]})
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "split 'test' has no qrels (available splits: train)" in out
+
+
+def test_unknown_recipe_is_refused(tmp_path):
+    code, out = _invoke(["demo", "--recipe", "fastest", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "unknown recipe 'fastest'; choose one of demo, full" in out and "Traceback" not in out

@@ -30,10 +30,19 @@ def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_sci
     table = result["table"].splitlines()
     assert table[0].startswith("| sampler | nDCG@10 | MRR@10 | R@100 | R@1000 | train wall time (s)")
     assert [line.split(" | ")[0].strip("| ") for line in table[2:]] == ["BM25 warm-up", *SAMPLERS]
-    # every sampler's model started from the warm-up checkpoint, with the same number of steps
-    logs = {}
     for line in table[2:]:
         assert line.count("|") == 10
+    # every sampler's model started from the warm-up checkpoint, with the same number of steps: the stage manifests
+    # record each training stage's starting checkpoint (by digest) and its log has one line per step
+    from ance_core.artifacts import read_manifest
+
+    trained = [read_manifest(p) | {"folder": p} for p in (tmp_path / "train").iterdir() if not p.name.startswith(".")]
+    models = {read_manifest(p)["key"] for p in (tmp_path / "model").iterdir() if not p.name.startswith(".")}
+    warmups = [m for m in trained if m["inputs"]["checkpoint"] in models]
+    assert len(warmups) == 1 and len(trained) == 1 + len(SAMPLERS)
+    assert sorted(m["inputs"]["checkpoint"] for m in trained if m is not warmups[0]) == [warmups[0]["key"]] * 4
+    assert all(len((m["folder"] / "train_log.jsonl").read_text().splitlines()) == 2 for m in trained)
+    logs = {}
     client = MlflowClient(result["tracking"]["tracking_uri"])
     parent = client.get_run(result["tracking"]["run_id"])
     children = {r.info.run_name: r for r in client.search_runs(

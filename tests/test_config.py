@@ -31,3 +31,50 @@ def test_load_config_names_file_and_field(tmp_path):
         load_config(tmp_path / "broken.yaml")
     with pytest.raises(AnceError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_a_section_set_in_part_keeps_its_other_defaults(tmp_path):
+    """The warm-up's negatives default to BM25: setting only their count must not switch them to another sampler."""
+    path = tmp_path / "c.yaml"
+    path.write_text("bm25_negatives: {num_negatives: 2}\nmining: {num_negatives: 3}\n")
+    cfg = load_config(path)
+    assert (cfg.bm25_negatives.sampler, cfg.bm25_negatives.num_negatives) == ("bm25", 2)
+    assert (cfg.mining.sampler, cfg.mining.num_negatives) == ("ance", 3)
+
+
+def test_dev_split_and_graded_positives_settings_are_checked():
+    with pytest.raises(ValidationError, match="model selection on the training queries"):
+        PipelineConfig(data={"dev_split": "train"})
+    with pytest.raises(ValidationError, match="train_min_relevance must be 'auto' or a grade >= 1"):
+        PipelineConfig(data={"train_min_relevance": 0})
+    with pytest.raises(ValidationError, match="less than 1"):
+        PipelineConfig(data={"dev_fraction": 1.0})
+    assert PipelineConfig(refresh="async", max_staleness=2).schedule == "continuous"  # the async rounds: one run
+    # a partial stage section keeps that stage's own defaults (the rounds train 2 epochs, the warm-up 1)
+    config = PipelineConfig(ance={"learning_rate": 3e-5}, warmup={"seed": 1})
+    assert (config.ance.epochs, config.warmup.epochs, config.ance.attention_dropout) == (2, 1, 0.0)
+    with pytest.raises(ValidationError, match="the evaluation split would choose the run's result"):
+        PipelineConfig(data={"eval_split": "dev"})  # e.g. MS MARCO's dev: name the dev split otherwise
+    assert PipelineConfig(data={"eval_split": "dev", "dev_split": "train-dev"}).data.dev_split == "train-dev"
+
+
+def test_maxp_settings_that_would_not_work_are_refused():
+    maxp = {"document_mode": "maxp", "passage_max_length": 256}
+    with pytest.raises(ValidationError, match="maxp trains on whole windows .* warmup.passage_max_length is 128"):
+        PipelineConfig(model=maxp, warmup={"passage_max_length": 128}, ance={"passage_max_length": None})
+    with pytest.raises(ValidationError, match="cannot tell each document's best window"):
+        PipelineConfig(model=maxp, warmup={"passage_max_length": None}, ance={"passage_max_length": None},
+                       mining={"sampler": "bm25"})
+    with pytest.raises(ValidationError, match="compression of a maxp model"):
+        PipelineConfig(model=maxp, warmup={"passage_max_length": None}, ance={"passage_max_length": None},
+                       compression={})
+    ok = PipelineConfig(model=maxp, warmup={"passage_max_length": None}, ance={"passage_max_length": None})
+    assert ok.model.document_mode == "maxp"
+
+
+def test_recipes_are_valid_pipeline_configs():
+    from ance_core.recipes import RECIPES, recipe_config
+
+    assert recipe_config("demo") == PipelineConfig()
+    for name in RECIPES:
+        assert recipe_config(name, work_dir="elsewhere").work_dir == "elsewhere"

@@ -3,9 +3,16 @@ import json
 import pandas as pd
 import pytest
 
-from ance_core.data import load_dataset, read_tables, resolve_dataset, save_tables
-from ance_core.errors import AnceError, DataError
-from tests.conftest import write_beir
+from ance_core.data import (
+    load_dataset,
+    read_tables,
+    resolve_dataset,
+    save_tables,
+    with_dev_split,
+    with_training_grades,
+)
+from ance_core.errors import AnceError, AnceWarning, DataError
+from tests.tiny import write_beir
 
 CORPUS = [{"_id": f"d{i}", "title": f"t{i}", "text": f"text {i}"} for i in range(4)]
 QUERIES = [{"_id": "q1", "text": "one"}, {"_id": "q2", "text": "two"}, {"_id": "q3", "text": "three"}]
@@ -128,3 +135,172 @@ def test_download_verifies_checksum_and_unpacks_atomically(tmp_path, monkeypatch
     monkeypatch.setitem(data.BEIR_MD5, "ds", hashlib.md5(open(archive, "rb").read()).hexdigest())
     folder = resolve_dataset("ds", home=str(home))
     assert folder == home / "ds" and len(load_dataset(folder).corpus) == 4
+
+
+# ---------------------------------------------------------------- files written on Windows, bad values, error paths
+
+
+def _windows(text: str) -> bytes:
+    """What Windows tools write: a UTF-8 byte-order mark and CRLF line endings."""
+    return b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8")
+
+
+def test_byte_order_mark_and_crlf_are_accepted_in_every_beir_file(beir):
+    clean = load_dataset(beir)
+    for path in [beir / "corpus.jsonl", beir / "queries.jsonl", *sorted((beir / "qrels").glob("*.tsv"))]:
+        path.write_bytes(_windows(path.read_text()))
+    windows = load_dataset(beir)
+    for name in ("corpus", "queries", "qrels"):
+        pd.testing.assert_frame_equal(getattr(windows, name), getattr(clean, name))
+
+
+def test_byte_order_mark_and_crlf_are_accepted_in_every_msmarco_file(tmp_path):
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    files = {"collection.tsv": "0\tfirst passage\n1\tt\tsecond passage\n", "queries.train.tsv": "10\twhat first\n",
+             "qrels.train.tsv": "10 0 0 1\n"}
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    clean = load_dataset(folder)
+    for name, text in files.items():
+        (folder / name).write_bytes(_windows(text))
+    windows = load_dataset(folder)
+    for name in ("corpus", "queries", "qrels"):
+        pd.testing.assert_frame_equal(getattr(windows, name), getattr(clean, name))
+    assert windows.corpus["text"].tolist() == ["first passage", "second passage"]  # no stray '\r'
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf", "0.5"])
+def test_relevance_that_is_not_an_integer_grade_names_the_line(beir, value):
+    _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", f"q1\td1\t{value}"])
+    with pytest.raises(DataError, match=f"train.tsv:3: relevance '{value}' is not an integer grade"):
+        load_dataset(beir)
+
+
+def test_integer_valued_floats_are_grades(beir):
+    _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1.0", "q1\td1\t2"])
+    assert sorted(load_dataset(beir).split_qrels("train")["relevance"]) == [1, 2]
+
+
+def test_queries_with_empty_text_are_dropped_with_one_warning_naming_them(beir):
+    _corrupt(beir, "queries.jsonl", [json.dumps({"_id": "q1", "text": "one"}), json.dumps({"_id": "q2", "text": " "}),
+                                     json.dumps({"_id": "q3", "text": ""})])
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 2 queries with empty text .*: q2, q3") as caught:
+        ds = load_dataset(beir)
+    assert len(caught) == 1
+    assert ds.queries["query_id"].tolist() == ["q1"] and set(ds.qrels["query_id"]) == {"q1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "message"),
+    [
+        ("corpus.jsonl", [json.dumps({"_id": "d0", "text": 5})], r"corpus.jsonl:1: field 'text' must be a string"),
+        ("corpus.jsonl", [json.dumps({"_id": "", "text": "x"})], r"corpus.jsonl:1: empty '_id'"),
+        ("queries.jsonl", [json.dumps({"_id": "q1", "text": ["a"]})], r"queries.jsonl:1: field 'text' must be a "),
+    ],
+)
+def test_wrong_field_types_name_file_and_line(beir, name, lines, message):
+    _corrupt(beir, name, lines)
+    with pytest.raises(DataError, match=message):
+        load_dataset(beir)
+
+
+def test_missing_files_and_folders_are_named(beir, tmp_path):
+    (beir / "queries.jsonl").unlink()
+    with pytest.raises(DataError, match=r"queries.jsonl: file not found"):
+        load_dataset(beir)
+    again = write_beir(tmp_path / "again", CORPUS, QUERIES, QRELS)
+    for f in (again / "qrels").iterdir():
+        f.unlink()
+    (again / "qrels").rmdir()
+    with pytest.raises(DataError, match=r"qrels: no qrels/<split>.tsv files"):
+        load_dataset(again)
+    (tmp_path / "neither").mkdir()
+    with pytest.raises(AnceError, match="neither a BEIR folder .* nor MS MARCO"):
+        load_dataset(tmp_path / "neither")
+
+
+def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    (folder / "collection.tsv").write_text("0\tfirst\n1\ta\tb\tc\n")
+    (folder / "queries.train.tsv").write_text("10\twhat\n")
+    (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
+    with pytest.raises(DataError, match=r"collection.tsv:2: expected 2 \(id, text\) or 3 \(id, title, text\) columns"):
+        load_dataset(folder)
+    (folder / "collection.tsv").write_text("0\tfirst\n")
+    (folder / "qrels.train.tsv").write_text("10 0 0 1 extra\n")
+    with pytest.raises(DataError, match=r"qrels.train.tsv:1: expected 4 \(TREC\) or 3 columns, got 5"):
+        load_dataset(folder)
+    (folder / "queries.train.tsv").write_text("10\twhat\textra\n")
+    with pytest.raises(DataError, match=r"queries.train.tsv:1: expected 2 tab-separated columns"):
+        load_dataset(folder)
+    (folder / "collection.tsv").write_text("\n\n")
+    with pytest.raises(DataError, match=r"collection.tsv: empty corpus"):
+        load_dataset(folder)
+
+
+def test_archive_entries_that_escape_the_target_folder_are_refused(tmp_path, monkeypatch):
+    import hashlib
+    import zipfile
+
+    from ance_core import data
+
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("evil/corpus.jsonl", "{}\n")
+        zf.writestr("../../escaped.txt", "gotcha")
+    monkeypatch.setattr(data, "BEIR_URL", f"file://{tmp_path}/{{name}}.zip")
+    monkeypatch.setitem(data.BEIR_MD5, "evil", hashlib.md5(archive.read_bytes()).hexdigest())
+    home = tmp_path / "home"
+    with pytest.raises(AnceError, match=r"unsafe path in archive: \.\./\.\./escaped.txt"):
+        resolve_dataset("evil", home=str(home))
+    assert not (tmp_path / "escaped.txt").exists() and not (home / "evil").exists()
+    assert not list(home.glob(".download-*"))
+
+
+# ---------------------------------------------------------------- the dev split and graded training positives
+
+
+def _many_queries(tmp_path, n=50, grades=(1,)):
+    corpus = [{"_id": f"d{i}", "title": "", "text": f"text {i}"} for i in range(n)]
+    queries = [{"_id": f"q{i}", "text": f"query {i}"} for i in range(n)]
+    train = [(f"q{i}", f"d{i}", grades[-1]) for i in range(n)] + [(f"q{i}", f"d{(i + 1) % n}", grades[0])
+                                                                 for i in range(0, n, 2)]
+    return write_beir(tmp_path / "many", corpus, queries, {"train": train, "test": [("q0", "d0", 1)]})
+
+
+def test_dev_split_is_a_seeded_share_of_the_train_queries(tmp_path):
+    ds = load_dataset(_many_queries(tmp_path))
+    carved = with_dev_split(ds, "train", "dev", 0.2, seed=0)
+    dev, train = set(carved.positives("dev")), set(carved.positives("train"))
+    assert len(dev) == 10 and len(train) == 40 and not dev & train
+    assert len(carved.qrels) == len(ds.qrels)  # every qrels row kept, ten queries relabelled
+    assert set(with_dev_split(ds, "train", "dev", 0.2, seed=0).positives("dev")) == dev  # deterministic
+    assert set(with_dev_split(ds, "train", "dev", 0.2, seed=1).positives("dev")) != dev
+    # a query's membership depends on nothing but (seed, its id): more queries never move the ones already there
+    grown = _many_queries(tmp_path / "grown", n=80)
+    bigger = with_dev_split(load_dataset(grown), "train", "dev", 0.2, seed=0)
+    assert set(bigger.positives("dev")) & set(carved.positives("train") | carved.positives("dev")) == dev
+    assert with_dev_split(carved, "train", "dev", 0.5, seed=3) is carved  # a dataset's own dev split is kept
+    assert with_dev_split(ds, "train", "dev", 0.0, seed=0) is ds
+    with pytest.warns(AnceWarning, match="no dev split: data.dev_fraction 0.001 of the 50 'train' queries"):
+        assert with_dev_split(ds, "train", "dev", 0.001, seed=0) is ds
+
+
+def test_graded_qrels_train_on_the_top_grade_and_say_what_they_left_out(tmp_path):
+    ds = load_dataset(_many_queries(tmp_path, grades=(1, 2)))
+    with pytest.warns(AnceWarning, match=r"the 50 'train' pairs of relevance >= 2 \(graded qrels: the top grade\); "
+                                         r"the other 25 relevant pairs \(33%, grades 1\)"):
+        graded = with_training_grades(ds, "train", "auto")
+    assert graded.positives("train")["q0"] == {"d0"}  # grade 2 only
+    assert graded.relevant("train")["q0"] == {"d0", "d1"}  # grade 1 is still never a negative
+    assert with_training_grades(ds, "train", 1).positives("train")["q0"] == {"d0", "d1"}
+    ungraded = load_dataset(_many_queries(tmp_path / "flat"))
+    assert with_training_grades(ungraded, "train", "auto").min_relevance == {"train": 1}
+    with pytest.raises(AnceError, match="no pair of the 'train' split has that grade"):
+        with_training_grades(ds, "train", 3)
+    out = tmp_path / "tables"
+    out.mkdir()
+    save_tables(graded, out)
+    assert read_tables(out).positives("train") == graded.positives("train")

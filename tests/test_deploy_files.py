@@ -48,8 +48,51 @@ def test_compose_file_validates():
     assert "--backend-store-uri postgresql://" in mlflow["command"] and "--artifacts-destination" in mlflow["command"]
     assert "profiles" not in mlflow  # part of the default stack
     assert config["services"]["worker-cpu"]["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-    assert all(p.get("host_ip", "127.0.0.1") == "127.0.0.1" for s in config["services"].values()
-               for p in s.get("ports", []) if isinstance(p, dict))
+    assert {"prefect-server", "mlflow"} <= {name for name, s in config["services"].items() if s.get("ports")}
+    assert ports_on_all_interfaces(config["services"]) == []
+
+
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def ports_on_all_interfaces(services: dict) -> list[str]:
+    """The published ports that a compose file binds to every interface, in either syntax: a string
+    ("80", "8080:80", "0.0.0.0:8080:80", "127.0.0.1:8080:80/udp", "[::1]:8080:80") or a mapping (`docker-compose
+    config` writes this one), where a missing host_ip means every interface."""
+    found = []
+    for name, service in services.items():
+        for port in service.get("ports") or []:
+            if isinstance(port, dict):
+                host = port.get("host_ip") or ""
+            else:
+                spec = str(port).split("/")[0]
+                if spec.startswith("["):  # [IPv6]:host:container
+                    host = spec[1:spec.index("]")]
+                else:
+                    parts = spec.split(":")
+                    host = parts[0] if len(parts) == 3 else ""
+            if not host.startswith(LOOPBACK):
+                found.append(f"{name}: {port}")
+    return found
+
+
+def test_the_port_check_catches_every_way_of_publishing_on_all_interfaces(tmp_path):
+    raw = {"a": {"ports": ["80", "8080:80", "0.0.0.0:81:81", "127.0.0.1:82:82", "[::1]:83:83", "127.0.0.1::84/udp"]},
+           "b": {"ports": [{"target": 85, "published": 85}, {"target": 86, "host_ip": "0.0.0.0"},
+                           {"target": 87, "published": 87, "host_ip": "127.0.0.1"}]}}
+    assert ports_on_all_interfaces(raw) == ["a: 80", "a: 8080:80", "a: 0.0.0.0:81:81",
+                                            "b: {'target': 85, 'published': 85}",
+                                            "b: {'target': 86, 'host_ip': '0.0.0.0'}"]
+    if shutil.which("docker-compose") is None:
+        pytest.fail("docker-compose is not installed: run `make system-deps` (Debian package docker-compose)")
+    # the same through docker-compose's own normalisation, as the compose-file test sees it
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump({"services": {
+        "web": {"image": "nginx:1.27", "ports": ["0.0.0.0:8080:80", "9090:90", "127.0.0.1:7070:70"]}}}))
+    proc = subprocess.run(["docker-compose", "-f", str(tmp_path / "compose.yaml"), "config"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    flagged = ports_on_all_interfaces(yaml.safe_load(proc.stdout)["services"])
+    assert len(flagged) == 2 and all("7070" not in f for f in flagged)
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu", "Dockerfile.mlflow"])
@@ -66,4 +109,34 @@ def test_images_are_pinned_and_non_root(name):
     assert "constraints.txt" in text
     torch_pin = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
     if name == "Dockerfile.gpu":
-        assert f'"torch=={torch_pin}"' in text and "faiss-gpu" in text
+        assert f'"torch=={torch_pin}"' in text
+        assert installs_faiss_gpu(text)
+
+
+def run_instructions(dockerfile: str) -> list[str]:
+    """The RUN instructions of a Dockerfile, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in dockerfile.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        current += " " + line.rstrip().removesuffix("\\")
+        if not line.rstrip().endswith("\\"):
+            logical.append(current.strip())
+            current = ""
+    return [x[4:] for x in logical if x.startswith("RUN ")]
+
+
+def installs_faiss_gpu(dockerfile: str) -> bool:
+    """A RUN line pip-installs a pinned faiss-gpu package and removes faiss-cpu (which would shadow it)."""
+    runs = run_instructions(dockerfile)
+    installs = any(re.search(r"pip install[^&;]*\bfaiss-gpu[\w-]*==\S+", r) for r in runs)
+    return installs and any(re.search(r"pip uninstall[^&;]*\bfaiss-cpu\b", r) for r in runs)
+
+
+def test_the_gpu_image_check_reads_install_lines_not_comments():
+    good = (REPO / "docker" / "Dockerfile.gpu").read_text()
+    assert installs_faiss_gpu(good)
+    commented = "FROM x:1\n# pip uninstall -y faiss-cpu && pip install faiss-gpu-cu12==1.0\nRUN pip install faiss-cpu\n"
+    assert not installs_faiss_gpu(commented)
+    unpinned = good.replace('"faiss-gpu-cu12==1.14.1.post1"', "faiss-gpu-cu12")
+    assert not installs_faiss_gpu(unpinned)

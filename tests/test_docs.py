@@ -43,3 +43,53 @@ def test_readme_make_targets_exist():
     makefile = (ROOT / "Makefile").read_text()
     for target in targets:
         assert re.search(rf"^{target}:", makefile, re.M), target
+
+
+def _section(title: str) -> str:
+    start = README.index(f"## {title}")
+    end = README.find("\n## ", start + 3)
+    return README[start:end if end != -1 else None]
+
+
+def test_how_it_is_built_names_every_module():
+    tree = _section("How it is built")
+    files = [p for folder in ("ance_core", "tasks", "flows", "bench", "scripts", "ance_cli")
+             for p in sorted((ROOT / folder).iterdir())
+             if p.suffix in (".py", ".sh") and p.name not in ("__init__.py", "__main__.py")]
+    missing = [f"{p.parent.name}/{p.name}" for p in files if p.name not in tree]
+    assert not missing, f"not named in README's 'How it is built': {missing}"
+
+
+def test_readme_lists_every_deployment_that_make_deploy_registers():
+    import yaml
+
+    names = {d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    line = next(ln for ln in README.splitlines() if ln.startswith("make deploy"))
+    listed = set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)+|retrain|evaluate", line.split("#", 1)[1]))
+    assert names <= listed, f"make deploy registers {sorted(names - listed)} too"
+
+
+def test_config_fields_named_in_the_readme_exist():
+    from ance_core.config import PipelineConfig
+
+    fields = PipelineConfig.model_fields
+    named = set(re.findall(r"`([a-z_0-9]+)\.([a-z_0-9]+)`", README))
+    sections = {s for s, _ in named if s in fields}
+    assert {"warmup", "mining", "data"} <= sections
+    for section, field in named:
+        if section in fields:
+            model = fields[section].annotation
+            model = next((a for a in getattr(model, "__args__", (model,)) if hasattr(a, "model_fields")), model)
+            assert field in model.model_fields, f"README names `{section}.{field}`, which the config does not have"
+
+
+def test_make_test_says_it_installs_debian_packages():
+    first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    test_line = next(ln for ln in first_block.splitlines() if ln.startswith("make test"))
+    assert "chromium" in test_line and "docker-compose" in test_line
+
+
+def test_no_placeholder_is_left_in_the_documents():
+    for name in ("README.md", "RESULTS.md", "BENCHMARKS.md"):
+        text = (ROOT / name).read_text()
+        assert "TBD" not in text and "«" not in text, name

@@ -2,9 +2,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ance_core.errors import AnceError
-from ance_core.mining import ance_negatives, drop_positives, sample_uniform
+from ance_core.errors import AnceError, AnceWarning
+from ance_core.mining import drop_positives, sample_uniform
+from ance_core.samplers import ance_negatives
 from ance_core.search import run_frame
+
+CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
 
 
 def _run(n_queries=5, depth=50, seed=0):
@@ -22,7 +25,7 @@ def _positives(run):
 def test_never_returns_a_positive_and_respects_top_k():
     run = _run()
     positives = _positives(run)
-    neg = ance_negatives(run, positives, top_k=20, n=4, seed=1, round_=1)
+    neg = ance_negatives(run, positives, top_k=20, n=4, seed=1, round_=1, corpus_ids=CORPUS)
     assert len(neg) == sum(len(p) for p in positives.values())  # one row per (query, positive)
     for row in neg.itertuples():
         assert not set(row.negative_ids) & positives[row.query_id]
@@ -34,10 +37,10 @@ def test_never_returns_a_positive_and_respects_top_k():
 def test_deterministic_for_seed_round_and_query():
     run = _run()
     positives = _positives(run)
-    a = ance_negatives(run, positives, 30, 3, seed=7, round_=2)
-    b = ance_negatives(run.sample(frac=1, random_state=3), positives, 30, 3, seed=7, round_=2)
+    a = ance_negatives(run, positives, 30, 3, seed=7, round_=2, corpus_ids=CORPUS)
+    b = ance_negatives(run.sample(frac=1, random_state=3), positives, 30, 3, seed=7, round_=2, corpus_ids=CORPUS)
     pd.testing.assert_frame_equal(a, b)
-    c = ance_negatives(run, positives, 30, 3, seed=7, round_=3)
+    c = ance_negatives(run, positives, 30, 3, seed=7, round_=3, corpus_ids=CORPUS)
     assert a["negative_ids"].tolist() != c["negative_ids"].tolist()
 
 
@@ -51,9 +54,17 @@ def test_sampling_is_uniform_over_candidates():
     assert counts.max() / counts.min() < 1.2  # each of 8 candidates drawn ~1000 times
 
 
-def test_too_few_candidates_is_a_clear_error():
+def test_too_few_candidates_fall_back_to_random_documents_with_one_warning():
+    """A short ranking (3 candidates for 4 negatives) and no ranking at all (q9) still give 4 distinct negatives
+    each, never a positive; the fallback ones are counted per row and named in one warning."""
     run = _run(n_queries=1, depth=5)
-    with pytest.raises(AnceError, match="raise mining.top_k"):
-        ance_negatives(run, {"q0": {"d-x"}}, top_k=3, n=4, seed=0, round_=0)
-    with pytest.raises(AnceError, match="no retrieval results"):
-        ance_negatives(run, {"q9": {"d1"}}, top_k=3, n=1, seed=0, round_=0)
+    with pytest.warns(AnceWarning) as caught:
+        neg = ance_negatives(run, {"q0": {"d-x"}, "q9": {"d1"}}, top_k=3, n=4, seed=0, round_=0, corpus_ids=CORPUS)
+    assert len(caught) == 1 and "2 of 2 queries" in str(caught[0].message) and "q0, q9" in str(caught[0].message)
+    rows = {r.query_id: r for r in neg.itertuples()}
+    assert rows["q0"].fallback == 1 and rows["q9"].fallback == 4
+    for row in rows.values():
+        assert len(set(row.negative_ids)) == 4 and not set(row.negative_ids) & {"d-x", "d1"}
+    assert sum(r > 0 for r in rows["q0"].negative_ranks) == 3 and rows["q9"].negative_ranks == [0, 0, 0, 0]
+    with pytest.raises(AnceError, match="needs the corpus ids"):
+        ance_negatives(run, {"q0": {"d-x"}}, top_k=3, n=1, seed=0, round_=0, corpus_ids=None)

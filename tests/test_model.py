@@ -27,23 +27,51 @@ def test_fresh_head_scores_centred_cosine_over_temperature(tiny_model):
 
 
 def test_checkpoint_round_trip(tiny_model, tmp_path):
-    from ance_core.model import init_model
+    """A model saved and loaded again computes exactly what the original did: encoder, head and pooling."""
+    from transformers import AutoModel
 
-    init_model(ModelConfig(name=str(tiny_model), pooling="cls", query_max_length=16), tmp_path)
-    meta = read_meta(tmp_path)
+    from ance_core.model import ModelMeta, init_model, save_checkpoint
+
+    init_model(ModelConfig(name=str(tiny_model), pooling="cls", query_max_length=16), tmp_path / "init")
+    meta = read_meta(tmp_path / "init")
     assert meta.pooling == "cls" and meta.query_max_length == 16
-    model, tokenizer, _ = load_checkpoint(tmp_path)
-    again, _, _ = load_checkpoint(tmp_path)
-    batch = tokenizer(["cell protein", "gene"], padding=True, return_tensors="pt")
+    fresh, _, _ = load_checkpoint(tmp_path / "init")
+    assert math.isclose(fresh.norm.weight[0].item(), math.sqrt(1 / (0.05 * fresh.dim)), rel_tol=1e-6)
+
+    original = BiEncoder(AutoModel.from_pretrained(tiny_model), "cls")
+    torch.manual_seed(1)
+    with torch.no_grad():  # a head unlike the identity init, so that a head that failed to load would show
+        for p in (*original.proj.parameters(), *original.norm.parameters()):
+            p.add_(torch.randn_like(p))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    save_checkpoint(original, tokenizer, ModelMeta(str(tiny_model), "cls", 16, 48), tmp_path / "saved")
+    loaded, loaded_tokenizer, loaded_meta = load_checkpoint(tmp_path / "saved")
+    batch = tokenizer(["cell protein", "gene expression in mice"], padding=True, return_tensors="pt")
     inputs = (batch["input_ids"], batch["attention_mask"])
-    model.eval(), again.eval()
+    original.eval(), loaded.eval()
     with torch.no_grad():
-        assert torch.equal(model(*inputs), again(*inputs))
-    assert math.isclose(model.norm.weight[0].item(), math.sqrt(1 / (0.05 * model.dim)), rel_tol=1e-6)
-    assert isinstance(tokenizer, type(AutoTokenizer.from_pretrained(tiny_model)))
+        assert torch.equal(original(*inputs), loaded(*inputs))
+        assert not torch.allclose(original(*inputs), fresh(*inputs))
+    assert loaded_meta == ModelMeta(str(tiny_model), "cls", 16, 48)
+    assert loaded_tokenizer(["gene"])["input_ids"] == tokenizer(["gene"])["input_ids"]
 
 
 def test_minilm_alias_resolves_to_packaged_weights_or_hub_id():
     resolved = resolve_model_name("minilm")
     assert resolved.endswith("model") or resolved == "sentence-transformers/all-MiniLM-L6-v2"
     assert resolve_model_name("roberta-base") == "roberta-base"
+
+
+def test_attention_dropout_override_applies_to_the_modules_not_the_saved_config(tiny_model, tmp_path):
+    import json
+
+    from ance_core.model import init_model, save_checkpoint
+
+    init_model(ModelConfig(name=str(tiny_model)), tmp_path / "init")
+    model, tokenizer, meta = load_checkpoint(tmp_path / "init", attention_dropout=0.0)
+    attention = [m for n, m in model.encoder.named_modules() if n.endswith("attention.self.dropout")]
+    assert attention and all(m.p == 0.0 for m in attention)
+    hidden = [m for n, m in model.encoder.named_modules() if n.endswith("output.dropout")]
+    assert hidden and all(m.p == 0.1 for m in hidden)  # only the attention dropout is overridden
+    save_checkpoint(model, tokenizer, meta, tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["attention_probs_dropout_prob"] == 0.1

@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.tiny import tiny_pipeline_config
+
 pytestmark = pytest.mark.slow
 ROUNDS = 2
 DIMS, INDEXES = (16, 8), ("flat", "hnsw", "ivfpq")  # the tiny BERT's h is 32
@@ -56,7 +58,10 @@ def test_every_stage_wrote_its_artifacts(pipeline, tiny_scifact):
     for name in ("corpus.parquet", "queries.parquet", "qrels.parquet", "manifest.json"):
         assert (tables / name).is_file()
     assert len(pd.read_parquet(tables / "corpus.parquet")) == 200
-    assert len(_folders(work, "bm25")) == 2  # eval run (top-1000) and train candidates (top-100)
+    assert len(_folders(work, "bm25")) == 3  # test and dev runs (top-1000) and train candidates (top-100)
+    qrels = pd.read_parquet(tables / "qrels.parquet")  # the dev split: about 20% of the 40 train queries (each query
+    dev, train = (set(qrels.loc[qrels["split"] == s, "query_id"]) for s in ("dev", "train"))  # by its own hash)
+    assert len(dev) == 11 and len(train) == 29 and not dev & train
     assert (_folders(work, "model")[0] / "ance_model.json").is_file()
     encodes = _folders(work, "encode")
     assert len(encodes) == ROUNDS + 2  # zero-shot, warm-up, each round: each checkpoint encoded exactly once
@@ -96,7 +101,17 @@ def test_metrics_are_numbers_in_range(pipeline):
         for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000"):
             assert 0.0 <= row[key] <= 1.0
     assert result["results"][0]["ndcg_at_10"] > 0.5  # BM25 on a 200-document subset finds the positives
-    assert result["ndcg_at_10"] == result["results"][-1]["ndcg_at_10"]
+    # the run's result is its best model on the dev split (BM25 is not a model), whatever the test split says
+    dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
+    models = [m for m in dev if m != "BM25"]
+    best = max(dev[m] for m in models)
+    assert result["selected"] == [m for m in models if dev[m] == best][-1]
+    chosen = next(r for r in result["results"] if r["model"] == result["selected"])
+    assert result["ndcg_at_10"] == chosen["ndcg_at_10"]
+    assert f"**{result['selected']}** (result)" in Path(result["report_dir"], "results.md").read_text()
+    stages = {(s["for"], s["stage"]): s["path"] for s in result["stages"]}
+    assert result["final_checkpoint"] == (stages[(result["selected"], "train")] if result["selected"] != "zero-shot"
+                                          else stages[("zero-shot", "init")])
     # training moved the model: the final checkpoint ranks differently from the starting one
     dense = [r for r in result["results"] if r["model"] != "BM25"]
     assert len({round(r["ndcg_at_10"], 6) for r in dense} | {round(r["recall_at_100"], 6) for r in dense}) > 2
@@ -178,7 +193,9 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     client = MlflowClient(result["mlflow_uri"])
     parent = client.get_run(result["mlflow_run_id"])
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
-        "plots/loss.png", "plots/grad_norms.png", "plots/metrics.png", "plots/negatives_overlap.png"}
+        "plots/loss.png", "plots/grad_norms.png", "plots/metrics.png", "plots/negatives_overlap.png",
+        "plots/quality_over_time.png"}
+    assert (Path(result["plots_dir"]) / "quality_over_time.png").is_file()  # the same plots as files
     table = pd.read_csv(client.download_artifacts(parent.info.run_id, "report/results.csv"))
     assert list(table["model"][:2]) == ["BM25", "zero-shot"] and "neg_overlap_top100" in table
     assert table.set_index("model").loc["warmup", "ndcg_at_10"] == pytest.approx(
@@ -196,8 +213,15 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     name = "ance-scifact-tiny"
     versions = client.search_model_versions(f"name = '{name}'")
     assert len(versions) >= ROUNDS + 1
+    # the champion is the run's result, chosen on the dev split; the test split decided nothing
     champion = client.get_model_version_by_alias(name, "champion")
-    assert float(champion.tags["ndcg_at_10"]) == pytest.approx(max(float(v.tags["ndcg_at_10"]) for v in versions))
+    assert champion.tags["label"] == result["selected"] == parent.data.tags["result_model"]
+    assert float(champion.tags["dev_ndcg_at_10"]) == pytest.approx(
+        max(r["dev_ndcg_at_10"] for r in result["results"] if r["model"] != "BM25"), abs=1e-6)
+    data = next(s["path"] for s in result["stages"] if s["stage"] == "prepare")
+    from ance_core.artifacts import read_manifest
+
+    assert champion.tags["dev_split"] == f"dev {read_manifest(data)['summary']['split_digests']['dev']}"
     assert parent.data.tags["champion.champion_version"] == str(champion.version)  # a re-run's equal model did not
     # take the alias from the first run's
 
@@ -212,9 +236,8 @@ def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, 
     name = model_name(str(tiny_scifact))
     champion = MlflowClient(result["mlflow_uri"]).get_model_version_by_alias(name, "champion")
     assert source == f"models:/{name}@champion (version {champion.version})"
-    trained = next(s["path"] for s in result["stages"] if s["for"] == champion.tags["label"] and s["stage"] == "train")
     for file in ("model.safetensors", "head.safetensors", "ance_model.json", "tokenizer.json"):
-        assert Path(folder, file).read_bytes() == Path(trained, file).read_bytes(), file
+        assert Path(folder, file).read_bytes() == Path(result["final_checkpoint"], file).read_bytes(), file
     assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
     missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
     assert missing is None and "models:/ance-no-such-dataset@champion not found" in why
@@ -335,3 +358,67 @@ def test_compression_is_in_mlflow_with_projectors_and_registered_models(pipeline
     versions = [v for v in client.search_model_versions("name = 'ance-scifact-tiny-compressed'") if v.run_id in ours]
     assert sorted(float(v.tags["dim"]) for v in versions) == sorted(DIMS)
     assert all(v.source.endswith("/checkpoint") for v in versions)
+
+
+def test_queries_bm25_cannot_match_get_fallback_negatives_and_the_run_completes(tiny_scifact, tiny_model, tmp_path):
+    """A query of out-of-vocabulary words and one of stop-words only: BM25 retrieves nothing for them, their warm-up
+    negatives come from the fallback (random documents), one warning names them, the negatives statistics count them
+    (--json and MLflow), and the whole pipeline completes."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    data = tmp_path / "scifact-odd"
+    shutil.copytree(tiny_scifact, data)
+    docs = [json.loads(line)["_id"] for line in (data / "corpus.jsonl").read_text().splitlines()]
+    with open(data / "queries.jsonl", "a") as f:
+        f.write(json.dumps({"_id": "q-oov", "text": "zzyqx vlorptk quaxwem"}) + "\n")
+        f.write(json.dumps({"_id": "q-stop", "text": "the of and to"}) + "\n")
+    with open(data / "qrels" / "train.tsv", "a") as f:
+        f.write(f"q-oov\t{docs[0]}\t1\nq-stop\t{docs[1]}\t1\n")
+    train = {"max_steps": 2, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
+    config = {"data": {"dataset": str(data), "dev_fraction": 0.0}, "rounds": 1, "work_dir": str(tmp_path / "work"),
+              "model": {"name": str(tiny_model), "passage_max_length": 48}, "warmup": train, "ance": train,
+              "encode": {"batch_size": 32}, "bm25_negatives": {"num_negatives": 2}, "mining": {"top_k": 40}}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
+                          capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
+    warned = [w for w in result["warnings"] if "missing negatives were drawn uniformly from the corpus" in w]
+    assert len(warned) == 1 and "2 of 42 queries" in warned[0] and "q-oov, q-stop" in warned[0]
+    assert "WARNING: mining (bm25" in proc.stdout  # in the closing lines too
+    assert result["negatives"]["warmup"]["fallback_queries"] == 2
+    assert result["negatives"]["warmup"]["fallback_negatives"] == 4
+    assert result["negatives"]["ANCE round 1"]["fallback_queries"] == 0  # the dense ranking has every document
+    client = MlflowClient(result["mlflow_uri"])
+    children = {r.info.run_name: r for r in client.search_runs(
+        [client.get_run(result["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result['mlflow_run_id']}'")}
+    assert children["warmup"].data.metrics["neg_fallback_queries"] == 2
+    mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "mine"))
+    table = pd.read_parquet(Path(mined, "negatives.parquet")).set_index("query_id")
+    assert table.loc["q-oov", "negative_ranks"].tolist() == [0, 0] and table.loc["q-oov", "fallback"] == 2
+
+
+def test_the_warmup_margin_drops_bm25_candidates_the_starting_model_scores_above_the_positive(
+        tiny_scifact, tiny_model, tmp_path):
+    """bm25_negatives.margin 0: BM25 candidates are scored by the pretrained model, and none the model ranks above the
+    pair's positive is sampled (the share of negatives above their positive under the starting model is then 0)."""
+    from ance_core.artifacts import read_manifest
+
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=0, steps=2)
+    config["bm25_negatives"] = {"margin": 0.0, "num_negatives": 2}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
+                          capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    stats = result["negatives"]["warmup"]
+    assert stats["above_positive"] == 0.0 and stats["negatives"] > 0
+    mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "mine"))
+    zero_shot_index = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("zero-shot", "index"))
+    assert read_manifest(mined)["inputs"]["scorer_index"] == Path(zero_shot_index).name

@@ -4,8 +4,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ance_core.errors import AnceError
-from ance_core.samplers import MINED, SAMPLERS, filter_candidates, sample_negatives, simans_probabilities
+from ance_core.errors import AnceError, AnceWarning
+from ance_core.samplers import (
+    MINED,
+    SAMPLERS,
+    fallback_stats,
+    filter_candidates,
+    sample_negatives,
+    simans_probabilities,
+)
 
 CORPUS = [f"d{i}" for i in range(300)]
 POSITIVES = {"q1": {"d0", "d5"}, "q2": {"d7"}, "q3": {"d100", "d101", "d102"}}
@@ -77,8 +84,20 @@ def test_false_negative_controls():
     table = mine("ance", skip_top=30, margin=0.1)
     assert min(r for ranks in table["negative_ranks"] for r in ranks) > 30
     assert max(s for scores in table["negative_scores"] for s in scores) <= 7.2
-    with pytest.raises(AnceError, match="raise mining.top_k"):
-        mine("ance", top_k=20, skip_top=19)
+    assert table["fallback"].sum() == 0
+
+
+@pytest.mark.parametrize("sampler", ["ance", "simans", "bm25", "bm25+random"])
+def test_controls_that_leave_too_few_candidates_fall_back_to_random_documents(sampler):
+    """skip_top 19 of a top-20 leaves at most one candidate per query (fewer when a positive sits in the top 20):
+    every pair still gets 4 distinct non-positive negatives, the missing ones random (rank 0) and counted."""
+    with pytest.warns(AnceWarning, match=r"3 of 3 queries had fewer than the 4 candidate negatives"):
+        table = mine(sampler, top_k=20, skip_top=19)
+    for row in table.itertuples():
+        assert len(set(row.negative_ids)) == 4 and not set(row.negative_ids) & POSITIVES[row.query_id]
+        assert sum(r > 0 for r in row.negative_ranks) <= 1
+        assert row.fallback == sum(r == 0 for r in row.negative_ranks) - (2 if sampler == "bm25+random" else 0)
+    assert fallback_stats(table) == {"fallback_queries": 3, "fallback_negatives": int(table["fallback"].sum())}
 
 
 def test_simans_frequencies_follow_its_formula():
@@ -92,7 +111,7 @@ def test_simans_frequencies_follow_its_formula():
         counts = np.zeros(100)
         for seed in range(4000):
             table = sample_negatives("simans", positives, 1, seed, 0, run=run, positive_scores={("q", "pos"): 8.0},
-                                     a=2.0, b=b)
+                                     a=2.0, b=b, corpus_ids=["pos", *run["doc_id"]])
             counts[table["negative_ranks"][0][0] - 1] += 1
         expected = simans_probabilities(scores, 8.0, 2.0, b)
         assert np.abs(counts / counts.sum() - expected).max() < 0.02
@@ -110,7 +129,7 @@ def test_errors_name_the_problem():
     with pytest.raises(AnceError, match="unknown sampler 'hard'"):
         sample_negatives("hard", POSITIVES, 1, 0, 0, run=RUN)
     with pytest.raises(AnceError, match="needs the positives' scores"):
-        sample_negatives("simans", POSITIVES, 1, 0, 0, run=RUN)
+        sample_negatives("simans", POSITIVES, 1, 0, 0, run=RUN, corpus_ids=CORPUS)
     with pytest.raises(AnceError, match="needs the corpus ids"):
         sample_negatives("random", POSITIVES, 1, 0, 0)
     assert set(SAMPLERS) == {"ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"}

@@ -142,16 +142,23 @@ def mlflow_api(stack, method: str, path: str, **kwargs) -> dict:
 
 
 def mlflow_runs(stack, flow_run_id: str) -> list[dict]:
-    """The MLflow runs tagged with a Prefect flow run id (the parent and its nested runs)."""
-    experiment = mlflow_api(stack, "GET", "experiments/get-by-name", params={"experiment_name": "ance-train"})
+    """The MLflow runs tagged with a Prefect flow run id (the parent and its nested runs); none yet while the flow
+    run has not created its experiment (MLflow answers 404 until then: "not there yet", not a failure)."""
+    response = httpx.get(f"{stack['mlflow']}/api/2.0/mlflow/experiments/get-by-name",
+                         params={"experiment_name": "ance-train"}, timeout=30)
+    if response.status_code == 404:
+        return []
+    assert response.status_code == 200, f"experiments/get-by-name: {response.status_code} {response.text[:500]}"
     found = mlflow_api(stack, "POST", "runs/search", json={
-        "experiment_ids": [experiment["experiment"]["experiment_id"]], "max_results": 200,
+        "experiment_ids": [response.json()["experiment"]["experiment_id"]], "max_results": 200,
         "filter": f"tags.`prefect.flow_run_id` = '{flow_run_id}'"})
     return found.get("runs", [])
 
 
 def mlflow_parent(stack, flow_run_id: str) -> dict:
-    return next(r for r in mlflow_runs(stack, flow_run_id) if "mlflow.parentRunId" not in tags_of(r))
+    parents = [r for r in mlflow_runs(stack, flow_run_id) if "mlflow.parentRunId" not in tags_of(r)]
+    assert parents, f"no MLflow parent run is tagged with flow run {flow_run_id}"
+    return parents[0]
 
 
 def tags_of(run: dict) -> dict[str, str]:

@@ -11,7 +11,7 @@ from tasks.tracking import UNDELIVERED, LiveMetrics, Tracker, flatten, metric_ke
 
 def test_flatten_and_metric_names():
     params = flatten(PipelineConfig())
-    assert params["ance.learning_rate"] == "2e-05" and params["rounds"] == "2" and params["data.dataset"] == "scifact"
+    assert params["ance.learning_rate"] == "2e-05" and params["rounds"] == "1" and params["data.dataset"] == "scifact"
     assert metric_key("nDCG@10") == "ndcg_at_10"
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pandas as pd
@@ -69,13 +70,95 @@ def test_interrupted_training_resumes_to_identical_weights(setup, tmp_path):
     assert losses(straight) == losses(resumed)
 
 
-def test_lamb_and_accumulation_train(setup, tmp_path):
+def test_lamb_update_is_adam_rescaled_by_the_trust_ratio():
+    """One LAMB step by hand: m̂ = g, v̂ = g² at step 1, update u = m̂ / (sqrt(v̂) + eps) + wd·w, w -= lr·(|w|/|u|)·u."""
+    from ance_core.optim import Lamb
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    g = torch.randn(5, 3)
+    start = w.detach().clone()
+    w.grad = g.clone()
+    Lamb([w], lr=0.1, weight_decay=0.01, eps=1e-6).step()
+    u = g / (g.abs() + 1e-6) + 0.01 * start
+    expected = start - 0.1 * (start.norm() / u.norm()) * u
+    assert torch.allclose(w.detach(), expected, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def no_dropout(setup, tmp_path_factory):
+    """The starting checkpoint without dropout, so that a step's gradient depends on its data only."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("no-dropout")
+    shutil.copytree(setup[0], folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"hidden_dropout_prob": 0.0,
+                                                             "attention_probs_dropout_prob": 0.0}))
+    return folder
+
+
+def test_gradient_accumulation_equals_one_larger_batch(setup, no_dropout, tmp_path):
+    """2 micro-batches of 2 queries, accumulated, take the same step as one batch of 4 (no in-batch negatives: the
+    loss is a mean over queries either way)."""
+    _, *rest = setup
+    base = dict(max_steps=1, in_batch_negatives=False, precision="fp32", checkpoint_every=0, learning_rate=1e-3)
+    train(no_dropout, *rest, TrainConfig(batch_size=2, grad_accumulation=2, **base), tmp_path / "accumulated")
+    train(no_dropout, *rest, TrainConfig(batch_size=4, grad_accumulation=1, **base), tmp_path / "one-batch")
+    a, b, start = _weights(tmp_path / "accumulated"), _weights(tmp_path / "one-batch"), _weights(no_dropout)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert any(not torch.equal(a[k], start[k]) for k in a)
+    logs = [json.loads((tmp_path / f / "train_log.jsonl").read_text()) for f in ("accumulated", "one-batch")]
+    assert logs[0]["loss"] == pytest.approx(logs[1]["loss"], rel=1e-5)
+
+
+def test_bf16_autocast_is_applied_and_stays_close_to_fp32(setup, no_dropout, tmp_path):
+    _, *rest = setup
+    base = dict(max_steps=1, batch_size=4, precision="fp32", checkpoint_every=0, learning_rate=1e-3)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        train(no_dropout, *rest, TrainConfig(**base | {"precision": precision}), tmp_path / precision)
+        losses[precision] = json.loads((tmp_path / precision / "train_log.jsonl").read_text())["loss"]
+    assert losses["bf16"] != losses["fp32"]  # bf16 matmuls round: the autocast was on
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.02)
+
+
+def test_lamb_trains_with_accumulation_and_bf16(setup, tmp_path):
     ckpt, *rest = setup
     cfg = TrainConfig(max_steps=2, batch_size=2, grad_accumulation=2, optimizer="lamb", in_batch_negatives=False,
                       precision="bf16", checkpoint_every=0)
-    assert train(ckpt, *rest, cfg, tmp_path)["steps"] == 2
+    assert train(ckpt, *rest, cfg, tmp_path / "lamb")["steps"] == 2
+    train(ckpt, *rest, cfg.model_copy(update={"optimizer": "adamw"}), tmp_path / "adamw")
+    state = json.loads((tmp_path / "lamb" / "trainer_state.json").read_text())
+    assert all(group["lr"] == 0.0 for group in state["optimizer_param_groups"])  # decayed to zero at the end
+    lamb, adamw, start = _weights(tmp_path / "lamb"), _weights(tmp_path / "adamw"), _weights(ckpt)
+    assert any(not torch.equal(lamb[k], start[k]) for k in lamb)
+    assert any(not torch.allclose(lamb[k], adamw[k]) for k in lamb)  # the optimizer setting took effect
 
 
 def test_false_negative_mask_hides_other_rows_positives():
     mask = false_negative_mask(["q1", "q2"], ["a", "x", "b", "a"], 2, {"q1": {"a"}, "q2": {"b", "a"}})
     assert mask.tolist() == [[False, False, False, True], [True, False, False, True]]
+
+
+def test_continuous_schedule_spans_stages_and_carries_the_optimizer(setup, tmp_path):
+    """Two 2-step stages on one 4-step schedule (1 warm-up step): the learning rates are those of one 4-step run, and
+    the second stage starts from the first one's optimizer moments."""
+    from ance_core.train import continuous_schedules
+
+    ckpt, *rest = setup
+    first, second = continuous_schedules([2, 2], warmup_ratio=0.25)
+    assert (first.offset, first.total, first.warmup, first.resume_optimizer) == (0, 4, 1, False)
+    assert (second.offset, second.total, second.resume_optimizer) == (2, 4, True)
+    cfg = TrainConfig(max_steps=2, batch_size=3, learning_rate=1e-3, precision="fp32", checkpoint_every=0)
+    train(ckpt, *rest, cfg, tmp_path / "one", schedule=first)
+    train(tmp_path / "one", *rest, cfg, tmp_path / "two", schedule=second)
+    fresh_optimizer = dataclasses.replace(second, resume_optimizer=False)
+    train(tmp_path / "one", *rest, cfg, tmp_path / "fresh", schedule=fresh_optimizer)
+    whole = train(ckpt, *rest, cfg.model_copy(update={"max_steps": 4, "warmup_ratio": 0.25}), tmp_path / "whole")
+    lrs = lambda f: [json.loads(x)["lr"] for x in (tmp_path / f / "train_log.jsonl").read_text().splitlines()]  # noqa: E731
+    assert whole["steps"] == 4 and lrs("one") + lrs("two") == pytest.approx(lrs("whole"))
+    assert lrs("two")[-1] > 0 and json.loads((tmp_path / "two" / "trainer_state.json").read_text())[
+        "optimizer_param_groups"][0]["lr"] == 0.0  # reaches zero only at the end of the last stage
+    two, fresh = _weights(tmp_path / "two"), _weights(tmp_path / "fresh")
+    assert any(not torch.allclose(two[k], fresh[k]) for k in two)  # the carried moments changed the updates

@@ -1,0 +1,189 @@
+"""Kill matrix and transient faults: does a run that is killed anywhere, then started again, end exactly like one that
+was never interrupted?
+
+The tiny pipeline (a random 2-layer BERT, ~200 SciFact documents, BM25 warm-up and 2 ANCE rounds of 4 steps, every
+stage of the demo) runs once uninterrupted: the reference. Then, for each kill point, a fresh work folder: `ance run`
+is SIGKILLed (its whole process group) at that point, and run again to completion. Kill points are `ANCE_FAULT` hang
+points in every stage, including mid-training (before and after a checkpoint), mid-encoding (between shards) and
+mid-index-write (the index file written, its doc ids not yet), plus kills at seeded random times. Per kill point:
+
+  - identical: the final metrics of every model and the weights of every trained model are bit-identical to the
+    reference's;
+  - leftovers: `.partial-*` stage folders or half-written checkpoints left once the re-run is done;
+  - rebuilt: stages that were complete when the run was killed and were built again by the re-run.
+
+Then one run with a transient failure injected into every task kind (`ANCE_FAULT=<task>,...`, each fails once):
+how many recovered by Prefect's retry, and whether that run also ends bit-identical to the reference.
+
+    python bench/reliability.py [--random-kills 4] [--seed 0] [--out DIR]
+    python bench/reliability.py --smoke          # two kill points and the transient run, for the test suite
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tiny.py: the tiny model and data
+
+from tests.tiny import build_tiny_model, build_tiny_scifact, shared_scifact, tiny_pipeline_config  # noqa: E402
+
+# Every stage of the pipeline, at its start or inside its work (tasks/common.py, ANCE_FAULT).
+HANG_POINTS = [
+    "bm25-run", "init-model", "encode-corpus@2", "build-index@1", "dense-run", "evaluate", "mine-negatives",
+    "train@1", "train@3", "encode-corpus@3#2", "mine-negatives#2", "train@3#3", "negative-stats", "report",
+]
+TASK_KINDS = ["prepare-data", "bm25-run", "init-model", "encode-corpus", "build-index", "dense-run", "evaluate",
+              "mine-negatives", "train", "negative-stats", "report"]
+
+
+def command(folder: Path, config: dict) -> list[str]:
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return [sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"]
+
+
+def environment(folder: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("ANCE_FAULT", "PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    return env | {"PREFECT_HOME": str(folder / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | extra
+
+
+def run(folder: Path, config: dict, **extra_env: str) -> tuple[dict, str, float]:
+    started = time.perf_counter()
+    proc = subprocess.run(command(folder, config), capture_output=True, text=True, env=environment(folder, **extra_env))
+    if proc.returncode != 0:
+        raise RuntimeError(f"ance run failed in {folder}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr, time.perf_counter() - started
+
+
+def kill(folder: Path, config: dict, point: str | None, after_s: float | None) -> str:
+    """Start a run and SIGKILL its process group at a hang point (or after `after_s` seconds); what happened."""
+    signal_file = folder / "hung"
+    extra = {"ANCE_FAULT": f"{point}:hang", "ANCE_FAULT_SIGNAL": str(signal_file)} if point else {}
+    proc = subprocess.Popen(command(folder, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=environment(folder, **extra), start_new_session=True)
+    deadline = time.time() + (after_s if after_s is not None else 900)
+    while proc.poll() is None and time.time() < deadline and not signal_file.exists():
+        time.sleep(0.2)
+    if proc.poll() is not None:
+        return f"finished before the kill (exit {proc.returncode})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return "killed at the hang point" if point else f"killed after {after_s:.1f} s"
+
+
+def complete_stages(work: Path) -> dict[str, str]:
+    """Every complete stage folder and the digest of its manifest (rewritten whenever the stage is built)."""
+    return {str(m.parent): hashlib.sha256(m.read_bytes()).hexdigest()
+            for m in work.glob("*/*/manifest.json") if not m.parent.name.startswith(".")}
+
+
+def leftovers(work: Path) -> list[str]:
+    return sorted(str(p) for p in [*work.glob("*/.partial-*"), *work.glob("train*/*/checkpoints/.tmp-*")])
+
+
+def weights(work: Path) -> dict[str, str]:
+    """Digest of the weights of every trained model (stage folders are named by content: comparable across runs)."""
+    out = {}
+    for folder in sorted(work.glob("train/*/")):
+        if folder.name.startswith("."):
+            continue
+        h = hashlib.sha256()
+        for name in ("model.safetensors", "head.safetensors"):
+            h.update((folder / name).read_bytes())
+        out[folder.name] = h.hexdigest()
+    return out
+
+
+def metrics(result: dict) -> list:
+    return [{k: v for k, v in r.items()} for r in result["results"]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--random-kills", type=int, default=4, help="kills at seeded random times, besides the points")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="keep the work folders here (default: a temporary folder)")
+    parser.add_argument("--smoke", action="store_true", help="two kill points and the transient run (test suite)")
+    args = parser.parse_args()
+    scifact = shared_scifact()
+    if scifact is None:
+        sys.exit("SciFact not found: set ANCE_DATA_HOME or put it at ../shared/data/scifact")
+    out = args.out or Path(tempfile.mkdtemp(prefix="ance-reliability-"))
+    out.mkdir(parents=True, exist_ok=True)
+    data = build_tiny_scifact(scifact, out / "data" / "scifact-tiny")
+    model = build_tiny_model(out / "tiny-bert")
+
+    def config_for(folder: Path) -> dict:
+        return tiny_pipeline_config(data, model, folder / "work", rounds=2, steps=4)
+
+    ref_dir = out / "reference"
+    ref_dir.mkdir(exist_ok=True)
+    reference, _, ref_s = run(ref_dir, config_for(ref_dir))
+    ref_weights = weights(ref_dir / "work")
+    print(f"reference run: {ref_s:.1f} s, {len(reference['stages'])} stages, {len(ref_weights)} trained models",
+          flush=True)
+
+    rng = random.Random(args.seed)
+    points = ["encode-corpus@2", "train@3"] if args.smoke else HANG_POINTS
+    times = [] if args.smoke else sorted(rng.uniform(5.0, max(6.0, ref_s - 5.0)) for _ in range(args.random_kills))
+    scenarios = [(p, None) for p in points] + [(None, t) for t in times]
+    rows = []
+    for k, (point, after_s) in enumerate(scenarios):
+        folder = out / f"kill-{k:02d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        config = config_for(folder)
+        what = kill(folder, config, point, after_s)
+        before = complete_stages(folder / "work")
+        partial_before = len(leftovers(folder / "work"))
+        result, _, seconds = run(folder, config)
+        after = complete_stages(folder / "work")
+        rebuilt = sorted(p for p, digest in before.items() if after.get(p) != digest)
+        row = {"kill": point or f"random {after_s:.1f} s", "what": what, "complete_before": len(before),
+               "partial_before": partial_before, "rerun_s": round(seconds, 1),
+               "identical_metrics": metrics(result) == metrics(reference),
+               "identical_weights": weights(folder / "work") == ref_weights,
+               "leftovers": leftovers(folder / "work"), "rebuilt": rebuilt}
+        row["identical"] = row["identical_metrics"] and row["identical_weights"]
+        rows.append(row)
+        print(f"{row['kill']:<18} {what:<28} complete before {len(before):>2}, partial {partial_before}; re-run "
+              f"{seconds:5.1f} s: identical {row['identical']}, leftovers {len(row['leftovers'])}, rebuilt "
+              f"{len(rebuilt)}", flush=True)
+
+    folder = out / "transient"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    result, log, seconds = run(folder, config_for(folder), ANCE_FAULT=",".join(TASK_KINDS))
+    injected = [kind for kind in TASK_KINDS if f"injected failure of task '{kind}'" in log]
+    retried = log.count("Retry 1/2")
+    transient = {"task_kinds": len(TASK_KINDS), "injected": len(injected), "recovered_by_retry": len(injected),
+                 "retries": retried, "identical": metrics(result) == metrics(reference)
+                 and weights(folder / "work") == ref_weights, "seconds": round(seconds, 1),
+                 "not_injected": [k for k in TASK_KINDS if k not in injected]}
+    print(f"transient faults: {len(injected)} of {len(TASK_KINDS)} task kinds failed once and recovered by retry "
+          f"({retried} retries); the run completed in {seconds:.1f} s, identical to the reference: "
+          f"{transient['identical']}")
+
+    identical = sum(r["identical"] for r in rows)
+    print(f"\nkill matrix: {identical}/{len(rows)} re-runs bit-identical to the uninterrupted run, "
+          f"{sum(len(r['leftovers']) for r in rows)} leftover partial folders, "
+          f"{sum(len(r['rebuilt']) for r in rows)} complete stages rebuilt")
+    print(json.dumps({"kills": len(rows), "identical": identical,
+                      "leftovers": sum(len(r["leftovers"]) for r in rows),
+                      "rebuilt": sum(len(r["rebuilt"]) for r in rows), "rows": rows, "transient": transient,
+                      "reference_s": round(ref_s, 1)}))
+    if identical != len(rows) or not transient["identical"] or transient["not_injected"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Every bench script still runs: a smoke run of each with the tiny model and data (no timing is asserted; the
+figures in BENCHMARKS.md come from full runs). `make bench` runs the same scripts on the demo's model and data."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import tiny_pipeline_config
+
+pytestmark = pytest.mark.slow
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench(script: str, *args: str, tmp_path: Path, timeout: int = 900) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_encode_bench(tiny_scifact, tiny_model, tmp_path):
+    out = bench("encode.py", "--dataset", str(tiny_scifact), "--model", str(tiny_model), "--passages", "64",
+                "--batch-size", "16", "--max-lengths", "32", "64", tmp_path=tmp_path)
+    rows = [line.split() for line in out.splitlines()[2:]]  # after the two header lines: one row per max length
+    assert [r[0] for r in rows] == ["32", "64"] and all(r[3].endswith("x") and float(r[1]) > 0 for r in rows)
+
+
+def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=1, steps=2)
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = bench("orchestration.py", "--config", str(tmp_path / "tiny.json"), "--out", str(tmp_path / "out"),
+                tmp_path=tmp_path)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ratio"] > 0 and summary["cached_stages"] == summary["stages"]
+
+
+def test_tracking_bench(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0)
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = bench("tracking.py", "--config", str(tmp_path / "tiny.json"), "--steps", "3", "--repeats", "1",
+                tmp_path=tmp_path)
+    assert "no tracking" in out and "embedded SQLite" in out and "mlflow server" in out and "ratio" in out
+
+
+def test_train_bench(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0)
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = bench("train.py", "--config", str(tmp_path / "tiny.json"), "--steps", "2", "--lengths", "32", "48",
+                tmp_path=tmp_path)
+    rows = [line for line in out.splitlines() if "tokens:" in line]
+    assert len(rows) == 2 and all("ratio" in r for r in rows)
+
+
+def test_reliability_bench(tmp_path):
+    out = bench("reliability.py", "--smoke", "--out", str(tmp_path / "out"), tmp_path=tmp_path, timeout=1800)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["kills"] == 2 and summary["identical"] == 2 and summary["leftovers"] == 0
+    assert summary["rebuilt"] == 0 and summary["transient"]["identical"]
+    assert summary["transient"]["injected"] == summary["transient"]["task_kinds"]

@@ -1,0 +1,64 @@
+"""Training that makes the model worse is caught and never handed back silently, on a small graded collection with
+many weak positives (tests/tiny.py: build_graded_dataset), with the real all-MiniLM-L6-v2 (offline package):
+
+- trained on every grade (`train_min_relevance: 1`), the warm-up learns the random grade-1 links and scores worse
+  on the dev split than the model it started from: the run's result is that starting model, the run warns (closing
+  lines, --json, MLflow), and the negatives statistics flag that most training negatives outscore their positive;
+- with the default (`auto`: the top grade on graded qrels) it trains on the grade-2 positives only, says what it
+  left out, and does not make the model worse."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.tiny import build_graded_dataset
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def graded(scifact_dir, tmp_path_factory):
+    return build_graded_dataset(scifact_dir, tmp_path_factory.mktemp("graded") / "graded")
+
+
+def run_pipeline(data, tmp_path, min_relevance) -> tuple[dict, str]:
+    train = {"epochs": 1, "batch_size": 16, "passage_max_length": 128, "attention_dropout": 0.0}
+    config = {"data": {"dataset": str(data), "train_min_relevance": min_relevance, "dev_fraction": 0.25},
+              "model": {"passage_max_length": 128}, "warmup": train, "rounds": 0, "work_dir": str(tmp_path / "work")}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
+                          capture_output=True, text=True, timeout=1200,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
+
+
+def test_training_on_weak_grades_hurts_and_the_run_says_so(graded, tmp_path):
+    result, out = run_pipeline(graded, tmp_path, 1)
+    dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
+    assert dev["warmup"] < dev["zero-shot"]  # the failure, reproduced
+    assert result["selected"] == "zero-shot" and result["final_checkpoint"].split("/")[-2] == "model"
+    warning = next(w for w in result["warnings"] if w.startswith("warmup made the model worse on the dev split"))
+    assert f"WARNING: {warning}" in out and "Result: zero-shot" in out
+    stats = result["negatives"]["warmup"]
+    assert stats["above_positive"] > 0.25  # most BM25 negatives outscore a random "positive"
+    assert any("score above their positive" in w for w in result["warnings"])
+    client = MlflowClient(result["mlflow_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.tags["result_model"] == "zero-shot" and "made the model worse" in parent.data.tags["warnings"]
+    champion = client.get_model_version_by_alias(f"ance-{graded.name}", "champion")
+    assert champion.tags["label"] == "zero-shot"  # the candidate is the run's result, chosen on dev
+
+
+def test_the_default_trains_on_the_top_grade_and_does_not_hurt(graded, tmp_path):
+    result, out = run_pipeline(graded, tmp_path, "auto")
+    dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
+    assert dev["warmup"] >= dev["zero-shot"]
+    assert not any("made the model worse" in w for w in result["warnings"])
+    grades = next(w for w in result["warnings"] if w.startswith("training positives are the"))
+    assert "relevance >= 2 (graded qrels: the top grade)" in grades and "grades 1" in grades
+    assert result["negatives"]["warmup"]["above_positive"] < 0.25

@@ -1,0 +1,109 @@
+"""Tiny offline inputs, shared by the test fixtures (tests/conftest.py) and the bench scripts' smoke runs: a random
+2-layer BERT with a WordPiece vocabulary trained here, and a ~200-document SciFact subset in BEIR layout."""
+
+import json
+import os
+import random
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_scifact() -> Path | None:
+    for root in (os.environ.get("ANCE_DATA_HOME"), REPO.parent / "shared" / "data"):
+        if root and (Path(root) / "scifact" / "corpus.jsonl").is_file():
+            return Path(root) / "scifact"
+    return None
+
+
+def write_beir(folder: Path, corpus: list[dict], queries: list[dict], qrels: dict[str, list[tuple]]) -> Path:
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for split, rows in qrels.items():
+        lines = ["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t{s}" for q, d, s in rows)]
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def build_tiny_scifact(scifact: Path, folder: Path) -> Path:
+    """~200 SciFact documents: the positives of 40 train and 30 test queries, filled up with random others."""
+    rng = random.Random(0)
+    corpus = [json.loads(x) for x in (scifact / "corpus.jsonl").read_text().splitlines() if x.strip()]
+    queries = {q["_id"]: q for q in map(json.loads, (scifact / "queries.jsonl").read_text().splitlines())}
+    qrels = {}
+    for split, n in (("train", 40), ("test", 30)):
+        rows = [ln.split("\t") for ln in (scifact / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]]
+        chosen = sorted({r[0] for r in rows})[:n]
+        qrels[split] = [(q, d, s) for q, d, s in rows if q in chosen]
+    needed = {d for rows in qrels.values() for _, d, _ in rows}
+    others = [d for d in corpus if d["_id"] not in needed]
+    docs = [d for d in corpus if d["_id"] in needed] + rng.sample(others, 200 - len(needed))
+    used_queries = [queries[q] for q in sorted({q for rows in qrels.values() for q, _, _ in rows})]
+    return write_beir(folder, docs, used_queries, qrels)
+
+
+def build_tiny_model(folder: Path) -> Path:
+    """A 2-layer, 32-dim random BERT with a WordPiece vocabulary trained here (on SciFact text when present, so
+    real passages do not collapse to [UNK])."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text_file = folder / "train.txt"
+    words = ("cell protein gene cancer patients study risk effect mice treatment increase expression "
+             "blood disease clinical results human response level activity associated reduced").split()
+    rng = random.Random(0)
+    lines = [" ".join(rng.choices(words, k=12)) for _ in range(400)]
+    if (scifact := shared_scifact()) is not None:
+        docs = (scifact / "corpus.jsonl").read_text().splitlines()[:3000]
+        lines += [json.loads(d)["title"] + " " + json.loads(d)["text"] for d in docs]
+        lines += [json.loads(q)["text"] for q in (scifact / "queries.jsonl").read_text().splitlines()]
+    text_file.write_text("\n".join(lines))
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train([str(text_file)], vocab_size=4000, min_frequency=2, show_progress=False)
+    text_file.unlink()
+    tokenizer = BertTokenizerFast(tokenizer_object=wordpiece._tokenizer, unk_token="[UNK]", sep_token="[SEP]",
+                                  pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    assert tokenizer.vocab_size > 100
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, steps: int = 3) -> dict:
+    """The tiny pipeline: every stage of the demo in seconds (checkpoints every 2 steps, 4 shards of 64 passages)."""
+    train = {"max_steps": steps, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3,
+             "checkpoint_every": 2}
+    return {"data": {"dataset": str(data)}, "model": {"name": str(model), "passage_max_length": 48},
+            "warmup": train, "ance": train, "mining": {"top_k": 50}, "encode": {"batch_size": 32, "shard_size": 64},
+            "rounds": rounds, "work_dir": str(work)}
+
+
+def build_graded_dataset(scifact: Path, folder: Path, train_queries: int = 60, test_queries: int = 20,
+                         weak: int = 12, documents: int = 400) -> Path:
+    """A small graded, many-positives collection in the shape of the one that made training hurt (NFCorpus-like):
+    each query's SciFact positives are grade 2, and `weak` more documents per query are grade 1, chosen at random:
+    "indirect" links that share nothing with the query, 90% or more of the relevant pairs."""
+    rng = random.Random(1)
+    corpus = {d["_id"]: d for d in map(json.loads, (scifact / "corpus.jsonl").read_text().splitlines())}
+    queries = {q["_id"]: q for q in map(json.loads, (scifact / "queries.jsonl").read_text().splitlines())}
+    rows = [ln.split("\t") for ln in (scifact / "qrels" / "train.tsv").read_text().splitlines()[1:]]
+    by_query: dict[str, list[str]] = {}
+    for q, d, _ in rows:
+        by_query.setdefault(q, []).append(d)
+    chosen = sorted(by_query)[: train_queries + test_queries]
+    needed = sorted({d for q in chosen for d in by_query[q]})
+    others = sorted(set(corpus) - set(needed))
+    docs = needed + rng.sample(others, documents - len(needed))
+    qrels: dict[str, list[tuple]] = {"train": [], "test": []}
+    for k, q in enumerate(chosen):
+        split = "train" if k < train_queries else "test"
+        positives = set(by_query[q])
+        qrels[split] += [(q, d, 2) for d in sorted(positives)]
+        qrels[split] += [(q, d, 1) for d in rng.sample([d for d in docs if d not in positives], weak)]
+    return write_beir(folder, [corpus[d] for d in docs], [queries[q] for q in chosen], qrels)
