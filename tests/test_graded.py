@@ -1,9 +1,11 @@
 """Training that makes the model worse is caught and never handed back silently, on a small graded collection with
 many weak positives (tests/tiny.py: build_graded_dataset), with the real all-MiniLM-L6-v2 (offline package):
 
-- trained on every grade (`train_min_relevance: 1`), the warm-up learns the random grade-1 links and scores worse
-  on the dev split than the model it started from: the run's result is that starting model, the run warns (closing
-  lines, --json, MLflow), and the negatives statistics flag that most training negatives outscore their positive;
+- trained on every grade (`train_min_relevance: 1`) the negatives statistics flag that most training negatives
+  outscore their positive. At the default learning rate the random grade-1 links cost this small dev split only
+  0.002-0.01 nDCG@10 (within its noise), so the run that must be caught is made plainly harmful with a learning
+  rate 50x the default (a misconfigured run): its warm-up scores worse on the dev split than the model it started
+  from, the run's result is that starting model, and the run warns (closing lines, --json, MLflow);
 - with the default (`auto`: the top grade on graded qrels) it trains on the grade-2 positives only, says what it
   left out, and does not make the model worse."""
 
@@ -25,8 +27,8 @@ def graded(scifact_dir, tmp_path_factory):
     return build_graded_dataset(scifact_dir, tmp_path_factory.mktemp("graded") / "graded")
 
 
-def run_pipeline(data, tmp_path, min_relevance) -> tuple[dict, str]:
-    train = {"epochs": 1, "batch_size": 16, "passage_max_length": 128, "attention_dropout": 0.0}
+def run_pipeline(data, tmp_path, min_relevance, **train) -> tuple[dict, str]:
+    train = {"epochs": 1, "batch_size": 16, "passage_max_length": 128} | train
     config = {"data": {"dataset": str(data), "train_min_relevance": min_relevance, "dev_fraction": 0.25},
               "model": {"passage_max_length": 128}, "warmup": train, "rounds": 0, "work_dir": str(tmp_path / "work")}
     (tmp_path / "c.json").write_text(json.dumps(config))
@@ -37,10 +39,10 @@ def run_pipeline(data, tmp_path, min_relevance) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
 
 
-def test_training_on_weak_grades_hurts_and_the_run_says_so(graded, tmp_path):
-    result, out = run_pipeline(graded, tmp_path, 1)
+def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
+    result, out = run_pipeline(graded, tmp_path, 1, learning_rate=1e-3)
     dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
-    assert dev["warmup"] < dev["zero-shot"]  # the failure, reproduced
+    assert dev["warmup"] < dev["zero-shot"] - 0.02, dev  # the failure, reproduced
     assert result["selected"] == "zero-shot" and result["final_checkpoint"].split("/")[-2] == "model"
     warning = next(w for w in result["warnings"] if w.startswith("warmup made the model worse on the dev split"))
     assert f"WARNING: {warning}" in out and "Result: zero-shot" in out
