@@ -31,6 +31,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 
 import pandas as pd  # noqa: E402
+from filelock import FileLock  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
@@ -71,6 +72,17 @@ def resolve_tracking_uri(work_dir: str | Path, explicit: str | None = None) -> s
     return explicit or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(work_dir).resolve() / 'mlflow.db'}"
 
 
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """A file lock beside an embedded SQLite store while it is opened. Concurrent runs on one work folder would
+    otherwise race to create its tables (MLflow's schema migrations fail when two run at once: "table ... already
+    exists") and its experiment; a tracking server needs none."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(db.parent / f".{db.name}.lock")
+
+
 class Tracker:
     def __init__(self, work_dir: str | Path, experiment: str, tracking_uri: str | None = None):
         self.work_dir = Path(work_dir).resolve()
@@ -84,8 +96,10 @@ class Tracker:
         self._warned = False
         self._lock = threading.Lock()
         self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
-        self.client = MlflowClient(self.uri)
-        self.experiment_id = self._safe("get_experiment", self._experiment, experiment, payload={"name": experiment})
+        with store_lock(self.uri):
+            self.client = MlflowClient(self.uri)
+            self.experiment_id = self._safe("get_experiment", self._experiment, experiment,
+                                            payload={"name": experiment})
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -643,8 +657,9 @@ def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | 
     uri = resolve_tracking_uri(work_dir, tracking_uri)
     name = model_name(dataset)
     try:
-        client = MlflowClient(uri, registry_uri=uri)
-        version = client.get_model_version_by_alias(name, "champion")
+        with store_lock(uri):
+            client = MlflowClient(uri, registry_uri=uri)
+            version = client.get_model_version_by_alias(name, "champion")
     except Exception as e:  # no such model or alias, or the tracking server is unreachable
         return None, f"models:/{name}@champion not found at {uri} ({type(e).__name__}: {str(e)[:200]})"
     final = Path(work_dir).resolve() / "champion" / f"{name}-v{version.version}"

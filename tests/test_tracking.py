@@ -1,12 +1,18 @@
 """The tracker against the embedded SQLite store (real MLflow, no server), and against a dead server."""
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ance_core.config import PipelineConfig
 from tasks.tracking import UNDELIVERED, LiveMetrics, Tracker, flatten, metric_key
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_flatten_and_metric_names():
@@ -109,3 +115,23 @@ def test_live_callbacks_only_inside_a_live_block(tmp_path):
     finally:
         LIVE.reset(token)
         live.close()
+
+
+def test_concurrent_runs_open_one_new_embedded_store(tmp_path):
+    """Four processes open the same new embedded store at the same moment (four runs started together on one work
+    folder): one creates its tables and the experiment, the others wait for it; every one gets that experiment."""
+    script = ("import sys, time\n"
+              "from pathlib import Path\n"
+              "from tasks.tracking import Tracker\n"
+              "while not Path(sys.argv[2]).exists(): time.sleep(0.01)\n"
+              "tracker = Tracker(sys.argv[1], 'ance-train')\n"
+              "print(tracker.experiment_id, tracker.failed_since is None and not tracker.undelivered)\n")
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "work"), str(go)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(8)  # all four have imported mlflow and wait
+    go.touch()
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    answers = {out.strip() for out, _ in outputs}
+    assert len(answers) == 1 and answers.pop().endswith(" True"), outputs  # one experiment, nothing failed
