@@ -75,6 +75,6 @@ def test_maxp_settings_that_would_not_work_are_refused():
 def test_recipes_are_valid_pipeline_configs():
     from ance_core.recipes import RECIPES, recipe_config
 
-    assert recipe_config("demo") == PipelineConfig()
+    assert recipe_config("demo") == PipelineConfig(mining={"sampler": "simans"})
     for name in RECIPES:
         assert recipe_config(name, work_dir="elsewhere").work_dir == "elsewhere"
