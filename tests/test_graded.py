@@ -9,15 +9,11 @@ many weak positives (tests/tiny.py: build_graded_dataset), with the real all-Min
 - with the default (`auto`: the top grade on graded qrels) it trains on the grade-2 positives only, says what it
   left out, and does not make the model worse."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.tiny import build_graded_dataset
+from tests.tiny import build_graded_dataset, run_pipeline_cli
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +27,7 @@ def run_pipeline(data, tmp_path, min_relevance, **train) -> tuple[dict, str]:
     train = {"epochs": 1, "batch_size": 16, "passage_max_length": 128} | train
     config = {"data": {"dataset": str(data), "train_min_relevance": min_relevance, "dev_fraction": 0.25},
               "model": {"passage_max_length": 128}, "warmup": train, "rounds": 0, "work_dir": str(tmp_path / "work")}
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
-                          capture_output=True, text=True, timeout=1200,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
+    return run_pipeline_cli(config, tmp_path, timeout=1200)
 
 
 def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):

@@ -1,10 +1,6 @@
 """MaxP (ANCE §5, document ranking): a document split into windows of passage_max_length tokens, each encoded, scored
 by its best window in retrieval and in mining; against FirstP, which sees only the first window."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +13,7 @@ from ance_core.encode import encode_corpus, passage_windows
 from ance_core.index import FlatIndex, build_index
 from ance_core.model import init_model, load_checkpoint
 from ance_core.search import dense_retrieve, score_pairs
-from tests.tiny import tiny_pipeline_config
+from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 FILLER = ("The committee met on Tuesday to review the quarterly budget, the parking arrangements and the schedule of "
           "the annual staff picnic, and agreed to postpone every decision until the next meeting. ")
@@ -95,12 +91,7 @@ def test_the_pipeline_runs_in_maxp_mode(tiny_scifact, tiny_model, tmp_path):
     each negative's best window, training and evaluation run; compression is refused with a clear error."""
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["model"] |= {"document_mode": "maxp", "max_passages": 2, "passage_max_length": 24}
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
-                          capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, _ = run_pipeline_cli(config, tmp_path)
     stages = {(s["for"], s["stage"]): s["path"] for s in result["stages"]}
     encode = Path(stages[("warmup", "encode")])
     rows = (encode / "docids.txt").read_text().splitlines()

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.tiny import tiny_pipeline_config
+from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 ROUNDS = 2
@@ -251,12 +251,7 @@ def test_samplers_are_chosen_per_stage_in_the_config(tiny_scifact, tiny_model, t
               "warmup": train, "ance": train, "encode": {"batch_size": 32}, "rounds": 1, "work_dir": str(tmp_path),
               "bm25_negatives": {"sampler": warmup_sampler, "num_negatives": 2},
               "mining": {"sampler": round_sampler, "num_negatives": 2, "top_k": 40}}
-    (tmp_path / "c.yaml").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.yaml"), "--json"],
-                          capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, _ = run_pipeline_cli(config, tmp_path)
     mined = {s["for"]: s["path"] for s in result["stages"] if s["stage"] == "mine"}
     warm = pd.read_parquet(Path(mined["warmup"], "negatives.parquet"))
     rounds = pd.read_parquet(Path(mined["ANCE round 1"], "negatives.parquet"))
@@ -380,16 +375,11 @@ def test_queries_bm25_cannot_match_get_fallback_negatives_and_the_run_completes(
     config = {"data": {"dataset": str(data), "dev_fraction": 0.0}, "rounds": 1, "work_dir": str(tmp_path / "work"),
               "model": {"name": str(tiny_model), "passage_max_length": 48}, "warmup": train, "ance": train,
               "encode": {"batch_size": 32}, "bm25_negatives": {"num_negatives": 2}, "mining": {"top_k": 40}}
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
-                          capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, stdout = run_pipeline_cli(config, tmp_path)
     assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
     warned = [w for w in result["warnings"] if "missing negatives were drawn uniformly from the corpus" in w]
     assert len(warned) == 1 and "2 of 42 queries" in warned[0] and "q-oov, q-stop" in warned[0]
-    assert "WARNING: mining (bm25" in proc.stdout  # in the closing lines too
+    assert "WARNING: mining (bm25" in stdout  # in the closing lines too
     assert result["negatives"]["warmup"]["fallback_queries"] == 2
     assert result["negatives"]["warmup"]["fallback_negatives"] == 4
     assert result["negatives"]["ANCE round 1"]["fallback_queries"] == 0  # the dense ranking has every document
@@ -411,12 +401,7 @@ def test_the_warmup_margin_drops_bm25_candidates_the_starting_model_scores_above
 
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=0, steps=2)
     config["bm25_negatives"] = {"margin": 0.0, "num_negatives": 2}
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
-                          capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, _ = run_pipeline_cli(config, tmp_path)
     stats = result["negatives"]["warmup"]
     assert stats["above_positive"] == 0.0 and stats["negatives"] > 0
     mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "mine"))

@@ -4,6 +4,8 @@
 import json
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +75,17 @@ def build_tiny_model(folder: Path) -> Path:
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600) -> tuple[dict, str]:
+    """`ance run --config <config> --json` in a subprocess with its own PREFECT_HOME under `folder`; it must succeed.
+    Returns the JSON result (its last line) and the whole standard output."""
+    (folder / "c.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(folder / "c.json"), "--json"],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"PREFECT_HOME": str(folder / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
 
 
 def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, steps: int = 3) -> dict:
