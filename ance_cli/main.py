@@ -95,7 +95,7 @@ def _run_pipeline(config, as_json: bool) -> None:
 
 @app.command()
 def demo(
-    recipe: Annotated[str, typer.Option(help="demo (the defaults, ~10 min) or full (~25 min)")] = "demo",
+    recipe: Annotated[str, typer.Option(help="demo (the defaults, ~10 min) or full (~16 min)")] = "demo",
     rounds: Annotated[int | None, typer.Option(help="ANCE rounds after the warm-up (default: the recipe's)")] = None,
     work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
