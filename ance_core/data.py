@@ -18,7 +18,7 @@ import tempfile
 import urllib.request
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -68,7 +68,7 @@ class Dataset:
 
     def positives(self, split: str) -> dict[str, set[str]]:
         """The training positives of each query of the split: relevance >= the split's `min_relevance` (1 unless
-        set for graded qrels, `with_training_grades`). Queries without one are left out."""
+        set for graded qrels, `ance_core.splits.with_training_grades`). Queries without one are left out."""
         return self._at_least(split, self.min_relevance.get(split, 1))
 
     def relevant(self, split: str) -> dict[str, set[str]]:
@@ -328,65 +328,6 @@ def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:
     folder = Path(folder)
     fmt = detect_format(folder) if fmt == "auto" else fmt
     return _load_beir(folder) if fmt == "beir" else _load_msmarco(folder)
-
-
-def with_dev_split(dataset: Dataset, train_split: str, dev_split: str, fraction: float, seed: int) -> Dataset:
-    """The dataset with a dev split for model selection and recipe choices.
-
-    A dataset that has a split named `dev_split` keeps it. Otherwise about `fraction` of the train split's queries that
-    have a positive (relevance > 0) move to a new split `dev_split`, with all their qrels: they are no longer trained
-    on. Each query moves when sha256(seed, query id), read as a number in [0, 1), is below `fraction`: its membership
-    depends on nothing else, so adding queries to a dataset never moves the others, and seeds give independent splits.
-    """
-    splits = set(dataset.qrels["split"])
-    if dev_split in splits or fraction <= 0 or train_split not in splits:
-        return dataset
-    train = dataset.split_qrels(train_split)
-    candidates = sorted(set(train.loc[train["relevance"] > 0, "query_id"]))
-    dev = {q for q in candidates if _unit_hash(seed, q) < fraction}
-    n_dev = len(dev)
-    if n_dev == 0 or n_dev == len(candidates):
-        warn(f"no dev split: data.dev_fraction {fraction} of the {len(candidates)} '{train_split}' queries with a "
-             f"positive leaves {'no dev' if n_dev == 0 else 'no training'} queries, so all of them are trained on and "
-             f"the run's result is its last model (add a '{dev_split}' split to the dataset, or more queries)")
-        return dataset
-    moved = (dataset.qrels["split"] == train_split) & dataset.qrels["query_id"].isin(dev)
-    qrels = dataset.qrels.copy()
-    qrels.loc[moved, "split"] = dev_split
-    return Dataset(dataset.corpus, dataset.queries, qrels)
-
-
-def _unit_hash(seed: int, query_id: str) -> float:
-    """A number in [0, 1) that depends only on (seed, query id)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}\t{query_id}".encode()).digest()[:8], "big") / 2**64
-
-
-def with_training_grades(dataset: Dataset, train_split: str, min_relevance: int | str) -> Dataset:
-    """The dataset with the lowest relevance grade that counts as a training positive on the train split.
-
-    "auto": on graded qrels (two or more positive grades in the train split) only the top grade, else every positive.
-    Sparse, graded collections label many weakly related documents with the low grades (NFCorpus: 96% of its training
-    pairs are grade-1 "indirect" links); trained on as positives, they pull the model away from what the top grade
-    means. Lower grades are never sampled as negatives either way. One warning says what was left out."""
-    if train_split not in set(dataset.qrels["split"]):
-        return dataset
-    train = dataset.split_qrels(train_split)
-    grades = sorted(set(train.loc[train["relevance"] > 0, "relevance"]))
-    grade = (grades[-1] if len(grades) > 1 else 1) if min_relevance == "auto" else int(min_relevance)
-    if grades and grade > grades[0]:
-        relevant = train[train["relevance"] > 0]
-        kept = relevant[relevant["relevance"] >= grade]
-        lost = set(relevant["query_id"]) - set(kept["query_id"])
-        if kept.empty:
-            raise AnceError(f"data.train_min_relevance {grade}: no pair of the '{train_split}' split has that grade "
-                            f"(grades: {', '.join(map(str, grades))})")
-        warn(f"training positives are the {len(kept)} '{train_split}' pairs of relevance >= {grade}"
-             f"{' (graded qrels: the top grade)' if min_relevance == 'auto' else ''}; the other "
-             f"{len(relevant) - len(kept)} relevant pairs ({100 * (1 - len(kept) / len(relevant)):.0f}%, grades "
-             f"{', '.join(str(g) for g in grades if g < grade)}) are not trained on as positives, nor sampled as "
-             f"negatives, and {len(lost)} queries have no training positive left; set data.train_min_relevance: "
-             f"{grades[0]} to train on every relevant pair")
-    return replace(dataset, min_relevance={train_split: grade})
 
 
 # ---------------------------------------------------------------- parquet tables

@@ -5,10 +5,9 @@ from ance_core.data import (
     load_dataset,
     resolve_dataset,
     save_tables,
-    with_dev_split,
-    with_training_grades,
 )
 from ance_core.errors import AnceError
+from ance_core.splits import with_dev_split, with_training_grades
 from tasks.common import stage_task
 
 

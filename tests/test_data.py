@@ -8,10 +8,9 @@ from ance_core.data import (
     read_tables,
     resolve_dataset,
     save_tables,
-    with_dev_split,
-    with_training_grades,
 )
 from ance_core.errors import AnceError, AnceWarning, DataError
+from ance_core.splits import with_dev_split, with_training_grades
 from tests.tiny import write_beir
 
 CORPUS = [{"_id": f"d{i}", "title": f"t{i}", "text": f"text {i}"} for i in range(4)]
