@@ -66,7 +66,7 @@ lint: env
 bench: env  ## speed and reliability measurements recorded in BENCHMARKS.md (long: runs the demo pipeline several times)
 	$(BIN)/python bench/encode.py
 	$(BIN)/python bench/orchestration.py
-	$(BIN)/python bench/tracking.py
+	$(BIN)/python bench/mlflow_logging.py
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/reliability.py
 

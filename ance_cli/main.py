@@ -59,7 +59,7 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
     typer.echo(f"result checkpoint: {result['final_checkpoint']}")
     typer.echo(f"report: {result['report_dir']}/results.md; plots: {result['plots_dir']}")
     if "tracking" in result:
-        from tasks.tracking import closing_lines
+        from tracking.closing import closing_lines
 
         for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
                                   on_dev=result.get("dev_split") is not None):
@@ -148,7 +148,7 @@ def compare(
 
 def _print_table(result: dict, where: str, json_keys: tuple[str, ...]) -> None:
     """A table flow's ending: its table, where its files are, the MLflow lines, and the JSON line when asked."""
-    from tasks.tracking import closing_lines
+    from tracking.closing import closing_lines
 
     typer.echo("")
     typer.echo(result["table"])
@@ -249,14 +249,15 @@ def search(
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
 ):
     """Print the top hits of a query."""
+    from ance_core.artifacts import INDEX
     from ance_core.errors import AnceError
     from ance_core.model import read_meta
     from ance_core.search import search_text
 
     def body():
         read_meta(model)
-        if not (index / "index").is_file():
-            raise AnceError(f"{index}: not an index folder (no 'index' file)")
+        if not (index / INDEX).is_file():
+            raise AnceError(f"{index}: not an index folder (no '{INDEX}' file)")
         hits = search_text(model, index, query, top_k)
         texts = _corpus_titles(dataset) if dataset else {}
         for rank, hit in enumerate(hits, 1):

@@ -7,15 +7,22 @@ Resumable stages (training) keep the partial folder across failures and pick up 
 Concurrent runs: a stage holds a file lock per key (`<work_dir>/.locks/<stage>-<key>.lock`, `filelock`) while it
 checks for and builds its folder, so a second run of the same stage waits and then reuses the first one's result
 instead of building into the same partial folder. The operating system releases the lock of a killed process.
+
+A folder that is not a stage (a flow's result files) is written the same way with `atomic_folder`.
+
+The names of the files that one stage writes and others read are defined here, once (see "Stage file names").
 """
 
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +34,28 @@ import ance_core
 from ance_core.errors import collect_warnings
 
 MANIFEST = "manifest.json"
+
+# Stage file names: what a stage folder holds, for the stages (and flows) that read another stage's files.
+EMBEDDINGS, EMBEDDING_SHARDS = "emb_{:05d}.npy", "emb_*.npy"  # encode / compress: float32 (rows, h) shard n, in order
+DOCIDS = "docids.txt"  # encode / compress: one doc id per line, in the order of the concatenated shards
+WINDOWS = "windows.txt"  # encode (MaxP): the window number of each row
+INDEX = "index"  # index: the faiss index file (flat, HNSW or IVF-PQ)
+INDEX_DOCIDS = "docid"  # index: the doc id of each index row (pyserini's name)
+INDEX_WINDOWS = "window"  # index (MaxP): the window number of each index row
+RUN = "run.parquet"  # retrieve / bm25-run: (query_id, doc_id, rank, score[, window])
+POSITIVE_SCORES = "positive_scores.parquet"  # retrieve: every labelled positive's exact score, retrieved or not
+NEGATIVES = "negatives.parquet"  # mine: (query, positive, negative ids, ranks, scores) per training pair
+TRAIN_LOG = "train_log.jsonl"  # train / train-async / compress (ConAE): one JSON line per optimizer step
+ASYNC_STATE = "async_state.json"  # train-async: the refresh state (negatives in use, swaps, waits, staleness)
+ASYNC_REFRESH = "async_refresh.json"  # train-async: the refresh record of the finished run
+METRICS = "metrics.json"  # evaluate: the split's metrics
+PER_QUERY = "per_query.parquet"  # evaluate: each query's metrics
+RUN_TREC = "run.trec"  # evaluate: the run in TREC format
+STATS = "stats.json"  # negative-stats: the statistics of a set of mined negatives
+PROFILE = "profile.npy"  # score-profile: the top-k score profile of a query sample
+RESULTS_JSON, RESULTS_MD = "results.json", "results.md"  # report: the results table's data, and as markdown
+# the compression flow's result folder: the table's rows (JSON, CSV) and the table (markdown)
+COMPRESSION_JSON, COMPRESSION_CSV, COMPRESSION_MD = "compression.json", "compression.csv", "compression.md"
 
 
 @dataclass(frozen=True)
@@ -132,6 +161,37 @@ def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping
         shutil.rmtree(final)
     os.replace(partial, final)
     return ArtifactRef(str(final), key, manifest["seconds"])
+
+
+@contextmanager
+def atomic_folder(final: str | Path) -> Iterator[Path]:
+    """Write a whole folder at once: yields an empty temporary folder beside `final` (`.partial-<name>-<random>`),
+    which replaces `final` (and whatever it held) when the block ends without an exception; on an exception it is
+    removed and `final` is left as it was. Readers see the old folder or the new one whole, never a mix (between the
+    old one being moved aside and the new one moved in, for an instant, no folder)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".partial-{final.name}-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()  # (not mkdtemp: its folders are private to the user, the result folder keeps the usual mode)
+    try:
+        yield tmp
+        while True:
+            try:
+                os.replace(tmp, final)  # renames onto a missing or empty folder only
+                break
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            aside = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:12]}"
+            aside.mkdir()
+            try:
+                os.replace(final, aside)
+            except FileNotFoundError:  # another writer moved it first: try again
+                pass
+            shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_json(path: str | Path, obj: Any) -> None:

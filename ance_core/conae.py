@@ -202,10 +202,6 @@ def fit_pca(docs: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return mean.astype(np.float32), vt[:dim].T.astype(np.float32)
 
 
-def truncate(x: np.ndarray, dim: int) -> np.ndarray:
-    return x[:, :dim]
-
-
 def teacher_from(docs: np.ndarray, doc_ids: list[str], queries: np.ndarray, query_ids: list[str],
                  positives: dict[str, set[str]], top_k: int) -> Teacher:
     """The training signal: each query's exact top-k by the teacher's inner product, and its labelled positives that

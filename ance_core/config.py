@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ance_core.errors import AnceError
+from ance_core.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -139,21 +140,26 @@ class IndexConfig(StageConfig):
     search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
 
 
-Sampler = Literal["ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"]
-DENSE = ("ance", "simans")  # samplers that mine from the ANN ranking of the model being trained
-SPARSE = ("bm25", "bm25+random")  # samplers that mine from a BM25 ranking
-DEFAULT_TOP_K = {"ance": 200, "simans": 100, "bm25": 100, "bm25+random": 100}  # the papers' candidate depths
+SamplerName = Literal[NAMES]  # the registry's (ance_core/samplers.py)
+
+
+def _ranking_with(ranking: str, only: bool = False) -> str:
+    """The samplers that mine `ranking` (only it, with `only`), for messages: "ance or simans"."""
+    return " or ".join(s.name for s in SAMPLERS.values()
+                       if (s.rankings == (ranking,) if only else ranking in s.rankings))
+
+
+def _sampler_options(names: tuple[str, ...]) -> str:
+    return "; ".join(f"{name}: {SAMPLERS[name].about}" for name in names)
 
 
 class MiningConfig(StageConfig):
     """Which negatives a training stage gets (ance_core/samplers.py). `ance` (the paper's): top-k of the current
     model's ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
 
-    sampler: Sampler = Field(
-        "ance", description="ance: uniform from the model's ANN top-k; simans: ambiguous negatives around the "
-        "positive's score (SimANS eq. 4); bm25: from BM25's top-k; random: from the corpus; bm25+random: half each; "
-        "in-batch: other queries' positives only; nce: the hardest of those")
-    top_k: int | None = Field(None, ge=1, description="Ranked candidates; default ance 200, simans 100, bm25 100")
+    sampler: SamplerName = Field("ance", description=_sampler_options(NAMES))
+    top_k: int | None = Field(None, ge=1, description="Ranked candidates; default: the sampler's (" + ", ".join(
+        f"{s.name} {s.default_depth}" for s in SAMPLERS.values() if s.default_depth) + ")")
     num_negatives: int = Field(1, ge=1, description="Negatives per (query, positive) pair; the paper uses 1. "
                                "nce: the in-batch negatives kept per query")
     seed: int = 42
@@ -165,17 +171,21 @@ class MiningConfig(StageConfig):
         "the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
 
     @property
-    def depth(self) -> int:
-        """The retrieval depth the sampler mines from."""
-        return self.top_k or DEFAULT_TOP_K.get(self.sampler, 100)
+    def spec(self) -> Sampler:
+        return SAMPLERS[self.sampler]
+
+    @property
+    def depth(self) -> int | None:
+        """The ranking depth the sampler mines from (None: it mines no ranking)."""
+        return self.spec.depth(self.top_k)
 
 
 class WarmupMiningConfig(MiningConfig):
     """The warm-up's negatives (`bm25_negatives`): MiningConfig with BM25 as its default sampler, so a config that sets
     only some of its fields (`bm25_negatives: {num_negatives: 2}`) keeps mining BM25 negatives."""
 
-    sampler: Sampler = Field("bm25", description="bm25 (the paper's warm-up), random, bm25+random, in-batch or nce: "
-                             "there is no trained model to rank with yet")
+    sampler: SamplerName = Field("bm25", description="There is no trained model to rank with yet: "
+                                 + _sampler_options(WITHOUT_MODEL))
 
 
 class EvalConfig(StageConfig):
@@ -267,14 +277,15 @@ class PipelineConfig(StageConfig):
 
     @model_validator(mode="after")
     def _async_needs_a_dense_sampler(self) -> "PipelineConfig":
-        if self.refresh == "async" and self.rounds and self.mining.sampler not in DENSE:
+        if self.refresh == "async" and self.rounds and not self.mining.spec.needs_model:
             raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
-                             f"'{self.mining.sampler}' does not use them (use ance or simans, or refresh: sync)")
+                             f"'{self.mining.sampler}' does not use them (use {_ranking_with('dense')}, or refresh: "
+                             "sync)")
         return self
 
     @model_validator(mode="after")
     def _margin_needs_scores(self) -> "PipelineConfig":
-        if self.mining.sampler in SPARSE and self.mining.margin is not None:
+        if self.mining.spec.uses_bm25 and self.mining.margin is not None:
             raise ValueError(f"mining.margin with the rounds' sampler '{self.mining.sampler}' has no model scores for "
                              "its BM25 candidates (the warm-up's bm25_negatives.margin uses the starting model's)")
         return self
@@ -289,9 +300,10 @@ class PipelineConfig(StageConfig):
                 raise ValueError(f"document_mode maxp trains on whole windows of model.passage_max_length "
                                  f"({self.model.passage_max_length}) tokens, but {name}.passage_max_length is "
                                  f"{length}; set {name}.passage_max_length: null")
-        if self.rounds and self.mining.sampler not in DENSE:
-            raise ValueError(f"document_mode maxp: the rounds' sampler '{self.mining.sampler}' does not rank with the "
-                             "model, so it cannot tell each document's best window; use ance or simans")
+        if self.rounds and self.mining.spec.rankings != ("dense",):
+            raise ValueError(f"document_mode maxp: the rounds' sampler '{self.mining.sampler}' mines candidates the "
+                             "model did not rank, so it cannot tell each document's best window; use "
+                             f"{_ranking_with('dense', only=True)}")
         if self.compression is not None:
             raise ValueError("compression of a maxp model (one vector per window) is not supported; unset "
                              "compression or use document_mode firstp")
@@ -299,9 +311,9 @@ class PipelineConfig(StageConfig):
 
     @model_validator(mode="after")
     def _warmup_sampler_has_no_model(self) -> "PipelineConfig":
-        if self.bm25_negatives.sampler in DENSE:
+        if self.bm25_negatives.spec.needs_model:
             raise ValueError(f"bm25_negatives.sampler '{self.bm25_negatives.sampler}' mines with the model being "
-                             "trained, and the warm-up has none yet; use bm25, random, bm25+random, in-batch or nce")
+                             f"trained, and the warm-up has none yet; use {' or '.join(WITHOUT_MODEL)}")
         return self
 
     @model_validator(mode="after")
@@ -318,7 +330,7 @@ class CompareConfig(StageConfig):
     """The same model, data, seed and training budget with each sampler, all from one BM25 warm-up checkpoint (the
     paper's "BM25 -> *", ANCE Table 1): one training stage per sampler, then evaluation and the analyses."""
 
-    samplers: list[Sampler] = Field(
+    samplers: list[SamplerName] = Field(
         ["random", "bm25", "bm25+random", "in-batch", "nce", "ance", "simans"], min_length=1,
         description="The samplers to compare, each trained with `ance` from the warm-up checkpoint")
     data: DataConfig = DataConfig()

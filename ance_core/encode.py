@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS
 from ance_core.config import EncodeConfig
 from ance_core.data import passage_texts
 from ance_core.faults import fault_point
@@ -50,9 +51,6 @@ def encode_texts(
             if progress is not None:
                 progress.update(len(idx))
     return out
-
-
-WINDOWS = "windows.txt"
 
 
 def passage_windows(tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, max_passages: int) -> list[str]:
@@ -98,9 +96,9 @@ def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfi
             )
             if model.projector is not None:
                 emb = model.projector.docs(emb)
-            np.save(out / f"emb_{shard:05d}.npy", emb)
+            np.save(out / EMBEDDINGS.format(shard), emb)
             fault_point("encode-corpus", shard + 1)
-    (out / "docids.txt").write_text("\n".join(ids) + "\n", encoding="utf-8")
+    (out / DOCIDS).write_text("\n".join(ids) + "\n", encoding="utf-8")
     if meta.document_mode == "maxp":
         (out / WINDOWS).write_text("\n".join(map(str, windows)) + "\n")
     return {"passages": len(ids), "documents": len(corpus), "document_mode": meta.document_mode, "dim": emb.shape[1],
@@ -117,9 +115,9 @@ def encode_queries(
 
 
 def iter_shards(folder: str | Path) -> Iterator[np.ndarray]:
-    for path in sorted(Path(folder).glob("emb_*.npy")):
+    for path in sorted(Path(folder).glob(EMBEDDING_SHARDS)):
         yield np.load(path)
 
 
 def read_docids(folder: str | Path) -> list[str]:
-    return (Path(folder) / "docids.txt").read_text(encoding="utf-8").splitlines()
+    return (Path(folder) / DOCIDS).read_text(encoding="utf-8").splitlines()

@@ -10,7 +10,7 @@ import ir_measures
 import pandas as pd
 from ir_measures import RR, R, nDCG
 
-from ance_core.artifacts import write_json
+from ance_core.artifacts import METRICS, PER_QUERY, RUN_TREC, write_json
 from ance_core.search import write_trec
 
 MEASURES = {
@@ -48,7 +48,7 @@ def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame) -> tuple[dict[str, floa
 def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str) -> dict[str, float]:
     """metrics.json, per_query.parquet and the TREC run file of one evaluation, into folder `out`."""
     metrics, per_query = evaluate_run(run, qrels)
-    per_query.to_parquet(out / "per_query.parquet", index=False)
-    write_trec(run, out / "run.trec", tag)
-    write_json(out / "metrics.json", metrics)
+    per_query.to_parquet(out / PER_QUERY, index=False)
+    write_trec(run, out / RUN_TREC, tag)
+    write_json(out / METRICS, metrics)
     return metrics

@@ -4,7 +4,7 @@ and the approximate HNSW and IVF-PQ indexes the compression table compares again
 An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini, and for the
 approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading. A MaxP
 index (a `maxp` checkpoint's windows) also holds `window` (the window number of each row): a document has several
-rows, and a search returns documents, each scored by its best window (MaxP).
+rows, and a search returns documents, each scored by its best window (MaxP). `SearchIndex` loads any of them.
 """
 
 import functools
@@ -18,20 +18,20 @@ import faiss
 import numpy as np
 import torch
 
+from ance_core.artifacts import DOCIDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
 from ance_core.config import CompressConfig, IndexConfig, IndexType
-from ance_core.encode import WINDOWS, iter_shards
+from ance_core.encode import iter_shards
 from ance_core.faults import fault_point
 
 SEARCH_PARAMS = "search.json"
-WINDOW_FILE = "window"
 GPU_MAX_K = 2048  # faiss-gpu's limit on k for a flat search
 
 
 def _copy_row_ids(embeddings_dir: str | Path, out: Path) -> None:
     """docid (and window, for MaxP) of the index rows, from the encoding's docids.txt (and windows.txt)."""
-    shutil.copy2(Path(embeddings_dir) / "docids.txt", out / "docid")
+    shutil.copy2(Path(embeddings_dir) / DOCIDS, out / INDEX_DOCIDS)
     if (Path(embeddings_dir) / WINDOWS).is_file():
-        shutil.copy2(Path(embeddings_dir) / WINDOWS, out / WINDOW_FILE)
+        shutil.copy2(Path(embeddings_dir) / WINDOWS, out / INDEX_WINDOWS)
 
 
 def gpu_available() -> bool:
@@ -46,7 +46,7 @@ def build_index(embeddings_dir: str | Path, out: Path) -> dict:
         index.add(np.ascontiguousarray(shard, dtype=np.float32))
     if index is None:
         raise ValueError(f"{embeddings_dir}: no emb_*.npy shards")
-    faiss.write_index(index, str(out / "index"))
+    faiss.write_index(index, str(out / INDEX))
     fault_point("build-index", 1)  # the index written, its doc ids not yet
     _copy_row_ids(embeddings_dir, out)
     return {"vectors": index.ntotal, "dim": index.d, "type": "IndexFlatIP"}
@@ -82,10 +82,10 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
     else:
         raise ValueError(f"build_ann_index: unknown index type '{kind}' (flat indexes come from build_index)")
     index.add(vectors)
-    faiss.write_index(index, str(out / "index"))
+    faiss.write_index(index, str(out / INDEX))
     (out / SEARCH_PARAMS).write_text(json.dumps(search))
     _copy_row_ids(embeddings_dir, out)
-    return summary | {"vectors": index.ntotal, "dim": d, "bytes": (out / "index").stat().st_size} | search
+    return summary | {"vectors": index.ntotal, "dim": d, "bytes": (out / INDEX).stat().st_size} | search
 
 
 def _set_search_params(index: faiss.Index, params: dict[str, int]) -> None:
@@ -95,13 +95,13 @@ def _set_search_params(index: faiss.Index, params: dict[str, int]) -> None:
         faiss.extract_index_ivf(index).nprobe = params["nprobe"]
 
 
-class FlatIndex:
-    """A loaded index (flat, or an approximate one with its search parameters): `search` returns (scores, doc ids)
-    for a matrix of query vectors."""
+class SearchIndex:
+    """An index folder loaded for search, whatever its type (`build_index`'s flat one, or `build_ann_index`'s HNSW or
+    IVF-PQ one with its search parameters): `search` returns (scores, doc ids) for a matrix of query vectors."""
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
-        index = faiss.read_index(str(folder / "index"))
+        index = faiss.read_index(str(folder / INDEX))
         if (folder / SEARCH_PARAMS).is_file():
             _set_search_params(index, json.loads((folder / SEARCH_PARAMS).read_text()))
         # HNSW has no GPU implementation: it stays on the CPU
@@ -116,8 +116,8 @@ class FlatIndex:
             device = torch.cuda.current_device() if torch.cuda.is_available() else 0
             index = faiss.index_cpu_to_gpu(self._resources, device, index)
         self.index = index
-        self.docids = np.array((folder / "docid").read_text(encoding="utf-8").splitlines(), dtype=object)
-        window_file = folder / WINDOW_FILE
+        self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
+        window_file = folder / INDEX_WINDOWS
         self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
                         else np.zeros(len(self.docids), dtype=np.int64))
         self.documents = len(set(self.docids)) if window_file.is_file() else len(self.docids)
@@ -198,7 +198,7 @@ class FlatIndex:
         return out_scores, out_ids, out_windows
 
 
-def search_latency(indexes: list[tuple[FlatIndex, np.ndarray]], k: int, batch: int, repeats: int = 5) -> list[dict]:
+def search_latency(indexes: list[tuple[SearchIndex, np.ndarray]], k: int, batch: int, repeats: int = 5) -> list[dict]:
     """Median search time per query in milliseconds of each (index, queries) pair: `latency_batched_ms` over calls of
     `batch` queries (call time / batch size), `latency_single_ms` over one-query calls. The pairs are measured in
     turn, `repeats` times over (after one untimed call each), so a slow spell of the machine touches all of them."""

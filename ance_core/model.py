@@ -22,7 +22,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from ance_core.artifacts import MANIFEST, ArtifactRef, digest_of, file_digest, read_manifest
+from ance_core.artifacts import (
+    ASYNC_REFRESH,
+    ASYNC_STATE,
+    MANIFEST,
+    TRAIN_LOG,
+    ArtifactRef,
+    digest_of,
+    file_digest,
+    read_manifest,
+)
 from ance_core.conae import PROJECTOR_FILE, Projector
 from ance_core.config import ModelConfig, Precision
 from ance_core.errors import AnceError
@@ -31,8 +40,8 @@ MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 META_FILE = "ance_model.json"
 HEAD_FILE = "head.safetensors"
 # what a training stage keeps beside the model files (to resume), and what is not part of the model
-TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", "train_log.jsonl", "manifest.json",
-                  "async_state.json", "async_refresh.json"}
+TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", TRAIN_LOG, MANIFEST, ASYNC_STATE,
+                  ASYNC_REFRESH}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ance_core.artifacts import ArtifactRef, write_json
+from ance_core.artifacts import METRICS, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
 DEV_KEY = "dev_ndcg_at_10"
@@ -24,7 +24,7 @@ class StageTiming:
 
 
 def read_metrics(evaluation: ArtifactRef) -> dict[str, float]:
-    return json.loads((Path(evaluation.path) / "metrics.json").read_text())
+    return json.loads((Path(evaluation.path) / METRICS).read_text())
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -87,9 +87,9 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
 
 def write_report(report: dict, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "results.json", report)
-    (folder / "results.md").write_text(report["markdown"])
+    write_json(folder / RESULTS_JSON, report)
+    (folder / RESULTS_MD).write_text(report["markdown"])
 
 
 def read_report(folder: ArtifactRef) -> dict:
-    return json.loads((Path(folder.path) / "results.json").read_text())
+    return json.loads((Path(folder.path) / RESULTS_JSON).read_text())

@@ -1,50 +1,125 @@
-"""Negative samplers behind one interface, chosen per stage in the config (`MiningConfig.sampler`).
+"""The negative samplers, as a registry: one small function per sampler, registered by name with what it needs.
 
-Mined samplers write n negatives per (query, positive) pair, never a labelled-relevant document, never twice,
-deterministic for (seed, round, query id):
+A mined sampler (`@mined`) declares the rankings it mines (`dense`: the ANN ranking of the model being trained;
+`bm25`: a BM25 ranking; none) and its default depth, and draws one (query, positive) pair's negatives from that pair's
+candidates: each ranking's top-depth minus every labelled-relevant document, after the false-negative controls
+(ance_core/mining.py does the rest for all of them: the seeded generator, the fallback, the table). An in-batch
+sampler (`@in_batch`) mines nothing and says what it asks of training instead.
+
+Everything else reads this registry: the config's sampler names and their validation (which ones need a trained
+model, which mine BM25 candidates), the stages each sampler runs (tasks/refresh.py), its depth. Adding a sampler is
+one function here and its test.
 
 - `ance`: uniform from the retrieval top-k (default 200) minus all positives (ANCE eq. 10; the paper's sampler).
 - `simans`: from the top-k (default 100) ranked negatives, without replacement, with
-  p_i ∝ exp(-a (s(q, d_i) - s(q, d⁺) - b)²) (SimANS eq. 4), s(q, d⁺) the score of a positive drawn at random per
-  pair. The positive's score is its exact dense score (the retrieval stage scores every labelled positive, also
-  one the top-k did not retrieve), so the distribution is defined whether or not the positive was retrieved.
-- `bm25`: uniform from the BM25 top-k (default 100) minus positives; `random`: uniform from the corpus minus
-  positives; `bm25+random`: half of each (an odd one from either, with probability 1/2).
-
-Each sampler is a `SamplerSpec` in `SAMPLER_SPECS`: which ranking it mines, how many of a pair's n negatives come from
-that ranking, and with which weights; `sample_negatives` does the rest for all of them.
-
-Fallback: a query whose ranking has fewer usable candidates than it needs (BM25 found nothing for it, or `skip_top` /
-`margin` left too few) gets its missing negatives uniformly from the corpus minus its relevant documents, from the same
-seeded generator. One warning names how many queries and which; the table's `fallback` column counts them per row.
-
-Training-time samplers mine nothing (`negative_ids` is empty): `in-batch` contrasts each query with the other
-queries' positives; `nce` keeps only the hardest of those (the n = `num_negatives` highest-scoring per query), see
-ance_core.loss.
-
-False-negative controls, off by default, for every sampler that mines from a ranking: `skip_top` drops the
-top r ranks; `margin` m drops candidates scoring above (1 - m)·s(q, d⁺).
+  p_i ∝ exp(-a (s(q, d_i) - s(q, d⁺) - b)²) (SimANS eq. 4), s(q, d⁺) the exact dense score of a positive drawn at
+  random per pair (the retrieval stage scores every labelled positive, also one the top-k did not retrieve).
+- `bm25`: uniform from the BM25 top-k (default 100); `random`: uniform from the corpus; `bm25+random`: half of each
+  (an odd one from either, with probability 1/2), ANCE's "BM25 + Rand Neg".
+- `ance+bm25`: half from the model's ANN top-k, half from BM25's top-k (default 200 both; an odd one from either, with
+  probability 1/2; never one document twice): hard negatives of both kinds, lexical and semantic.
+- `in-batch`: no mined negatives, each query contrasts with the other queries' positives; `nce`: only the hardest of
+  those (the `num_negatives` highest-scoring per query), see ance_core.loss.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ance_core.config import DEFAULT_TOP_K, DENSE, SPARSE, MiningConfig, TrainConfig
-from ance_core.errors import AnceError, preview, warn
-from ance_core.mining import NEGATIVE_COLUMNS, drop_positives, query_rng, sample_uniform
+from ance_core.errors import AnceError
 
-RANKED = (*DENSE, *SPARSE)  # mine from a ranking (dense or BM25)
-MINED = (*RANKED, "random")
-IN_BATCH = ("in-batch", "nce")
-SAMPLERS = (*MINED, *IN_BATCH)
-# fallback: how many of the row's negatives the fallback drew; positive_window / negative_windows: the MaxP window each
-# document is trained with (its best under the mining model; 0, the first, when nothing ranked it)
-COLUMNS = [*NEGATIVE_COLUMNS, "fallback", "positive_window", "negative_windows"]
+RANKINGS = ("dense", "bm25")
 EMPTY_RANKING = pd.DataFrame({"doc_id": pd.Series(dtype=object), "rank": pd.Series(dtype=np.int64),
                               "score": pd.Series(dtype=np.float32)})
+
+
+@dataclass(frozen=True)
+class Pair:
+    """What a mined sampler draws from for one (query, positive) pair: each ranking's candidates in rank order
+    (doc_id, rank, score, and window for MaxP rankings), the positive's score s(q, d⁺) when known, and the SimANS
+    options."""
+
+    query_id: str
+    candidates: Mapping[str, pd.DataFrame]
+    positive_score: float | None
+    simans_a: float
+    simans_b: float
+
+
+# (pair, n, rng) -> (the negatives drawn, how many the sampler wanted from its rankings): wanted - drawn come from the
+# fallback (counted); n - wanted are random documents by design (bm25+random)
+Draw = Callable[[Pair, int, np.random.Generator], tuple[pd.DataFrame, int]]
+
+
+@dataclass(frozen=True)
+class Sampler:
+    name: str
+    about: str  # one line, for the config's description and the docs
+    rankings: tuple[str, ...] = ()
+    default_depth: int | None = None
+    draw: Draw | None = None  # None: an in-batch sampler, nothing mined
+    needs_positive_score: bool = False  # draws s(q, d⁺) of a random positive of the query first (SimANS §4.1)
+    training: Callable[[Any, Any], dict] | None = None  # (train config, mining config) -> fields training must take
+
+    @property
+    def mines(self) -> bool:
+        """Writes negatives per pair (every sampler but the in-batch ones)."""
+        return self.draw is not None
+
+    @property
+    def needs_model(self) -> bool:
+        """Ranks with the model being trained (so not in the warm-up, which has none yet)."""
+        return "dense" in self.rankings
+
+    @property
+    def uses_bm25(self) -> bool:
+        return "bm25" in self.rankings
+
+    def depth(self, top_k: int | None) -> int | None:
+        """The ranking depth it mines from: `top_k`, else its default (None: it mines no ranking)."""
+        return (top_k or self.default_depth) if self.rankings else None
+
+
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def mined(name: str, about: str, rankings: tuple[str, ...] = (), depth: int | None = None,
+          needs_positive_score: bool = False) -> Callable[[Draw], Draw]:
+    """Register a mined sampler: `rankings` it mines (dense, bm25), their default `depth`."""
+    if unknown := set(rankings) - set(RANKINGS):
+        raise ValueError(f"sampler '{name}': unknown ranking {sorted(unknown)}; choose from {RANKINGS}")
+
+    def register(draw: Draw) -> Draw:
+        SAMPLERS[name] = Sampler(name, about, rankings, depth, draw, needs_positive_score)
+        return draw
+
+    return register
+
+
+def in_batch(name: str, about: str) -> Callable:
+    """Register an in-batch sampler: a function (train config, mining config) -> the training fields it sets."""
+
+    def register(training: Callable[[Any, Any], dict]) -> Callable:
+        SAMPLERS[name] = Sampler(name, about, training=training)
+        return training
+
+    return register
+
+
+def get_sampler(name: str) -> Sampler:
+    if name not in SAMPLERS:
+        raise AnceError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
+    return SAMPLERS[name]
+
+
+def train_config_for(mining: Any, train: Any) -> Any:
+    """The training config a stage runs with: what its sampler asks of training (in-batch samplers need in-batch
+    negatives; nce keeps the hardest n)."""
+    training = get_sampler(mining.sampler).training
+    return train.model_copy(update=training(train, mining)) if training else train
 
 
 def simans_probabilities(scores: np.ndarray, positive_score: float, a: float, b: float) -> np.ndarray:
@@ -54,171 +129,76 @@ def simans_probabilities(scores: np.ndarray, positive_score: float, a: float, b:
     return weights / weights.sum()
 
 
-def filter_candidates(candidates: pd.DataFrame, skip_top: int, margin: float | None,
-                      positive_score: float | None) -> pd.DataFrame:
-    """The false-negative controls: drop the top `skip_top` ranks, and scores above (1 - margin)·s(q, d⁺)."""
-    if skip_top:
-        candidates = candidates[candidates["rank"] > skip_top]
-    if margin is not None:
-        if positive_score is None:
-            raise AnceError("mining.margin needs the positives' scores, which this ranking does not have")
-        candidates = candidates[candidates["score"] <= (1 - margin) * positive_score]
-    return candidates
+def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
+                   p: np.ndarray | None = None) -> pd.DataFrame:
+    """n distinct candidates without replacement, uniformly (or with probabilities `p`), kept in rank order."""
+    if len(candidates) < n:
+        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested")
+    picked = np.sort(rng.choice(len(candidates), size=n, replace=False, p=p))
+    return candidates.iloc[picked]
 
 
-def random_docs(doc_ids: np.ndarray, exclude: set[str], n: int, rng: np.random.Generator) -> list[str]:
-    """n distinct documents uniformly from the corpus minus `exclude`."""
-    if len(doc_ids) - len(exclude) < n:
-        raise AnceError(f"the corpus has fewer than {n} documents that are not positives")
-    out: list[str] = []
-    while len(out) < n:
-        for i in rng.choice(len(doc_ids), size=2 * n, replace=False if len(doc_ids) >= 2 * n else True):
-            d = doc_ids[i]
-            if d not in exclude and d not in out:
-                out.append(d)
-                if len(out) == n:
-                    break
-    return out
+def draw_at_most(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
+                 p: np.ndarray | None = None) -> pd.DataFrame:
+    """Up to n of the candidates (fewer when fewer can be drawn: those of probability 0 cannot); the generator is not
+    touched when none can."""
+    take = min(n, len(candidates) if p is None else int((p > 0).sum()))
+    return sample_uniform(candidates, take, rng, p) if take else EMPTY_RANKING
 
 
-@dataclass(frozen=True)
-class SamplerSpec:
-    """What a mined sampler needs and does: the ranking it mines (None: none), how many of a pair's n negatives come
-    from that ranking (the rest are random documents by design), and the sampling weights over the candidates
-    (None: uniform)."""
-
-    ranking: str | None
-    from_ranking: Callable[[int, np.random.Generator], int]
-    weights: Callable[[pd.DataFrame, float | None, float, float], np.ndarray | None] = lambda *_: None
-    needs_positive_score: bool = False
-
-
-def _all(n: int, rng: np.random.Generator) -> int:
-    return n
-
-
-def _half(n: int, rng: np.random.Generator) -> int:
-    """bm25+random: 1:1 in expectation, an odd one goes either way with p = 1/2."""
+def half(n: int, rng: np.random.Generator) -> int:
+    """1:1 in expectation: an odd one goes either way with p = 1/2."""
     return n // 2 + (int(rng.random() < 0.5) if n % 2 else 0)
 
 
-def _simans_weights(candidates: pd.DataFrame, s_pos: float | None, a: float, b: float) -> np.ndarray | None:
-    return simans_probabilities(candidates["score"].to_numpy(), s_pos, a, b) if len(candidates) else None
+@mined("ance", "uniform from the model's ANN top-k minus all positives (ANCE eq. 10)", ("dense",), 200)
+def ance(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    return draw_at_most(pair.candidates["dense"], n, rng), n
 
 
-SAMPLER_SPECS: dict[str, SamplerSpec] = {
-    "ance": SamplerSpec("dense", _all),
-    "simans": SamplerSpec("dense", _all, _simans_weights, needs_positive_score=True),
-    "bm25": SamplerSpec("bm25", _all),
-    "bm25+random": SamplerSpec("bm25", _half),
-    "random": SamplerSpec(None, lambda n, rng: 0),
-}
+@mined("simans", "ambiguous negatives around the positive's score, p ∝ exp(-a (s - s⁺ - b)²) (SimANS eq. 4)",
+       ("dense",), 100, needs_positive_score=True)
+def simans(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    candidates = pair.candidates["dense"]
+    p = (simans_probabilities(candidates["score"].to_numpy(), pair.positive_score, pair.simans_a, pair.simans_b)
+         if len(candidates) else None)
+    return draw_at_most(candidates, n, rng, p), n  # weights far from s⁺ can underflow to 0: not drawable
 
 
-def _in_batch_table(positives: dict[str, set[str]], positive_windows: dict[tuple[str, str], int]) -> pd.DataFrame:
-    return pd.DataFrame([(q, d, [], [], [], 0, positive_windows.get((q, d), 0), [])
-                         for q in sorted(positives) for d in sorted(positives[q])], columns=COLUMNS)
+@mined("bm25", "uniform from BM25's top-k minus positives", ("bm25",), 100)
+def bm25(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    return draw_at_most(pair.candidates["bm25"], n, rng), n
 
 
-def sample_negatives(
-    sampler: str,
-    positives: dict[str, set[str]],
-    n: int,
-    seed: int,
-    round_: int,
-    run: pd.DataFrame | None = None,
-    top_k: int | None = None,
-    positive_scores: dict[tuple[str, str], float] | None = None,
-    corpus_ids: Sequence[str] | None = None,
-    a: float = 0.5,
-    b: float = 0.0,
-    skip_top: int = 0,
-    margin: float | None = None,
-    relevant: dict[str, set[str]] | None = None,
-    positive_windows: dict[tuple[str, str], int] | None = None,
-) -> pd.DataFrame:
-    """One row per (query, positive): `n` negatives of `sampler` (COLUMNS; rank and score are those of the ranking they
-    were mined from, 0 and NaN for random documents). In-batch samplers return empty negative lists.
-
-    `positives` are the training positives; `relevant` (default: the positives) every labelled-relevant document of a
-    query, none of which is ever a negative (graded qrels may train on the top grades only). `positive_windows`: the
-    MaxP window of each (query, positive) under the mining model (default 0)."""
-    if sampler not in SAMPLERS:
-        raise AnceError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
-    positive_windows = positive_windows or {}
-    if sampler in IN_BATCH:
-        return _in_batch_table(positives, positive_windows)
-    spec = SAMPLER_SPECS[sampler]
-    relevant = relevant or positives
-    top_k = top_k or DEFAULT_TOP_K.get(sampler)
-    if corpus_ids is None:
-        raise AnceError(f"sampler '{sampler}' needs the corpus ids (random documents, and the fallback)")
-    docs = np.asarray(sorted(corpus_ids), dtype=object)
-    if spec.ranking is not None and run is None:
-        raise AnceError(f"sampler '{sampler}' needs a ranking to mine from")
-    if spec.needs_positive_score and positive_scores is None:
-        raise AnceError(f"sampler '{sampler}' needs the positives' scores (a dense retrieval stage writes them)")
-    grouped = dict(tuple(run.groupby("query_id", sort=False))) if spec.ranking is not None else {}
-    rows, short = [], []
-    for query_id in sorted(positives):
-        rng = query_rng(seed, round_, query_id)
-        exclude = relevant.get(query_id, set()) | positives[query_id]
-        ranked = drop_positives(grouped.get(query_id, EMPTY_RANKING), exclude, top_k) if spec.ranking else None
-        for positive_id in sorted(positives[query_id]):
-            if spec.needs_positive_score:  # s(q, d⁺) of a positive drawn at random (SimANS §4.1)
-                drawn = sorted(positives[query_id])[rng.integers(len(positives[query_id]))]
-                s_pos = positive_scores.get((query_id, drawn))
-                if s_pos is None:
-                    raise AnceError(f"no score for positive '{drawn}' of query '{query_id}'")
-            else:
-                s_pos = (positive_scores or {}).get((query_id, positive_id))
-            wanted = spec.from_ranking(n, rng)
-            if spec.ranking is not None:
-                candidates = filter_candidates(ranked, skip_top, margin, s_pos)
-                weights = spec.weights(candidates, s_pos, a, b)
-                # SimANS weights far from s(q, d+) can underflow to 0: those candidates cannot be drawn
-                usable = len(candidates) if weights is None else int((weights > 0).sum())
-                take = min(wanted, usable)
-                neg = sample_uniform(candidates, take, rng, weights) if take else EMPTY_RANKING
-            else:
-                neg = EMPTY_RANKING
-            ids, ranks, scores = neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(), neg["score"].tolist()
-            windows = neg["window"].astype(int).tolist() if "window" in neg else [0] * len(ids)
-            fallback = wanted - len(ids)
-            if fallback:
-                short.append(query_id)
-            extra = random_docs(docs, exclude | set(ids), n - len(ids), rng) if n > len(ids) else []
-            rows.append((query_id, positive_id, ids + extra, ranks + [0] * len(extra),
-                         [float(s) for s in scores] + [float("nan")] * len(extra), fallback,
-                         positive_windows.get((query_id, positive_id), 0), windows + [0] * len(extra)))
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    if short:
-        queries = list(dict.fromkeys(short))
-        warn(f"mining ({sampler}, top-{top_k}{f', skip_top {skip_top}' if skip_top else ''}"
-             f"{f', margin {margin}' if margin is not None else ''}): {len(queries)} of {len(positives)} queries had "
-             f"fewer than the {n} candidate negatives they need (nothing retrieved, or too few left after the "
-             f"false-negative controls); their {int(table['fallback'].sum())} missing negatives were drawn uniformly "
-             f"from the corpus minus their relevant documents: {preview(queries)}")
-    return table
+@mined("random", "uniform from the corpus minus positives")
+def random_documents(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    return EMPTY_RANKING, 0
 
 
-def fallback_stats(table: pd.DataFrame) -> dict[str, int]:
-    """How many queries and negatives of a mined table came from the fallback (see the module docstring)."""
-    used = table["fallback"] > 0 if "fallback" in table else pd.Series(False, index=table.index)
-    return {"fallback_queries": int(table.loc[used, "query_id"].nunique()),
-            "fallback_negatives": int(table["fallback"].sum()) if "fallback" in table else 0}
+@mined("bm25+random", "half from bm25, half random (ANCE's BM25 + Rand Neg)", ("bm25",), 100)
+def bm25_random(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    wanted = half(n, rng)
+    return draw_at_most(pair.candidates["bm25"], wanted, rng), wanted
 
 
-def ance_negatives(run: pd.DataFrame, positives: dict[str, set[str]], top_k: int, n: int, seed: int, round_: int,
-                   corpus_ids: Sequence[str]) -> pd.DataFrame:
-    """One row per (query, positive): n negatives from the query's top-k minus its positives (sampler `ance`)."""
-    return sample_negatives("ance", positives, n, seed, round_, run=run, top_k=top_k, corpus_ids=corpus_ids)
+@mined("ance+bm25", "half from the model's ANN top-k (ance), half from BM25's top-k (bm25)", ("dense", "bm25"), 200)
+def ance_bm25(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
+    dense = draw_at_most(pair.candidates["dense"], half(n, rng), rng)
+    lexical = pair.candidates["bm25"]
+    lexical = draw_at_most(lexical[~lexical["doc_id"].isin(dense["doc_id"])], n - len(dense), rng)
+    return pd.concat([dense, lexical], ignore_index=True) if len(lexical) else dense, n
 
 
-def train_config_for(mining: MiningConfig, train: TrainConfig) -> TrainConfig:
-    """What a sampler asks of training: in-batch samplers need in-batch negatives; nce keeps the hardest n."""
-    if mining.sampler == "in-batch":
-        return train.model_copy(update={"in_batch_negatives": True, "hardest_in_batch": None})
-    if mining.sampler == "nce":
-        return train.model_copy(update={"in_batch_negatives": True, "hardest_in_batch": mining.num_negatives})
-    return train
+@in_batch("in-batch", "none mined: each query contrasts with the other queries' positives in its batch")
+def in_batch_negatives(train: Any, mining: Any) -> dict:
+    return {"in_batch_negatives": True, "hardest_in_batch": None}
+
+
+@in_batch("nce", "none mined: only the num_negatives highest-scoring of those in-batch negatives (NCE Neg)")
+def nce(train: Any, mining: Any) -> dict:
+    return {"in_batch_negatives": True, "hardest_in_batch": mining.num_negatives}
+
+
+NAMES = tuple(SAMPLERS)
+MINED = tuple(name for name, s in SAMPLERS.items() if s.mines)
+WITHOUT_MODEL = tuple(name for name, s in SAMPLERS.items() if not s.needs_model)  # what a warm-up can use

@@ -9,7 +9,7 @@ import pandas as pd
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.encode import encode_queries
 from ance_core.errors import AnceError
-from ance_core.index import FlatIndex
+from ance_core.index import SearchIndex
 from ance_core.model import load_checkpoint, pick_device
 
 RUN_COLUMNS = ["query_id", "doc_id", "rank", "score"]  # dense runs add `window`: the MaxP window a document scored by
@@ -34,6 +34,20 @@ def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
     return frame if windows is None else frame.assign(window=windows.reshape(-1).astype(np.int64))
 
 
+def _search(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int, encode_cfg: EncodeConfig,
+            index_cfg: IndexConfig) -> tuple[pd.DataFrame, np.ndarray, SearchIndex]:
+    """(the top-k run, the query embeddings, the loaded index)."""
+    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
+    q = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, encode_cfg)
+    index = SearchIndex(index_dir, index_cfg)
+    if q.shape[1] != index.index.d:
+        raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
+                        f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
+                        "compressed embeddings, and its teacher the full one")
+    scores, ids, windows = index.search_windows(q, top_k)
+    return run_frame(queries["query_id"].tolist(), ids, scores, windows), q, index
+
+
 def dense_retrieve(
     checkpoint: str | Path,
     index_dir: str | Path,
@@ -41,26 +55,29 @@ def dense_retrieve(
     top_k: int,
     encode_cfg: EncodeConfig = EncodeConfig(),
     index_cfg: IndexConfig = IndexConfig(),
-    positives: dict[str, set[str]] | None = None,
-) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
-    """The top-k run; with `positives`, also every labelled positive's exact score (query_id, doc_id, score),
-    retrieved or not (SimANS needs s(q, d+))."""
-    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
-    q = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, encode_cfg)
-    index = FlatIndex(index_dir, index_cfg)
-    if q.shape[1] != index.index.d:
-        raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
-                        f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
-                        "compressed embeddings, and its teacher the full one")
-    scores, ids, windows = index.search_windows(q, top_k)
-    run = run_frame(queries["query_id"].tolist(), ids, scores, windows)
-    if positives is None:
-        return run
+) -> pd.DataFrame:
+    """The top-k run of the queries (query_id, text) with a checkpoint and its index."""
+    return _search(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg)[0]
+
+
+def dense_retrieve_with_positives(
+    checkpoint: str | Path,
+    index_dir: str | Path,
+    queries: pd.DataFrame,
+    top_k: int,
+    positives: dict[str, set[str]],
+    encode_cfg: EncodeConfig = EncodeConfig(),
+    index_cfg: IndexConfig = IndexConfig(),
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the top-k run, every labelled positive's exact score (query_id, doc_id, score, window)), the positives scored
+    whether retrieved or not (SimANS needs s(q, d+)); one query encoding serves both."""
+    run, q, index = _search(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg)
     pairs = [(query_id, d) for query_id in queries["query_id"] for d in sorted(positives.get(query_id, ()))]
     return run, _pair_scores(q, queries["query_id"].tolist(), index, pairs)
 
 
-def _pair_scores(q: np.ndarray, query_ids: list[str], index: FlatIndex, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+def _pair_scores(q: np.ndarray, query_ids: list[str], index: SearchIndex, pairs: list[tuple[str, str]]
+                 ) -> pd.DataFrame:
     """(query_id, doc_id, score, window) of each pair: the query's embedding (row of `q`) against the document's
     indexed vector (its best window's, MaxP)."""
     row = {query_id: i for i, query_id in enumerate(query_ids)}
@@ -76,7 +93,7 @@ def score_pairs(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataF
     model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
     wanted = queries[queries["query_id"].isin({q for q, _ in pairs})]
     q = encode_queries(model, tokenizer, wanted["text"].tolist(), meta.query_max_length, encode_cfg)
-    return _pair_scores(q, wanted["query_id"].tolist(), FlatIndex(index_dir), pairs)
+    return _pair_scores(q, wanted["query_id"].tolist(), SearchIndex(index_dir), pairs)
 
 
 def search_text(checkpoint: str | Path, index_dir: str | Path, text: str, top_k: int = 10) -> list[Hit]:

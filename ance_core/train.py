@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ance_core.artifacts import TRAIN_LOG
 from ance_core.config import TrainConfig
 from ance_core.data import passage_texts
 from ance_core.encode import passage_windows
@@ -45,14 +46,15 @@ SnapshotHook = Callable[[int, Callable[[Path], None]], None]
 CHECKPOINTS = "checkpoints"
 
 
-class TrainingInterrupted(RuntimeError):
-    """Raised by a callback to stop training after a step (the latest checkpoint stays resumable)."""
+def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
+    """Optimizer steps in one pass over `pairs` (query, positive) rows: whole groups of `cfg.grad_accumulation`
+    batches (a last incomplete group is left out of the epoch), at least one."""
+    return max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
 
 
 def planned_steps(pairs: int, cfg: TrainConfig) -> int:
     """Optimizer steps a training stage of `cfg` takes on `pairs` (query, positive) rows."""
-    per_epoch = max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
-    return cfg.max_steps or per_epoch * cfg.epochs
+    return cfg.max_steps or steps_per_epoch(pairs, cfg) * cfg.epochs
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,9 @@ def train(
     `schedule` places the stage in a learning-rate schedule shared with other stages (default: its own, warm-up over
     `cfg.warmup_ratio` of its steps, then linear decay to zero).
 
+    `callbacks` get each step's log record; one that raises stops the training there (the latest checkpoint in `out`
+    stays, and `train` on the same folder resumes from it).
+
     Asynchronous refresh (ANCE Fig. 2): before each step `negatives_update(step)` may return a newer negatives
     table for the same (query, positive) rows, which replaces the one in use without changing the data order.
     After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
@@ -287,7 +292,7 @@ def train(
         for column in columns:
             pairs[column] = merged[column].to_numpy()
 
-    steps_per_epoch = max(1, math.ceil(len(pairs) / cfg.batch_size) // cfg.grad_accumulation)
+    per_epoch = steps_per_epoch(len(pairs), cfg)
     total = planned_steps(len(pairs), cfg)
     optimizer = make_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay)
     if schedule is None:
@@ -305,7 +310,7 @@ def train(
     step = 0
     if (resume := latest_checkpoint(out)) is not None:
         step = _load_state(resume, model, optimizer, scheduler, scaler)
-    log_path = out / "train_log.jsonl"
+    log_path = out / TRAIN_LOG
     kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
     log_path.write_text("".join(ln + "\n" for ln in kept))
 
@@ -326,7 +331,7 @@ def train(
         return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
-                 scaler=scaler, epoch=step // steps_per_epoch)
+                 scaler=scaler, epoch=step // per_epoch)
     model.train()
     thirds = layer_groups(model)
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
@@ -334,7 +339,7 @@ def train(
         while step < total:
             if negatives_update is not None and (table := negatives_update(step)) is not None:
                 swap_negatives(table)
-            epoch, k = divmod(step, steps_per_epoch)
+            epoch, k = divmod(step, per_epoch)
             order = epoch_order(len(pairs), cfg.seed, epoch)
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ance_core.artifacts import NEGATIVES
 from ance_core.config import PipelineConfig, load_config
 from ance_core.data import read_tables
 from ance_core.train import train
@@ -36,7 +37,7 @@ def main() -> None:
     checkpoint = init_checkpoint.fn(c.model, wd)
     candidates = bm25_run.fn(data, c.bm25, split, c.bm25_negatives.depth, wd)
     mined = mine_negatives.fn(candidates, data, split, c.bm25_negatives, 0, wd)
-    pairs = pd.read_parquet(f"{mined.path}/negatives.parquet")
+    pairs = pd.read_parquet(Path(mined.path, NEGATIVES))
     tables = read_tables(data.path)
     relevant = tables.relevant(split)
 

@@ -9,7 +9,6 @@ import dataclasses
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from prefect import flow
@@ -17,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
-from ance_core.artifacts import ArtifactRef, write_json
+from ance_core.artifacts import ArtifactRef
 from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
@@ -25,12 +24,14 @@ from ance_core.report import StageTiming, read_report
 from ance_core.samplers import train_config_for
 from flows.book import ModelBook
 from flows.compress import compress_model, log_compression, public_rows
+from flows.start import record_latest, trained_checkpoint
 from tasks.common import StageLog
 from tasks.data import prepare_data
 from tasks.model import init_checkpoint
 from tasks.refresh import refresh_negatives
-from tasks.tracking import LATEST, PipelineTracking, closing_lines, trained_checkpoint
 from tasks.train import SchedulePlan, train_async, train_round
+from tracking.closing import closing_lines
+from tracking.run import PipelineTracking, run_url
 
 
 @flow(name="ance-train", log_prints=True)
@@ -157,7 +158,7 @@ def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, clo
     """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
     the results and anything tracking could not deliver)."""
     parent, uri = tracking.parent, tracking.tracker.uri
-    url = tracking.run_url(parent)
+    url = run_url(tracking.tracker, parent)
     lines = ["# MLflow run", "",
              f"- run: [{parent}]({url})" if url else f"- run id: `{parent}`",
              f"- tracking store: `{uri}`" + ("" if url else f" (open it with `mlflow ui --backend-store-uri {uri}`)"),
@@ -175,15 +176,6 @@ def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> Artifact
     if not swaps:
         return first
     return ArtifactRef(swaps[-1]["negatives"], Path(swaps[-1]["negatives"]).name)
-
-
-def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict) -> None:
-    """<work_dir>/latest.json names the newest run's result (its best model on the dev split): where `retrain` starts
-    from when the registry has no champion."""
-    run = flow_run.get_id()
-    write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "model": label,
-                                        "metrics": metrics, "flow_run_id": run,
-                                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
 @flow(name="retrain", log_prints=True)

@@ -7,8 +7,8 @@ result on the dev split).
 """
 
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
-from ance_core.config import DENSE, PipelineConfig
-from ance_core.samplers import MINED
+from ance_core.config import PipelineConfig
+from ance_core.samplers import get_sampler
 from tasks.analysis import DEPTH, analyse_negatives, read_stats
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
@@ -46,7 +46,7 @@ class ModelBook:
     def trained(self, label: str, started_from: str, negatives: ArtifactRef | None, sampler: str) -> None:
         """Record that `label` was trained from the model `started_from` on `negatives` (mined with `sampler`)."""
         self.started_from[label] = started_from
-        if negatives is not None and sampler in MINED:
+        if negatives is not None and get_sampler(sampler).mines:
             self.trained_on[label] = negatives
 
     def evaluate(self, label: str, checkpoint: ArtifactRef, built: dict[str, ArtifactRef] | None = None) -> None:
@@ -65,7 +65,7 @@ class ModelBook:
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])
         if label in self.trained_on:
-            depth = c.mining.depth if c.mining.sampler in DENSE else DEPTH  # dense: the next mining's ranking, cached
+            depth = c.mining.depth if c.mining.spec.needs_model else DEPTH  # dense: the next mining's ranking, cached
             start = self.models.get(self.started_from[label])
             self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint, self.models[label]["index"],
                                                   self.data, c.data.train_split, c.encode, c.index, wd, depth, start)

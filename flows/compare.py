@@ -13,16 +13,17 @@ from ance_core.analysis import ranks_relative_to_positive
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import CompareConfig
 from ance_core.report import COLUMNS, StageTiming, markdown_table, read_report
-from ance_core.samplers import DENSE, MINED, train_config_for
-from flows.ance_pipeline import closing_lines, flow_tags, link_mlflow_run
+from ance_core.samplers import get_sampler, train_config_for
+from flows.ance_pipeline import flow_tags, link_mlflow_run
 from tasks.analysis import analyse_negatives, read_stats, score_profile_task
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.tracking import PipelineTracking, train_log
 from tasks.train import train_round
+from tracking.closing import closing_lines
+from tracking.run import PipelineTracking, train_log
 
 WARMUP = "BM25 warm-up"
 
@@ -51,7 +52,8 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
     profiles = {WARMUP: run_task(score_profile_task, warm, refs["index"], data, eval_split, wd)}
     rankings: dict[str, tuple[ArtifactRef, ArtifactRef]] = {}  # dense sampler -> (its ranking, its negatives)
     for sampler in c.samplers:
-        mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if sampler in DENSE else None})
+        spec = get_sampler(sampler)
+        mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if spec.needs_model else None})
         mined = refresh_negatives(warm, data, split, c.encode, c.index, mining, 1, wd, c.bm25)
         # encode, index and retrieve belong to the warm-up model (recorded with its evaluation)
         log.record(sampler, {name: mined[name] for name in ("bm25", "mine") if name in mined})
@@ -61,10 +63,10 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
         refs = log.record(sampler, evaluate_stages(trained, data, eval_split, c.eval.top_k, c.encode, c.index, wd))
         evaluations.append((sampler, refs["evaluate"]))
         profiles[sampler] = run_task(score_profile_task, trained, refs["index"], data, eval_split, wd)
-        if sampler in MINED:
+        if spec.mines:
             stats[sampler] = analyse_negatives(mined["mine"], trained, refs["index"], data, split, c.encode, c.index,
                                                wd)
-        if sampler in DENSE:
+        if spec.needs_model:
             rankings[sampler] = (mined["retrieve"], mined["mine"])
 
     summary = run_task(report, evaluations, timings, eval_split, c.data.dataset, wd)

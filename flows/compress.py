@@ -4,7 +4,8 @@ index every variant (flat, and HNSW / IVF-PQ when asked) and measure quality, in
 
 Every step is a cached stage task: the teacher's corpus encoding is read from the encode stage (the pipeline's own
 when it runs at the end of a pipeline), never recomputed. The latency measurement is the one step that is not
-cached: all its figures come from one run.
+cached: all its figures come from one run. The table's files go to <work_dir>/compression/<digest>/, written whole
+(`atomic_folder`).
 """
 
 from pathlib import Path
@@ -12,11 +13,22 @@ from pathlib import Path
 import pandas as pd
 from prefect import flow
 
-from ance_core.artifacts import ArtifactRef, digest_of, read_manifest, write_json
+from ance_core.artifacts import (
+    COMPRESSION_CSV,
+    COMPRESSION_JSON,
+    COMPRESSION_MD,
+    ArtifactRef,
+    atomic_folder,
+    digest_of,
+    read_manifest,
+    write_json,
+)
+from ance_core.conae import PROJECTOR_FILE
 from ance_core.config import CompressConfig, DataConfig, EncodeConfig, IndexConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_ref, read_meta
 from ance_core.report import markdown_table, read_metrics
+from flows.start import trained_checkpoint
 from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency
 from tasks.data import prepare_data
@@ -24,7 +36,9 @@ from tasks.encode import encode_corpus
 from tasks.evaluate import evaluate
 from tasks.index import build_index
 from tasks.retrieve import dense_run
-from tasks.tracking import Tracker, flatten, log_checkpoint, model_name, register_models, train_log, trained_checkpoint
+from tracking.client import Tracker, flatten
+from tracking.registry import log_checkpoint, model_name, register_models
+from tracking.run import run_url, train_log
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
@@ -63,13 +77,13 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
         row |= figures
     table = compression_table(rows, c.latency_batch)
     out = Path(work_dir) / "compression" / digest_of([checkpoint.digest, [r["evaluation"].digest for r in rows]])
-    out.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(public_rows(rows))
-    frame.to_csv(out / "compression.csv", index=False)
-    (out / "compression.md").write_text(table + "\n")
-    write_json(out / "compression.json", {"checkpoint": checkpoint.path, "split": eval_split, "rows": frame.to_dict(
-        "records")})
-    print(f"## Compression of {checkpoint.path}, {eval_split}\n\n{table}\n\ntable: {out}/compression.md")
+    with atomic_folder(out) as tmp:  # a reader sees all three files of one run, or none
+        frame.to_csv(tmp / COMPRESSION_CSV, index=False)
+        (tmp / COMPRESSION_MD).write_text(table + "\n")
+        write_json(tmp / COMPRESSION_JSON, {"checkpoint": checkpoint.path, "split": eval_split,
+                                            "rows": frame.to_dict("records")})
+    print(f"## Compression of {checkpoint.path}, {eval_split}\n\n{table}\n\ntable: {out / COMPRESSION_MD}")
     return {"table": table, "rows": rows, "files": str(out), "checkpoint": checkpoint.path, "split": eval_split}
 
 
@@ -92,7 +106,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
     compressed checkpoint (teacher files + projector) is registered as a version of `ance-<dataset>-compressed`."""
     run = tracker.start_run("compression", parent_id=parent, tags=tags | {"teacher": result["checkpoint"]})
     tracker.log_params(run, flatten(config))
-    for name in ("compression.md", "compression.csv"):
+    for name in (COMPRESSION_MD, COMPRESSION_CSV):
         tracker.log_artifact(run, Path(result["files"]) / name)
     versions, logged = [], set()
     for r in result["rows"]:
@@ -103,7 +117,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
         tracker.log_metrics(child, figures | {"dim": r["dim"]})
         if r["compress"] is not None and r["compress"].path not in logged:  # once per projector
             logged.add(r["compress"].path)
-            tracker.log_artifact(child, Path(r["checkpoint"].path) / "projector.safetensors", "projector")
+            tracker.log_artifact(child, Path(r["checkpoint"].path) / PROJECTOR_FILE, "projector")
             if r["method"] == "conae":
                 tracker.log_history(child, train_log(r["compress"].path), ["loss", "kl", "l_q", "l_d"])
                 log_checkpoint(tracker, child, r["checkpoint"].path)
@@ -124,7 +138,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
 
     path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
     read_meta(path)
-    if Path(path, "projector.safetensors").is_file():
+    if Path(path, PROJECTOR_FILE).is_file():
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
     print(f"compressing {source}: {path}")
     ref = checkpoint_ref(path)
@@ -134,9 +148,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
                             work_dir)
     tracker = Tracker(work_dir, "compress")
     tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
-    url = (f"{tracker.uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{tracked['run_id']}"
-           if tracker.uri.startswith("http") and tracked["run_id"] else None)
-    summary = tracker.summary() | tracked | {"run_url": url}
+    summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}
     return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]), "tracking": summary}
 
 

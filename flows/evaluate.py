@@ -1,4 +1,6 @@
-"""Small flows for the CLI (and later the `evaluate` deployment): BM25 baseline, checkpoint evaluation."""
+"""Evaluation flows: `evaluate` (the `evaluate` deployment and `ance evaluate`) encodes the corpus with a checkpoint,
+indexes it and reports the checkpoint's metrics on a split; `bm25-baseline` (`ance bm25`, no deployment) reports BM25's.
+Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with the same inputs is not built again."""
 
 from prefect import flow
 

@@ -4,17 +4,16 @@ from pathlib import Path
 import pandas as pd
 
 from ance_core.analysis import negative_stats, negatives_above_positive, query_sample, score_profile, scored_pairs
-from ance_core.artifacts import ArtifactRef, run_stage, write_json
+from ance_core.artifacts import NEGATIVES, PROFILE, RUN, STATS, ArtifactRef, run_stage, write_json
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
 from ance_core.errors import warn
-from ance_core.samplers import fallback_stats
+from ance_core.mining import fallback_stats
 from ance_core.search import score_pairs
 from tasks.common import run_task, stage_task
 from tasks.retrieve import dense_run
 
 SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
-STATS = "stats.json"
 # Share of training negatives the starting model scores above their positive beyond which the run warns: on SciFact's
 # train split the demo's warm-up (BM25) negatives are at {scifact}% (README, "Negatives statistics").
 ABOVE_POSITIVE_WARNING = 0.25
@@ -35,9 +34,9 @@ def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactR
     def build(out):
         tables = read_tables(data.path)
         positives = tables.relevant(split)  # the model's own top negatives exclude every relevant document
-        table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+        table = pd.read_parquet(Path(negatives.path, NEGATIVES))
         sample = query_sample(table["query_id"], SAMPLE_QUERIES, SAMPLE_SEED)
-        stats = negative_stats(table, pd.read_parquet(f"{run.path}/run.parquet"), positives, sample, DEPTH)
+        stats = negative_stats(table, pd.read_parquet(Path(run.path, RUN)), positives, sample, DEPTH)
         stats |= fallback_stats(table)
         if start is not None:
             scores = score_pairs(start["checkpoint"].path, start["index"].path, tables.queries, scored_pairs(table))
@@ -82,7 +81,7 @@ def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: Artifa
 
         from ance_core.config import EncodeConfig
         from ance_core.encode import encode_queries
-        from ance_core.index import FlatIndex
+        from ance_core.index import SearchIndex
         from ance_core.model import load_checkpoint, pick_device
 
         queries = read_tables(data.path).split_queries(split)
@@ -90,8 +89,8 @@ def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: Artifa
         texts = queries.set_index("query_id").loc[sample, "text"].tolist()
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
         q = encode_queries(model, tokenizer, texts, meta.query_max_length, EncodeConfig())
-        flat = FlatIndex(index.path).index
-        np.save(out / "profile.npy", score_profile(q, flat.reconstruct_n(0, flat.ntotal), DEPTH))
+        flat = SearchIndex(index.path).index  # the model's flat index: its vectors are the exact embeddings
+        np.save(out / PROFILE, score_profile(q, flat.reconstruct_n(0, flat.ntotal), DEPTH))
         return {"queries": len(sample)}
 
     inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}

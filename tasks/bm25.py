@@ -1,4 +1,4 @@
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.bm25 import BM25
 from ance_core.config import BM25Config
 from ance_core.data import read_tables
@@ -12,7 +12,7 @@ def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_di
     def build(out):
         tables = read_tables(data.path)
         run = BM25(tables.corpus, cfg).search(tables.split_queries(split), top_k)
-        run.to_parquet(out / "run.parquet", index=False)
+        run.to_parquet(out / RUN, index=False)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
     return run_stage(work_dir, "bm25", {"bm25": cfg, "split": split, "top_k": top_k}, {"data": data.digest}, build)

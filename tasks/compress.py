@@ -13,12 +13,12 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import DOCIDS, EMBEDDINGS, INDEX, TRAIN_LOG, ArtifactRef, run_stage
 from ance_core.conae import Projector, teacher_from, train_conae
 from ance_core.config import CompressConfig, CompressMethod, EncodeConfig, IndexConfig, IndexType
 from ance_core.data import read_tables
 from ance_core.encode import encode_queries, iter_shards, read_docids
-from ance_core.index import FlatIndex, build_ann_index, search_latency
+from ance_core.index import SearchIndex, build_ann_index, search_latency
 from ance_core.model import load_checkpoint, pick_device, write_compressed_checkpoint
 from tasks.common import stage_task
 
@@ -64,18 +64,18 @@ def compress(checkpoint: ArtifactRef, embeddings: ArtifactRef, train_queries: Ar
             queries, query_ids = read_query_embeddings(train_queries)
             teacher = teacher_from(docs, doc_ids, queries, query_ids, read_tables(data.path).positives(split),
                                    cfg.top_k)
-            with open(out / "train_log.jsonl", "w") as log:
+            with open(out / TRAIN_LOG, "w") as log:
                 model = train_conae(teacher, dim, **{k: getattr(cfg, k) for k in TRAIN_FIELDS if k != "top_k"},
                                     on_step=lambda r: log.write(json.dumps(r) + "\n"))
             model.save(out)
             projector = Projector.from_conae(model)
-            summary |= {"train_queries": len(teacher.queries), "steps": sum(1 for _ in open(out / "train_log.jsonl"))}
+            summary |= {"train_queries": len(teacher.queries), "steps": sum(1 for _ in open(out / TRAIN_LOG))}
         elif method == "pca":
             projector = Projector.pca(docs, dim)
         else:
             projector = Projector.truncation(docs.shape[1], dim)
-        np.save(out / "emb_00000.npy", projector.docs(docs))
-        (out / "docids.txt").write_text("\n".join(doc_ids) + "\n", encoding="utf-8")
+        np.save(out / EMBEDDINGS.format(0), projector.docs(docs))
+        (out / DOCIDS).write_text("\n".join(doc_ids) + "\n", encoding="utf-8")
         write_compressed_checkpoint(checkpoint.path, projector, out / "model")
         return summary
 
@@ -112,8 +112,8 @@ def measure_latency(indexes: list[tuple[ArtifactRef, ArtifactRef | None]], eval_
     measured in this one run, in turn and 5 times over, on the evaluation queries' embeddings (projected for the
     compressed indexes). Not cached: a re-run measures again."""
     queries, _ = read_query_embeddings(eval_queries)
-    pairs = [(FlatIndex(index_ref.path, index_cfg), queries if projector is None
+    pairs = [(SearchIndex(index_ref.path, index_cfg), queries if projector is None
               else projector_of(projector).queries(queries)) for index_ref, projector in indexes]
     latencies = search_latency(pairs, top_k, batch)
-    return [{"index_bytes": (Path(index_ref.path) / "index").stat().st_size} | latency
+    return [{"index_bytes": (Path(index_ref.path) / INDEX).stat().st_size} | latency
             for (index_ref, _), latency in zip(indexes, latencies, strict=True)]

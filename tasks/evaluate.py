@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import pandas as pd
 
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data import read_tables
 from ance_core.evaluate import write_evaluation
 from tasks.common import stage_task
@@ -12,6 +14,6 @@ def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str) -> 
 
     def build(out):
         qrels = read_tables(data.path).split_qrels(split)
-        return write_evaluation(pd.read_parquet(f"{run.path}/run.parquet"), qrels, out, tag=run.digest)
+        return write_evaluation(pd.read_parquet(Path(run.path, RUN)), qrels, out, tag=run.digest)
 
     return run_stage(work_dir, "evaluate", {"split": split}, {"run": run.digest, "data": data.digest}, build)

@@ -2,48 +2,50 @@ from pathlib import Path
 
 import pandas as pd
 
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.config import MiningConfig
 from ance_core.data import read_tables
-from ance_core.samplers import fallback_stats, sample_negatives
+from ance_core.mining import fallback_stats, sample_negatives
 from ance_core.search import score_pairs
 from tasks.common import stage_task
-from tasks.retrieve import POSITIVE_SCORES
 
 
 @stage_task("mine-negatives")
-def mine_negatives(run: ArtifactRef | None, data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
+def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
                    work_dir: str, scorer: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
-    """Negatives per (query, positive) with the configured sampler (ance_core/samplers.py) from a ranking (dense or
-    BM25; none for random and in-batch samplers). `scorer` (a checkpoint and its index: the model training starts
-    from) scores a BM25 ranking's candidates and the positives: for the `margin` false-negative control, and for a
-    MaxP model, each document's best window."""
+    """Negatives per (query, positive) with the configured sampler (ance_core/samplers.py) from the rankings it mines
+    (`dense`, `bm25`; none for random and in-batch samplers). `scorer` (a checkpoint and its index: the model training
+    starts from) scores a BM25 ranking's candidates and the positives when no dense ranking did: for the `margin`
+    false-negative control, and for a MaxP model, each document's best window."""
 
     def build(out):
         tables = read_tables(data.path)
-        ranking = pd.read_parquet(f"{run.path}/run.parquet") if run is not None else None
+        frames = {name: pd.read_parquet(Path(ref.path, RUN)) for name, ref in rankings.items()}
         scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
         table = None
-        if run is not None and Path(run.path, POSITIVE_SCORES).is_file():
-            table = pd.read_parquet(Path(run.path, POSITIVE_SCORES))
+        if "dense" in rankings and Path(rankings["dense"].path, POSITIVE_SCORES).is_file():
+            table = pd.read_parquet(Path(rankings["dense"].path, POSITIVE_SCORES))
         elif scorer is not None:  # a BM25 ranking (or none), scored by the starting model
-            ranking, table = dense_scores(ranking, tables, split, cfg.depth, scorer)
+            top, table = dense_scores(frames.get("bm25"), tables, split, cfg.depth, scorer)
+            if top is not None:
+                frames["bm25"] = top
         if table is not None:
             pairs = list(zip(table["query_id"], table["doc_id"], strict=True))
             scores = dict(zip(pairs, table["score"], strict=True))
             windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
-        negatives = sample_negatives(
-            cfg.sampler, tables.positives(split), cfg.num_negatives, cfg.seed, round_, run=ranking, top_k=cfg.depth,
-            positive_scores=scores, corpus_ids=tables.corpus["doc_id"].tolist(), a=cfg.simans_a, b=cfg.simans_b,
-            skip_top=cfg.skip_top, margin=cfg.margin, relevant=tables.relevant(split), positive_windows=windows)
-        negatives.to_parquet(out / "negatives.parquet", index=False)
+        negatives = sample_negatives(cfg, tables.positives(split), round_, frames, tables.corpus["doc_id"].tolist(),
+                                     scores, tables.relevant(split), windows)
+        negatives.to_parquet(out / NEGATIVES, index=False)
         ranks = negatives["negative_ranks"].explode().dropna()
         return {"pairs": len(negatives), "sampler": cfg.sampler,
                 "mean_negative_rank": float(ranks[ranks > 0].mean()) if (ranks > 0).any() else None,
                 **fallback_stats(negatives)}
 
     config = {"mining": cfg, "split": split, "round": round_}
-    inputs = {"run": run.digest if run is not None else None, "data": data.digest}
+    # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)
+    names = [name for name in cfg.spec.rankings if name in rankings]
+    inputs = {"run": rankings[names[0]].digest if names else None, "data": data.digest}
+    inputs |= {f"{name}_run": rankings[name].digest for name in names[1:]}
     if scorer is not None:
         inputs |= {"scorer_checkpoint": scorer["checkpoint"].digest, "scorer_index": scorer["index"].digest}
     return run_stage(work_dir, "mine", config, inputs, build)

@@ -6,7 +6,7 @@ refreshes, the `refresh-negatives` flow). `evaluate_stages`: encode, index, retr
 flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import DENSE, SPARSE, BM25Config, EncodeConfig, IndexConfig, MiningConfig
+from ance_core.config import BM25Config, EncodeConfig, IndexConfig, MiningConfig
 from ance_core.errors import AnceError
 from ance_core.model import read_meta
 from tasks.bm25 import bm25_run
@@ -25,27 +25,27 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
     """Negatives for a round (the warm-up is round 0) with the configured sampler; every step is a cached, retried
     task.
 
-    Dense samplers (ance, simans): encode -> index -> retrieve -> mine with the checkpoint. BM25 samplers: a BM25 run
-    of the split, `mining.depth` deep -> mine (with `mining.margin`, the BM25 candidates are scored by `scorer`: a
-    checkpoint and its index). Random and in-batch samplers need no ranking (nor a checkpoint)."""
+    The sampler's registry entry says which rankings it mines: `dense` (ance, simans): encode -> index -> retrieve
+    with the checkpoint; `bm25`: a BM25 run of the split; both `mining.depth` deep, then mine. With `mining.margin`,
+    BM25 candidates are scored by `scorer` (a checkpoint and its index). Random and in-batch samplers need no ranking
+    (nor a checkpoint)."""
     refs: dict[str, ArtifactRef] = {}
-    ranking = None
-    if mining.sampler in DENSE:
-        if checkpoint is None:
-            raise AnceError(f"sampler '{mining.sampler}' ranks with a trained model, and there is none yet")
+    spec = mining.spec
+    if spec.needs_model:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
         refs["index"] = run_task(build_index, refs["encode"], work_dir)
-        ranking = refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode,
-                                              index, work_dir)
-    elif mining.sampler in SPARSE:
-        ranking = refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir)
-    if mining.sampler in SPARSE and mining.margin is not None and scorer is None:
-        raise AnceError(f"mining.margin with sampler '{mining.sampler}' needs a model to score the BM25 candidates "
-                        "(the warm-up uses the starting model)")
+        refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode, index,
+                                    work_dir)
+    if spec.uses_bm25:
+        refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir)
+        if mining.margin is not None and scorer is None:
+            raise AnceError(f"mining.margin with sampler '{mining.sampler}' needs a model to score the BM25 candidates "
+                            "(the warm-up uses the starting model)")
     maxp = scorer is not None and read_meta(scorer["checkpoint"].path).document_mode == "maxp"
     # the scorer ranks nothing here: it scores what BM25 found (margin), and finds MaxP documents' best windows
-    scorer = scorer if mining.sampler not in DENSE and (maxp or mining.margin is not None) else None
-    refs["mine"] = run_task(mine_negatives, ranking, data, split, mining, round_, work_dir,
+    scorer = scorer if not spec.needs_model and (maxp or mining.margin is not None) else None
+    rankings = {name: refs[stage] for name, stage in (("dense", "retrieve"), ("bm25", "bm25")) if stage in refs}
+    refs["mine"] = run_task(mine_negatives, rankings, data, split, mining, round_, work_dir,
                             {k: scorer[k] for k in ("checkpoint", "index")} if scorer else None)
     return refs
 

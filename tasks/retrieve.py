@@ -1,10 +1,8 @@
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
-from ance_core.search import dense_retrieve
+from ance_core.search import dense_retrieve_with_positives
 from tasks.common import stage_task
-
-POSITIVE_SCORES = "positive_scores.parquet"  # every labelled positive's exact score, retrieved or not
 
 
 @stage_task("dense-run")
@@ -15,9 +13,9 @@ def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, sp
     def build(out):
         tables = read_tables(data.path)
         queries = tables.split_queries(split)
-        run, positives = dense_retrieve(checkpoint.path, index.path, queries, top_k, encode_cfg, index_cfg,
-                                        positives=tables.positives(split))
-        run.to_parquet(out / "run.parquet", index=False)
+        run, positives = dense_retrieve_with_positives(checkpoint.path, index.path, queries, top_k,
+                                                       tables.positives(split), encode_cfg, index_cfg)
+        run.to_parquet(out / RUN, index=False)
         positives.to_parquet(out / POSITIVE_SCORES, index=False)
         return {"queries": len(queries), "depth": top_k}
 

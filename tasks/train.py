@@ -13,14 +13,23 @@ import torch
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from ance_core.artifacts import ArtifactRef, is_complete, read_manifest, run_stage, stage_key
+from ance_core.artifacts import (
+    ASYNC_REFRESH,
+    ASYNC_STATE,
+    NEGATIVES,
+    ArtifactRef,
+    is_complete,
+    read_manifest,
+    run_stage,
+    stage_key,
+)
 from ance_core.config import EncodeConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
 from ance_core.errors import AnceError
 from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
 from tasks.common import inject_fault, stage_task
 from tasks.refresh import refresh_negatives
-from tasks.tracking import live_callbacks
+from tracking.live import live_callbacks
 
 
 def _fault_callback(name: str):
@@ -51,7 +60,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
     def build(out):
         tables = read_tables(data.path)
-        pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+        pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split), cfg, out,
                      callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train")], schedule=schedule)
 
@@ -115,16 +124,16 @@ class AsyncNegatives:
         self.threads: list[threading.Thread] = []
         self.snapshots: dict[int, ArtifactRef] = {}
         self.errors: list[str] = []
-        state_file = out / "async_state.json"
+        state_file = out / ASYNC_STATE
         self.state = json.loads(state_file.read_text()) if state_file.is_file() else {
             "in_use": {"checkpoint_step": 0, "negatives": first.path},
             "swaps": [], "waits": [], "staleness": [],
         }
 
     def _save_state(self) -> None:
-        tmp = self.out / ".async_state.json.tmp"
+        tmp = self.out / f".{ASYNC_STATE}.tmp"
         tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.out / "async_state.json")
+        tmp.replace(self.out / ASYNC_STATE)
 
     def on_snapshot(self, step: int, save) -> None:
         ref = run_stage(self.work_dir, "snapshot", *_snapshot_config(step, self.trainer_key), save)
@@ -175,7 +184,7 @@ class AsyncNegatives:
             table = None
             if newest is not None:
                 negatives, ready_after = self.ready[newest]
-                table = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+                table = pd.read_parquet(Path(negatives.path, NEGATIVES))
                 self.state["swaps"].append({"checkpoint_step": newest, "swapped_at_step": step,
                                             "ready_after_s": round(ready_after, 2), "negatives": negatives.path})
                 self.state["in_use"] = {"checkpoint_step": newest, "negatives": negatives.path}
@@ -196,7 +205,7 @@ class AsyncNegatives:
             if step <= resumed_step:
                 self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step))
         in_use = self.state["in_use"]
-        return pd.read_parquet(f"{in_use['negatives']}/negatives.parquet") if in_use["checkpoint_step"] else None
+        return pd.read_parquet(Path(in_use["negatives"], NEGATIVES)) if in_use["checkpoint_step"] else None
 
     def finish(self, rounds: int) -> dict:
         steps_per_round = self.steps_per_round
@@ -229,7 +238,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
     def build(out: Path):
         tables = read_tables(data.path)
-        pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
+        pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir)
@@ -253,12 +262,12 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                         negatives_update=update,
                         snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(rounds))
-        (out / "async_refresh.json").write_text(json.dumps(report, indent=1))
+        (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}
 
     final = run_stage(work_dir, "train-async", config, inputs, build, resumable=True)
     if not report:  # built before: read back what the run recorded
-        report.update(json.loads((Path(final.path) / "async_refresh.json").read_text()))
+        report.update(json.loads((Path(final.path) / ASYNC_REFRESH).read_text()))
     per_round = report["steps_per_round"]
     refs = [snapshot_ref(work_dir, key, k * per_round) for k in range(1, rounds)]
     return {"checkpoint": final, "snapshots": refs, "refresh": report}

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ance_core.artifacts import is_complete, read_manifest, run_stage
+from ance_core.artifacts import atomic_folder, is_complete, read_manifest, run_stage
 
 
 def test_complete_stage_is_reused_without_rebuilding(tmp_path):
@@ -47,3 +47,32 @@ def test_resumable_build_keeps_its_partial_folder_for_the_next_attempt(tmp_path)
     assert attempts == [[], ["checkpoint-1"]]  # the second attempt saw the first one's checkpoint
     assert is_complete(ref.path) and json.loads((tmp_path / "train" / ref.digest / "manifest.json").read_text())
     assert not list((tmp_path / "train").glob(".partial-*"))
+
+
+def test_atomic_folder_appears_whole_on_success_and_replaces_an_older_one(tmp_path):
+    final = tmp_path / "results" / "abc"
+    with atomic_folder(final) as tmp:
+        assert tmp.parent == final.parent and tmp.name.startswith(".partial-abc-") and not any(tmp.iterdir())
+        (tmp / "a.txt").write_text("1")
+        assert not final.exists()  # nothing visible until the block ends
+        (tmp / "b.txt").write_text("2")
+    assert sorted(p.name for p in final.iterdir()) == ["a.txt", "b.txt"]
+    with atomic_folder(final) as tmp:  # again: the new folder replaces the old one whole
+        (tmp / "c.txt").write_text("3")
+        assert (final / "a.txt").read_text() == "1"  # the old one stays readable meanwhile
+    assert sorted(p.name for p in final.iterdir()) == ["c.txt"]
+    assert sorted(p.name for p in final.parent.iterdir()) == ["abc"]  # no temporary or set-aside folder left
+
+
+def test_atomic_folder_leaves_nothing_new_when_the_block_fails(tmp_path):
+    final = tmp_path / "abc"
+    with pytest.raises(RuntimeError), atomic_folder(final) as tmp:
+        (tmp / "half.txt").write_text("half")
+        raise RuntimeError("disk full")
+    assert not any(tmp_path.iterdir())  # no final folder, no partial folder
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt), atomic_folder(final) as tmp:
+        (tmp / "new.txt").write_text("new")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["abc"] and [p.name for p in final.iterdir()] == ["old.txt"]

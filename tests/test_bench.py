@@ -38,10 +38,10 @@ def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
     assert summary["ratio"] > 0 and summary["cached_stages"] == summary["stages"]
 
 
-def test_tracking_bench(tiny_scifact, tiny_model, tmp_path):
+def test_mlflow_logging_bench(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0)
     (tmp_path / "tiny.json").write_text(json.dumps(config))
-    out = bench("tracking.py", "--config", str(tmp_path / "tiny.json"), "--steps", "3", "--repeats", "1",
+    out = bench("mlflow_logging.py", "--config", str(tmp_path / "tiny.json"), "--steps", "3", "--repeats", "1",
                 tmp_path=tmp_path)
     assert "no tracking" in out and "embedded SQLite" in out and "mlflow server" in out and "ratio" in out
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
-SAMPLERS = ["bm25", "in-batch", "nce", "simans"]
+SAMPLERS = ["bm25", "in-batch", "nce", "simans", "ance+bm25"]
 
 
 def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_scifact, tiny_model, tmp_path):
@@ -40,8 +40,13 @@ def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_sci
     models = {read_manifest(p)["key"] for p in (tmp_path / "model").iterdir() if not p.name.startswith(".")}
     warmups = [m for m in trained if m["inputs"]["checkpoint"] in models]
     assert len(warmups) == 1 and len(trained) == 1 + len(SAMPLERS)
-    assert sorted(m["inputs"]["checkpoint"] for m in trained if m is not warmups[0]) == [warmups[0]["key"]] * 4
+    starts = sorted(m["inputs"]["checkpoint"] for m in trained if m is not warmups[0])
+    assert starts == [warmups[0]["key"]] * len(SAMPLERS)
     assert all(len((m["folder"] / "train_log.jsonl").read_text().splitlines()) == 2 for m in trained)
+    # ance+bm25 mined the warm-up model's ANN ranking and a BM25 ranking, both recorded as the mining's inputs
+    mined = [read_manifest(p) for p in (tmp_path / "mine").iterdir() if not p.name.startswith(".")]
+    both = [m for m in mined if m["config"]["mining"]["sampler"] == "ance+bm25"]
+    assert len(both) == 1 and both[0]["inputs"]["run"] and both[0]["inputs"]["bm25_run"]
     logs = {}
     client = MlflowClient(result["tracking"]["tracking_uri"])
     parent = client.get_run(result["tracking"]["run_id"])

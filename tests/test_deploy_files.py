@@ -10,6 +10,8 @@ import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
+from ance_core.samplers import NAMES
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,7 +30,7 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     assert "config" in schema.properties and "PipelineConfig" in str(schema.definitions)
     # the UI form offers every sampler as a choice, per stage (warm-up and rounds share MiningConfig)
     sampler = schema.definitions["MiningConfig"]["properties"]["sampler"]
-    assert sampler["enum"] == ["ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"]
+    assert sampler["enum"] == list(NAMES) and {"ance", "simans", "bm25", "random", "in-batch", "nce"} <= set(NAMES)
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
     assert [s["cron"] for s in deployments["retrain"]["schedules"]] == ["0 3 * * 1"]

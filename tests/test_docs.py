@@ -53,7 +53,7 @@ def _section(title: str) -> str:
 
 def test_how_it_is_built_names_every_module():
     tree = _section("How it is built")
-    files = [p for folder in ("ance_core", "tasks", "flows", "bench", "scripts", "ance_cli")
+    files = [p for folder in ("ance_core", "tasks", "flows", "tracking", "bench", "scripts", "ance_cli")
              for p in sorted((ROOT / folder).iterdir())
              if p.suffix in (".py", ".sh") and p.name not in ("__init__.py", "__main__.py")]
     missing = [f"{p.parent.name}/{p.name}" for p in files if p.name not in tree]

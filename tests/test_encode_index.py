@@ -4,7 +4,7 @@ import pytest
 
 from ance_core.config import EncodeConfig, IndexConfig, ModelConfig
 from ance_core.encode import encode_corpus, encode_texts, iter_shards, read_docids
-from ance_core.index import FlatIndex, build_index
+from ance_core.index import SearchIndex, build_index
 from ance_core.model import init_model, load_checkpoint
 
 
@@ -43,12 +43,12 @@ def test_flat_index_is_exact_and_batched_search_agrees(checkpoint, tmp_path):
     assert build_index(emb_dir, idx_dir)["vectors"] == 23
     docs = np.concatenate(list(iter_shards(emb_dir)))
     queries = np.random.default_rng(1).standard_normal((9, docs.shape[1])).astype(np.float32)
-    scores, ids = FlatIndex(idx_dir, IndexConfig(device="cpu", search_batch_size=4)).search(queries, 5)
+    scores, ids = SearchIndex(idx_dir, IndexConfig(device="cpu", search_batch_size=4)).search(queries, 5)
     brute = queries @ docs.T
     expected = np.argsort(-brute, axis=1)[:, :5]
     np.testing.assert_allclose(scores, np.take_along_axis(brute, expected, 1), rtol=1e-4, atol=1e-5)
     row_of = {d: i for i, d in enumerate(read_docids(emb_dir))}
     returned = np.vectorize(row_of.get)(ids)  # tie-robust: the returned docs score what the index says
     np.testing.assert_allclose(np.take_along_axis(brute, returned, 1), scores, rtol=1e-4, atol=1e-5)
-    all_at_once = FlatIndex(idx_dir, IndexConfig(device="cpu", search_batch_size=1000)).search(queries, 5)
+    all_at_once = SearchIndex(idx_dir, IndexConfig(device="cpu", search_batch_size=1000)).search(queries, 5)
     np.testing.assert_array_equal(all_at_once[1], ids)

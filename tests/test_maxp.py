@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from ance_core.config import EncodeConfig, ModelConfig
 from ance_core.encode import encode_corpus, passage_windows
-from ance_core.index import FlatIndex, build_index
+from ance_core.index import SearchIndex, build_index
 from ance_core.model import init_model, load_checkpoint
-from ance_core.search import dense_retrieve, score_pairs
+from ance_core.search import dense_retrieve_with_positives, score_pairs
 from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 FILLER = ("The committee met on Tuesday to review the quarterly budget, the parking arrangements and the schedule of "
@@ -49,12 +49,12 @@ def test_an_answer_in_the_second_window_is_found_by_maxp_only(mode, tmp_path):
     (tmp_path / "index").mkdir()
     build_index(tmp_path / "enc", tmp_path / "index")
     queries = pd.DataFrame({"query_id": ["q"], "text": ["Does vitamin D prevent fractures in older women?"]})
-    run, positives = dense_retrieve(ckpt, tmp_path / "index", queries, 3, positives={"q": {"d-second"}})
+    run, positives = dense_retrieve_with_positives(ckpt, tmp_path / "index", queries, 3, {"q": {"d-second"}})
     assert sorted(run["doc_id"]) == ["d-first", "d-other", "d-second"]  # each document once, whatever its windows
     top = run.sort_values("rank").iloc[0]
     if mode == "maxp":
         assert summary["passages"] > summary["documents"] == 3
-        assert FlatIndex(tmp_path / "index").max_windows > 1
+        assert SearchIndex(tmp_path / "index").max_windows > 1
         assert top["doc_id"] == "d-second" and top["window"] >= 1  # found by a later window
         assert positives.iloc[0]["window"] == top["window"]
         assert positives.iloc[0]["score"] == pytest.approx(top["score"], abs=1e-4)
@@ -76,7 +76,7 @@ def test_maxp_search_keeps_each_documents_best_window_and_k_distinct_documents(t
     faiss.write_index(index, str(tmp_path / "index"))
     (tmp_path / "docid").write_text("\n".join(docs) + "\n")
     (tmp_path / "window").write_text("\n".join(map(str, windows)) + "\n")
-    flat = FlatIndex(tmp_path)
+    flat = SearchIndex(tmp_path)
     assert len(flat) == 4 and flat.max_windows == 2
     scores, ids, best = flat.search_windows(np.array([[1.0, 0.0]], dtype=np.float32), 3)
     assert ids[0].tolist() == ["a", "c", "d"] and best[0].tolist() == [0, 1, 0]

@@ -2,9 +2,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ance_core.config import MiningConfig
 from ance_core.errors import AnceError, AnceWarning
-from ance_core.mining import drop_positives, sample_uniform
-from ance_core.samplers import ance_negatives
+from ance_core.mining import drop_positives, sample_negatives
+from ance_core.samplers import sample_uniform
 from ance_core.search import run_frame
 
 CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
@@ -15,6 +16,12 @@ def _run(n_queries=5, depth=50, seed=0):
     ids = np.array([[f"d{j}" for j in rng.permutation(100)[:depth]] for _ in range(n_queries)], dtype=object)
     scores = -np.sort(rng.random((n_queries, depth)), axis=1)
     return run_frame([f"q{i}" for i in range(n_queries)], ids, -scores)
+
+
+def ance_negatives(run, positives, top_k, n, seed, round_, corpus_ids):
+    """n negatives per pair from the top-k of `run` minus the positives (the `ance` sampler)."""
+    cfg = MiningConfig(sampler="ance", top_k=top_k, num_negatives=n, seed=seed)
+    return sample_negatives(cfg, positives, round_, {"dense": run}, corpus_ids)
 
 
 def _positives(run):

@@ -229,7 +229,7 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
 def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, tiny_scifact, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import champion_checkpoint, model_name
+    from tracking.registry import champion_checkpoint, model_name
 
     work, result, _ = pipeline
     folder, source = champion_checkpoint(work, str(tiny_scifact))

@@ -4,15 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ance_core.config import MiningConfig, PipelineConfig
 from ance_core.errors import AnceError, AnceWarning
-from ance_core.samplers import (
-    MINED,
-    SAMPLERS,
-    fallback_stats,
-    filter_candidates,
-    sample_negatives,
-    simans_probabilities,
-)
+from ance_core.mining import fallback_stats, filter_candidates, sample_negatives
+from ance_core.samplers import MINED, NAMES, SAMPLERS, simans_probabilities
 
 CORPUS = [f"d{i}" for i in range(300)]
 POSITIVES = {"q1": {"d0", "d5"}, "q2": {"d7"}, "q3": {"d100", "d101", "d102"}}
@@ -33,9 +28,18 @@ RUN = ranking(POSITIVES)
 SCORES = {(q, d): 8.0 for q, ds in POSITIVES.items() for d in ds}
 
 
+BM25_RUN = ranking(POSITIVES, seed=1)  # a second ranking of the same corpus, for samplers that mine two
+
+
+def negatives(sampler, positives, n=1, seed=0, round_=0, rankings=None, **kw):
+    """sample_negatives with a MiningConfig of these fields (the corpus ids given unless corpus_ids=None)."""
+    options = {k: kw.pop(k) for k in ("top_k", "skip_top", "margin", "simans_a", "simans_b") if k in kw}
+    cfg = MiningConfig(sampler=sampler, num_negatives=n, seed=seed, **options)
+    return sample_negatives(cfg, positives, round_, rankings, **{"corpus_ids": CORPUS} | kw)
+
+
 def mine(sampler, n=4, seed=1, round_=0, **kw):
-    return sample_negatives(sampler, POSITIVES, n, seed, round_, run=RUN, positive_scores=SCORES, corpus_ids=CORPUS,
-                            **kw)
+    return negatives(sampler, POSITIVES, n, seed, round_, {"dense": RUN, "bm25": RUN}, positive_scores=SCORES, **kw)
 
 
 @pytest.mark.parametrize("sampler", MINED)
@@ -65,14 +69,14 @@ def test_bm25_plus_random_is_half_and_half():
 def test_bm25_plus_random_with_one_negative_mixes_across_pairs():
     positives = {f"q{i}": {f"d{i}"} for i in range(200)}
     run = ranking(positives, k=20)
-    table = sample_negatives("bm25+random", positives, 1, 0, 0, run=run, top_k=10, corpus_ids=CORPUS)
+    table = negatives("bm25+random", positives, rankings={"bm25": run}, top_k=10)
     random_share = sum(r[0] == 0 for r in table["negative_ranks"]) / len(table)
     assert 0.4 < random_share < 0.6
 
 
 def test_in_batch_samplers_mine_nothing():
     for sampler in ("in-batch", "nce"):
-        table = sample_negatives(sampler, POSITIVES, 1, 0, 0)
+        table = negatives(sampler, POSITIVES, corpus_ids=None)
         assert len(table) == 6 and all(len(x) == 0 for x in table["negative_ids"])
 
 
@@ -110,8 +114,8 @@ def test_simans_frequencies_follow_its_formula():
     for b in (0.0, -1.0):
         counts = np.zeros(100)
         for seed in range(4000):
-            table = sample_negatives("simans", positives, 1, seed, 0, run=run, positive_scores={("q", "pos"): 8.0},
-                                     a=2.0, b=b, corpus_ids=["pos", *run["doc_id"]])
+            table = negatives("simans", positives, 1, seed, 0, {"dense": run}, positive_scores={("q", "pos"): 8.0},
+                              simans_a=2.0, simans_b=b, corpus_ids=["pos", *run["doc_id"]])
             counts[table["negative_ranks"][0][0] - 1] += 1
         expected = simans_probabilities(scores, 8.0, 2.0, b)
         assert np.abs(counts / counts.sum() - expected).max() < 0.02
@@ -126,10 +130,51 @@ def test_simans_probability_is_the_formula():
 
 
 def test_errors_name_the_problem():
-    with pytest.raises(AnceError, match="unknown sampler 'hard'"):
-        sample_negatives("hard", POSITIVES, 1, 0, 0, run=RUN)
+    with pytest.raises(ValueError, match="sampler"):
+        MiningConfig(sampler="hard")
     with pytest.raises(AnceError, match="needs the positives' scores"):
-        sample_negatives("simans", POSITIVES, 1, 0, 0, run=RUN, corpus_ids=CORPUS)
+        negatives("simans", POSITIVES, rankings={"dense": RUN})
     with pytest.raises(AnceError, match="needs the corpus ids"):
-        sample_negatives("random", POSITIVES, 1, 0, 0)
-    assert set(SAMPLERS) == {"ance", "simans", "bm25", "random", "bm25+random", "in-batch", "nce"}
+        negatives("random", POSITIVES, corpus_ids=None)
+    with pytest.raises(AnceError, match="needs a dense and a bm25 ranking"):
+        negatives("ance+bm25", POSITIVES)
+
+
+def test_the_config_the_checks_and_the_depths_come_from_the_registry():
+    assert set(NAMES) == set(SAMPLERS) == {"ance", "simans", "bm25", "random", "bm25+random", "ance+bm25", "in-batch",
+                                           "nce"}
+    assert MiningConfig.model_json_schema()["properties"]["sampler"]["enum"] == list(NAMES)
+    assert set(MINED) == {name for name, s in SAMPLERS.items() if s.draw is not None}
+    for name, spec in SAMPLERS.items():
+        assert MiningConfig(sampler=name).depth == (spec.default_depth if spec.rankings else None)
+        assert MiningConfig(sampler=name, top_k=7).depth == (7 if spec.rankings else None)
+        if spec.needs_model:  # ranks with the model being trained: refused in the warm-up, which has none yet
+            with pytest.raises(ValueError, match="the warm-up has none yet"):
+                PipelineConfig(bm25_negatives={"sampler": name})
+        else:
+            PipelineConfig(bm25_negatives={"sampler": name})
+    with pytest.raises(ValueError, match="has no model scores for its BM25 candidates"):
+        PipelineConfig(mining={"sampler": "ance+bm25", "margin": 0.1})
+    with pytest.raises(ValueError, match="use ance or simans"):
+        PipelineConfig(mining={"sampler": "ance+bm25"}, refresh="async", model={"document_mode": "maxp"},
+                       warmup={"passage_max_length": None}, ance={"passage_max_length": None})
+
+
+def test_ance_plus_bm25_mixes_both_rankings_half_and_half():
+    """Half the negatives from the dense top-k and half from BM25's, never one document twice; with one negative per
+    pair the coin picks the ranking, so about half the pairs get each."""
+    dense, lexical = ranking(POSITIVES, k=150, seed=0), ranking(POSITIVES, k=150, seed=1)
+    table = negatives("ance+bm25", POSITIVES, 4, rankings={"dense": dense, "bm25": lexical}, top_k=50)
+    for row in table.itertuples():
+        assert len(set(row.negative_ids)) == 4 and not set(row.negative_ids) & POSITIVES[row.query_id]
+        q_dense = dense[dense["query_id"] == row.query_id].set_index("doc_id")["rank"]
+        q_bm25 = lexical[lexical["query_id"] == row.query_id].set_index("doc_id")["rank"]
+        first, second = row.negative_ids[:2], row.negative_ids[2:]  # the dense half, then the BM25 half
+        assert all(q_dense.get(d, 99) <= 50 for d in first) and all(q_bm25.get(d, 99) <= 50 for d in second)
+        assert row.fallback == 0
+    positives = {f"q{i}": {f"d{i}"} for i in range(200)}
+    dense, lexical = ranking(positives, k=20, seed=0), ranking(positives, k=20, seed=1)
+    table = negatives("ance+bm25", positives, 1, rankings={"dense": dense, "bm25": lexical}, top_k=10)
+    by_dense = {(q, d) for q, d in zip(dense["query_id"], dense["doc_id"], strict=True)}
+    share = sum((r.query_id, r.negative_ids[0]) in by_dense for r in table.itertuples()) / len(table)
+    assert 0.4 < share < 0.65  # (a BM25 pick can also sit in the dense top-20 by chance)

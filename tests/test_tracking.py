@@ -1,6 +1,7 @@
 """The tracker against the embedded SQLite store (real MLflow, no server), and against a dead server."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,9 +11,31 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ance_core.config import PipelineConfig
-from tasks.tracking import UNDELIVERED, LiveMetrics, Tracker, flatten, metric_key
+from tracking.client import UNDELIVERED, Tracker, configure_mlflow, flatten, metric_key
+from tracking.live import LiveMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_importing_the_tracking_package_changes_no_setting():
+    """MLflow's settings (tracking.client.configure_mlflow) are applied where a client is made, not on import; mlflow
+    itself is imported only then, so that its telemetry setting is in place before its first import."""
+    modules = ["tracking", *(f"tracking.{p.stem}" for p in (ROOT / "tracking").glob("*.py") if p.stem != "__init__")]
+    code = ("import json, os, sys\n"
+            "before = dict(os.environ)\n"
+            f"import {', '.join(modules)}\n"
+            "print(json.dumps([os.environ == before, sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow')]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [True, []], out.stdout
+
+
+def test_configure_mlflow_keeps_what_the_environment_sets(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    configure_mlflow()
+    configure_mlflow()
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3" and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
 
 
 def test_flatten_and_metric_names():
@@ -71,7 +94,7 @@ class FlakyClient:
 
 
 def test_live_metrics_are_retried_and_delivered_late_when_the_server_comes_back(tmp_path, monkeypatch):
-    monkeypatch.setattr("tasks.tracking.PROBE_SECONDS", 0.0)
+    monkeypatch.setattr("tracking.client.PROBE_SECONDS", 0.0)
     tracker = Tracker(tmp_path, "ance-test")
     run = tracker.start_run("train")
     tracker.client = flaky = FlakyClient(tracker.client)
@@ -104,7 +127,7 @@ def test_after_a_failure_calls_go_to_the_spool_until_the_next_probe(tmp_path):
 
 
 def test_live_callbacks_only_inside_a_live_block(tmp_path):
-    from tasks.tracking import LIVE, live_callbacks
+    from tracking.live import LIVE, live_callbacks
 
     assert live_callbacks() == []
     tracker = Tracker(tmp_path, "ance-test")
@@ -122,7 +145,7 @@ def test_concurrent_runs_open_one_new_embedded_store(tmp_path):
     folder): one creates its tables and the experiment, the others wait for it; every one gets that experiment."""
     script = ("import sys, time\n"
               "from pathlib import Path\n"
-              "from tasks.tracking import Tracker\n"
+              "from tracking.client import Tracker\n"
               "while not Path(sys.argv[2]).exists(): time.sleep(0.01)\n"
               "tracker = Tracker(sys.argv[1], 'ance-train')\n"
               "print(tracker.experiment_id, tracker.failed_since is None and not tracker.undelivered)\n")

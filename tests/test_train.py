@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from ance_core.config import ModelConfig, TrainConfig
 from ance_core.model import init_model
-from ance_core.train import TrainingInterrupted, false_negative_mask, train
+from ance_core.train import false_negative_mask, planned_steps, steps_per_epoch, train
 
 WORDS = "cell protein gene cancer patients study risk effect mice treatment blood disease".split()
 
@@ -49,6 +49,10 @@ def test_training_changes_weights_and_logs_every_step(setup, tmp_path):
         assert (tmp_path / name).is_file(), name
 
 
+class SimulatedCrash(RuntimeError):
+    pass
+
+
 def test_interrupted_training_resumes_to_identical_weights(setup, tmp_path):
     ckpt, *rest = setup
     straight = tmp_path / "straight"
@@ -56,10 +60,10 @@ def test_interrupted_training_resumes_to_identical_weights(setup, tmp_path):
 
     def stop_after_3(record):
         if record["step"] == 3:
-            raise TrainingInterrupted("simulated crash")
+            raise SimulatedCrash("simulated crash")
 
     resumed = tmp_path / "resumed"
-    with pytest.raises(TrainingInterrupted):
+    with pytest.raises(SimulatedCrash):
         train(ckpt, *rest, CFG, resumed, callbacks=[stop_after_3])
     assert (resumed / "checkpoints" / "step-000002").is_dir()
     summary = train(ckpt, *rest, CFG, resumed)
@@ -68,6 +72,14 @@ def test_interrupted_training_resumes_to_identical_weights(setup, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     losses = lambda f: [json.loads(x)["loss"] for x in (f / "train_log.jsonl").read_text().splitlines()]  # noqa: E731
     assert losses(straight) == losses(resumed)
+
+
+def test_steps_per_epoch_counts_whole_accumulation_groups_and_planned_steps_follow():
+    cfg = TrainConfig(batch_size=3, grad_accumulation=2, epochs=2)
+    assert steps_per_epoch(10, cfg) == 2  # 4 batches (the last of 1 pair), 2 steps of 2
+    assert steps_per_epoch(13, cfg) == 2  # 5 batches: the fifth starts no step of its own
+    assert steps_per_epoch(2, cfg) == 1  # fewer batches than a step accumulates: still one step
+    assert planned_steps(10, cfg) == 4 and planned_steps(10, cfg.model_copy(update={"max_steps": 7})) == 7
 
 
 def test_lamb_update_is_adam_rescaled_by_the_trust_ratio():

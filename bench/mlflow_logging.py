@@ -10,7 +10,8 @@ cancel drift), with the mlflow server up throughout:
 Prints seconds per step of each and the ratios B/A and C/A (goal: ~1.00), the share of the run the sending thread
 was busy, and the time `close()` waited for the last batch. Fresh output folders for every run; the shared BM25
 negatives are mined once, and a 5-step training run warms up the process, before timing.
-    python bench/tracking.py [--steps 40] [--repeats 3] [--config FILE]  (FILE: a pipeline config, e.g. the tiny one)
+    python bench/mlflow_logging.py [--steps 40] [--repeats 3] [--config FILE]
+        (FILE: a pipeline config, e.g. the tiny one)
 """
 
 import argparse
@@ -33,7 +34,8 @@ from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 from tasks.mine import mine_negatives
 from tasks.model import init_checkpoint
-from tasks.tracking import PARENT_KEYS, STEP_KEYS, LiveMetrics, Tracker
+from tracking.client import Tracker
+from tracking.live import PARENT_KEYS, STEP_KEYS, LiveMetrics
 
 
 def start_server(store: Path) -> tuple[subprocess.Popen, str]:

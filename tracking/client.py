@@ -1,0 +1,209 @@
+"""The MLflow client of a run, which never slows or stops the pipeline.
+
+Every MLflow call goes through `Tracker.attempt`/`_safe`. When the store or server fails, a warning is printed once,
+calls go straight to the spool for PROBE_SECONDS before MLflow is tried again, and each call that was not delivered
+is appended to `<work_dir>/mlflow-undelivered.jsonl` (one JSON object per call, with its payload).
+"""
+
+import contextlib
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from pydantic import BaseModel
+
+UNDELIVERED = "mlflow-undelivered.jsonl"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
+PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
+
+# MLflow (3.17) reads MLFLOW_DISABLE_TELEMETRY when `mlflow` is first imported (mlflow/__init__.py creates its
+# telemetry client then, which writes an installation id under ~/.config/mlflow) and again at every tracked call; the
+# two HTTP settings are read at each request (mlflow/utils/rest_utils.py). So nothing in this package imports mlflow
+# at module level: `mlflow_client` imports it after configure_mlflow(), and the other functions that import it run
+# only once a client exists.
+MLFLOW_DEFAULTS = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    # a dead tracking server costs seconds, not MLflow's default of 7 retries with 120 s timeouts
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+
+
+def configure_mlflow() -> None:
+    """MLflow's settings for the pipeline (MLFLOW_DEFAULTS), unless the environment sets them already."""
+    for name, value in MLFLOW_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def mlflow_client(uri: str, registry_uri: str | None = None):
+    """An MlflowClient for `uri`, MLflow configured first (see MLFLOW_DEFAULTS)."""
+    configure_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri, registry_uri=registry_uri)
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"ance.learning_rate": "2e-05", ...} (MLflow params are strings)."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    if isinstance(obj, dict):
+        out: dict[str, str] = {}
+        for key, value in obj.items():
+            out |= flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): json.dumps(obj) if isinstance(obj, (list, tuple)) else str(obj)}
+
+
+def metric_key(name: str) -> str:
+    """MLflow refuses '@' in metric names: nDCG@10 -> ndcg_at_10."""
+    return name.replace("@", "_at_").replace(" ", "_").lower()
+
+
+def resolve_tracking_uri(work_dir: str | Path, explicit: str | None = None) -> str:
+    """An explicit URI, else $MLFLOW_TRACKING_URI, else the embedded store <work_dir>/mlflow.db."""
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(work_dir).resolve() / 'mlflow.db'}"
+
+
+def store_lock(uri: str) -> contextlib.AbstractContextManager:
+    """A file lock beside an embedded SQLite store while it is opened. Concurrent runs on one work folder would
+    otherwise race to create its tables (MLflow's schema migrations fail when two run at once: "table ... already
+    exists") and its experiment; a tracking server needs none."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(db.parent / f".{db.name}.lock")
+
+
+class Tracker:
+    def __init__(self, work_dir: str | Path, experiment: str, tracking_uri: str | None = None):
+        self.work_dir = Path(work_dir).resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.uri = resolve_tracking_uri(self.work_dir, tracking_uri)
+        self.spool = self.work_dir / UNDELIVERED
+        self.undelivered: dict[str, int] = {}  # call -> count kept in the spool
+        self.delivered_late = 0
+        self.failed_since: float | None = None  # while set, calls go straight to the spool until the next probe
+        self._next_probe = 0.0
+        self._warned = False
+        self._lock = threading.Lock()
+        self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
+        with store_lock(self.uri):
+            self.client = mlflow_client(self.uri)
+            self.experiment_id = self._safe("get_experiment", self._experiment, experiment,
+                                            payload={"name": experiment})
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            experiment_id = found.experiment_id
+        else:
+            location = None if self.uri.startswith("http") else (self.work_dir / "mlartifacts").as_uri()
+            experiment_id = self.client.create_experiment(name, artifact_location=location)
+        if found is None or EXPERIMENT_KIND[0] not in found.tags:  # the UI opens it on its runs, not on GenAI traces
+            self.client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+        return experiment_id
+
+    def attempt(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """Call MLflow; (False, error) instead of raising. After a failure, calls are not tried (they fail at once)
+        until PROBE_SECONDS have passed, so a dead server costs one timeout, not one per call."""
+        if self.failed_since is not None and time.time() < self._next_probe:
+            return False, "tracking server unreachable (not retried yet)"
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as e:  # tracking must never stop training
+            with self._lock:
+                if self.failed_since is None:
+                    self.failed_since = time.time()
+                self._next_probe = time.time() + PROBE_SECONDS
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(f"MLflow at {self.uri} failed ({type(e).__name__}: {e}); the pipeline goes on, "
+                                  f"retries later and keeps what cannot be delivered in {self.spool}", stacklevel=3)
+            return False, e
+        if self.failed_since is not None:
+            with self._lock:
+                self.failed_since = None
+            print(f"MLflow at {self.uri} reachable again")
+        return True, result
+
+    def keep(self, what: str, payload: Any, error: Any) -> None:
+        """Append an undelivered call to the spool (one JSON object per line: enough to replay it)."""
+        with self._lock:
+            self.undelivered[what] = self.undelivered.get(what, 0) + 1
+            with open(self.spool, "a") as f:
+                f.write(json.dumps({"call": what, "payload": payload, "error": str(error),
+                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | self.context, default=str) + "\n")
+
+    def _safe(self, what: str, fn: Callable, *args: Any, payload: Any = None, **kwargs: Any) -> Any:
+        ok, result = self.attempt(fn, *args, **kwargs)
+        if ok:
+            return result
+        self.keep(what, payload, result)
+        return None
+
+    def start_run(self, name: str, parent_id: str | None = None, tags: dict[str, str] | None = None) -> str | None:
+        if self.experiment_id is None:
+            return None
+        tags = dict(tags or {}) | {"mlflow.runName": name}
+        if parent_id:
+            tags["mlflow.parentRunId"] = parent_id
+        run = self._safe("create_run", self.client.create_run, self.experiment_id, tags=tags,
+                         payload={"name": name, "tags": tags})
+        return run.info.run_id if run is not None else None
+
+    def log_params(self, run_id: str | None, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), 100):
+            self._safe("log_params", self.client.log_batch, run_id, params=items[start:start + 100],
+                       payload={"run_id": run_id, "params": dict(list(params.items())[start:start + 100])})
+
+    def log_metrics(self, run_id: str | None, metrics: dict[str, float], step: int = 0) -> None:
+        self.log_history(run_id, [{"step": step, **metrics}], keys=list(metrics))
+
+    def log_history(self, run_id: str | None, records: Iterable[dict], keys: list[str], step_offset: int = 0) -> None:
+        """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips)."""
+        from mlflow.entities import Metric
+
+        metrics = [Metric(metric_key(k), float(r[k]), 0, int(r["step"]) + step_offset)
+                   for r in records for k in keys if k in r]
+        for start in range(0, len(metrics), BATCH):
+            chunk = metrics[start:start + BATCH]
+            ok, error = self.attempt(self.client.log_batch, run_id, metrics=chunk)
+            if not ok:
+                points = [(m.key, m.value, m.step) for m in chunk]
+                self.keep("log_metrics", {"run_id": run_id, "metrics": points}, error)
+
+    def set_tags(self, run_id: str | None, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+                   payload={"run_id": run_id, "tags": tags})
+
+    def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> None:
+        self._safe("log_artifact", self.client.log_artifact, run_id, str(path), artifact_path,
+                   payload={"run_id": run_id, "file": str(path), "artifact_path": artifact_path})
+
+    def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> None:
+        self._safe("log_artifacts", self.client.log_artifacts, run_id, str(folder), artifact_path,
+                   payload={"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path})
+
+    def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
+        if run_id is not None:
+            self._safe("end_run", self.client.set_terminated, run_id, status, payload={"run_id": run_id})
+
+    def summary(self) -> dict:
+        """What did not reach MLflow, and where it is kept (printed and returned by the flow)."""
+        return {"tracking_uri": self.uri, "undelivered": dict(self.undelivered),
+                "undelivered_calls": sum(self.undelivered.values()), "delivered_late": self.delivered_late,
+                "kept_in": str(self.spool) if self.undelivered else None}

@@ -1,0 +1,86 @@
+"""Live logging: the training steps of a stage streamed to MLflow from a background thread while it trains.
+
+The pipeline opens a `LiveMetrics` for a training stage and sets it in the `LIVE` context variable; the training
+task adds `live_callbacks()` to its callbacks, so the stage itself knows nothing of MLflow.
+"""
+
+import contextvars
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tracking.client import BATCH, Tracker, metric_key
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+
+STEP_KEYS = ["loss", "lr", "grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top", "examples_per_s"]
+PARENT_KEYS = STEP_KEYS[:-1]  # the parent run's curves span all stages on one global step axis
+LIVE_INTERVAL = float(os.environ.get("ANCE_MLFLOW_LIVE_INTERVAL", "5"))
+
+
+class LiveMetrics:
+    """Streams training steps to MLflow while a stage trains, without slowing it down.
+
+    The training loop only appends to a list (`__call__`); a background thread sends what has accumulated every
+    `interval` seconds in one batch per run. A batch that fails stays queued and is retried at the next flush
+    (delivered late when the server comes back); what is still queued at `close` is left to the pipeline's final
+    logging, which sends it from train_log.jsonl or keeps it in the spool. `delivered` lists the steps that arrived.
+    """
+
+    def __init__(self, tracker: Tracker, runs: dict[str, list[str]], step_offset: int, interval: float = 5.0):
+        self.tracker, self.runs, self.offset, self.interval = tracker, runs, step_offset, interval
+        self.queue: list[dict] = []
+        self.pending: dict[str, list[Metric]] = {run: [] for run in runs}
+        self.delivered: dict[str, set[int]] = {run: set() for run in runs}
+        self.busy_s = 0.0  # wall time spent sending (in the background thread, and in close)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="mlflow-live", daemon=True)
+        self._thread.start()
+
+    def __call__(self, record: dict) -> None:
+        with self._lock:
+            self.queue.append(record)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> None:
+        from mlflow.entities import Metric
+
+        started = time.perf_counter()
+        with self._lock:
+            records, self.queue = self.queue, []
+        now = int(time.time() * 1000)
+        for run, keys in self.runs.items():
+            carried = len(self.pending[run])  # points a failed flush left queued
+            self.pending[run] += [Metric(metric_key(k), float(r[k]), now, int(r["step"]) + self.offset)
+                                  for r in records for k in keys if k in r]
+            if not self.pending[run]:
+                continue
+            sent = self.pending[run]
+            ok = all(self.tracker.attempt(self.tracker.client.log_batch, run, metrics=sent[i:i + BATCH])[0]
+                     for i in range(0, len(sent), BATCH))
+            if ok:
+                self.tracker.delivered_late += carried
+                self.delivered[run] |= {m.step - self.offset for m in sent}
+                self.pending[run] = []
+        self.busy_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+
+LIVE: contextvars.ContextVar[LiveMetrics | None] = contextvars.ContextVar("ance_live_metrics", default=None)
+
+
+def live_callbacks() -> list[Callable[[dict], None]]:
+    """The training callback of the current pipeline's live logging, if one is active in this context."""
+    live = LIVE.get()
+    return [live] if live is not None else []

@@ -1,0 +1,100 @@
+"""The model registry: each run's checkpoints registered as versions of `ance-<dataset>`, the `champion` alias moved
+only on the dev split, and the champion downloaded for `retrain`.
+"""
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ance_core.model import model_files
+from ance_core.report import DEV_KEY
+from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_lock
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+
+def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> None:
+    """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state."""
+    for path in model_files(folder):
+        tracker.log_artifact(run_id, path, "checkpoint")
+
+
+def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
+                    split: str, candidate: str | None = None, dev_setting: str | None = None) -> dict:
+    """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
+    split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
+    split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
+    if the current champion has no such score. Without a candidate (no dev split, a comparison run) no alias moves:
+    the evaluation split never decides."""
+    client = tracker.client
+    if tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name}) is None:
+        return {}
+    chosen, registered = None, []
+    for label, run_id, metrics in versions:
+        tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
+        tags |= {"dev_split": dev_setting} if dev_setting else {}
+        version = tracker._safe("create_model_version", client.create_model_version, name,
+                                f"runs:/{run_id}/checkpoint", run_id, tags=tags, payload={"name": name, "tags": tags})
+        if version is not None:
+            registered.append(version.version)
+            if label == candidate:
+                chosen = (version.version, metrics)
+    if chosen is None or DEV_KEY not in chosen[1] or not dev_setting:
+        return {"versions": registered} if registered else {}
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+    except Exception:
+        current = None
+    comparable = (current is not None and current.tags.get("dataset") == dataset
+                  and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags)
+    current_score = float(current.tags[DEV_KEY]) if comparable else None
+    # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
+    promote = current_score is None or round(chosen[1][DEV_KEY], 6) > current_score
+    if promote:
+        tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", chosen[0],
+                      payload={"name": name, "version": chosen[0]})
+    return {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
+            "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
+            "champion_version": chosen[0] if promote else current.version,
+            "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
+            "reason": ("no champion with a dev score on the same dev split" if current_score is None else
+                       "higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")}
+
+
+def _ensure_registered_model(client: "MlflowClient", name: str):
+    try:
+        return client.get_registered_model(name)
+    except Exception:
+        return client.create_registered_model(name)
+
+
+def model_name(dataset: str) -> str:
+    """The registered model a dataset's pipeline runs register their rounds under."""
+    return f"ance-{Path(dataset).name}"
+
+
+def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | None = None) -> tuple[str | None, str]:
+    """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
+
+    Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
+    uri = resolve_tracking_uri(work_dir, tracking_uri)
+    name = model_name(dataset)
+    try:
+        with store_lock(uri):
+            client = mlflow_client(uri, registry_uri=uri)
+            version = client.get_model_version_by_alias(name, "champion")
+    except Exception as e:  # no such model or alias, or the tracking server is unreachable
+        return None, f"models:/{name}@champion not found at {uri} ({type(e).__name__}: {str(e)[:200]})"
+    final = Path(work_dir).resolve() / "champion" / f"{name}-v{version.version}"
+    if not (final / "ance_model.json").is_file():
+        tmp = final.parent / f".partial-{final.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # the version's source is runs:/<run id>/checkpoint (register_models)
+        folder = client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(tmp))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(folder, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final), f"models:/{name}@champion (version {version.version})"

@@ -1,0 +1,215 @@
+"""The MLflow record of a pipeline run: the parent run and a nested run per model, opened when the flow starts and
+completed when it ends (metrics, negatives statistics, checkpoints, evaluations, plots, results table, registry and
+champion alias).
+"""
+
+import contextlib
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel
+
+from ance_core.analysis import negatives_sample
+from ance_core.artifacts import ArtifactRef
+from ance_core.data import read_tables
+from ance_core.plots import plot_curves, plot_quality_over_time, quality_over_time
+from tasks.analysis import read_stats
+from tracking.client import Tracker, flatten
+from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
+from tracking.registry import log_checkpoint, model_name, register_models
+
+
+def run_url(tracker: Tracker, run_id: str | None) -> str | None:
+    """The run's page in the MLflow UI of a tracking server (None for the embedded store, which has no UI of its
+    own)."""
+    if run_id is None or not tracker.uri.startswith("http"):
+        return None
+    return f"{tracker.uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{run_id}"
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def train_log(folder: str | Path) -> list[dict]:
+    log = Path(folder) / "train_log.jsonl"
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+
+
+class PipelineTracking:
+    """The MLflow record of one pipeline run.
+
+    Opened when the flow starts: the parent run (tags, every config value as a param), so the run is visible at
+    once. While a stage trains, `live(label, ...)` streams its steps to the model's nested run and to the parent
+    (LiveMetrics). `finish` logs the rest when the flow ends: metrics per model, stage times, negatives statistics,
+    staleness, the steps not delivered live, checkpoints, evaluations, negatives samples, plots, the results table,
+    and the model registry with its champion decision.
+    """
+
+    def __init__(self, config: BaseModel, flow_tags: dict[str, str], experiment: str = "ance-train",
+                 tracker: Tracker | None = None):
+        self.config = config
+        self.tracker = tracker or Tracker(config.work_dir, experiment)
+        self.tracker.context = {k: v for k, v in flow_tags.items() if k == "prefect.flow_run_id"}
+        self.tags = {k: v for k, v in flow_tags.items() if v} | {
+            "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
+        name = f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
+        self.parent = self.tracker.start_run(name, tags=self.tags)
+        self.tracker.log_params(self.parent, flatten(config))
+        self.children: dict[str, str | None] = {}
+        self.delivered: dict[tuple[str, str], set[int]] = {}  # (run id, stage label) -> steps that arrived live
+
+    def child(self, label: str) -> str | None:
+        if label not in self.children:
+            self.children[label] = self.tracker.start_run(label, parent_id=self.parent, tags=self.tags | {
+                "stage": label})
+        return self.children[label]
+
+    def set_dataset(self, digest: str) -> None:
+        self.tracker.set_tags(self.parent, {"dataset_digest": digest})
+
+    @staticmethod
+    def steps_before(timings: list) -> int:
+        """The global step a training stage starts at: the steps of the training stages before it."""
+        return sum(len(train_log(t.ref.path)) for t in timings if t.stage == "train")
+
+    @contextlib.contextmanager
+    def live(self, label: str, timings: list):
+        """Stream the steps of the training stage run inside this block (see LiveMetrics)."""
+        runs = {run: keys for run, keys in ((self.child(label), STEP_KEYS), (self.parent, PARENT_KEYS)) if run}
+        if not runs:
+            yield
+            return
+        live = LiveMetrics(self.tracker, runs, self.steps_before(timings), LIVE_INTERVAL)
+        token = LIVE.set(live)
+        try:
+            yield
+        finally:
+            LIVE.reset(token)
+            live.close()
+            for run, steps in live.delivered.items():
+                self.delivered.setdefault((run, label), set()).update(steps)
+
+    def finish_safely(self, *args: Any, **kwargs: Any) -> dict:
+        """`finish`, timed; a bug in what is logged warns instead of failing a pipeline that trained fine."""
+        started = time.perf_counter()
+        try:
+            tracked = self.finish(*args, **kwargs)
+        except Exception as e:
+            warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are "
+                          "in the run's report folder", stacklevel=2)
+            tracked = self.tracker.summary() | {"run_id": self.parent, "run_url": run_url(self.tracker, self.parent),
+                                                "champion": {}, "error": f"{type(e).__name__}: {e}"}
+        return tracked | {"final_logging_s": round(time.perf_counter() - started, 1)}
+
+    def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
+               async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
+               plots_dir: Path | None = None, selected: tuple[str, ArtifactRef] | None = None,
+               dev: dict[str, ArtifactRef] | None = None, dev_setting: str | None = None) -> dict:
+        """Log the rest of the run (see the class docstring). `selected`: the run's result (label, checkpoint), the
+        champion candidate; `dev`: each model's evaluation on the dev split, logged beside the other; `dev_setting`:
+        the dev split's name and content digest (a champion's dev score is compared only on the same one)."""
+        tracker, parent = self.tracker, self.parent
+        stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
+        per_model: dict[str, dict[str, float]] = {}
+        for t in timings:
+            key, times = f"time_{t.stage.replace('-', '_')}_s", per_model.setdefault(t.label, {})
+            times[key] = times.get(key, 0.0) + t.ref.seconds
+        curve, global_step, versions = [], 0, []
+        results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
+        last_train = next((t for t in reversed(timings) if t.stage == "train"), None)
+        for t in timings:
+            if t.stage != "train":
+                continue
+            child, records = self.child(t.label), train_log(t.ref.path)
+            for run, keys in ((child, STEP_KEYS), (parent, PARENT_KEYS)):
+                done = self.delivered.get((run, t.label), set())
+                tracker.log_history(run, [r for r in records if r["step"] not in done], keys, global_step)
+            curve += [r | {"step": r["step"] + global_step, "stage": t.label} for r in records]
+            if async_refresh is not None and Path(t.ref.path, "async_state.json").is_file():
+                state = json.loads(Path(t.ref.path, "async_state.json").read_text())
+                # recorded before each step (0-based, as the trainer asks for negatives); logged at the step it trained
+                tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
+                                    ["staleness"], global_step)
+            global_step += len(records)
+            log_checkpoint(tracker, child, t.ref.path)
+            if t.label in results:
+                versions.append((t.label, child, results[t.label]))
+            elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
+                versions.append((t.label, child, results[report["results"][-1]["model"]]))
+                if selected is not None and selected[0] == report["results"][-1]["model"]:
+                    selected = (t.label, selected[1])
+        if selected is not None and selected[0] not in {label for label, _, _ in versions}:
+            label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
+            log_checkpoint(tracker, self.child(label), selected[1].path)
+            versions.append((label, self.child(label), results[label]))
+        samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
+        evaluation_of = dict(evaluations)
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            if samples:
+                tables = read_tables(data_path)
+                for label, folder in samples:
+                    page = negatives_sample(pd.read_parquet(Path(folder, "negatives.parquet")), tables.corpus,
+                                            tables.queries)
+                    (tmp / "negatives_sample.md").write_text(page)
+                    tracker.log_artifact(self.child(label), tmp / "negatives_sample.md", "negatives")
+            for k, row in enumerate((async_refresh or {}).get("rounds", []), 1):
+                per_model.setdefault(f"ANCE round {k}", {}).update(
+                    {"staleness_mean": row["mean_staleness"], "staleness_max": row["max_staleness"]})
+            table = []
+            trained = [t.label for t in timings if t.stage == "train"]
+            for label in [x for x in per_model if x not in results and x not in trained]:  # e.g. data preparation
+                tracker.log_metrics(parent, {f"{label}_{k}": v for k, v in per_model[label].items()})
+            for label in dict.fromkeys([*results, *trained]):
+                neg = stats.get(label, {})
+                ranks = {f"neg_{k}": v for k, v in neg.items()
+                         if k in ("mean_negative_rank", "median_negative_rank") and v is not None}
+                overlap = {"neg_overlap_top100": neg["overlap"]} if "overlap" in neg else {}
+                counts = {f"neg_{k}": neg[k] for k in ("fallback_queries", "fallback_negatives", "above_positive")
+                          if neg.get(k) is not None}
+                metrics = results.get(label, {}) | per_model.get(label, {}) | ranks | overlap | counts
+                child = self.child(label)
+                tracker.log_metrics(child, metrics)
+                if label in evaluation_of:
+                    tracker.log_artifacts(child, evaluation_of[label].path, "evaluation")
+                if label in (dev or {}):
+                    tracker.log_artifacts(child, dev[label].path, "evaluation-dev")
+                tracker.end_run(child)
+                table.append({"model": label, **metrics})
+            result_label = report.get("selected") or report["results"][-1]["model"]
+            tracker.log_metrics(parent, results[result_label])
+            tracker.set_tags(parent, {"result_model": result_label} | (
+                {"warnings": "\n".join(report["warnings"])[:5000]} if report.get("warnings") else {}))
+            curves = plot_curves(curve, report["results"], stats, async_refresh, plots_dir or tmp)
+            curves.append(plot_quality_over_time(quality_over_time(report["results"], timings), report["split"],
+                                                 report.get("dev_split"), plots_dir or tmp))
+            for path in [*curves, *extra_plots]:
+                tracker.log_artifact(parent, path, "plots")
+            (tmp / "results.md").write_text(report["markdown"])
+            pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
+            for name in ("results.md", "results.csv"):
+                tracker.log_artifact(parent, tmp / name, "report")
+        decision = register_models(tracker, model_name(report["dataset"]), versions, report["dataset"],
+                                   report["split"], selected[0] if selected is not None and dev_setting else None,
+                                   dev_setting)
+        if decision:
+            tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
+        if tracker.undelivered:
+            tracker.set_tags(parent, {"tracking.undelivered_calls": sum(tracker.undelivered.values()),
+                                      "tracking.kept_in": str(tracker.spool)})
+        tracker.end_run(parent)
+        return tracker.summary() | {"run_id": parent, "run_url": run_url(tracker, parent), "champion": decision,
+                                    "experiment_id": tracker.experiment_id}
