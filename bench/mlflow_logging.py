@@ -70,7 +70,7 @@ def main() -> None:
     data = prepare_data.fn(c.data, wd)
     checkpoint = init_checkpoint.fn(c.model, wd)
     candidates = bm25_run.fn(data, c.bm25, c.data.train_split, c.bm25_negatives.depth, wd)
-    negatives = mine_negatives.fn(candidates, data, c.data.train_split, c.bm25_negatives, 0, wd)
+    negatives = mine_negatives.fn({"bm25": candidates}, data, c.data.train_split, c.bm25_negatives, 0, wd)
     tables = read_tables(data.path)
     pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
     cfg = c.warmup.model_copy(update={"max_steps": args.steps, "checkpoint_every": 0})

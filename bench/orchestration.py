@@ -68,13 +68,13 @@ def plain_pipeline(c: PipelineConfig) -> list[tuple[str, float]]:
     checkpoint = init_checkpoint.fn(c.model, wd)
     evaluate_model("zero-shot", checkpoint)
     candidates = bm25_run.fn(data, c.bm25, tr, c.bm25_negatives.depth, wd)
-    negatives = mine_negatives.fn(candidates, data, tr, c.bm25_negatives, 0, wd)
+    negatives = mine_negatives.fn({"bm25": candidates}, data, tr, c.bm25_negatives, 0, wd)
     checkpoint = train_round.fn(checkpoint, negatives, data, tr, warm_cfg, wd, schedules.next(negatives))
     label, started_from["warmup"] = "warmup", "zero-shot"
     for k in range(1, c.rounds + 1):
         index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
         run = dense_run.fn(checkpoint, index, data, tr, c.mining.depth, c.encode, c.index, wd)
-        round_negatives = mine_negatives.fn(run, data, tr, c.mining, k, wd)
+        round_negatives = mine_negatives.fn({"dense": run}, data, tr, c.mining, k, wd)
         evaluate_model(label, checkpoint, index, negatives)
         negatives, started_from[f"ANCE round {k}"] = round_negatives, label
         label = f"ANCE round {k}"

@@ -36,7 +36,7 @@ def main() -> None:
     data = prepare_data.fn(c.data, wd)
     checkpoint = init_checkpoint.fn(c.model, wd)
     candidates = bm25_run.fn(data, c.bm25, split, c.bm25_negatives.depth, wd)
-    mined = mine_negatives.fn(candidates, data, split, c.bm25_negatives, 0, wd)
+    mined = mine_negatives.fn({"bm25": candidates}, data, split, c.bm25_negatives, 0, wd)
     pairs = pd.read_parquet(Path(mined.path, NEGATIVES))
     tables = read_tables(data.path)
     relevant = tables.relevant(split)

@@ -15,7 +15,7 @@ flows record their runs in MLflow through the `tracking/` package. prefect.yaml 
                     from one BM25 warm-up checkpoint, side by side
   compress.py       `compress` (deployment compress; `ance compress`, and the pipeline's `compression` option): ConAE,
                     PCA and truncation of a trained model's embeddings, quality, index size and latency
-  book.py           no flow: the bookkeeping of a pipeline run (`ModelBook`)
+  book.py           no flow: the bookkeeping of an ance-train or compare-negatives run (`RunBook`), the MLflow link
   start.py          no flow: where `retrain` and `compress` start (a given checkpoint, else the registry's champion,
                     else <work_dir>/latest.json, which every pipeline run records)
 """

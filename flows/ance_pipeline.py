@@ -12,161 +12,110 @@ import tempfile
 from pathlib import Path
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import deployment, flow_run
-from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_digest
-from ance_core.report import StageTiming, read_report
+from ance_core.report import StageTiming
 from ance_core.samplers import train_config_for
-from flows.book import ModelBook
+from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
-from tasks.common import StageLog
-from tasks.data import prepare_data
 from tasks.model import init_checkpoint
-from tasks.refresh import refresh_negatives
-from tasks.train import SchedulePlan, train_async, train_round
-from tracking.closing import closing_lines
-from tracking.run import PipelineTracking, run_url
+from tasks.train import SchedulePlan, train_async
 
 
 @flow(name="ance-train", log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
-    c, wd, split = config, config.work_dir, config.data.train_split
-    log = StageLog()
-    tracking = PipelineTracking(c, flow_tags())
-    link_mlflow_run(tracking)
-
-    def train(label: str, *args) -> ArtifactRef:
-        with tracking.live(label, log.timings):  # steps stream to MLflow while it trains
-            return log.run(label, "train", train_round, *args)
-
-    data = log.run("data", "prepare", prepare_data, c.data, wd)
-    tracking.set_dataset(data.digest)
-    book = ModelBook(c, data, log)
-    book.bm25()
+    c = config
+    run = RunBook(c, "ance-train", next_mining=c.mining)
+    run.prepare_data()
+    run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)
     rounds_cfgs = [round_cfg] * (c.rounds if c.refresh == "sync" else 0)
-
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
-        checkpoint, label = ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint)), "start"
+        label, checkpoint = "start", ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint))
         schedules = SchedulePlan(c.schedule, rounds_cfgs)
-    else:
+    else:  # the BM25 warm-up, from the pretrained model
         warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
         schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs])
-        checkpoint, label = log.run("zero-shot", "init", init_checkpoint, c.model, wd), "zero-shot"
-        book.evaluate(label, checkpoint)
-        negatives = log.record("warmup", refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0,
-                                                           wd, c.bm25, scorer=book.models[label]))["mine"]
-        checkpoint = train("warmup", checkpoint, negatives, data, split, warm_cfg, wd, schedules.next(negatives))
-        book.trained("warmup", label, negatives, c.bm25_negatives.sampler)
+        checkpoint = run.log.run("zero-shot", "init", init_checkpoint, c.model, c.work_dir)
+        run.evaluate("zero-shot", checkpoint)
+        negatives = run.mine("warmup", None, None, c.bm25_negatives, 0, scorer="zero-shot")["mine"]
+        checkpoint = run.train("warmup", "zero-shot", checkpoint, negatives, warm_cfg, c.bm25_negatives.sampler,
+                               schedules.next(negatives))
         label = "warmup"
-    extra = {}
-
-    if c.refresh == "sync" or c.rounds == 0:
-        for k in range(1, c.rounds + 1):
-            refs = refresh(log, label, checkpoint, k, data, c)
-            book.evaluate(label, checkpoint, refs)
-            checkpoint = train(f"ANCE round {k}", checkpoint, refs["mine"], data, split, round_cfg, wd,
-                               schedules.next(refs["mine"]))
-            book.trained(f"ANCE round {k}", label, refs["mine"], c.mining.sampler)
-            label = f"ANCE round {k}"
+    async_refresh = None
+    if c.refresh == "async" and c.rounds:
+        label, checkpoint, async_refresh = ance_rounds_async(run, label, checkpoint)
     else:
-        refs = refresh(log, label, checkpoint, 1, data, c)
-        book.evaluate(label, checkpoint, refs)
-        with tracking.live("ANCE (async)", log.timings):
-            state = train_async(checkpoint, refs["mine"], data, split, c.ance, c.rounds, c.encode, c.index,
-                                c.mining, c.max_staleness, wd, return_state=True)
-        trained = state.result()
-        trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
-        log.timings.append(StageTiming("ANCE (async)", "train", trainer))
-        for k in range(1, c.rounds + 1):
-            book.trained(f"ANCE round {k}", label, negatives_in_use(trained["refresh"], k, refs["mine"]),
-                         c.mining.sampler)
+        for k in range(1, c.rounds + 1):  # ANCE rounds: encode -> index -> mine -> train
+            refs = run.mine(f"ANCE round {k}", label, checkpoint, c.mining, k)
+            run.evaluate(label, checkpoint, refs)
+            checkpoint = run.train(f"ANCE round {k}", label, checkpoint, refs["mine"], round_cfg, c.mining.sampler,
+                                   schedules.next(refs["mine"]))
             label = f"ANCE round {k}"
-            if k < c.rounds:  # encoded and indexed by the inferencer: cached
-                book.evaluate(label, trained["snapshots"][k - 1])
-        checkpoint = trained["checkpoint"]
-        extra = {"async_refresh": trained["refresh"]}
-        _print_staleness(trained["refresh"])
-    book.evaluate(label, checkpoint)
+    run.evaluate(label, checkpoint)
+    return finish(run, label, checkpoint, async_refresh)
 
-    summary = book.report(c.data.dataset)
-    result = read_report(summary)
-    chosen = result["selected"] or label  # no dev split: the last model
-    result["warnings"] = book.stage_warnings() + result["warnings"]
+
+def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tuple[str, ArtifactRef, dict]:
+    """`refresh: async` (ANCE Fig. 2): the rounds as one continuous training run while an inferencer refreshes the
+    negatives in the background; each round's snapshot is evaluated (encoded and indexed by the inferencer: cached).
+    Returns the last round's label, the final checkpoint and the refresh record (swaps, staleness, waits)."""
+    c = run.c
+    refs = run.mine("ANCE round 1", label, checkpoint, c.mining, 1)
+    run.evaluate(label, checkpoint, refs)
+    with run.tracking.live("ANCE (async)", run.log.timings):
+        state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
+                            c.mining, c.max_staleness, c.work_dir, return_state=True)
+    trained = state.result()
+    trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
+    run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))
+    for k in range(1, c.rounds + 1):
+        run.trained(f"ANCE round {k}", label, negatives_in_use(trained["refresh"], k, refs["mine"]), c.mining.sampler)
+        label = f"ANCE round {k}"
+        if k < c.rounds:
+            run.evaluate(label, trained["snapshots"][k - 1])
+    _print_staleness(trained["refresh"])
+    return label, trained["checkpoint"], trained["refresh"]
+
+
+def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict | None) -> dict:
+    """The run's end: the results table, its result (chosen on the dev split; without one, the `last` model) recorded
+    in latest.json, the plots, MLflow (metrics, checkpoints, registry and champion), the optional compression of the
+    result, and the closing lines."""
+    c, log = run.c, run.log
+    summary, result = run.report()
+    chosen = result["selected"] or last
     print(result["markdown"])
     reused = [s for s in log.timings if s.ref.cached]
     print(f"{len(reused)} of {len(log.timings)} stages reused from earlier runs")
     stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], log.timings, strict=True)]
-    final = book.models[chosen]
-    metrics = next(r for r in result["results"] if r["model"] == chosen)
-    record_latest(wd, final["checkpoint"], chosen, metrics)
-    plots = Path(wd) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
+    final = run.models[chosen]
+    record_latest(c.work_dir, final["checkpoint"], chosen, next(r for r in result["results"] if r["model"] == chosen))
+    plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
-    tracked = tracking.finish_safely(result, log.timings, book.evaluations, data.path, book.stats,
-                                     extra.get("async_refresh"), plots_dir=drawing,
-                                     selected=(chosen, final["checkpoint"]), dev=book.dev,
-                                     dev_setting=book.dev_setting)
+    tracked = run.track(result, drawing, (chosen, final["checkpoint"]), async_refresh)
     for png in drawing.iterdir():
         os.replace(png, plots / png.name)  # each file whole, whichever run renames last
     shutil.rmtree(drawing, ignore_errors=True)
+    extra = {"async_refresh": async_refresh} if async_refresh is not None else {}
     if c.compression is not None:  # the chosen model, from the corpus encoding its evaluation made
-        compressed = compress_model(final["checkpoint"], final["encode"], data, c.compression, split,
-                                    c.data.eval_split, c.encode, c.index, wd)
-        tracked["compression"] = log_compression(tracking.tracker, tracking.parent, compressed, c.compression,
-                                                 c.data.dataset, tracking.tags) | {"table": compressed["table"]}
+        compressed = compress_model(final["checkpoint"], final["encode"], run.data, c.compression, run.split,
+                                    c.data.eval_split, c.encode, c.index, c.work_dir)
+        tracked["compression"] = log_compression(run.tracking.tracker, run.tracking.parent, compressed, c.compression,
+                                                 c.data.dataset, run.tracking.tags) | {"table": compressed["table"]}
         extra["compression"] = {"table": compressed["table"], "files": compressed["files"],
                                 "rows": public_rows(compressed["rows"])}
-        tracked |= tracking.tracker.summary()
-    closing = closing_lines(tracked, chosen, result["warnings"], on_dev=result["selected"] is not None)
-    print("\n".join(closing))
-    link_mlflow_run(tracking, result["markdown"], closing)
+        tracked |= run.tracking.tracker.summary()
+    run.conclude(tracked, result, chosen)
     return result | extra | {"stages": stages, "selected": chosen, "final_checkpoint": final["checkpoint"].path,
                              "last_checkpoint": checkpoint.path, "report_dir": summary.path, "plots_dir": str(plots),
-                             "negatives": book.negatives(), "tracking": tracked, "mlflow_run_id": tracked["run_id"],
+                             "negatives": run.negatives(), "tracking": tracked, "mlflow_run_id": tracked["run_id"],
                              "mlflow_uri": tracked["tracking_uri"]}
-
-
-def refresh(log: StageLog, label: str, checkpoint: ArtifactRef, round_: int, data: ArtifactRef,
-            c: PipelineConfig) -> dict[str, ArtifactRef]:
-    """Negatives for round `round_` from `label`'s checkpoint (its encoding also serves its evaluation): the corpus
-    encoding and index are recorded for that model, retrieval and mining for the round they feed."""
-    refs = refresh_negatives(checkpoint, data, c.data.train_split, c.encode, c.index, c.mining, round_, c.work_dir,
-                             c.bm25)
-    for name, ref in refs.items():
-        for_label = label if name in ("encode", "index") else f"ANCE round {round_}"
-        log.timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
-    return refs
-
-
-def flow_tags() -> dict[str, str]:
-    """Tags that tie the MLflow runs to this Prefect flow run (and its page, when a Prefect server is used)."""
-    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
-            "prefect.deployment": str(deployment.get_name() or "")}
-    if PREFECT_UI_URL.value():
-        tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
-    return tags
-
-
-def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:
-    """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
-    the results and anything tracking could not deliver)."""
-    parent, uri = tracking.parent, tracking.tracker.uri
-    url = run_url(tracking.tracker, parent)
-    lines = ["# MLflow run", "",
-             f"- run: [{parent}]({url})" if url else f"- run id: `{parent}`",
-             f"- tracking store: `{uri}`" + ("" if url else f" (open it with `mlflow ui --backend-store-uri {uri}`)"),
-             f"- experiment id: `{tracking.tracker.experiment_id}`"]
-    lines += [f"- {line.removeprefix('MLflow: ')}" for line in closing]
-    if markdown:
-        lines += ["", markdown]
-    create_markdown_artifact("\n".join(lines), key="mlflow-run", description="the MLflow run of this pipeline run")
 
 
 def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> ArtifactRef:

@@ -1,31 +1,51 @@
-"""The bookkeeping of a pipeline run, so that the flow body stays a straight line of stages.
+"""The bookkeeping of a flow run (`ance-train`, `compare-negatives`), so that a flow's body is a straight line of
+stages.
 
-`ModelBook` records every model the run produces, as it goes: its checkpoint and corpus encoding, its evaluations on
-the evaluation split and the dev split, the negatives it trained on, the model it started from, and the stage runs
-made for it (`StageLog`). It runs a model's evaluation chain; it decides nothing (the report task selects the run's
-result on the dev split).
+`RunBook` opens the run's MLflow record (and links it from the Prefect flow run), and records every model the run
+produces as it goes: its checkpoint, corpus encoding and index, its evaluations on the evaluation split and the dev
+split, the negatives it trained on and the model it started from, its negatives analysis, and every stage run under
+the label it ran for (`StageLog`: the report's wall-time table). It runs a model's evaluation chain and the report,
+then logs and prints the run's end; it decides nothing (the report task selects the run's result on the dev split).
 """
 
+from collections.abc import Iterable
+from pathlib import Path
+
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import deployment, flow_run
+from prefect.settings import PREFECT_UI_URL
+
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
-from ance_core.config import PipelineConfig
+from ance_core.config import MiningConfig, TrainConfig
+from ance_core.report import StageTiming, read_report
 from ance_core.samplers import get_sampler
 from tasks.analysis import DEPTH, analyse_negatives, read_stats
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
+from tasks.data import prepare_data
 from tasks.evaluate import evaluate
-from tasks.refresh import evaluate_stages
+from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
+from tasks.train import Schedule, train_round
+from tracking.closing import closing_lines
+from tracking.run import PipelineTracking, run_url
 
 
-class ModelBook:
-    def __init__(self, config: PipelineConfig, data: ArtifactRef, log: StageLog):
-        self.c, self.data, self.log = config, data, log
-        summary = read_manifest(data.path)["summary"]
+class RunBook:
+    def __init__(self, config, experiment: str, dev: bool = True, next_mining: MiningConfig | None = None):
+        """`dev`: evaluate every model on the dev split too and let the report choose the run's result on it (a
+        comparison does neither). `next_mining`: the rounds' mining, whose dense ranking the negatives analysis
+        shares (cached) instead of ranking the training queries once more."""
+        self.c, self.wd, self.split = config, config.work_dir, config.data.train_split
+        self.log = StageLog()
+        self.tracking = PipelineTracking(config, flow_tags(), experiment=experiment)
+        link_mlflow_run(self.tracking)
+        self.with_dev, self.next_mining = dev, next_mining
         self.eval_split = config.data.eval_split
-        self.dev_split = config.data.dev_split if config.data.dev_split in summary.get("splits", []) else None
-        # names the dev queries and labels a dev score was measured on (the champion compares only like with like)
-        self.dev_setting = (f"{self.dev_split} {summary['split_digests'][self.dev_split]}" if self.dev_split
-                            else None)
+        self.dev_split: str | None = None
+        self.dev_setting: str | None = None  # the dev queries and labels a dev score is measured on (the champion
+        # compares only like with like)
+        self.data: ArtifactRef | None = None
         self.evaluations: list[tuple[str, ArtifactRef]] = []  # (label, evaluation on eval_split), in run order
         self.dev: dict[str, ArtifactRef] = {}  # label -> evaluation on the dev split
         self.models: dict[str, dict[str, ArtifactRef]] = {}  # label -> checkpoint, encode, index
@@ -33,15 +53,48 @@ class ModelBook:
         self.started_from: dict[str, str] = {}  # label -> the label of the model it trained from
         self.stats: dict[str, ArtifactRef] = {}  # label -> its negatives analysis
 
+    def prepare_data(self) -> ArtifactRef:
+        self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
+        self.tracking.set_dataset(self.data.digest)
+        summary = read_manifest(self.data.path)["summary"]
+        if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
+            self.dev_split = self.c.data.dev_split
+            self.dev_setting = f"{self.dev_split} {summary['split_digests'][self.dev_split]}"
+        return self.data
+
     def bm25(self) -> None:
         """The BM25 baseline on the evaluation split (and the dev split)."""
-        c, wd = self.c, self.c.work_dir
         for split in dict.fromkeys(filter(None, (self.eval_split, self.dev_split))):
-            run = self.log.run("BM25", "bm25" if split == self.eval_split else "bm25-dev", bm25_run, self.data, c.bm25,
-                               split, c.bm25.top_k, wd)
+            run = self.log.run("BM25", "bm25" if split == self.eval_split else "bm25-dev", bm25_run, self.data,
+                               self.c.bm25, split, self.c.bm25.top_k, self.wd)
             ref = self.log.run("BM25", "evaluate" if split == self.eval_split else "evaluate-dev", evaluate, run,
-                               self.data, split, wd)
+                               self.data, split, self.wd)
             self._record_evaluation("BM25", split, ref)
+
+    def mine(self, label: str, model: str | None, checkpoint: ArtifactRef | None, mining: MiningConfig, round_: int,
+             scorer: str | None = None) -> dict[str, ArtifactRef]:
+        """The negatives `label` trains on, mined with `model`'s `checkpoint` (none in the warm-up; `scorer`: the
+        model that scores BM25 candidates there). The corpus encoding and index belong to `model` (they also serve
+        its evaluation), retrieval and mining to `label`; a stage already recorded for its label is not recorded
+        twice."""
+        refs = refresh_negatives(checkpoint, self.data, self.split, self.c.encode, self.c.index, mining, round_,
+                                 self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None)
+        seen = {(t.label, t.ref.path) for t in self.log.timings}
+        for name, ref in refs.items():
+            for_label = model if name in ("encode", "index") else label
+            if (for_label, ref.path) not in seen:
+                self.log.timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
+        return refs
+
+    def train(self, label: str, started_from: str, checkpoint: ArtifactRef, negatives: ArtifactRef,
+              cfg: TrainConfig, sampler: str, schedule: Schedule | None = None) -> ArtifactRef:
+        """Train `label` from `started_from`'s checkpoint on `negatives` (mined with `sampler`), its steps streamed to
+        MLflow while it trains."""
+        with self.tracking.live(label, self.log.timings):
+            trained = self.log.run(label, "train", train_round, checkpoint, negatives, self.data, self.split, cfg,
+                                   self.wd, schedule)
+        self.trained(label, started_from, negatives, sampler)
+        return trained
 
     def trained(self, label: str, started_from: str, negatives: ArtifactRef | None, sampler: str) -> None:
         """Record that `label` was trained from the model `started_from` on `negatives` (mined with `sampler`)."""
@@ -54,9 +107,8 @@ class ModelBook:
         mining already made. A model trained on mined negatives also gets the negatives analysis (its own ranking of
         the training queries, shared with the next round's mining, and the starting model's scores of its
         negatives)."""
-        c, wd = self.c, self.c.work_dir
-        built = built or {}
-        refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval.top_k, c.encode, c.index, wd,
+        c, built = self.c, built or {}
+        refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval.top_k, c.encode, c.index, self.wd,
                                built.get("index"), self.dev_split)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
@@ -65,10 +117,11 @@ class ModelBook:
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])
         if label in self.trained_on:
-            depth = c.mining.depth if c.mining.spec.needs_model else DEPTH  # dense: the next mining's ranking, cached
-            start = self.models.get(self.started_from[label])
+            mining = self.next_mining
+            depth = mining.depth if mining is not None and mining.spec.needs_model else DEPTH
             self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint, self.models[label]["index"],
-                                                  self.data, c.data.train_split, c.encode, c.index, wd, depth, start)
+                                                  self.data, self.split, c.encode, c.index, self.wd, depth,
+                                                  self.models.get(self.started_from[label]))
 
     def _record_evaluation(self, label: str, split: str, ref: ArtifactRef) -> None:
         if split == self.eval_split:
@@ -76,12 +129,19 @@ class ModelBook:
         if split == self.dev_split:
             self.dev[label] = ref
 
-    def report(self, dataset: str) -> ArtifactRef:
-        """The results table, with the run's result chosen on the dev split among the trained models and the one the
-        training started from."""
-        candidates = [label for label in self.models if label != "BM25"]
-        return run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.c.work_dir,
-                        self.dev, self.dev_split, candidates, self.started_from)
+    def report(self) -> tuple[ArtifactRef, dict]:
+        """The results table (its stage and its content, the stages' warnings first). With `dev`, the run's result is
+        chosen on the dev split among the trained models and the one the training started from."""
+        dataset = self.c.data.dataset
+        if self.with_dev:
+            candidates = [label for label in self.models if label != "BM25"]
+            ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd, self.dev,
+                           self.dev_split, candidates, self.started_from)
+        else:
+            ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd)
+        result = read_report(ref)
+        result["warnings"] = self.stage_warnings() + result["warnings"]
+        return ref, result
 
     def negatives(self) -> dict[str, dict]:
         """The negatives statistics per trained model (analysis and mining fallback counts)."""
@@ -91,3 +151,41 @@ class ModelBook:
         """What the stages of this run warned about (each once), from their manifests: reused stages included."""
         folders = [t.ref.path for t in self.log.timings] + [ref.path for ref in self.stats.values()]
         return list(dict.fromkeys(w for folder in folders for w in stage_warnings(folder)))
+
+    def track(self, result: dict, plots_dir: Path, selected: tuple[str, ArtifactRef] | None = None,
+              async_refresh: dict | None = None, extra_plots: Iterable[Path] = ()) -> dict:
+        """Log the rest of the run to MLflow (tracking.run.PipelineTracking.finish); never fails the run."""
+        return self.tracking.finish_safely(result, self.log.timings, self.evaluations, self.data.path, self.stats,
+                                           async_refresh, extra_plots=extra_plots, plots_dir=plots_dir,
+                                           selected=selected, dev=self.dev, dev_setting=self.dev_setting)
+
+    def conclude(self, tracked: dict, result: dict, selected: str | None = None) -> None:
+        """Print the run's closing lines (warnings, result, MLflow) and put them, with the results table, on the flow
+        run's MLflow link."""
+        closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None)
+        print("\n".join(closing))
+        link_mlflow_run(self.tracking, result["markdown"], closing)
+
+
+def flow_tags() -> dict[str, str]:
+    """Tags that tie the MLflow runs to this Prefect flow run (and its page, when a Prefect server is used)."""
+    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
+            "prefect.deployment": str(deployment.get_name() or "")}
+    if PREFECT_UI_URL.value():
+        tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
+    return tags
+
+
+def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:
+    """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
+    the results and anything tracking could not deliver)."""
+    parent, uri = tracking.parent, tracking.tracker.uri
+    url = run_url(tracking.tracker, parent)
+    lines = ["# MLflow run", "",
+             f"- run: [{parent}]({url})" if url else f"- run id: `{parent}`",
+             f"- tracking store: `{uri}`" + ("" if url else f" (open it with `mlflow ui --backend-store-uri {uri}`)"),
+             f"- experiment id: `{tracking.tracker.experiment_id}`"]
+    lines += [f"- {line.removeprefix('MLflow: ')}" for line in closing]
+    if markdown:
+        lines += ["", markdown]
+    create_markdown_artifact("\n".join(lines), key="mlflow-run", description="the MLflow run of this pipeline run")

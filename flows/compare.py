@@ -10,83 +10,56 @@ import pandas as pd
 from prefect import flow
 
 from ance_core.analysis import ranks_relative_to_positive
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import NEGATIVES, PROFILE, RUN, ArtifactRef, atomic_folder
 from ance_core.config import CompareConfig
-from ance_core.report import COLUMNS, StageTiming, markdown_table, read_report
+from ance_core.report import COLUMNS, StageTiming, markdown_table
 from ance_core.samplers import get_sampler, train_config_for
-from flows.ance_pipeline import flow_tags, link_mlflow_run
-from tasks.analysis import analyse_negatives, read_stats, score_profile_task
-from tasks.common import StageLog, run_task
-from tasks.data import prepare_data
+from flows.book import RunBook
+from tasks.analysis import read_stats, score_profile_task
+from tasks.common import run_task
 from tasks.model import init_checkpoint
-from tasks.refresh import evaluate_stages, refresh_negatives
-from tasks.report import report
-from tasks.train import train_round
-from tracking.closing import closing_lines
-from tracking.run import PipelineTracking, train_log
+from tracking.run import train_log
+
+COMPARISON_MD = "comparison.md"
 
 WARMUP = "BM25 warm-up"
 
 
 @flow(name="compare-negatives", log_prints=True)
 def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
-    c, wd = config, config.work_dir
-    split, eval_split = c.data.train_split, c.data.eval_split
-    log = StageLog()
-    timings, stage = log.timings, log.run
-    evaluations: list[tuple[str, ArtifactRef]] = []
-    stats: dict[str, ArtifactRef] = {}
-    tracking = PipelineTracking(c, flow_tags(), experiment="compare-negatives")
-    link_mlflow_run(tracking)
-
-    data = stage("data", "prepare", prepare_data, c.data, wd)
-    tracking.set_dataset(data.digest)
+    c, wd, eval_split = config, config.work_dir, config.data.eval_split
+    run = RunBook(c, "compare-negatives", dev=False)
+    data = run.prepare_data()
     start = run_task(init_checkpoint, c.model, wd)
-    negatives = log.record(WARMUP, refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd,
-                                                     c.bm25))
-    with tracking.live(WARMUP, timings):
-        warm = stage(WARMUP, "train", train_round, start, negatives["mine"], data, split,
-                     train_config_for(c.bm25_negatives, c.warmup), wd)
-    refs = log.record(WARMUP, evaluate_stages(warm, data, eval_split, c.eval.top_k, c.encode, c.index, wd))
-    evaluations.append((WARMUP, refs["evaluate"]))
-    profiles = {WARMUP: run_task(score_profile_task, warm, refs["index"], data, eval_split, wd)}
+    negatives = run.mine(WARMUP, None, None, c.bm25_negatives, 0)["mine"]
+    warm = run.train(WARMUP, "pretrained", start, negatives, train_config_for(c.bm25_negatives, c.warmup),
+                     c.bm25_negatives.sampler)
+    run.evaluate(WARMUP, warm)
+    profiles = {WARMUP: run_task(score_profile_task, warm, run.models[WARMUP]["index"], data, eval_split, wd)}
     rankings: dict[str, tuple[ArtifactRef, ArtifactRef]] = {}  # dense sampler -> (its ranking, its negatives)
-    for sampler in c.samplers:
+    for sampler in c.samplers:  # each from the warm-up checkpoint, with the same budget
         spec = get_sampler(sampler)
         mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if spec.needs_model else None})
-        mined = refresh_negatives(warm, data, split, c.encode, c.index, mining, 1, wd, c.bm25)
-        # encode, index and retrieve belong to the warm-up model (recorded with its evaluation)
-        log.record(sampler, {name: mined[name] for name in ("bm25", "mine") if name in mined})
-        with tracking.live(sampler, timings):
-            trained = stage(sampler, "train", train_round, warm, mined["mine"], data, split,
-                            train_config_for(mining, c.ance), wd)
-        refs = log.record(sampler, evaluate_stages(trained, data, eval_split, c.eval.top_k, c.encode, c.index, wd))
-        evaluations.append((sampler, refs["evaluate"]))
-        profiles[sampler] = run_task(score_profile_task, trained, refs["index"], data, eval_split, wd)
-        if spec.mines:
-            stats[sampler] = analyse_negatives(mined["mine"], trained, refs["index"], data, split, c.encode, c.index,
-                                               wd)
+        mined = run.mine(sampler, WARMUP, warm, mining, 1)
+        trained = run.train(sampler, WARMUP, warm, mined["mine"], train_config_for(mining, c.ance), sampler)
+        run.evaluate(sampler, trained)
+        profiles[sampler] = run_task(score_profile_task, trained, run.models[sampler]["index"], data, eval_split, wd)
         if spec.needs_model:
             rankings[sampler] = (mined["retrieve"], mined["mine"])
 
-    summary = run_task(report, evaluations, timings, eval_split, c.data.dataset, wd)
-    result = read_report(summary)
-    table = comparison_table(result["results"], timings, stats)
+    summary, result = run.report()
+    table = comparison_table(result["results"], run.log.timings, run.stats)
     result["markdown"] = f"## Negative samplers, {c.data.dataset} {eval_split}\n\n{table}\n\n" + result["markdown"]
     print(result["markdown"])
     out = Path(wd) / "compare" / summary.digest  # the table and the plots as files, beside MLflow's copies
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.md").write_text(result["markdown"])
-    plots = plot_analyses(profiles, rankings, out)
-    tracked = tracking.finish_safely(result, timings, evaluations, data.path, stats, extra_plots=plots,
-                                     plots_dir=out)
+    with atomic_folder(out) as folder:
+        (folder / COMPARISON_MD).write_text(result["markdown"])
+        tracked = run.track(result, folder, extra_plots=plot_analyses(profiles, rankings, folder))
     print(f"table and plots: {out}")
-    closing = closing_lines(tracked)
-    print("\n".join(closing))
-    link_mlflow_run(tracking, result["markdown"], closing)
+    run.conclude(tracked, result)
     return {"table": table, "results": result["results"], "report_dir": summary.path, "files": str(out),
             "tracking": tracked,
-            "train_seconds": {t.label: t.ref.seconds for t in timings if t.stage == "train"}}
+            "train_seconds": {t.label: t.ref.seconds for t in run.log.timings if t.stage == "train"}}
 
 
 def comparison_table(results: list[dict], timings: list[StageTiming], stats: dict[str, ArtifactRef]) -> str:
@@ -119,7 +92,7 @@ def plot_analyses(profiles: dict[str, ArtifactRef], rankings: dict[str, tuple[Ar
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for label, ref in profiles.items():
-        profile = np.load(Path(ref.path, "profile.npy"))
+        profile = np.load(Path(ref.path, PROFILE))
         ax.plot(np.arange(1, profile.shape[1] + 1), profile.mean(axis=0), lw=1, label=label)
     ax.set(xlabel="rank", ylabel="score minus corpus mean", xscale="log",
            title="top-100 scores of 10 evaluation queries (mean)")
@@ -129,8 +102,8 @@ def plot_analyses(profiles: dict[str, ArtifactRef], rankings: dict[str, tuple[Ar
     if rankings:
         fig, ax = plt.subplots(figsize=(7, 3.8))
         for sampler, (run, negatives) in rankings.items():
-            offsets = ranks_relative_to_positive(pd.read_parquet(Path(negatives.path, "negatives.parquet")),
-                                                 pd.read_parquet(Path(run.path, "run.parquet")))
+            offsets = ranks_relative_to_positive(pd.read_parquet(Path(negatives.path, NEGATIVES)),
+                                                 pd.read_parquet(Path(run.path, RUN)))
             if len(offsets):
                 ax.hist(offsets, bins=np.arange(offsets.min(), offsets.max() + 2) - 0.5, histtype="step",
                         label=f"{sampler} ({len(offsets)} negatives)")

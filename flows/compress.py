@@ -28,6 +28,7 @@ from ance_core.config import CompressConfig, DataConfig, EncodeConfig, IndexConf
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_ref, read_meta
 from ance_core.report import markdown_table, read_metrics
+from flows.book import flow_tags
 from flows.start import trained_checkpoint
 from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency
@@ -134,8 +135,6 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
                   work_dir: str = "work") -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
     else the newest model of the work folder (<work_dir>/latest.json)."""
-    from flows.ance_pipeline import flow_tags
-
     path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
     read_meta(path)
     if Path(path, PROJECTOR_FILE).is_file():
