@@ -4,7 +4,7 @@
 #   scripts/stack.sh up | down | deploy | status
 # State, logs and pid files live in $STACK_DIR (default .stack/); the Prefect server's database in $STACK_DIR/prefect.
 # Environment: PREFECT_PORT (default 4200), MLFLOW_PORT (default 5000), MLFLOW_STORE_DIR (default work/: the demo's
-# work folder), VENV (default .venv), ANCE_GPU_IMAGE (image of the gpu pool's jobs).
+# work folder), VENV (default .venv), and the gpu pool's image, storage and tracking (docker/gpu-pool.env).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,7 +19,6 @@ export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_UI_API_URL="$PREFECT_API_URL"
 export ANCE_PROJECT_DIR="$ROOT"
-export ANCE_GPU_IMAGE="${ANCE_GPU_IMAGE:-ance-worker-gpu:latest}"
 export TOKENIZERS_PARALLELISM=false
 # flows run by the worker log to the tracking server
 export MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT"
@@ -64,6 +63,10 @@ case "${1:-}" in
     echo "MLflow UI:  $MLFLOW_TRACKING_URI   (export MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI to log to it from a shell)"
     ;;
   deploy)
+    # the gpu pool's storage and tracking (docker/gpu-pool.env), unless already set in the environment
+    while IFS='=' read -r key value; do
+      [[ -z "$key" || "$key" == \#* || -n "${!key:-}" ]] || export "$key=$value"
+    done < "$ROOT/docker/gpu-pool.env"
     wait_healthy prefect-server "$PREFECT_API_URL/health"
     pool cpu process
     pool gpu docker

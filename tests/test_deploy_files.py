@@ -1,6 +1,7 @@
 """The deployment files stay valid: prefect.yaml's deployments point at real flows, the compose file passes
 `docker-compose config` (Debian's docker-compose; no Docker engine needed), the images are pinned and non-root."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -142,3 +143,59 @@ def test_the_gpu_image_check_reads_install_lines_not_comments():
     assert not installs_faiss_gpu(commented)
     unpinned = good.replace('"faiss-gpu-cu12==1.14.1.post1"', "faiss-gpu-cu12")
     assert not installs_faiss_gpu(unpinned)
+
+
+def gpu_pool_env() -> dict[str, str]:
+    """docker/gpu-pool.env as `make deploy` reads it (KEY=VALUE lines; # comments)."""
+    lines = (REPO / "docker" / "gpu-pool.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_the_gpu_pool_runs_keep_their_work_and_log_to_the_stack(monkeypatch):
+    """The container settings the docker worker would create for an ance-train-gpu flow run: Prefect's base job
+    template for docker workers, filled with prefect.yaml's job variables as `prefect deploy` resolves them (from
+    docker/gpu-pool.env), prepared for a flow run. There is no Docker engine here: the client only reports a
+    version."""
+    import asyncio
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.utilities.templating import apply_values
+    from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration
+
+    env = gpu_pool_env()
+    for key, value in env.items():  # what `make deploy` exports before `prefect deploy` reads prefect.yaml
+        monkeypatch.setenv(key, value)
+    deployment = next(d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+                      if d["name"] == "ance-train-gpu")
+    values = apply_values(deployment["work_pool"]["job_variables"], dict(os.environ), remove_notset=False)
+    template = DockerWorker.get_default_base_job_template()
+    job = asyncio.run(DockerWorkerJobConfiguration.from_template_and_values(template, values))
+    job.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="tiny-run"))
+
+    class Engine:  # what the worker asks a Docker engine while it builds the settings
+        def version(self) -> dict:
+            return {"Version": "27.3.1"}
+
+    settings = DockerWorker(work_pool_name="gpu")._build_container_settings(Engine(), job)
+    assert settings["image"] == env["ANCE_GPU_IMAGE"] == "ance-worker-gpu:latest"
+    # the work folder (stage folders, checkpoints, Prefect's task results) and the data home outlive the container
+    assert set(settings["volumes"]) == {f"{env['ANCE_GPU_WORK']}:/app/work", f"{env['ANCE_GPU_DATA']}:/data"}
+    environment = settings["environment"]
+    assert environment["PREFECT_LOCAL_STORAGE_PATH"].startswith("/app/work/")
+    assert environment["ANCE_DATA_HOME"] == "/data" and environment["ANCE_PROJECT_DIR"] == "/app"
+    assert environment["MLFLOW_TRACKING_URI"] == env["ANCE_GPU_MLFLOW_URI"] == "http://mlflow:5000"
+    assert settings["network"] == env["ANCE_GPU_NETWORK"] == "ance"
+    assert settings["device_requests"] == [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]
+    assert "{{" not in str(settings)  # every placeholder resolved
+    # the stack's cpu worker shares that volume at the same path, on that network, with the same result storage
+    proc = subprocess.run(["docker-compose", "-f", str(REPO / "docker" / "compose.yaml"), "config"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    compose = yaml.safe_load(proc.stdout)
+    cpu = compose["services"]["worker-cpu"]
+    mounts = {(v["source"], v["target"]) if isinstance(v, dict) else tuple(v.split(":")[:2]) for v in cpu["volumes"]}
+    assert (env["ANCE_GPU_WORK"], "/app/work") in mounts
+    assert cpu["environment"]["PREFECT_LOCAL_STORAGE_PATH"] == environment["PREFECT_LOCAL_STORAGE_PATH"]
+    assert compose["volumes"]["ance-work"]["name"] == env["ANCE_GPU_WORK"]
+    assert compose["networks"]["default"]["name"] == env["ANCE_GPU_NETWORK"]
