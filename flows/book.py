@@ -55,11 +55,13 @@ class RunBook:
 
     def prepare_data(self) -> ArtifactRef:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
-        self.tracking.set_dataset(self.data.digest)
         summary = read_manifest(self.data.path)["summary"]
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
             self.dev_setting = f"{self.dev_split} {summary['split_digests'][self.dev_split]}"
+        splits = {"training": self.split, "dev": self.dev_split, "evaluation": self.eval_split}
+        self.tracking.set_dataset(self.data.digest, self.data.path, summary,
+                                  {context: split for context, split in splits.items() if split})
         return self.data
 
     def bm25(self) -> None:

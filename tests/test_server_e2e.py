@@ -241,6 +241,14 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
     assert {r["info"]["status"] for r in runs} == {"FINISHED"}
     assert tags["prefect.deployment"] == "ance-train" and tags["dataset_digest"] and tags["git_commit"]
     assert tags["prefect.flow_run_url"] == f"{stack['ui']}/flow-runs/flow-run/{flow_run_id}"
+    # the Dataset column: the data it trained, chose and was evaluated on, as dataset inputs of every run
+    name = Path(tiny["data"]["dataset"]).name
+    for run in [parent, *children.values()]:
+        inputs = {i["dataset"]["name"]: i for i in run["inputs"]["dataset_inputs"]}
+        assert set(inputs) == {f"{name}/train", f"{name}/dev", f"{name}/test"}
+        contexts = {n: {t["key"]: t["value"] for t in i["tags"]}["mlflow.data.context"] for n, i in inputs.items()}
+        assert contexts == {f"{name}/train": "training", f"{name}/dev": "dev", f"{name}/test": "evaluation"}
+        assert len({i["dataset"]["digest"] for i in inputs.values()}) == 3  # each split's own content digest
     # one loss point per training step on one global step axis: warm-up steps 1-3, round 1 steps 4-6
     assert loss_points(stack, pid) == [1, 2, 3, 4, 5, 6]
     assert loss_points(stack, children["warmup"]["info"]["run_id"]) == [1, 2, 3]

@@ -184,6 +184,11 @@ class Tracker:
                 points = [(m.key, m.value, m.step) for m in chunk]
                 self.keep("log_metrics", {"run_id": run_id, "metrics": points}, error)
 
+    def log_inputs(self, run_id: str | None, datasets: list) -> None:
+        """Dataset inputs (mlflow.entities.DatasetInput): the runs table's Dataset column."""
+        self._safe("log_inputs", self.client.log_inputs, run_id, datasets,
+                   payload={"run_id": run_id, "datasets": [(d.dataset.name, d.dataset.digest) for d in datasets]})
+
     def set_tags(self, run_id: str | None, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 

@@ -48,6 +48,23 @@ def train_log(folder: str | Path) -> list[dict]:
     return [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
 
 
+def dataset_inputs(name: str, folder: str, summary: dict, splits: dict[str, str]) -> list:
+    """MLflow dataset inputs, one per split ({context: split}) that the prepared dataset has: name <name>/<split>,
+    digest the split's content digest, source the prepared tables' folder, profile the split's query-relevance
+    count and the corpus size; tagged with its context (training, dev, evaluation)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    out = []
+    for context, split in splits.items():
+        if split not in summary.get("split_digests", {}):
+            continue
+        profile = {"documents": summary.get("documents"), "qrels": summary.get(f"qrels_{split}")}
+        dataset = Dataset(f"{name}/{split}", summary["split_digests"][split], "local",
+                          json.dumps({"uri": str(Path(folder).resolve())}), profile=json.dumps(profile))
+        out.append(DatasetInput(dataset, [InputTag("mlflow.data.context", context)]))
+    return out
+
+
 class PipelineTracking:
     """The MLflow record of one pipeline run.
 
@@ -69,16 +86,25 @@ class PipelineTracking:
         self.parent = self.tracker.start_run(name, tags=self.tags)
         self.tracker.log_params(self.parent, flatten(config))
         self.children: dict[str, str | None] = {}
+        self.inputs: list = []  # the run's datasets (set_dataset), logged on every run of the record
         self.delivered: dict[tuple[str, str], set[int]] = {}  # (run id, stage label) -> steps that arrived live
 
     def child(self, label: str) -> str | None:
         if label not in self.children:
             self.children[label] = self.tracker.start_run(label, parent_id=self.parent, tags=self.tags | {
                 "stage": label})
+            if self.inputs and self.children[label]:
+                self.tracker.log_inputs(self.children[label], self.inputs)
         return self.children[label]
 
-    def set_dataset(self, digest: str) -> None:
+    def set_dataset(self, digest: str, folder: str, summary: dict, splits: dict[str, str]) -> None:
+        """The prepared dataset (its digest, its folder and its manifest's summary) as a tag and as MLflow dataset
+        inputs of the parent and every nested run: one per split in `splits` ({context: split}, e.g. training ->
+        train), named <dataset>/<split>, with the split's content digest, so that runs on different data are told
+        apart in the runs table's Dataset column."""
         self.tracker.set_tags(self.parent, {"dataset_digest": digest})
+        self.inputs = dataset_inputs(Path(self.config.data.dataset).name, folder, summary, splits)
+        self.tracker.log_inputs(self.parent, self.inputs)
 
     @staticmethod
     def steps_before(timings: list) -> int:
