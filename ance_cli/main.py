@@ -1,4 +1,4 @@
-"""The `ance` command: demo, run, compare, compress, bm25, evaluate, search.
+"""The `ance` command: demo, run, compare, compress, bm25, evaluate, search, export.
 
 Commands that compute metrics accept --json and then print them as one JSON object on their last line.
 User errors (bad data, bad config, missing files) print one line and exit with status 2, without a traceback.
@@ -262,6 +262,41 @@ def search(
         texts = _corpus_titles(dataset) if dataset else {}
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
+
+    _guard(body)
+
+
+@app.command(name="export")
+def export_command(
+    checkpoint: Annotated[str, typer.Option(help="A checkpoint folder, or a registered model version: "
+                                            "models:/<name>@<alias> or models:/<name>/<version>")],
+    out: Annotated[Path, typer.Option(help="The model folder to write (missing or empty, unless --force)")],
+    fmt: Annotated[str, typer.Option("--format", help="sentence-transformers")] = "sentence-transformers",
+    force: Annotated[bool, typer.Option("--force", help="Replace --out when it is not empty")] = False,
+    work_dir: Annotated[str, typer.Option(help="For a models:/ URI: the work folder whose MLflow store "
+                                          "(mlflow.db) holds it; MLFLOW_TRACKING_URI overrides")] = "work",
+):
+    """Write a checkpoint as a standard sentence-transformers model folder, with a model card (README.md)."""
+    from ance_core.errors import AnceError
+    from ance_core.export import FORMATS, check_target, export_checkpoint
+
+    def body():
+        if fmt not in FORMATS:
+            raise AnceError(f"unknown export format '{fmt}'; choose one of {', '.join(FORMATS)}")
+        if not checkpoint.startswith("models:/"):
+            result = export_checkpoint(checkpoint, out, fmt, force)
+        else:
+            import tempfile
+
+            from tracking.registry import download_registered_model
+
+            check_target(out, force)  # before the download
+            with tempfile.TemporaryDirectory(prefix="ance-export-") as tmp:
+                folder, provenance = download_registered_model(checkpoint, tmp, work_dir)
+                result = export_checkpoint(folder, out, fmt, force, provenance)
+        typer.echo(f"{result['source']} -> {out} ({fmt}: {result['dim']}-dim, {result['pooling']} pooling, dot "
+                   f"product; queries {result['query_max_length']} tokens, passages {result['passage_max_length']})")
+        typer.echo(f"model card: {out / 'README.md'}; in Python: SentenceTransformer(\"{out}\").encode_query(...)")
 
     _guard(body)
 

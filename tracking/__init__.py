@@ -12,8 +12,9 @@ everything with no server; `MLFLOW_TRACKING_URI` points it at a server instead (
 - `run`: `PipelineTracking`, the parent run and a nested run per model, opened at flow start and completed at flow
   end (metrics, negatives statistics, checkpoints, evaluations, plots, results table, registry and champion alias);
   `run_url`, a run's page on a tracking server.
-- `registry`: model versions of `ance-<dataset>`, the `champion` alias moved on the dev split, and
-  `champion_checkpoint`, `models:/ance-<dataset>@champion` downloaded for `retrain`.
+- `registry`: model versions of `ance-<dataset>`, the `champion` alias moved on the dev split,
+  `champion_checkpoint`, `models:/ance-<dataset>@champion` downloaded for `retrain`, and
+  `download_registered_model`, any version downloaded (with what the registry knows of it) for `ance export`.
 - `closing`: `closing_lines`, what a run prints when it ends.
 
 Importing any of them sets nothing and does not import mlflow.

@@ -1,14 +1,17 @@
 """The model registry: each run's checkpoints registered as versions of `ance-<dataset>`, the `champion` alias moved
-only on the dev split, and the champion downloaded for `retrain`.
+only on the dev split, the champion downloaded for `retrain`, and any version downloaded for `ance export`.
 """
 
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ance_core.errors import AnceError
 from ance_core.model import model_files
-from ance_core.report import DEV_KEY
+from ance_core.report import COLUMNS, DEV_KEY
 from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_lock
 
 if TYPE_CHECKING:
@@ -98,3 +101,65 @@ def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | 
         os.replace(folder, final)
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final), f"models:/{name}@champion (version {version.version})"
+
+
+MODEL_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))")
+
+
+def download_registered_model(uri: str, dest: str | Path, work_dir: str | Path = "work",
+                              tracking_uri: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Download a registered version, `models:/<name>@<alias>` or `models:/<name>/<version>`, into `dest`.
+
+    Returns (its checkpoint folder, provenance for the model card of ance_core/export.py): `source`, and what the
+    registry and the run that trained it hold: `label`, `dataset`, `split`, `dev_split`, `metrics` (the version's
+    tags, `register_models`), `params` and `results_markdown` (the pipeline run's parameters and results table).
+    An AnceError when the URI is malformed or the store, the model or the version is not there."""
+    match = MODEL_URI.fullmatch(uri)
+    if match is None:
+        raise AnceError(f"{uri}: not a registered model URI; use models:/<name>@<alias> or models:/<name>/<version>")
+    store = resolve_tracking_uri(work_dir, tracking_uri)
+    db = Path(store.removeprefix("sqlite:///"))
+    if store.startswith("sqlite:///") and not db.is_file():
+        raise AnceError(f"{uri}: no MLflow store at {db}; pass the --work-dir of the run that registered it, or set "
+                        "MLFLOW_TRACKING_URI to its tracking server")
+    try:
+        with store_lock(store):
+            client = mlflow_client(store, registry_uri=store)
+            version = (client.get_model_version_by_alias(match["name"], match["alias"]) if match["alias"]
+                       else client.get_model_version(match["name"], match["version"]))
+    except Exception as e:  # no such model, alias or version, or the tracking server is unreachable
+        raise AnceError(f"{uri}: not found at {store} ({type(e).__name__}: {str(e)[:200]})") from None
+    if not (version.source or "").startswith("runs:/"):
+        raise AnceError(f"{uri}: version {version.version}'s files are at {version.source}, not a run's artifacts; "
+                        "not a version this pipeline registered")
+    try:  # the version's source is runs:/<run id>/checkpoint (register_models)
+        folder = client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(dest))
+    except Exception as e:
+        raise AnceError(f"{uri}: downloading version {version.version} failed ({type(e).__name__}: "
+                        f"{str(e)[:200]})") from None
+    tags = dict(version.tags)
+    info: dict[str, Any] = {"source": f"{uri} (version {version.version}, run {version.run_id})"}
+    info |= {k: tags[k] for k in ("label", "dataset", "split", "dev_split") if k in tags}
+    info["metrics"] = {k: float(v) for k, v in tags.items() if k.removeprefix("dev_") in COLUMNS}
+    return folder, info | _pipeline_run(client, version.run_id)
+
+
+def _pipeline_run(client: "MlflowClient", run_id: str) -> dict[str, Any]:
+    """The parameters and results table of the pipeline run (the parent of a model's run); {} for what is missing."""
+    out: dict[str, Any] = {}
+    try:
+        run = client.get_run(run_id)
+        parent = run.data.tags.get("mlflow.parentRunId")
+        pipeline = client.get_run(parent) if parent else run
+        if pipeline.data.params:
+            out["params"] = dict(pipeline.data.params)
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(client.download_artifacts(pipeline.info.run_id, "report/results.md", tmp)).read_text()
+    except Exception:  # an older run, or a version registered by hand: the card says less
+        return out
+    lines = text.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith("|")), None)
+    if start is not None:
+        end = next((k for k in range(start, len(lines)) if not lines[k].startswith("|")), len(lines))
+        out["results_markdown"] = "\n".join(lines[start:end])
+    return out

@@ -1,0 +1,223 @@
+"""`ance export --format sentence-transformers`: the folder sentence-transformers loads gives the checkpoint's query and
+passage encodings, is what sentence-transformers itself saves, evaluates as the checkpoint, and carries a model card;
+bad input is one clear line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ance_cli.main import app
+from ance_core.config import EncodeConfig, EvalConfig, ModelConfig
+from ance_core.encode import encode_texts
+from ance_core.export import export_checkpoint
+from ance_core.model import init_model, load_checkpoint, model_files, save_checkpoint
+
+ST_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "1_Pooling/config.json",
+            "2_Dense/config.json", "3_LayerNorm/config.json"]
+TEXTS = ["does vitamin D lower cancer risk", "x", "  Mice, blood disease!  ",
+         *(" ".join(["cell protein gene expression in patients"] * k) for k in (1, 3, 9))]
+
+
+def _invoke(args):
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
+
+
+def _checkpoint(tiny_model, out, **model):
+    """A tiny checkpoint with a random head (a fresh one is the identity: a transposed weight would go unseen)."""
+    init_model(ModelConfig(name=str(tiny_model), query_max_length=8, passage_max_length=24, **model), out)
+    encoder, tokenizer, meta = load_checkpoint(out)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in (*encoder.proj.parameters(), *encoder.norm.parameters()):
+            p.copy_(torch.randn_like(p))
+    save_checkpoint(encoder, tokenizer, meta, out)
+    return out
+
+
+@pytest.fixture(scope="module", params=["mean", "cls"])
+def exported(request, tiny_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"export-{request.param}")
+    checkpoint = _checkpoint(tiny_model, folder / "checkpoint", pooling=request.param)
+    export_checkpoint(checkpoint, folder / "st")
+    return checkpoint, folder / "st"
+
+
+def test_sentence_transformers_gives_the_query_and_passage_encodings(exported):
+    from sentence_transformers import SentenceTransformer
+
+    checkpoint, folder = exported
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    queries = encode_texts(model, tokenizer, TEXTS, meta.query_max_length, 4, None)  # fp32
+    passages = encode_texts(model, tokenizer, TEXTS, meta.passage_max_length, 4, None)
+    assert np.abs(queries - passages).max() > 1e-3  # the long texts: the two lengths matter
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.similarity_fn_name == "dot" and st.max_seq_length == meta.passage_max_length
+    np.testing.assert_allclose(st.encode_query(TEXTS), queries, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(st.encode_document(TEXTS), passages, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(st.encode(TEXTS), passages, atol=1e-5, rtol=0)
+    scores = st.similarity(st.encode_query(TEXTS[:2]), st.encode_document(TEXTS))
+    np.testing.assert_allclose(scores.numpy(), queries[:2] @ passages.T, rtol=1e-4, atol=1e-4)
+
+
+def test_the_folder_is_what_sentence_transformers_saves(exported, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    checkpoint, folder = exported
+    SentenceTransformer(str(folder), device="cpu").save(str(tmp_path))
+    for name in ST_FILES:
+        ours, theirs = (json.loads((f / name).read_text()) for f in (folder, tmp_path))
+        if name == "sentence_bert_config.json":  # ours also keeps these two, which 6.2 reads but saves elsewhere
+            assert ours.pop("max_seq_length") == 24 and ours.pop("model_kwargs") == {"add_pooling_layer": False}
+        if name == "config_sentence_transformers.json":
+            ours.pop("__version__"), theirs.pop("__version__")
+        assert ours == theirs, name
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == 24
+    # the encoder's weights are the checkpoint's, byte for byte; the head is also kept for the ance commands
+    for name in ("model.safetensors", "head.safetensors", "ance_model.json"):
+        assert (folder / name).read_bytes() == (checkpoint / name).read_bytes()
+
+
+def test_model_card_names_the_model_and_its_settings(exported):
+    checkpoint, folder = exported
+    card = (folder / "README.md").read_text()
+    meta = json.loads((checkpoint / "ance_model.json").read_text())
+    assert card.startswith("---\nlibrary_name: sentence-transformers\n")
+    assert json.dumps(meta, indent=2) in card  # the exact config
+    assert f"{meta['pooling']} pooling" in card and "dot product" in card and "encode_query" in card
+    assert "not recorded" in card and "No evaluation is recorded" in card  # nothing more is known of this one
+
+
+def test_the_export_evaluates_as_the_checkpoint(tiny_model, tiny_scifact, tmp_path):
+    """What `ance evaluate` runs (flows/evaluate.py: encode -> index -> retrieve -> evaluate, at the default
+    encoding settings), once on the checkpoint and once on its export."""
+    from ance_core.data import load_dataset
+    from ance_core.encode import encode_corpus
+    from ance_core.evaluate import evaluate_run
+    from ance_core.index import build_index
+    from ance_core.model import checkpoint_digest, read_meta
+    from ance_core.search import dense_retrieve
+
+    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    export_checkpoint(checkpoint, tmp_path / "st")
+    data = load_dataset(tiny_scifact)
+    metrics = {}
+    for name in ("checkpoint", "st"):
+        model, emb, idx = tmp_path / name, tmp_path / f"{name}-emb", tmp_path / f"{name}-idx"
+        emb.mkdir(), idx.mkdir()
+        read_meta(model)  # what `ance evaluate` checks first
+        encode_corpus(model, data.corpus, EncodeConfig(), emb)
+        build_index(emb, idx)
+        run = dense_retrieve(model, idx, data.split_queries("test"), EvalConfig().top_k)
+        metrics[name] = evaluate_run(run, data.split_qrels("test"))[0]
+    assert metrics["st"] == pytest.approx(metrics["checkpoint"], abs=1e-6) and metrics["st"]["recall_at_100"] > 0
+    # the same content digest: a pipeline's cached stages of the checkpoint serve its export
+    assert checkpoint_digest(tmp_path / "st") == checkpoint_digest(checkpoint)
+
+
+def test_model_card_of_a_training_stage_has_its_stages_data_and_metrics(tiny_model, tmp_path):
+    """A checkpoint found in a work folder: the card follows its stage manifests and the run's report."""
+    from ance_core.artifacts import run_stage
+
+    work = tmp_path / "work"
+    model = run_stage(work, "model", {"name": "tiny", "pooling": "mean"}, {},
+                      lambda out: init_model(ModelConfig(name=str(tiny_model)), out))
+    data = run_stage(work, "data", {"format": "auto"}, {"content": "c"},
+                     lambda out: {"documents": 200, "queries": 70, "splits": ["test", "train"]})
+    mine = run_stage(work, "mine", {"mining": "sampler='ance'", "round": 1, "split": "train"},
+                     {"run": "r", "data": data.digest}, lambda out: {"pairs": 33, "sampler": "ance"})
+
+    def train(out):
+        for src in model_files(model.path):
+            shutil.copy2(src, out / src.name)
+        return {"steps": 4, "pairs": 33}
+
+    def report(out):
+        (out / "results.json").write_text(json.dumps({"dataset": "scifact", "split": "test", "dev_split": "dev",
+                                                      "results": rows}))
+
+    trained = run_stage(work, "train", {"train": "learning_rate=0.001", "split": "train"},
+                        {"checkpoint": model.digest, "negatives": mine.digest, "data": data.digest}, train)
+    retrieved = run_stage(work, "retrieve", {"split": "test"}, {"checkpoint": trained.digest}, lambda out: None)
+    evaluated = run_stage(work, "evaluate", {"split": "test"}, {"run": retrieved.digest}, lambda out: None)
+    rows = [{"model": "BM25", "ndcg_at_10": 0.5, "mrr_at_10": 0.4, "recall_at_100": 0.9, "recall_at_1000": 1.0},
+            {"model": "ANCE round 1", "ndcg_at_10": 0.25, "mrr_at_10": 0.2, "recall_at_100": 0.8,
+             "recall_at_1000": 1.0, "dev_ndcg_at_10": 0.3}]
+    run_stage(work, "reports", {"split": "test"}, {"ANCE round 1": evaluated.digest}, report)
+    export_checkpoint(trained.path, tmp_path / "st")
+    card = (tmp_path / "st" / "README.md").read_text()
+    assert "# ANCE dense retriever: ANCE round 1 (scifact)" in card
+    assert "Training data (the data stage" in card and "200 documents, 70 queries" in card
+    assert f"1. `model` `{model.digest}`" in card and f"2. `train` `{trained.digest}`: 4 optimizer steps" in card
+    assert "negatives mined by `ance` (round 1)" in card and '"train": "learning_rate=0.001"' in card
+    assert "| nDCG@10 | `test` | 0.2500 |" in card and "| **ANCE round 1** (this model) | 0.3000 |" in card
+
+
+def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
+    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    cases = [
+        (["--checkpoint", str(tmp_path)], "not an ANCE checkpoint"),
+        (["--checkpoint", str(tmp_path / "missing")], "no such folder"),
+        (["--checkpoint", str(checkpoint), "--format", "onnx"], "unknown export format 'onnx'"),
+        (["--checkpoint", str(checkpoint), "--out", str(checkpoint), "--force"], "would replace the checkpoint"),
+        (["--checkpoint", "models:/ance-scifact"], "not a registered model URI"),
+        (["--checkpoint", "models:/ance-scifact@champion", "--work-dir", str(tmp_path / "w")], "no MLflow store"),
+    ]
+    for args, message in cases:
+        code, out = _invoke(["export", "--out", str(tmp_path / "out"), *args])
+        assert code == 2 and message in out and "Traceback" not in out, (args, out)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
+    assert code == 2 and "exists and is not empty; pass --force" in out
+    code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
+    assert code == 0 and (tmp_path / "out" / "modules.json").is_file() and not (tmp_path / "out" / "keep.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".partial")]
+
+
+def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
+    from ance_core.conae import PROJECTOR_FILE
+
+    maxp = tmp_path / "maxp"
+    init_model(ModelConfig(name=str(tiny_model), document_mode="maxp"), maxp)
+    code, out = _invoke(["export", "--checkpoint", str(maxp), "--out", str(tmp_path / "a")])
+    assert code == 2 and "MaxP checkpoint" in out
+    compressed = _checkpoint(tiny_model, tmp_path / "compressed")
+    (compressed / PROJECTOR_FILE).write_bytes(b"")
+    code, out = _invoke(["export", "--checkpoint", str(compressed), "--out", str(tmp_path / "b")])
+    assert code == 2 and "export its teacher instead" in out
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_model, tmp_path):
+    from ance_core.config import PipelineConfig
+    from tracking.client import Tracker, flatten
+    from tracking.registry import log_checkpoint, register_models
+
+    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    tracker = Tracker(tmp_path / "work", "ance-train")
+    parent = tracker.start_run("pipeline")
+    child = tracker.start_run("ANCE round 1", parent_id=parent)
+    tracker.log_params(parent, flatten(PipelineConfig(rounds=2)))
+    (tmp_path / "results.md").write_text("## scifact test\n\n| model | nDCG@10 |\n|---|---|\n"
+                                         "| ANCE round 1 | 0.2500 |\n\nStage time: ...\n")
+    tracker.log_artifact(parent, tmp_path / "results.md", "report")
+    log_checkpoint(tracker, child, checkpoint)
+    metrics = {"ndcg_at_10": 0.25, "mrr_at_10": 0.2, "recall_at_100": 0.8, "recall_at_1000": 1.0}
+    register_models(tracker, "ance-scifact", [("ANCE round 1", child, metrics)], "scifact", "test")
+    code, out = _invoke(["export", "--checkpoint", "models:/ance-scifact/1", "--out", str(tmp_path / "st"),
+                         "--work-dir", str(tmp_path / "work")])
+    assert code == 0, out
+    assert (tmp_path / "st" / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    card = (tmp_path / "st" / "README.md").read_text()
+    assert "models:/ance-scifact/1 (version 1" in card and "# ANCE dense retriever: ANCE round 1 (scifact)" in card
+    assert "| nDCG@10 | `test` | 0.2500 |" in card and '"rounds": "2"' in card and "2 ANCE round(s)" in card
+    assert "| ANCE round 1 | 0.2500 |" in card and "Stage time" not in card
+    code, out = _invoke(["export", "--checkpoint", "models:/ance-scifact/7", "--out", str(tmp_path / "x"),
+                         "--work-dir", str(tmp_path / "work")])
+    assert code == 2 and "models:/ance-scifact/7: not found" in out
