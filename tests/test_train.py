@@ -1,7 +1,6 @@
 import dataclasses
 import json
 
-import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -9,21 +8,14 @@ from safetensors.torch import load_file
 from ance_core.config import ModelConfig, TrainConfig
 from ance_core.model import init_model
 from ance_core.train import false_negative_mask, planned_steps, steps_per_epoch, train
-
-WORDS = "cell protein gene cancer patients study risk effect mice treatment blood disease".split()
+from tests.tiny import training_tables
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_model, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("init")
     init_model(ModelConfig(name=str(tiny_model)), ckpt)
-    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(30)], "title": "",
-                           "text": [" ".join(WORDS[(i + j) % 12] for j in range(8)) for i in range(30)]})
-    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "text": [WORDS[i] for i in range(10)]})
-    positives = {f"q{i}": {f"d{i}"} for i in range(10)}
-    negatives = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "positive_id": [f"d{i}" for i in range(10)],
-                              "negative_ids": [[f"d{i + 10}", f"d{i + 20}"] for i in range(10)],
-                              "negative_ranks": [[1, 2]] * 10, "negative_scores": [[0.0, 0.0]] * 10})
+    negatives, corpus, queries, positives = training_tables()
     return ckpt, negatives, corpus, queries, positives
 
 

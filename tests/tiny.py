@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -120,3 +122,19 @@ def build_graded_dataset(scifact: Path, folder: Path, train_queries: int = 60, t
         qrels[split] += [(q, d, 2) for d in sorted(positives)]
         qrels[split] += [(q, d, 1) for d in rng.sample([d for d in docs if d not in positives], weak)]
     return write_beir(folder, [corpus[d] for d in docs], [queries[q] for q in chosen], qrels)
+
+
+WORDS = "cell protein gene cancer patients study risk effect mice treatment blood disease".split()
+
+
+def training_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
+    """What `ance_core.train.train` takes after its checkpoint: negatives, corpus, queries and relevant documents.
+    10 queries with 2 negatives each over 30 passages of 8 words."""
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(30)], "title": "",
+                           "text": [" ".join(WORDS[(i + j) % 12] for j in range(8)) for i in range(30)]})
+    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "text": [WORDS[i] for i in range(10)]})
+    relevant = {f"q{i}": {f"d{i}"} for i in range(10)}
+    negatives = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "positive_id": [f"d{i}" for i in range(10)],
+                              "negative_ids": [[f"d{i + 10}", f"d{i + 20}"] for i in range(10)],
+                              "negative_ranks": [[1, 2]] * 10, "negative_scores": [[0.0, 0.0]] * 10})
+    return negatives, corpus, queries, relevant

@@ -13,6 +13,7 @@ import torch
 
 from ance_core.config import ModelConfig
 from ance_core.model import init_model
+from tests.tiny import training_tables
 
 ON_CPU_ENV = "ANCE_GPU_TESTS_ON_CPU"
 NO_CUDA = ("no CUDA device: the GPU suite runs on a GPU machine (make test-gpu); "
@@ -63,9 +64,6 @@ def faiss_gpu(device) -> int:
     return device.index
 
 
-WORDS = "cell protein gene cancer patients study risk effect mice treatment blood disease".split()
-
-
 @pytest.fixture(scope="module")
 def start(tiny_model, tmp_path_factory) -> Path:
     """The tiny BERT's starting checkpoint."""
@@ -78,11 +76,4 @@ def start(tiny_model, tmp_path_factory) -> Path:
 def tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
     """`train`'s negatives, corpus, queries and relevant documents: 10 queries with 2 negatives each, 30 passages
     (tests/test_train.py's)."""
-    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(30)], "title": "",
-                           "text": [" ".join(WORDS[(i + j) % 12] for j in range(8)) for i in range(30)]})
-    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "text": [WORDS[i] for i in range(10)]})
-    relevant = {f"q{i}": {f"d{i}"} for i in range(10)}
-    negatives = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "positive_id": [f"d{i}" for i in range(10)],
-                              "negative_ids": [[f"d{i + 10}", f"d{i + 20}"] for i in range(10)],
-                              "negative_ranks": [[1, 2]] * 10, "negative_scores": [[0.0, 0.0]] * 10})
-    return negatives, corpus, queries, relevant
+    return training_tables()
