@@ -42,6 +42,9 @@ HEAD_FILE = "head.safetensors"
 # what a training stage keeps beside the model files (to resume), and what is not part of the model
 TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", TRAIN_LOG, MANIFEST, ASYNC_STATE,
                   ASYNC_REFRESH}
+# what a logged or registered copy of a checkpoint carries to be an MLflow model (tracking/pyfunc.py), not part of it
+SERVING_FILES = {"MLmodel", "conda.yaml", "python_env.yaml", "requirements.txt", "input_example.json",
+                 "serving_input_example.json"}
 
 
 @dataclass(frozen=True)
@@ -172,8 +175,10 @@ def checkpoint_ref(path: str | Path) -> ArtifactRef:
 
 
 def model_files(path: str | Path) -> list[Path]:
-    """The files a checkpoint computes with (weights, head, projector, config, tokenizer), not its training state."""
-    return [p for p in sorted(Path(path).iterdir()) if p.is_file() and p.name not in TRAINING_STATE]
+    """The files a checkpoint computes with (weights, head, projector, config, tokenizer), not its training state or
+    an MLflow model's description."""
+    return [p for p in sorted(Path(path).iterdir())
+            if p.is_file() and p.name not in TRAINING_STATE and p.name not in SERVING_FILES]
 
 
 def write_compressed_checkpoint(teacher: str | Path, projector: Projector, out: Path) -> None:

@@ -7,14 +7,14 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from ance_cli.main import app
 from ance_core.config import EncodeConfig, EvalConfig, ModelConfig
 from ance_core.encode import encode_texts
 from ance_core.export import export_checkpoint
-from ance_core.model import init_model, load_checkpoint, model_files, save_checkpoint
+from ance_core.model import init_model, load_checkpoint, model_files
+from tests.tiny import random_head_checkpoint
 
 ST_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "1_Pooling/config.json",
             "2_Dense/config.json", "3_LayerNorm/config.json"]
@@ -27,22 +27,10 @@ def _invoke(args):
     return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
 
 
-def _checkpoint(tiny_model, out, **model):
-    """A tiny checkpoint with a random head (a fresh one is the identity: a transposed weight would go unseen)."""
-    init_model(ModelConfig(name=str(tiny_model), query_max_length=8, passage_max_length=24, **model), out)
-    encoder, tokenizer, meta = load_checkpoint(out)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in (*encoder.proj.parameters(), *encoder.norm.parameters()):
-            p.copy_(torch.randn_like(p))
-    save_checkpoint(encoder, tokenizer, meta, out)
-    return out
-
-
 @pytest.fixture(scope="module", params=["mean", "cls"])
 def exported(request, tiny_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"export-{request.param}")
-    checkpoint = _checkpoint(tiny_model, folder / "checkpoint", pooling=request.param)
+    checkpoint = random_head_checkpoint(tiny_model, folder / "checkpoint", pooling=request.param)
     export_checkpoint(checkpoint, folder / "st")
     return checkpoint, folder / "st"
 
@@ -102,7 +90,7 @@ def test_the_export_evaluates_as_the_checkpoint(tiny_model, tiny_scifact, tmp_pa
     from ance_core.model import checkpoint_digest, read_meta
     from ance_core.search import dense_retrieve
 
-    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     export_checkpoint(checkpoint, tmp_path / "st")
     data = load_dataset(tiny_scifact)
     metrics = {}
@@ -158,7 +146,7 @@ def test_model_card_of_a_training_stage_has_its_stages_data_and_metrics(tiny_mod
 
 
 def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
-    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     cases = [
         (["--checkpoint", str(tmp_path)], "not an ANCE checkpoint"),
         (["--checkpoint", str(tmp_path / "missing")], "no such folder"),
@@ -187,7 +175,7 @@ def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
     init_model(ModelConfig(name=str(tiny_model), document_mode="maxp"), maxp)
     code, out = _invoke(["export", "--checkpoint", str(maxp), "--out", str(tmp_path / "a")])
     assert code == 2 and "MaxP checkpoint" in out
-    compressed = _checkpoint(tiny_model, tmp_path / "compressed")
+    compressed = random_head_checkpoint(tiny_model, tmp_path / "compressed")
     (compressed / PROJECTOR_FILE).write_bytes(b"")
     code, out = _invoke(["export", "--checkpoint", str(compressed), "--out", str(tmp_path / "b")])
     assert code == 2 and "export its teacher instead" in out
@@ -199,7 +187,7 @@ def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_mode
     from tracking.client import Tracker, flatten
     from tracking.registry import log_checkpoint, register_models
 
-    checkpoint = _checkpoint(tiny_model, tmp_path / "checkpoint")
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     tracker = Tracker(tmp_path / "work", "ance-train")
     parent = tracker.start_run("pipeline")
     child = tracker.start_run("ANCE round 1", parent_id=parent)

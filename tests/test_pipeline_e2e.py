@@ -240,7 +240,7 @@ def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, 
         assert Path(folder, file).read_bytes() == Path(result["final_checkpoint"], file).read_bytes(), file
     assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
     missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
-    assert missing is None and "models:/ance-no-such-dataset@champion not found" in why
+    assert missing is None and "models:/ance-no-such-dataset@champion: not found" in why
 
 
 @pytest.mark.parametrize("warmup_sampler, round_sampler", [("random", "simans"), ("nce", "bm25+random")])

@@ -138,3 +138,21 @@ def training_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[st
                               "negative_ids": [[f"d{i + 10}", f"d{i + 20}"] for i in range(10)],
                               "negative_ranks": [[1, 2]] * 10, "negative_scores": [[0.0, 0.0]] * 10})
     return negatives, corpus, queries, relevant
+
+
+def random_head_checkpoint(tiny_model: Path, out: Path, **model) -> Path:
+    """A checkpoint of the tiny model with a random head (a fresh one is the identity: a transposed weight would go
+    unseen), 8-token queries and 24-token passages."""
+    import torch
+
+    from ance_core.config import ModelConfig
+    from ance_core.model import init_model, load_checkpoint, save_checkpoint
+
+    init_model(ModelConfig(name=str(tiny_model), query_max_length=8, passage_max_length=24, **model), out)
+    encoder, tokenizer, meta = load_checkpoint(out)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in (*encoder.proj.parameters(), *encoder.norm.parameters()):
+            p.copy_(torch.randn_like(p))
+    save_checkpoint(encoder, tokenizer, meta, out)
+    return out

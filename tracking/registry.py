@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +19,22 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 
+MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>/: the logged MLflow model descriptions
+
+
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> None:
-    """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state."""
-    for path in model_files(folder):
+    """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state, and
+    the files that make `checkpoint/` an MLflow model that encodes text (tracking/pyfunc.py): a registered version
+    loads with `mlflow.pyfunc.load_model` and serves with `mlflow models serve`."""
+    from tracking.pyfunc import mlflow_model_files
+
+    files = model_files(folder)
+    try:
+        files += mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
+    except Exception as e:  # tracking never stops the pipeline: the checkpoint is still logged and registered
+        warnings.warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); "
+                      "mlflow.pyfunc cannot load this version", stacklevel=2)
+    for path in files:
         tracker.log_artifact(run_id, path, "checkpoint")
 
 
@@ -82,21 +96,18 @@ def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | 
     """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
 
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
-    uri = resolve_tracking_uri(work_dir, tracking_uri)
+    store = resolve_tracking_uri(work_dir, tracking_uri)
     name = model_name(dataset)
     try:
-        with store_lock(uri):
-            client = mlflow_client(uri, registry_uri=uri)
-            version = client.get_model_version_by_alias(name, "champion")
-    except Exception as e:  # no such model or alias, or the tracking server is unreachable
-        return None, f"models:/{name}@champion not found at {uri} ({type(e).__name__}: {str(e)[:200]})"
+        client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
+    except AnceError as e:
+        return None, str(e)
     final = Path(work_dir).resolve() / "champion" / f"{name}-v{version.version}"
     if not (final / "ance_model.json").is_file():
         tmp = final.parent / f".partial-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # the version's source is runs:/<run id>/checkpoint (register_models)
-        folder = client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(tmp))
+        folder = _download(client, version, f"models:/{name}@champion", tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(folder, final)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,26 +133,37 @@ def download_registered_model(uri: str, dest: str | Path, work_dir: str | Path =
     if store.startswith("sqlite:///") and not db.is_file():
         raise AnceError(f"{uri}: no MLflow store at {db}; pass the --work-dir of the run that registered it, or set "
                         "MLFLOW_TRACKING_URI to its tracking server")
-    try:
-        with store_lock(store):
-            client = mlflow_client(store, registry_uri=store)
-            version = (client.get_model_version_by_alias(match["name"], match["alias"]) if match["alias"]
-                       else client.get_model_version(match["name"], match["version"]))
-    except Exception as e:  # no such model, alias or version, or the tracking server is unreachable
-        raise AnceError(f"{uri}: not found at {store} ({type(e).__name__}: {str(e)[:200]})") from None
-    if not (version.source or "").startswith("runs:/"):
-        raise AnceError(f"{uri}: version {version.version}'s files are at {version.source}, not a run's artifacts; "
-                        "not a version this pipeline registered")
-    try:  # the version's source is runs:/<run id>/checkpoint (register_models)
-        folder = client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(dest))
-    except Exception as e:
-        raise AnceError(f"{uri}: downloading version {version.version} failed ({type(e).__name__}: "
-                        f"{str(e)[:200]})") from None
+    client, version = _find_version(uri, store, match["name"], match["alias"], match["version"])
+    folder = _download(client, version, uri, dest)
     tags = dict(version.tags)
     info: dict[str, Any] = {"source": f"{uri} (version {version.version}, run {version.run_id})"}
     info |= {k: tags[k] for k in ("label", "dataset", "split", "dev_split") if k in tags}
     info["metrics"] = {k: float(v) for k, v in tags.items() if k.removeprefix("dev_") in COLUMNS}
     return folder, info | _pipeline_run(client, version.run_id)
+
+
+def _find_version(uri: str, store: str, name: str, alias: str | None = None, number: str | None = None):
+    """(client, model version) of `name` by alias or number; an AnceError naming `uri` when it is not there."""
+    try:
+        with store_lock(store):
+            client = mlflow_client(store, registry_uri=store)
+            version = (client.get_model_version_by_alias(name, alias) if alias
+                       else client.get_model_version(name, number))
+    except Exception as e:  # no such model, alias or version, or the tracking server is unreachable
+        raise AnceError(f"{uri}: not found at {store} ({type(e).__name__}: {str(e)[:200]})") from None
+    if not (version.source or "").startswith("runs:/"):
+        raise AnceError(f"{uri}: version {version.version}'s files are at {version.source}, not a run's artifacts; "
+                        "not a version this pipeline registered")
+    return client, version
+
+
+def _download(client: "MlflowClient", version, uri: str, dest: str | Path) -> str:
+    """The version's files (its source is runs:/<run id>/checkpoint, `register_models`) downloaded into `dest`."""
+    try:
+        return client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(dest))
+    except Exception as e:
+        raise AnceError(f"{uri}: downloading version {version.version} failed ({type(e).__name__}: "
+                        f"{str(e)[:200]})") from None
 
 
 def _pipeline_run(client: "MlflowClient", run_id: str) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""A trained checkpoint as a text encoder, for use outside the pipeline:
+
+    encoder = Encoder("work/stages/train/<key>")            # or a registered version's downloaded folder
+    q = encoder.encode(["what causes fever?"], kind="query")   # (1, dim) float32
+    d = encoder.encode(passages, kind="passage")              # score = q @ d.T (dot product, as the pipeline)
+
+A query is cut to the checkpoint's `query_max_length` tokens, a passage to its `passage_max_length` (FirstP: the
+pipeline encodes a corpus document as its title and text joined by a space, `ance_core.data.passage_texts`). A
+compressed checkpoint projects queries and passages to its compressed dimension (their two projections differ). A
+MaxP checkpoint scores a document by the best of its windows: encode the windows as passages and take the maximum.
+
+The MLflow model of a registered version (tracking/pyfunc.py) and `ance search` encode through this class.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ance_core.config import Precision
+from ance_core.encode import encode_texts
+from ance_core.errors import AnceError
+from ance_core.model import autocast_dtype, load_checkpoint, pick_device
+
+KINDS = ("query", "passage")
+
+
+class Encoder:
+    def __init__(self, checkpoint: str | Path, device: str = "auto", precision: Precision = "fp32",
+                 batch_size: int = 64):
+        """`precision` fp32 (the default) gives the embeddings the pipeline's evaluation would compute in fp32;
+        `auto` is bf16 on CPU (about 1.7x faster) and on GPUs that have it, else fp16."""
+        self.checkpoint = Path(checkpoint)
+        self.model, self.tokenizer, self.meta = load_checkpoint(checkpoint, pick_device(device))
+        self.device = next(self.model.parameters()).device
+        self.dtype = autocast_dtype(precision, self.device)
+        self.batch_size = batch_size
+
+    @property
+    def dim(self) -> int:
+        """The embedding size: the compressed dimension for a compressed checkpoint."""
+        return self.model.dim if self.model.projector is None else self.model.projector.dim
+
+    def encode(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
+        """(len(texts), dim) float32 embeddings of `texts` as queries or as passages, in input order."""
+        if kind not in KINDS:
+            raise AnceError(f"kind {kind!r}: use one of {', '.join(KINDS)}")
+        texts = list(texts)
+        bad = next((k for k, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise AnceError(f"text {bad} is a {type(texts[bad]).__name__}, not a string")
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        query = kind == "query"
+        max_length = self.meta.query_max_length if query else self.meta.passage_max_length
+        emb = encode_texts(self.model, self.tokenizer, texts, max_length, self.batch_size, self.dtype)
+        projector = self.model.projector
+        if projector is None:
+            return emb
+        return projector.queries(emb) if query else projector.docs(emb)

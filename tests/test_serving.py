@@ -1,0 +1,181 @@
+"""Every registered version is an MLflow model that encodes text (tracking/pyfunc.py): loaded with
+`mlflow.pyfunc.load_model` and served by a real `mlflow models serve` process on 127.0.0.1, run with the README's
+commands. Its embeddings are the pipeline's own (ance_core.encoder.Encoder), compressed versions encode to their
+compressed dimension, and bad requests get a 400 with a message."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from ance_core.conae import Projector
+from ance_core.encoder import Encoder
+from ance_core.model import model_files, write_compressed_checkpoint
+from ance_core.report import DEV_KEY
+from tests.test_server_e2e import free_port
+from tests.tiny import REPO, random_head_checkpoint
+
+QUERIES = ["does vitamin D lower cancer risk", "a query far longer than the eight tokens a tiny query keeps " * 3]
+PASSAGES = ["Vitamin D supplementation and cancer incidence: a randomized trial", "short", "x " * 100]
+COMPRESSED_DIM = 8
+
+
+def _register(tracker, name: str, label: str, checkpoint: Path, dev: float) -> None:
+    from tracking.registry import log_checkpoint, register_models
+
+    run = tracker.start_run(label)
+    log_checkpoint(tracker, run, checkpoint)
+    metrics = {"ndcg_at_10": 0.25, DEV_KEY: dev}
+    register_models(tracker, name, [(label, run, metrics)], "scifact", "test", candidate=label, dev_setting="0.2/42")
+    tracker.end_run(run)
+
+
+@pytest.fixture(scope="module")
+def registry(tiny_model, tmp_path_factory):
+    """Two versions of ance-scifact (the second the champion) and a compressed one, in an embedded store."""
+    from tracking.client import Tracker
+
+    tmp = tmp_path_factory.mktemp("serving")
+    first = random_head_checkpoint(tiny_model, tmp / "first")
+    champion = random_head_checkpoint(tiny_model, tmp / "champion", pooling="cls")
+    compressed = tmp / "compressed"
+    write_compressed_checkpoint(champion, Projector.truncation(Encoder(champion).dim, COMPRESSED_DIM), compressed)
+    tracker = Tracker(tmp / "work", "ance-train")
+    _register(tracker, "ance-scifact", "warm-up", first, 0.1)
+    _register(tracker, "ance-scifact", "ANCE round 1", champion, 0.2)
+    _register(tracker, "ance-scifact-compressed", "conae-8", compressed, 0.1)
+    return {"uri": tracker.uri, "work": tmp / "work", "champion": champion, "compressed": compressed}
+
+
+@pytest.fixture
+def tracking_uri(registry, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", registry["uri"])
+    return registry["uri"]
+
+
+def test_a_registered_version_loads_as_a_pyfunc_model_that_encodes_queries_and_passages(registry, tracking_uri):
+    import mlflow
+
+    model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")
+    encoder = Encoder(registry["champion"])
+    queries = model.predict(QUERIES, params={"kind": "query"})
+    assert queries.dtype == np.float32 and queries.shape == (2, encoder.dim)
+    np.testing.assert_allclose(queries, encoder.encode(QUERIES, kind="query"), atol=1e-5)
+    passages = model.predict(PASSAGES)  # kind defaults to passage
+    np.testing.assert_allclose(passages, encoder.encode(PASSAGES, kind="passage"), atol=1e-5)
+    assert not np.allclose(model.predict(QUERIES[1:]), queries[1:], atol=1e-3)  # a passage is cut later than a query
+    schema = model.metadata.get_output_schema().to_dict()[0]
+    assert list(schema["tensor-spec"]["shape"]) == [-1, encoder.dim]
+    assert model.metadata.get_params_schema().to_dict()[0] == {"name": "kind", "type": "string", "default": "passage",
+                                                                "shape": None}
+
+
+def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, tracking_uri):
+    import mlflow
+
+    model = mlflow.pyfunc.load_model("models:/ance-scifact-compressed/1")
+    encoder = Encoder(registry["compressed"])
+    for kind, texts in (("query", QUERIES), ("passage", PASSAGES)):
+        out = model.predict(texts, params={"kind": kind})
+        assert out.shape == (len(texts), COMPRESSED_DIM)
+        np.testing.assert_allclose(out, encoder.encode(texts, kind=kind), atol=1e-5)
+
+
+def test_the_logged_model_files_do_not_mix_with_the_checkpoint(registry, tmp_path, monkeypatch):
+    """The downloaded version is a checkpoint with its MLflow description beside it; the checkpoint's files (what a
+    compressed copy or an export copies) stay the same."""
+    from tracking.registry import download_registered_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folder, _ = download_registered_model("models:/ance-scifact@champion", tmp_path, registry["work"])
+    assert (Path(folder) / "MLmodel").is_file() and (Path(folder) / "requirements.txt").is_file()
+    assert [p.name for p in model_files(folder)] == [p.name for p in model_files(registry["champion"])]
+    requirements = (Path(folder) / "requirements.txt").read_text()
+    assert re.search(r"^torch==\S+$", requirements, re.M) and re.search(r"^mlflow==\S+$", requirements, re.M)
+
+
+def _readme_commands() -> tuple[str, str, str]:
+    """The README's three commands from a registered model to a served endpoint."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("### As an MLflow model, served", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].strip() for line in block.strip().splitlines()]
+    assert len(lines) == 3, lines
+    return lines[0], lines[1], lines[2]
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_with_the_pipelines_embeddings(registry):
+    export, serve, curl = _readme_commands()
+    # the environment comes first: `mlflow models serve` starts `uvicorn` from the PATH
+    assert export == ". .venv/bin/activate; export MLFLOW_TRACKING_URI=sqlite:///$PWD/work/mlflow.db"
+    port = free_port()
+    serve_args = shlex.split(serve.removesuffix("&").strip())
+    assert serve_args[:3] == ["mlflow", "models", "serve"] and "--env-manager" in serve_args
+    serve_args[serve_args.index("-p") + 1] = str(port)
+    curl_args = shlex.split(curl)
+    request = curl_args[curl_args.index("-d") + 1]
+    url = f"http://127.0.0.1:{port}/invocations"
+    assert curl_args[curl_args.index("-s") + 1] == "127.0.0.1:5001/invocations"
+    venv = Path(sys.executable).parent  # what `. .venv/bin/activate` puts first
+    env = os.environ | {"MLFLOW_TRACKING_URI": registry["uri"], "MLFLOW_DISABLE_TELEMETRY": "true",
+                        "PATH": f"{venv}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(venv.parent)}
+    serve_args[0] = shutil.which("mlflow", path=env["PATH"])
+    log = registry["work"].parent / f"serve-{port}.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(serve_args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600  # a busy 2-core machine: importing torch and the model download take a while
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, f"mlflow models serve exited: {log.read_text()[-3000:]}"
+            assert time.time() < deadline, f"mlflow models serve did not answer: {log.read_text()[-3000:]}"
+            time.sleep(1)
+        headers = {"Content-Type": "application/json"}
+        encoder = Encoder(registry["champion"])
+        answer = httpx.post(url, content=request, headers=headers, timeout=120)
+        assert answer.status_code == 200, answer.text
+        texts = json.loads(request)["inputs"]
+        np.testing.assert_allclose(np.array(answer.json()["predictions"], dtype=np.float32),
+                                   encoder.encode(texts, kind="query"), atol=1e-5)
+        answer = httpx.post(url, json={"inputs": PASSAGES}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(np.array(answer.json()["predictions"], dtype=np.float32),
+                                   encoder.encode(PASSAGES, kind="passage"), atol=1e-5)
+        for bad, says in ((b'{"inputs": ["unclosed', "Invalid input"),
+                          ({"inputs": QUERIES, "params": {"kind": "document"}}, "kind 'document': use one of query"),
+                          ({"texts": QUERIES}, "inputs")):
+            answer = (httpx.post(url, content=bad, headers=headers, timeout=120) if isinstance(bad, bytes)
+                      else httpx.post(url, json=bad, timeout=120))
+            assert 400 <= answer.status_code < 500 and says in answer.text, (bad, answer.status_code, answer.text)
+        assert httpx.post(url, json={"inputs": PASSAGES[:1]}, timeout=120).status_code == 200  # still serving
+    finally:
+        _stop(server)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """The server and its workers (their own process group)."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            server.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

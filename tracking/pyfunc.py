@@ -1,0 +1,122 @@
+"""A checkpoint as an MLflow model: the `python_function` flavor, loaded by this module (`loader_module`, no pickle).
+
+Every checkpoint the pipeline logs (`tracking.registry.log_checkpoint`) carries these files beside its model files,
+so each registered version of `ance-<dataset>` is an MLflow model that encodes text:
+
+    model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")
+    model.predict(["what causes fever?"], params={"kind": "query"})     # (n, dim) float32; kind passage by default
+
+    mlflow models serve -m models:/ance-scifact@champion --env-manager local -h 127.0.0.1 -p 5001
+    curl -d '{"inputs": ["what causes fever?"], "params": {"kind": "query"}}' \\
+         -H 'Content-Type: application/json' 127.0.0.1:5001/invocations        # {"predictions": [[...]]}
+
+The files (`mlflow_model_files`): MLmodel (flavor, signature: a string column in, a float32 tensor (-1, dim) out,
+the parameter `kind`), the input example, and the environment (requirements.txt, python_env.yaml, conda.yaml:
+this project's runtime packages at the versions that logged the model). The loader imports this project, so the
+serving environment is one where it is installed (`--env-manager local` from its virtual environment).
+"""
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ance_core.encoder import Encoder
+from ance_core.errors import AnceError
+from ance_core.model import SERVING_FILES, checkpoint_digest
+
+EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
+REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
+                "mlflow")  # what loading and encoding import (this project's own package comes on top)
+
+
+class EmbeddingModel:
+    """What `_load_pyfunc` returns: pyfunc's predict for a checkpoint."""
+
+    def __init__(self, checkpoint: str | Path):
+        self.encoder = Encoder(checkpoint)
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
+        from mlflow.exceptions import MlflowException
+
+        kind = (params or {}).get("kind", "passage")
+        try:
+            return self.encoder.encode(_texts(model_input), kind=kind)
+        except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message
+            raise MlflowException.invalid_parameter_value(str(e)) from None
+
+
+def _texts(model_input: Any) -> list[str]:
+    """The texts of a request: a list of strings, a one-column DataFrame, a Series or array, or one string."""
+    import pandas as pd
+
+    if isinstance(model_input, str):
+        return [model_input]
+    if isinstance(model_input, pd.DataFrame):
+        if model_input.shape[1] != 1:
+            raise AnceError(f"the input has {model_input.shape[1]} columns ({', '.join(map(str, model_input))}); "
+                            "send one column of texts")
+        model_input = model_input.iloc[:, 0]
+    if isinstance(model_input, (pd.Series, np.ndarray)):
+        model_input = model_input.tolist()
+    if not isinstance(model_input, list):
+        raise AnceError(f"the input is a {type(model_input).__name__}; send a list of texts")
+    return model_input
+
+
+def _load_pyfunc(path: str) -> EmbeddingModel:
+    """MLflow's entry point (the flavor's `loader_module`): `path` is the model folder, the checkpoint itself."""
+    return EmbeddingModel(path)
+
+
+def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[Path]:
+    """Write the MLflow model description of `checkpoint` (once per checkpoint content, under
+    <models_dir>/<checkpoint digest>/) and return its files, to be logged beside the checkpoint's model files."""
+    from tracking.client import configure_mlflow
+
+    configure_mlflow()
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
+
+    folder = Path(models_dir) / checkpoint_digest(checkpoint)
+    if not (folder / "MLmodel").is_file():
+        dim = EmbeddingModel(checkpoint).encoder.dim
+        signature = ModelSignature(
+            inputs=Schema([ColSpec("string")]),
+            outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
+            params=ParamSchema([ParamSpec("kind", "string", "passage")]),
+        )
+        tmp = folder.parent / f".partial-{folder.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        mlflow.pyfunc.save_model(tmp, loader_module=__name__, signature=signature,
+                                 input_example=(EXAMPLE, {"kind": "query"}), pip_requirements=_requirements())
+        unexpected = sorted(p.name for p in tmp.iterdir() if p.name not in SERVING_FILES)
+        if unexpected:  # a newer MLflow writing more files: they must not be taken for model files
+            raise AnceError(f"MLflow {mlflow.__version__} wrote {', '.join(unexpected)} to a model folder; add them "
+                            "to ance_core.model.SERVING_FILES")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return sorted(folder.iterdir())
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in REQUIREMENTS:
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+def describe(folder: str | Path) -> dict[str, Any]:
+    """The signature an MLmodel file declares (for checks and tests)."""
+    import yaml
+
+    doc = yaml.safe_load((Path(folder) / "MLmodel").read_text())
+    return {k: json.loads(v) for k, v in doc.get("signature", {}).items() if isinstance(v, str)}
