@@ -209,3 +209,23 @@ def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_mode
     code, out = _invoke(["export", "--checkpoint", "models:/ance-scifact/7", "--out", str(tmp_path / "x"),
                          "--work-dir", str(tmp_path / "work")])
     assert code == 2 and "models:/ance-scifact/7: not found" in out
+
+
+def test_the_readmes_commands_export_and_load_a_sentence_transformers_model(tiny_model, tmp_path, monkeypatch):
+    """README "As a sentence-transformers model": its `ance export` line and its Python, run as written (the
+    checkpoint and output folders put in the places they name)."""
+    from tests.tiny import REPO
+
+    section = (REPO / "README.md").read_text().split("### As a sentence-transformers model", 1)[1]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0].split("  #", 1)[0].strip()
+    python = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    random_head_checkpoint(tiny_model, tmp_path / "work" / "train" / "0123abcd")
+    args = command.replace("<digest>", "0123abcd").split()
+    assert args[0] == "ance" and "--out" in args
+    code, out = _invoke(args[1:])
+    assert code == 0, out
+    printed = []
+    monkeypatch.setattr("builtins.print", printed.append)
+    exec(compile(python, "README.md", "exec"), {})
+    assert tuple(printed[0].shape) == (1, 1)  # the query's dot product with the passage
