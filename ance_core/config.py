@@ -133,6 +133,22 @@ class EncodeConfig(StageConfig):
     precision: Precision = "auto"
 
 
+class ExecutionConfig(StageConfig):
+    """Where the corpus-encoding shard tasks run. Not part of any stage's cache key: the results do not depend on it
+    (tests/test_scale.py checks that Ray's are byte-identical to local ones)."""
+
+    task_runner: Literal["local", "ray"] = Field(
+        "local", description="local: the shards one after another in the flow's process (nothing to start). ray: "
+        "prefect-ray's RayTaskRunner, one Ray task per shard")
+    address: str | None = Field(
+        None, description="An existing Ray cluster (auto, or ray://<head>:10001); unset: start a local Ray of "
+        "`workers` workers in the run's process. A remote cluster's workers need this project installed and work_dir "
+        "on storage they share")
+    workers: int = Field(2, ge=1, description="Shard tasks a local Ray runs at once")
+    threads_per_worker: int = Field(1, ge=1, description="CPU threads of each shard task (Ray num_cpus, torch threads)")
+    gpus_per_task: float = Field(0, ge=0, description="ray: GPUs reserved per shard task (1 on GPU workers)")
+
+
 class IndexConfig(StageConfig):
     """faiss IndexFlatIP (the paper's); on the GPU when faiss-gpu and CUDA are present."""
 
@@ -249,6 +265,7 @@ class PipelineConfig(StageConfig):
                                                "random, bm25+random, in-batch or nce: there is no trained model yet)")
     warmup: TrainConfig = TrainConfig()
     encode: EncodeConfig = EncodeConfig()
+    execution: ExecutionConfig = ExecutionConfig()
     index: IndexConfig = IndexConfig()
     mining: MiningConfig = MiningConfig()
     ance: AnceTrainConfig = AnceTrainConfig()

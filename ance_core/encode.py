@@ -9,6 +9,9 @@ A document is its first `passage_max_length` tokens (FirstP), or with a `maxp` c
 tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 """
 
+import os
+import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -82,27 +85,97 @@ def document_passages(tokenizer: PreTrainedTokenizerBase, corpus: pd.DataFrame, 
     return out
 
 
-def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path) -> dict:
-    """Encode every passage (FirstP) or window (MaxP) with the checkpoint into shards of `cfg.shard_size` rows."""
-    device = pick_device()
-    model, tokenizer, meta = load_checkpoint(checkpoint, device)
-    dtype = autocast_dtype(cfg.precision, device)
+def encode_documents(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: ModelMeta, corpus: pd.DataFrame,
+                     cfg: EncodeConfig, progress: tqdm | None = None) -> tuple[np.ndarray, list[str], list[int]]:
+    """(embeddings, doc id of each row, window number of each row) of a corpus slice: FirstP one row per document,
+    MaxP one per window; projected when the checkpoint is a compressed one."""
     texts, ids, windows = document_passages(tokenizer, corpus, meta)
-    with tqdm(total=len(texts), desc="encode corpus", unit="psg", dynamic_ncols=True) as bar:
-        for shard, start in enumerate(range(0, len(texts), cfg.shard_size)):
-            emb = encode_texts(
-                model, tokenizer, texts[start : start + cfg.shard_size], meta.passage_max_length,
-                cfg.batch_size, dtype, bar,
-            )
-            if model.projector is not None:
-                emb = model.projector.docs(emb)
+    device = next(model.parameters()).device
+    emb = encode_texts(model, tokenizer, texts, meta.passage_max_length, cfg.batch_size,
+                       autocast_dtype(cfg.precision, device), progress)
+    if model.projector is not None:
+        emb = model.projector.docs(emb)
+    return emb, ids, windows
+
+
+def shard_ranges(documents: int, shard_size: int) -> list[tuple[int, int]]:
+    """The corpus's shards: consecutive ranges of `shard_size` documents (one .npy file each)."""
+    return [(start, min(start + shard_size, documents)) for start in range(0, documents, shard_size)] or [(0, 0)]
+
+
+def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path) -> dict:
+    """Encode every passage (FirstP) or window (MaxP) with the checkpoint, shard by shard, in this process (the
+    stage task runs `encode_shard` per shard as its own task instead; the folder is the same)."""
+    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
+    ids: list[str] = []
+    windows: list[int] = []
+    ranges = shard_ranges(len(corpus), cfg.shard_size)
+    with tqdm(total=len(corpus), desc="encode corpus", unit="doc", dynamic_ncols=True) as bar:
+        for shard, (start, stop) in enumerate(ranges):
+            emb, shard_ids, shard_windows = encode_documents(model, tokenizer, meta, corpus.iloc[start:stop], cfg)
+            bar.update(stop - start)
             np.save(out / EMBEDDINGS.format(shard), emb)
+            ids += shard_ids
+            windows += shard_windows
             fault_point("encode-corpus", shard + 1)
+    return write_doc_order(out, ids, windows, meta.document_mode == "maxp") | {
+        "documents": len(corpus), "dim": model.dim if model.projector is None else model.projector.dim,
+        "shards": len(ranges), "device": str(next(model.parameters()).device)}
+
+
+SHARD_EMBEDDINGS = "emb.npy"  # an encode-shard folder: emb.npy, docids.txt (windows.txt), the rows of its documents
+_loaded: dict[tuple[str, int], tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]] = {}
+
+
+def encode_shard(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path,
+                 label: str = "encode shard") -> dict:
+    """One shard of a corpus (a slice of documents) into an encode-shard folder. The checkpoint stays loaded in this
+    process for the next shard (a worker encodes many); `release_checkpoint` frees it."""
+    model, tokenizer, meta = _checkpoint_in_memory(checkpoint)
+    total = None if meta.document_mode == "maxp" else len(corpus)  # MaxP: windows, counted as they are encoded
+    with tqdm(total=total, desc=label, unit="psg", dynamic_ncols=True) as bar:
+        emb, ids, windows = encode_documents(model, tokenizer, meta, corpus, cfg, progress=bar)
+    np.save(out / SHARD_EMBEDDINGS, emb)
+    return write_doc_order(out, ids, windows, meta.document_mode == "maxp") | {
+        "documents": len(corpus), "dim": emb.shape[1], "device": str(next(model.parameters()).device),
+        "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _checkpoint_in_memory(checkpoint: str | Path) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
+    path = Path(checkpoint).resolve()
+    key = (str(path), (path / "model.safetensors").stat().st_mtime_ns)
+    if key not in _loaded:
+        release_checkpoint()
+        _loaded[key] = load_checkpoint(path, pick_device())
+    return _loaded[key]
+
+
+def release_checkpoint() -> None:
+    _loaded.clear()
+
+
+def assemble_shards(shards: list[str | Path], out: Path) -> dict:
+    """The encode folder of a corpus from its encode-shard folders, in corpus order: shard k's embeddings become
+    emb_<k>.npy (a hard link where the file system allows, else a copy), the doc ids (and windows) concatenated."""
+    ids: list[str] = []
+    windows: list[int] = []
+    for k, shard in enumerate(map(Path, shards)):
+        try:
+            os.link(shard / SHARD_EMBEDDINGS, out / EMBEDDINGS.format(k))
+        except OSError:
+            shutil.copy2(shard / SHARD_EMBEDDINGS, out / EMBEDDINGS.format(k))
+        ids += read_docids(shard)
+        if (shard / WINDOWS).is_file():
+            windows += [int(x) for x in (shard / WINDOWS).read_text().split()]
+    return write_doc_order(out, ids, windows, bool(windows)) | {"shards": len(shards)}
+
+
+def write_doc_order(out: Path, ids: list[str], windows: list[int], maxp: bool) -> dict:
+    """docids.txt (and windows.txt for MaxP) of an encode folder whose shards hold these rows in this order."""
     (out / DOCIDS).write_text("\n".join(ids) + "\n", encoding="utf-8")
-    if meta.document_mode == "maxp":
+    if maxp:
         (out / WINDOWS).write_text("\n".join(map(str, windows)) + "\n")
-    return {"passages": len(ids), "documents": len(corpus), "document_mode": meta.document_mode, "dim": emb.shape[1],
-            "shards": shard + 1, "device": str(device)}
+    return {"passages": len(ids), "document_mode": "maxp" if maxp else "firstp"}
 
 
 def encode_queries(

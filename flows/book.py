@@ -80,7 +80,8 @@ class RunBook:
         its evaluation), retrieval and mining to `label`; a stage already recorded for its label is not recorded
         twice."""
         refs = refresh_negatives(checkpoint, self.data, self.split, self.c.encode, self.c.index, mining, round_,
-                                 self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None)
+                                 self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None,
+                                 execution=self.c.execution)
         seen = {(t.label, t.ref.path) for t in self.log.timings}
         for name, ref in refs.items():
             for_label = model if name in ("encode", "index") else label
@@ -111,7 +112,7 @@ class RunBook:
         negatives)."""
         c, built = self.c, built or {}
         refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval.top_k, c.encode, c.index, self.wd,
-                               built.get("index"), self.dev_split)
+                               built.get("index"), self.dev_split, c.execution)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
                               "index": built.get("index") or refs["index"]}

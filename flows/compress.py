@@ -24,7 +24,7 @@ from ance_core.artifacts import (
     write_json,
 )
 from ance_core.conae import PROJECTOR_FILE
-from ance_core.config import CompressConfig, DataConfig, EncodeConfig, IndexConfig
+from ance_core.config import CompressConfig, DataConfig, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.errors import AnceError
 from ance_core.model import checkpoint_ref, read_meta
 from ance_core.report import markdown_table, read_metrics
@@ -132,7 +132,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
 @flow(name="compress", log_prints=True)
 def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                   index: IndexConfig = IndexConfig(), compression: CompressConfig = CompressConfig(),
-                  work_dir: str = "work") -> dict:
+                  work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
     else the newest model of the work folder (<work_dir>/latest.json)."""
     path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
@@ -142,7 +142,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     print(f"compressing {source}: {path}")
     ref = checkpoint_ref(path)
     tables = run_task(prepare_data, data, work_dir)
-    embeddings = run_task(encode_corpus, ref, tables, encode, work_dir)
+    embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
     result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode, index,
                             work_dir)
     tracker = Tracker(work_dir, "compress")

@@ -4,7 +4,7 @@ Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with 
 
 from prefect import flow
 
-from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, IndexConfig
+from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.model import checkpoint_ref
 from ance_core.report import read_metrics
 from tasks.bm25 import bm25_run
@@ -23,8 +23,9 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 @flow(name="evaluate")
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
-                        work_dir: str = "work") -> dict:
+                        work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     ref = checkpoint_ref(checkpoint)
     tables = prepare_data(data, work_dir)
-    refs = evaluate_stages(ref, tables, data.eval_split, evaluation.top_k, encode, index, work_dir)
+    refs = evaluate_stages(ref, tables, data.eval_split, evaluation.top_k, encode, index, work_dir,
+                           execution=execution)
     return read_metrics(refs["evaluate"])

@@ -4,7 +4,7 @@ flow is in flows/evaluate.py). Each reuses the stage tasks, so their outputs are
 from prefect import flow
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import DataConfig, EncodeConfig, IndexConfig, MiningConfig, PipelineConfig
+from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, PipelineConfig
 from ance_core.model import checkpoint_digest
 from ance_core.report import read_metrics
 from ance_core.samplers import train_config_for
@@ -21,10 +21,12 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     evaluate it."""
     c, wd, split = config, config.work_dir, config.data.train_split
     data = run_task(prepare_data, c.data, wd)
-    negatives = refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd, c.bm25)["mine"]
+    negatives = refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd, c.bm25,
+                                  execution=c.execution)["mine"]
     checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split,
                           train_config_for(c.bm25_negatives, c.warmup), wd)
-    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd)
+    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd,
+                           execution=c.execution)
     metrics = read_metrics(refs["evaluate"])
     print(f"warm-up checkpoint {checkpoint.path}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return {"checkpoint": checkpoint.path, "metrics": metrics}
@@ -33,11 +35,13 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
 @flow(name="refresh-negatives", log_prints=True)
 def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
-                           round_number: int = 1, work_dir: str = "work") -> dict[str, str]:
+                           round_number: int = 1, work_dir: str = "work",
+                           execution: ExecutionConfig = ExecutionConfig()) -> dict[str, str]:
     """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives
     (with `mining.sampler`; BM25 samplers mine from a BM25 run instead)."""
     ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
     tables = run_task(prepare_data, data, work_dir)
-    refs = refresh_negatives(ref, tables, data.train_split, encode, index, mining, round_number, work_dir)
+    refs = refresh_negatives(ref, tables, data.train_split, encode, index, mining, round_number, work_dir,
+                             execution=execution)
     print("negatives: " + refs["mine"].path)
     return {name: r.path for name, r in refs.items()}

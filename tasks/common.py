@@ -6,12 +6,14 @@ plus whatever content the inputs do not carry (the dataset files, read by `prepa
 so a re-run in a new process finds them. A cached record whose folder was deleted or is incomplete is not used:
 the task runs again and rebuilds the same folder.
 
-Fault injection, for tests and drills: `ANCE_FAULT="<task>[@<step>][:fail|:hang]"` (comma-separated for several)
-makes the named task raise `InjectedFault` once per process (the retry then succeeds), or hang so that the process
-can be killed at a known point. Without `@<step>` it fires when the task starts. With it, at a point inside the
-task's work: `train@N` / `train-async@N` after optimizer step N (and its checkpoint, when one is due),
-`encode-corpus@N` after the N-th corpus shard is written, `build-index@1` after the index file is written and before
-its doc ids, `prepare-data@1` between the data tables (ance_core/faults.py). `:hang` first creates the file named by
+Fault injection, for tests and drills: `ANCE_FAULT="<task>[@<step>][:fail|:hang|:exit]"` (comma-separated for
+several) makes the named task raise `InjectedFault` once per process (the retry then succeeds), or hang so that the
+process can be killed at a known point, or kill its process at once (`:exit`, once across all processes: the first
+to get there creates the file named by `ANCE_FAULT_SIGNAL`, which is required; a killed Ray worker). Without
+`@<step>` it fires when the task starts. With it, at a point inside the task's work: `train@N` / `train-async@N`
+after optimizer step N (and its checkpoint, when one is due), `encode-corpus@N` after the N-th corpus shard is
+written (in its shard task), `build-index@1` after the index file is written and before its doc ids,
+`prepare-data@1` between the data tables (ance_core/faults.py). `:hang` first creates the file named by
 `ANCE_FAULT_SIGNAL`, if set. `<spec>#<n>` fires the n-th time the point is reached instead of the first
 (`train@3#3`: after step 3 of the third training stage). `faults_off()` suspends all of it (the CLI's validation
 of the data before the flow).
@@ -76,6 +78,9 @@ def inject_fault(task_name: str, step: int | None = None) -> None:
         name, _, at = target.partition("@")
         if name != task_name or (at and (step is None or int(at) != step)) or (not at and step is not None):
             continue
+        if mode == "exit":
+            _exit_once(spec)
+            continue
         if spec in _fired:
             return
         _reached[spec] = _reached.get(spec, 0) + 1
@@ -92,6 +97,20 @@ def inject_fault(task_name: str, step: int | None = None) -> None:
 
 
 set_fault_hook(inject_fault)  # the fault points inside the core's long work (ance_core/faults.py)
+
+
+def _exit_once(spec: str) -> None:
+    """`:exit`: the process dies at once (exit status 137, as a SIGKILL'd process: a killed worker), the first time
+    any process reaches the point; the file named by ANCE_FAULT_SIGNAL (required) records that it happened."""
+    signal = os.environ.get(FAULT_SIGNAL_ENV)
+    if not signal:
+        raise RuntimeError(f"{FAULT_ENV}={spec}: ':exit' needs {FAULT_SIGNAL_ENV}, the file that makes it fire once")
+    try:
+        os.close(os.open(signal, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    Path(signal).write_text(spec)
+    os._exit(137)
 
 
 def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool:
@@ -148,6 +167,7 @@ class StageCache(CachePolicy):
     """Content-keyed cache policy of the stage tasks (see the module docstring)."""
 
     extra: Callable[[dict[str, Any]], Any] | None = field(default=None)
+    ignore: tuple[str, ...] = ()  # inputs that say where or how the task runs, not what it computes
 
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str | None:
@@ -155,7 +175,7 @@ class StageCache(CachePolicy):
             "task": task_ctx.task.name,
             "source": TASK_SOURCE.compute_key(task_ctx, inputs, flow_parameters),
             "version": ance_core.__version__,
-            "inputs": {k: _content(v) for k, v in sorted(inputs.items())},
+            "inputs": {k: _content(v) for k, v in sorted(inputs.items()) if k not in self.ignore},
         }
         if self.extra is not None:
             extra = self.extra(inputs)
@@ -175,8 +195,10 @@ TASK_DEFAULTS = dict(
 )
 
 
-def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = None, **options: Any):
-    """Decorator: a Prefect task with the stage defaults, the content cache key and the fault-injection hook."""
+def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = None, ignore: tuple[str, ...] = (),
+               **options: Any):
+    """Decorator: a Prefect task with the stage defaults, the content cache key (without the `ignore` inputs) and
+    the fault-injection hook."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -184,7 +206,8 @@ def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = No
             inject_fault(name)
             return fn(*args, **kwargs)
 
-        return task(name=name, cache_policy=StageCache(extra=extra_key), **(TASK_DEFAULTS | options))(body)
+        return task(name=name, cache_policy=StageCache(extra=extra_key, ignore=ignore),
+                    **(TASK_DEFAULTS | options))(body)
 
     return wrap
 

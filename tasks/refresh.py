@@ -6,7 +6,7 @@ refreshes, the `refresh-negatives` flow). `evaluate_stages`: encode, index, retr
 flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import BM25Config, EncodeConfig, IndexConfig, MiningConfig
+from ance_core.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig
 from ance_core.errors import AnceError
 from ance_core.model import read_meta
 from tasks.bm25 import bm25_run
@@ -20,8 +20,8 @@ from tasks.retrieve import dense_run
 
 def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: str, encode: EncodeConfig,
                       index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str,
-                      bm25: BM25Config = BM25Config(), scorer: dict[str, ArtifactRef] | None = None
-                      ) -> dict[str, ArtifactRef]:
+                      bm25: BM25Config = BM25Config(), scorer: dict[str, ArtifactRef] | None = None,
+                      execution: ExecutionConfig = ExecutionConfig()) -> dict[str, ArtifactRef]:
     """Negatives for a round (the warm-up is round 0) with the configured sampler; every step is a cached, retried
     task.
 
@@ -32,7 +32,7 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
     refs: dict[str, ArtifactRef] = {}
     spec = mining.spec
     if spec.needs_model:
-        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
+        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
         refs["index"] = run_task(build_index, refs["encode"], work_dir)
         refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode, index,
                                     work_dir)
@@ -52,12 +52,13 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
 
 def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_k: int, encode: EncodeConfig,
                     index: IndexConfig, work_dir: str, built: ArtifactRef | None = None,
-                    dev_split: str | None = None) -> dict[str, ArtifactRef]:
+                    dev_split: str | None = None, execution: ExecutionConfig = ExecutionConfig()
+                    ) -> dict[str, ArtifactRef]:
     """encode -> index -> retrieve -> evaluate; `built` reuses an index already made from this checkpoint. With
     `dev_split`, the same index also answers the dev queries (`retrieve-dev`, `evaluate-dev`)."""
     refs = {}
     if built is None:
-        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir)
+        refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
         built = refs["index"] = run_task(build_index, refs["encode"], work_dir)
     refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
     refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir)

@@ -1,0 +1,65 @@
+"""Where mapped stage tasks run: `execution.task_runner` as a Prefect task runner, configured, not written here.
+
+local: each call is a task run in the flow's process, one after another (nothing to start; the default).
+ray: prefect-ray's `RayTaskRunner`; each call is a Ray task that runs the Prefect task (its cache, retries and task
+run) in a Ray worker, asking Ray for `threads_per_worker` CPUs and `gpus_per_task` GPUs. Without `address` a local
+Ray of `workers` x `threads_per_worker` CPUs starts at the first use and lives as long as the process (one start-up
+per run, not per stage); with one, the tasks go to that cluster.
+"""
+
+import atexit
+import dataclasses
+import os
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.tasks import Task
+
+from ance_core.artifacts import ArtifactRef
+from ance_core.config import ExecutionConfig
+from ance_core.errors import AnceError
+from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, run_task
+
+FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL", "PREFECT_HOME",
+                 "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
+
+
+def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig) -> list[ArtifactRef]:
+    """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
+    call order, each marked `cached` when Prefect answered from its cache. The first failure is raised."""
+    if execution.task_runner == "local":
+        return [run_task(stage, **kwargs) for kwargs in calls]
+    from prefect_ray.context import remote_options
+
+    runner = _ray_runner(execution)
+    resources = {"num_cpus": execution.threads_per_worker} | (
+        {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
+    with runner, remote_options(**resources):
+        futures = [runner.submit(stage, kwargs) for kwargs in calls]
+        for future in futures:
+            future.wait()
+    refs = [future.state.result() for future in futures]  # raises the first task's error
+    return [dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
+            for ref, future in zip(refs, futures, strict=True)]
+
+
+def _ray_runner(execution: ExecutionConfig):
+    """A RayTaskRunner on the process's Ray, started here once (a runner that finds Ray running does not stop it)."""
+    try:
+        import ray
+        from prefect_ray import RayTaskRunner
+    except ImportError as e:
+        raise AnceError(f"execution.task_runner 'ray' needs Ray and prefect-ray ({e}): pip install -e '.[ray]'"
+                        ) from None
+    if not ray.is_initialized():
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        # the workers report their task runs to this run's Prefect API, the ephemeral one included (left to
+        # themselves, each would start an ephemeral server of its own)
+        env["PREFECT_API_URL"] = str(get_client(sync_client=True).api_url).rstrip("/")
+        if execution.address:
+            ray.init(address=execution.address, runtime_env={"env_vars": env})
+        else:
+            ray.init(num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
+                     runtime_env={"env_vars": env}, configure_logging=False)
+        atexit.register(ray.shutdown)
+    return RayTaskRunner()

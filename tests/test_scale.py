@@ -1,0 +1,92 @@
+"""Corpus encoding as mapped shard tasks (tasks/encode.py, tasks/execution.py): the same encode folder from the local
+runner and from prefect-ray's RayTaskRunner on a real local Ray of 2 workers, a task run per shard in Prefect's API,
+a shard whose worker is killed or whose task fails once retried, and a deleted shard rebuilt alone."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from ance_core.artifacts import read_manifest
+from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, ModelConfig
+from ance_core.model import checkpoint_ref, init_model
+from tasks.common import run_task
+from tasks.data import prepare_data
+from tasks.encode import encode_corpus
+
+pytestmark = pytest.mark.slow
+SHARD_SIZE = 64  # the tiny corpus's 200 documents: 4 shards
+
+
+@flow(name="encode-shards")
+def encode_flow(checkpoint: str, dataset: str, work_dir: str, execution: ExecutionConfig):
+    tables = run_task(prepare_data, DataConfig(dataset=dataset), work_dir)
+    return run_task(encode_corpus, checkpoint_ref(checkpoint), tables,
+                    EncodeConfig(shard_size=SHARD_SIZE, batch_size=32), work_dir, execution)
+
+
+def _encode(checkpoint, dataset, work, execution):
+    state = encode_flow(str(checkpoint), str(dataset), str(work), execution, return_state=True)
+    return state.result(), state.state_details.flow_run_id
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != "manifest.json"}
+
+
+def _shard_task_runs(flow_run_id) -> list:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted((r for r in runs if r.name.startswith("encode-shard-")), key=lambda r: r.name)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("scale") / "checkpoint"
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=48), out)
+    return out
+
+
+def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_after_failures(
+        checkpoint, tiny_scifact, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    local, local_run = _encode(checkpoint, tiny_scifact, tmp_path / "local", ExecutionConfig())
+    assert len(_shard_task_runs(local_run)) == 4
+    assert read_manifest(local.path)["summary"]["workers"] == [f"{os.uname().nodename}:{os.getpid()}"]
+
+    # in the Ray workers: the first shard task to start kills its worker (once, across processes), and each worker
+    # process's first shard task fails once
+    monkeypatch.setenv("ANCE_FAULT", "encode-shard:exit,encode-shard")
+    monkeypatch.setenv("ANCE_FAULT_SIGNAL", str(tmp_path / "killed"))
+    ray.shutdown()  # Ray starts with this environment (tasks/execution.py forwards ANCE_FAULT to the workers)
+    try:
+        remote, remote_run = _encode(checkpoint, tiny_scifact, tmp_path / "ray",
+                                     ExecutionConfig(task_runner="ray", workers=2))
+    finally:
+        ray.shutdown()
+    assert (tmp_path / "killed").is_file()  # a worker was killed in a shard task
+    assert _files(remote.path) == _files(local.path)  # byte-identical embeddings, same doc-id order
+    summary = read_manifest(remote.path)["summary"]
+    assert summary["task_runner"] == "ray" and summary["shards"] == 4
+    assert f"{os.uname().nodename}:{os.getpid()}" not in summary["workers"]  # the work ran in Ray's workers
+    runs = _shard_task_runs(remote_run)
+    assert [r.name for r in runs] == [f"encode-shard-{k}" for k in range(4)]  # one task run per shard
+    assert all(r.state.is_completed() for r in runs)
+    assert any(r.run_count > 1 for r in runs)  # a failed shard task was retried
+
+
+def test_a_deleted_shard_is_rebuilt_alone(checkpoint, tiny_scifact, tmp_path):
+    work = tmp_path / "work"
+    first, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
+    files = _files(first.path)
+    shards = sorted((work / "encode-shard").iterdir())
+    assert len(shards) == 4
+    shutil.rmtree(first.path)
+    shutil.rmtree(shards[2])
+    again, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
+    assert again.path == first.path and _files(again.path) == files
+    assert read_manifest(again.path)["summary"]["cached_shards"] == 3
