@@ -1,15 +1,17 @@
 """Single-purpose flows behind the deployments `bm25-warmup` and `refresh-negatives` (the `evaluate` deployment's
-flow is in flows/evaluate.py). Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
+flow is in flows/evaluate.py), and `encode` (a corpus encoded with a checkpoint; bench/scale.py, tests/test_scale.py).
+Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
 
 from prefect import flow
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, PipelineConfig
-from ance_core.model import checkpoint_digest
+from ance_core.model import checkpoint_digest, checkpoint_ref
 from ance_core.report import read_metrics
 from ance_core.samplers import train_config_for
 from tasks.common import run_task
 from tasks.data import prepare_data
+from tasks.encode import encode_corpus
 from tasks.model import init_checkpoint
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.train import train_round
@@ -45,3 +47,14 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
                              execution=execution)
     print("negatives: " + refs["mine"].path)
     return {name: r.path for name, r in refs.items()}
+
+
+@flow(name="encode", log_prints=True)
+def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
+                work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
+    """The corpus encoded with a checkpoint: a task per shard of `encode.shard_size` documents on the `execution`
+    runner, assembled into one encode folder (the one the pipeline's stages use)."""
+    tables = run_task(prepare_data, data, work_dir)
+    ref = run_task(encode_corpus, checkpoint_ref(checkpoint), tables, encode, work_dir, execution)
+    print(f"corpus encoding: {ref.path}")
+    return {"encode": ref.path, "seconds": ref.seconds, "cached": ref.cached}

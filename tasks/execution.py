@@ -44,22 +44,42 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
 
 
 def _ray_runner(execution: ExecutionConfig):
-    """A RayTaskRunner on the process's Ray, started here once (a runner that finds Ray running does not stop it)."""
+    """A RayTaskRunner on the process's Ray (`start_ray`); a runner that finds Ray running does not stop it."""
+    start_ray(execution)
+    from prefect_ray import RayTaskRunner
+
+    return RayTaskRunner()
+
+
+def start_ray(execution: ExecutionConfig) -> None:
+    """Connect to `execution.address`, or start a local Ray of `workers` x `threads_per_worker` CPUs; once per
+    process (stopped when it exits). The workers get this run's Prefect API and the ANCE_ fault settings, and import
+    the stage code before the first stage runs."""
     try:
+        import prefect_ray  # noqa: F401
         import ray
-        from prefect_ray import RayTaskRunner
     except ImportError as e:
         raise AnceError(f"execution.task_runner 'ray' needs Ray and prefect-ray ({e}): pip install -e '.[ray]'"
                         ) from None
-    if not ray.is_initialized():
-        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-        # the workers report their task runs to this run's Prefect API, the ephemeral one included (left to
-        # themselves, each would start an ephemeral server of its own)
-        env["PREFECT_API_URL"] = str(get_client(sync_client=True).api_url).rstrip("/")
-        if execution.address:
-            ray.init(address=execution.address, runtime_env={"env_vars": env})
-        else:
-            ray.init(num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
-                     runtime_env={"env_vars": env}, configure_logging=False)
-        atexit.register(ray.shutdown)
-    return RayTaskRunner()
+    if ray.is_initialized():
+        return
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    # the workers report their task runs to this run's Prefect API, the ephemeral one included (left to themselves,
+    # each would start an ephemeral server of its own)
+    env["PREFECT_API_URL"] = str(get_client(sync_client=True).api_url).rstrip("/")
+    if execution.address:
+        ray.init(address=execution.address, runtime_env={"env_vars": env})
+    else:
+        ray.init(num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
+                 runtime_env={"env_vars": env}, configure_logging=False)
+    atexit.register(ray.shutdown)
+    # each worker imports the stage code (torch, transformers, Prefect: most of a fresh worker's first task) now,
+    # as part of the start-up, not of the first stage that uses them
+    warm = ray.remote(_import_stage_code).options(num_cpus=execution.threads_per_worker)
+    ray.get([warm.remote() for _ in range(execution.workers)])
+
+
+def _import_stage_code() -> int:
+    import tasks.encode  # noqa: F401
+
+    return os.getpid()

@@ -3,6 +3,7 @@ figures in BENCHMARKS.md come from full runs). `make bench` runs the same script
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,13 @@ def test_reliability_bench(tmp_path):
     assert summary["kills"] == 2 and summary["identical"] == 2 and summary["leftovers"] == 0
     assert summary["rebuilt"] == 0 and summary["transient"]["identical"]
     assert summary["transient"]["injected"] == summary["transient"]["task_kinds"]
+
+
+def test_scale_bench(tiny_scifact, tiny_model, tmp_path):
+    out = bench("scale.py", "--dataset", str(tiny_scifact), "--model", str(tiny_model), "--documents", "64",
+                "--max-length", "32", "--shards", "2", tmp_path=tmp_path, timeout=1800)
+    rows = {m[1]: m for m in re.finditer(r"^(local|ray 1x2|ray 2x1) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x  (.+)$",
+                                         out, re.M)}
+    assert set(rows) == {"local", "ray 1x2", "ray 2x1"}, out
+    assert len(rows["ray 2x1"][6].split()) >= 1 and float(rows["local"][5]) == 1.0
+    assert "embeddings identical to local: ray 1x2 True, ray 2x1 True" in out

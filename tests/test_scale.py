@@ -7,31 +7,22 @@ import shutil
 from pathlib import Path
 
 import pytest
-from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from ance_core.artifacts import read_manifest
 from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, ModelConfig
-from ance_core.model import checkpoint_ref, init_model
-from tasks.common import run_task
-from tasks.data import prepare_data
-from tasks.encode import encode_corpus
+from ance_core.model import init_model
+from flows.stages import encode_flow
 
 pytestmark = pytest.mark.slow
 SHARD_SIZE = 64  # the tiny corpus's 200 documents: 4 shards
 
 
-@flow(name="encode-shards")
-def encode_flow(checkpoint: str, dataset: str, work_dir: str, execution: ExecutionConfig):
-    tables = run_task(prepare_data, DataConfig(dataset=dataset), work_dir)
-    return run_task(encode_corpus, checkpoint_ref(checkpoint), tables,
-                    EncodeConfig(shard_size=SHARD_SIZE, batch_size=32), work_dir, execution)
-
-
 def _encode(checkpoint, dataset, work, execution):
-    state = encode_flow(str(checkpoint), str(dataset), str(work), execution, return_state=True)
-    return state.result(), state.state_details.flow_run_id
+    state = encode_flow(str(checkpoint), DataConfig(dataset=str(dataset)),
+                        EncodeConfig(shard_size=SHARD_SIZE, batch_size=32), str(work), execution, return_state=True)
+    return Path(state.result()["encode"]), state.state_details.flow_run_id
 
 
 def _files(folder) -> dict[str, bytes]:
@@ -56,7 +47,7 @@ def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_afte
     ray = pytest.importorskip("ray")
     local, local_run = _encode(checkpoint, tiny_scifact, tmp_path / "local", ExecutionConfig())
     assert len(_shard_task_runs(local_run)) == 4
-    assert read_manifest(local.path)["summary"]["workers"] == [f"{os.uname().nodename}:{os.getpid()}"]
+    assert read_manifest(local)["summary"]["workers"] == [f"{os.uname().nodename}:{os.getpid()}"]
 
     # in the Ray workers: the first shard task to start kills its worker (once, across processes), and each worker
     # process's first shard task fails once
@@ -69,8 +60,8 @@ def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_afte
     finally:
         ray.shutdown()
     assert (tmp_path / "killed").is_file()  # a worker was killed in a shard task
-    assert _files(remote.path) == _files(local.path)  # byte-identical embeddings, same doc-id order
-    summary = read_manifest(remote.path)["summary"]
+    assert _files(remote) == _files(local)  # byte-identical embeddings, same doc-id order
+    summary = read_manifest(remote)["summary"]
     assert summary["task_runner"] == "ray" and summary["shards"] == 4
     assert f"{os.uname().nodename}:{os.getpid()}" not in summary["workers"]  # the work ran in Ray's workers
     runs = _shard_task_runs(remote_run)
@@ -82,11 +73,11 @@ def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_afte
 def test_a_deleted_shard_is_rebuilt_alone(checkpoint, tiny_scifact, tmp_path):
     work = tmp_path / "work"
     first, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
-    files = _files(first.path)
+    files = _files(first)
     shards = sorted((work / "encode-shard").iterdir())
     assert len(shards) == 4
-    shutil.rmtree(first.path)
+    shutil.rmtree(first)
     shutil.rmtree(shards[2])
     again, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
-    assert again.path == first.path and _files(again.path) == files
-    assert read_manifest(again.path)["summary"]["cached_shards"] == 3
+    assert again == first and _files(again) == files
+    assert read_manifest(again)["summary"]["cached_shards"] == 3
