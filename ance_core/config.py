@@ -129,7 +129,8 @@ class EncodeConfig(StageConfig):
     """Corpus/query encoding: length-sorted dynamic padding, streamed to .npy shards."""
 
     batch_size: int = Field(64, ge=1)
-    shard_size: int = Field(50_000, ge=1, description="Passages per .npy shard (bounds memory)")
+    shard_size: int = Field(50_000, ge=1, description="Documents per shard: each is its own task (on the execution "
+                            "runner) and .npy file (bounds memory); MaxP writes a row per window")
     precision: Precision = "auto"
 
 

@@ -1,7 +1,8 @@
 """Batched encoding: length-sorted dynamic padding, inference mode, autocast; corpus streamed to .npy shards.
 
-Output folder of `encode_corpus`:
-  emb_00000.npy ...   float32 (n_shard, h), rows in corpus order
+Output folder of `encode_corpus` (and of the encode stage, which encodes each shard in its own task, `encode_shard`,
+and puts them together with `assemble_shards`):
+  emb_00000.npy ...   float32, one file per `shard_size` documents: their rows (one per document, or per MaxP window)
   docids.txt          one doc id per line, same order as the concatenated shards
   windows.txt         maxp checkpoints only: the window number of each row (a document has one row per window)
 
