@@ -72,6 +72,7 @@ bench: env  ## speed and reliability measurements recorded in BENCHMARKS.md (lon
 	$(BIN)/python bench/mlflow_logging.py
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/reliability.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf work .prefect .stack

@@ -13,6 +13,7 @@ tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -126,6 +127,7 @@ def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfi
 
 SHARD_EMBEDDINGS = "emb.npy"  # an encode-shard folder: emb.npy, docids.txt (windows.txt), the rows of its documents
 _loaded: dict[tuple[str, int], tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]] = {}
+_loading = threading.Lock()  # the async trainer's inferencer threads encode at the same time
 
 
 def encode_shard(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path,
@@ -145,14 +147,16 @@ def encode_shard(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig
 def _checkpoint_in_memory(checkpoint: str | Path) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
     path = Path(checkpoint).resolve()
     key = (str(path), (path / "model.safetensors").stat().st_mtime_ns)
-    if key not in _loaded:
-        release_checkpoint()
-        _loaded[key] = load_checkpoint(path, pick_device())
-    return _loaded[key]
+    with _loading:
+        if key not in _loaded:
+            _loaded.clear()  # one model at a time (a thread still encoding with the last one keeps its reference)
+            _loaded[key] = load_checkpoint(path, pick_device())
+        return _loaded[key]
 
 
 def release_checkpoint() -> None:
-    _loaded.clear()
+    with _loading:
+        _loaded.clear()
 
 
 def assemble_shards(shards: list[str | Path], out: Path) -> dict:

@@ -1,6 +1,6 @@
 """A trained checkpoint as a text encoder, for use outside the pipeline:
 
-    encoder = Encoder("work/stages/train/<key>")            # or a registered version's downloaded folder
+    encoder = Encoder("work/train/<key>")                    # or a registered version's downloaded folder
     q = encoder.encode(["what causes fever?"], kind="query")   # (1, dim) float32
     d = encoder.encode(passages, kind="passage")              # score = q @ d.T (dot product, as the pipeline)
 
@@ -9,7 +9,7 @@ pipeline encodes a corpus document as its title and text joined by a space, `anc
 compressed checkpoint projects queries and passages to its compressed dimension (their two projections differ). A
 MaxP checkpoint scores a document by the best of its windows: encode the windows as passages and take the maximum.
 
-The MLflow model of a registered version (tracking/pyfunc.py) and `ance search` encode through this class.
+The MLflow model of a registered version (tracking/pyfunc.py) encodes through this class.
 """
 
 from collections.abc import Sequence

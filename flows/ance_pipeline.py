@@ -69,7 +69,7 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     run.evaluate(label, checkpoint, refs)
     with run.tracking.live("ANCE (async)", run.log.timings):
         state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
-                            c.mining, c.max_staleness, c.work_dir, return_state=True)
+                            c.mining, c.max_staleness, c.work_dir, c.execution, return_state=True)
     trained = state.result()
     trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))

@@ -2,6 +2,8 @@
 on the runner `execution` names: tasks/execution.py), then the encode folder assembled from the shards: the same
 layout (emb_<k>.npy, docids.txt) whichever runner encoded them."""
 
+from pathlib import Path
+
 import pandas as pd
 import pyarrow.parquet as pq
 import torch
@@ -26,8 +28,9 @@ def encode_shard(checkpoint: ArtifactRef, data: ArtifactRef, cfg: EncodeConfig, 
     inputs = {"checkpoint": checkpoint.digest, "data": data.digest, "shard": str(shard)}
 
     def build(out):
-        start, stop = shard_ranges(pq.ParquetFile(f"{data.path}/{CORPUS}").metadata.num_rows, cfg.shard_size)[shard]
-        corpus = pd.read_parquet(f"{data.path}/{CORPUS}").iloc[start:stop]
+        corpus_file = pq.ParquetFile(Path(data.path, CORPUS))
+        start, stop = shard_ranges(corpus_file.metadata.num_rows, cfg.shard_size)[shard]
+        corpus = read_rows(corpus_file, start, stop)
         return core_encode_shard(checkpoint.path, corpus, cfg, out, label=f"encode shard {shard}")
 
     ref = run_stage(work_dir, "encode-shard", cfg, inputs, build)
@@ -43,12 +46,14 @@ def encode_corpus(checkpoint: ArtifactRef, data: ArtifactRef, cfg: EncodeConfig,
     inputs = {"checkpoint": checkpoint.digest, "data": data.digest}
 
     def build(out):
-        documents = pq.ParquetFile(f"{data.path}/{CORPUS}").metadata.num_rows
+        documents = pq.ParquetFile(Path(data.path, CORPUS)).metadata.num_rows
         threads = None if execution.task_runner == "local" else execution.threads_per_worker
         calls = [dict(checkpoint=checkpoint, data=data, cfg=cfg, shard=k, work_dir=work_dir, threads=threads)
                  for k in range(len(shard_ranges(documents, cfg.shard_size)))]
-        shards = run_mapped(encode_shard, calls, execution)
-        release_checkpoint()  # a local run loaded it in this process
+        try:
+            shards = run_mapped(encode_shard, calls, execution)
+        finally:
+            release_checkpoint()  # a local run loaded it in this process
         summaries = [read_manifest(ref.path)["summary"] for ref in shards]
         return assemble_shards([ref.path for ref in shards], out) | {
             "documents": documents, "dim": summaries[0]["dim"], "device": summaries[0]["device"],
@@ -56,3 +61,19 @@ def encode_corpus(checkpoint: ArtifactRef, data: ArtifactRef, cfg: EncodeConfig,
             "workers": sorted({f"{s['host']}:{s['pid']}" for s in summaries})}
 
     return run_stage(work_dir, "encode", cfg, inputs, build)
+
+
+def read_rows(table: pq.ParquetFile, start: int, stop: int) -> pd.DataFrame:
+    """Rows [start, stop) of a parquet file, reading only the row groups that hold them (the whole corpus is never in
+    a shard task's memory when the file has several groups)."""
+    groups, offset, first = [], 0, None
+    for k in range(table.metadata.num_row_groups):
+        rows = table.metadata.row_group(k).num_rows
+        if offset < stop and offset + rows > start:
+            groups.append(k)
+            first = offset if first is None else first
+        offset += rows
+    if not groups:
+        return table.schema_arrow.empty_table().to_pandas()
+    frame = table.read_row_groups(groups).to_pandas()
+    return frame.iloc[start - first : stop - first].reset_index(drop=True)

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.tasks import Task
 
 from ance_core.artifacts import ArtifactRef
@@ -28,10 +29,13 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
     """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
     call order, each marked `cached` when Prefect answered from its cache. The first failure is raised."""
     if execution.task_runner == "local":
+        if FlowRunContext.get() is None:  # the task's function called outside Prefect (`.fn`: bench/orchestration.py)
+            return [stage.fn(**kwargs) for kwargs in calls]
         return [run_task(stage, **kwargs) for kwargs in calls]
     from prefect_ray.context import remote_options
 
     runner = _ray_runner(execution)
+    _check_resources(execution)
     resources = {"num_cpus": execution.threads_per_worker} | (
         {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
     with runner, remote_options(**resources):
@@ -66,17 +70,31 @@ def start_ray(execution: ExecutionConfig) -> None:
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     # the workers report their task runs to this run's Prefect API, the ephemeral one included (left to themselves,
     # each would start an ephemeral server of its own)
-    env["PREFECT_API_URL"] = str(get_client(sync_client=True).api_url).rstrip("/")
+    with get_client(sync_client=True) as client:
+        env["PREFECT_API_URL"] = str(client.api_url).rstrip("/")
     if execution.address:
         ray.init(address=execution.address, runtime_env={"env_vars": env})
     else:
         ray.init(num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
                  runtime_env={"env_vars": env}, configure_logging=False)
     atexit.register(ray.shutdown)
+    _check_resources(execution)
     # each worker imports the stage code (torch, transformers, Prefect: most of a fresh worker's first task) now,
     # as part of the start-up, not of the first stage that uses them
     warm = ray.remote(_import_stage_code).options(num_cpus=execution.threads_per_worker)
     ray.get([warm.remote() for _ in range(execution.workers)])
+
+
+def _check_resources(execution: ExecutionConfig) -> None:
+    """An AnceError when no node of the cluster can run a shard task (Ray would queue it for ever)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+    gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+    if execution.threads_per_worker > cpus or execution.gpus_per_task > gpus:
+        raise AnceError(f"execution asks {execution.threads_per_worker} CPUs and {execution.gpus_per_task} GPUs per "
+                        f"shard task, but the Ray cluster's largest node has {cpus:g} CPUs and {gpus:g} GPUs")
 
 
 def _import_stage_code() -> int:

@@ -23,7 +23,7 @@ from ance_core.artifacts import (
     run_stage,
     stage_key,
 )
-from ance_core.config import EncodeConfig, IndexConfig, MiningConfig, TrainConfig
+from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
 from ance_core.errors import AnceError
 from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
@@ -222,10 +222,10 @@ class AsyncNegatives:
                 "refresh_errors": self.errors}
 
 
-@stage_task("train-async")
+@stage_task("train-async", ignore=("execution",))
 def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
                 rounds: int, encode: EncodeConfig, index: IndexConfig, mining: MiningConfig,
-                max_staleness: int | None, work_dir: str) -> dict:
+                max_staleness: int | None, work_dir: str, execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """All ANCE rounds as one continuous training run (one optimizer, one LR schedule over rounds x the steps of a
     round) whose negatives are refreshed in the background from the checkpoint at the end of each round.
 
@@ -241,7 +241,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
-        refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir)
+        refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
+                            execution=execution)
         async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
         resumed = latest_checkpoint(out)
         first_table = None

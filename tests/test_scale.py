@@ -81,3 +81,18 @@ def test_a_deleted_shard_is_rebuilt_alone(checkpoint, tiny_scifact, tmp_path):
     again, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
     assert again == first and _files(again) == files
     assert read_manifest(again)["summary"]["cached_shards"] == 3
+
+
+def test_a_shard_task_reads_only_its_rows(tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.encode import read_rows
+
+    table = pd.DataFrame({"doc_id": [str(k) for k in range(1000)], "text": [f"text {k}" for k in range(1000)]})
+    pq.write_table(pa.Table.from_pandas(table, preserve_index=False), tmp_path / "c.parquet", row_group_size=128)
+    corpus = pq.ParquetFile(tmp_path / "c.parquet")
+    assert corpus.metadata.num_row_groups == 8
+    for start, stop in ((0, 64), (100, 300), (128, 256), (990, 1000), (0, 1000), (1000, 1000)):
+        assert read_rows(corpus, start, stop)["doc_id"].tolist() == table["doc_id"][start:stop].tolist()

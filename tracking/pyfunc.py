@@ -16,13 +16,12 @@ this project's runtime packages at the versions that logged the model). The load
 serving environment is one where it is installed (`--env-manager local` from its virtual environment).
 """
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ance_core.artifacts import atomic_folder
 from ance_core.encoder import Encoder
 from ance_core.errors import AnceError
 from ance_core.model import SERVING_FILES, checkpoint_digest
@@ -89,16 +88,13 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
             outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
             params=ParamSchema([ParamSpec("kind", "string", "passage")]),
         )
-        tmp = folder.parent / f".partial-{folder.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        mlflow.pyfunc.save_model(tmp, loader_module=__name__, signature=signature,
-                                 input_example=(EXAMPLE, {"kind": "query"}), pip_requirements=_requirements())
-        unexpected = sorted(p.name for p in tmp.iterdir() if p.name not in SERVING_FILES)
-        if unexpected:  # a newer MLflow writing more files: they must not be taken for model files
-            raise AnceError(f"MLflow {mlflow.__version__} wrote {', '.join(unexpected)} to a model folder; add them "
-                            "to ance_core.model.SERVING_FILES")
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+        with atomic_folder(folder) as tmp:  # two runs logging the same checkpoint each write a whole folder
+            mlflow.pyfunc.save_model(tmp, loader_module=__name__, signature=signature,
+                                     input_example=(EXAMPLE, {"kind": "query"}), pip_requirements=_requirements())
+            unexpected = sorted(p.name for p in tmp.iterdir() if p.name not in SERVING_FILES)
+            if unexpected:  # a newer MLflow writing more files: they must not be taken for model files
+                raise AnceError(f"MLflow {mlflow.__version__} wrote {', '.join(unexpected)} to a model folder; add "
+                                "them to ance_core.model.SERVING_FILES")
     return sorted(folder.iterdir())
 
 
@@ -113,10 +109,3 @@ def _requirements() -> list[str]:
             out.append(name)
     return out
 
-
-def describe(folder: str | Path) -> dict[str, Any]:
-    """The signature an MLmodel file declares (for checks and tests)."""
-    import yaml
-
-    doc = yaml.safe_load((Path(folder) / "MLmodel").read_text())
-    return {k: json.loads(v) for k, v in doc.get("signature", {}).items() if isinstance(v, str)}
