@@ -357,6 +357,7 @@ class CompareConfig(StageConfig):
     bm25_negatives: WarmupMiningConfig = Field(WarmupMiningConfig(), description="The warm-up's negatives")
     warmup: TrainConfig = TrainConfig()
     encode: EncodeConfig = EncodeConfig()
+    execution: ExecutionConfig = ExecutionConfig()
     index: IndexConfig = IndexConfig()
     mining: MiningConfig = Field(MiningConfig(), description="Shared mining options (num_negatives, seed, SimANS a "
                                  "and b, false-negative controls); `sampler` and `top_k` are set per sampler")
