@@ -99,13 +99,13 @@ def wait(stack, flow_run_id: str, timeout: float = 900, while_running=None) -> d
 
 
 def task_states(stack, flow_run_id: str, timeout: float = 120) -> dict[str, str]:
-    """Task run states of a flow run, once they have settled: Prefect 3 records task-run states through its event
+    """Task run states of a flow run ("<name> <id>": state), once they have settled: Prefect 3 records task-run states through its event
     pipeline, so they can trail the flow run's own state by a few seconds."""
     deadline = time.time() + timeout
     while True:
         runs = api(stack, "POST", "/task_runs/filter",
                    json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}).json()
-        states = {r["name"]: r["state"]["name"] for r in runs}
+        states = {f'{r["name"]} {r["id"]}': r["state"]["name"] for r in runs}  # names repeat (encode-shard-<k>)
         if all(r["state"]["type"] in TERMINAL for r in runs) or time.time() > deadline:
             return states
         time.sleep(2)
