@@ -99,8 +99,8 @@ def wait(stack, flow_run_id: str, timeout: float = 900, while_running=None) -> d
 
 
 def task_states(stack, flow_run_id: str, timeout: float = 120) -> dict[str, str]:
-    """Task run states of a flow run ("<name> <id>": state), once they have settled: Prefect 3 records task-run states through its event
-    pipeline, so they can trail the flow run's own state by a few seconds."""
+    """Task run states of a flow run ("<name> <id>": state), once they have settled: Prefect 3 records task-run
+    states through its event pipeline, so they can trail the flow run's own state by a few seconds."""
     deadline = time.time() + timeout
     while True:
         runs = api(stack, "POST", "/task_runs/filter",
