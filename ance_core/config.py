@@ -116,6 +116,10 @@ class TrainConfig(StageConfig):
     precision: Precision = "auto"
     seed: int = 42
     checkpoint_every: int = Field(50, ge=0, description="Optimizer steps between resumable checkpoints; 0 = end only")
+    world_size: int = Field(
+        1, ge=1, description="Training processes (torch.distributed DDP, started by torchrun on this machine: gloo on "
+        "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "
+        "negatives span them, so N processes train the objective of one")
 
 
 class AnceTrainConfig(TrainConfig):
@@ -299,6 +303,13 @@ class PipelineConfig(StageConfig):
             raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
                              f"'{self.mining.sampler}' does not use them (use {_ranking_with('dense')}, or refresh: "
                              "sync)")
+        return self
+
+    @model_validator(mode="after")
+    def _async_trains_in_one_process(self) -> "PipelineConfig":
+        if self.refresh == "async" and self.rounds and self.ance.world_size > 1:
+            raise ValueError(f"refresh 'async' trains in one process; ance.world_size is {self.ance.world_size} "
+                             "(use refresh: sync to train the rounds on several processes)")
         return self
 
     @model_validator(mode="after")

@@ -28,14 +28,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ance_core.artifacts import TRAIN_LOG
 from ance_core.config import TrainConfig
 from ance_core.data import passage_texts
+from ance_core.distributed import Ranks, current_ranks, gather_rows, rank_rows, restore_rng, rng_states, split_sizes
 from ance_core.encode import passage_windows
 from ance_core.errors import AnceError
+from ance_core.faults import fault_point
 from ance_core.loss import nll_loss
 from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
 from ance_core.optim import linear_schedule, make_optimizer
@@ -130,7 +133,7 @@ def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size
 
 
 def _save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler,
-                step: int, epoch: int) -> None:
+                step: int, epoch: int, rng: dict[str, torch.Tensor]) -> None:
     save_checkpoint(model, tokenizer, meta, folder)
     state = optimizer.state_dict()
     tensors, scalars = {}, {}
@@ -138,9 +141,6 @@ def _save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, opti
         for name, value in entries.items():
             (tensors if torch.is_tensor(value) else scalars)[f"{pid}.{name}"] = value
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, folder / "optimizer.safetensors")
-    rng = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
     save_file(rng, folder / "rng.safetensors")
     trainer_state = {
         "step": step,
@@ -177,7 +177,7 @@ def resume_optimizer(folder: Path, optimizer) -> None:
                                "param_groups": optimizer.state_dict()["param_groups"]})
 
 
-def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler) -> int:
+def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler, ranks: Ranks) -> int:
     trained, _, _ = load_checkpoint(folder, next(model.parameters()).device)
     model.load_state_dict(trained.state_dict())
     trainer_state = json.loads((folder / "trainer_state.json").read_text())
@@ -186,10 +186,7 @@ def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler) ->
     scheduler.load_state_dict(trainer_state["scheduler"])
     if scaler is not None and trainer_state["scaler"]:
         scaler.load_state_dict(trainer_state["scaler"])
-    rng = load_file(folder / "rng.safetensors")
-    torch.set_rng_state(rng["torch_cpu"])
-    if torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([rng[k] for k in sorted(rng) if k.startswith("cuda_")])
+    restore_rng(load_file(folder / "rng.safetensors"), ranks)
     return int(trainer_state["step"])
 
 
@@ -231,6 +228,19 @@ def _passage_lookup(doc_text: dict[str, str], tokenizer, meta: ModelMeta) -> Cal
 # ---------------------------------------------------------------- the loop
 
 
+class PairEncoder(torch.nn.Module):
+    """Queries and passages through one encoder in one forward call: the module DDP wraps (DDP expects one forward
+    per backward)."""
+
+    def __init__(self, model: BiEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, queries: dict[str, torch.Tensor], passages: dict[str, torch.Tensor]):
+        return self.model(**queries), self.model(**passages)
+
+
+
 def train(
     init_checkpoint: str | Path,
     negatives: pd.DataFrame,
@@ -259,12 +269,24 @@ def train(
     table for the same (query, positive) rows, which replaces the one in use without changing the data order.
     After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
     `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
+
+    In a process group of `cfg.world_size` ranks (started by ance_core.distributed.launch), each rank encodes its
+    slice of every batch and the loss spans the whole batch (ance_core.distributed); rank 0 logs, checkpoints and
+    calls `callbacks`.
     """
     if negatives.empty:
         raise ValueError("no training pairs: the negatives table is empty")
+    ranks = current_ranks()
+    if ranks.world != cfg.world_size:
+        raise AnceError(f"world_size {cfg.world_size} but this process group has {ranks.world} process(es): "
+                        "train on several processes with ance_core.distributed.launch (the training task does)")
+    if ranks.world > 1 and (negatives_update is not None or snapshot_steps):
+        raise AnceError("the asynchronous refresh trains in one process: set world_size 1 or refresh: sync")
     device = pick_device()
+    if device.type == "cuda" and ranks.world > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
     dtype = autocast_dtype(cfg.precision, device)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + ranks.rank)
     model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout)
     query_length = cfg.query_max_length or meta.query_max_length
     passage_length = cfg.passage_max_length or meta.passage_max_length
@@ -309,33 +331,44 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     step = 0
     if (resume := latest_checkpoint(out)) is not None:
-        step = _load_state(resume, model, optimizer, scheduler, scaler)
+        step = _load_state(resume, model, optimizer, scheduler, scaler, ranks)
     log_path = out / TRAIN_LOG
-    kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
-    log_path.write_text("".join(ln + "\n" for ln in kept))
+    if ranks.main:
+        kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
+        log_path.write_text("".join(ln + "\n" for ln in kept))
+    encoder = PairEncoder(model)
+    if ranks.world > 1:
+        encoder = torch.nn.parallel.DistributedDataParallel(
+            encoder, device_ids=[device.index] if device.type == "cuda" else None)
 
     def tokenize(texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
         enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
 
     def micro_batch_loss(rows: pd.DataFrame) -> torch.Tensor:
+        """The loss of a global micro-batch; this rank encodes its slice of `rows` (all of them on one rank)."""
         qids = rows["query_id"].tolist()
         pids = [d for pos, negs in zip(rows["positive_id"], rows["negative_ids"], strict=True) for d in [pos, *negs]]
         windows = ([w for pos, negs in zip(rows["positive_window"], rows["negative_windows"], strict=True)
                     for w in [pos, *negs]] if "negative_windows" in rows else [0] * len(pids))
         mask = false_negative_mask(qids, pids, group, relevant).to(device) if cfg.in_batch_negatives else None
+        mine = rank_rows(len(rows), ranks)
+        own = slice(mine.start * group, mine.stop * group)
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
-            q = model(**tokenize([query_text[x] for x in qids], query_length))  # (B, h)
-            texts = [passage(d, w) for d, w in zip(pids, windows, strict=True)]
-            p = model(**tokenize(texts, passage_length))  # (B*G, h)
-        return nll_loss(q.float(), p.float(), group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
+            q, p = encoder(tokenize([query_text[x] for x in qids[mine]], query_length),  # (b, h), (b*G, h)
+                           tokenize([passage(d, w) for d, w in zip(pids[own], windows[own], strict=True)],
+                                    passage_length))
+        sizes = split_sizes(len(rows), ranks.world)
+        q = gather_rows(q.float(), sizes, ranks)  # (B, h)
+        p = gather_rows(p.float(), [n * group for n in sizes], ranks)  # (B*G, h)
+        return nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
     model.train()
     thirds = layer_groups(model)
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
-    with open(log_path, "a") as log:
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=not ranks.main)
+    with open(log_path, "a") if ranks.main else nullcontext() as log:
         while step < total:
             if negatives_update is not None and (table := negatives_update(step)) is not None:
                 swap_negatives(table)
@@ -344,12 +377,16 @@ def train(
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss_value, examples = 0.0, 0
-            for m in range(k * cfg.grad_accumulation, (k + 1) * cfg.grad_accumulation):
-                idx = order[m * cfg.batch_size : (m + 1) * cfg.batch_size]
-                if len(idx) == 0:
-                    continue
+            batches = [order[m * cfg.batch_size : (m + 1) * cfg.batch_size]
+                       for m in range(k * cfg.grad_accumulation, (k + 1) * cfg.grad_accumulation)]
+            batches = [idx for idx in batches if len(idx) >= ranks.world]  # an epoch's last rows may not go round
+            for b, idx in enumerate(batches):
                 loss = micro_batch_loss(pairs.iloc[idx]) / cfg.grad_accumulation
-                (scaler.scale(loss) if scaler is not None else loss).backward()
+                # the gradient is averaged over ranks once per step; each rank's loss is the whole batch's
+                sync = encoder.no_sync() if ranks.world > 1 and b < len(batches) - 1 else nullcontext()
+                with sync:
+                    scaled = loss * ranks.world
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 loss_value += loss.item()
                 examples += len(idx)
             if scaler is not None:
@@ -366,20 +403,32 @@ def train(
             step += 1
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                       **layer_norms, "examples_per_s": examples / (time.perf_counter() - started)}
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
             state["epoch"] = epoch
+            if ranks.main:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
             snapshot = step in snapshot_steps and step < total
             if (snapshot or cfg.checkpoint_every and step % cfg.checkpoint_every == 0) and step < total:
-                _write_checkpoint(out, step, **state)
+                rng = rng_states(ranks)  # every rank's: a collective
+                if ranks.main:
+                    _write_checkpoint(out, step, rng=rng, **state)
+            if ranks.world > 1:
+                fault_point(f"train-rank{ranks.rank}", step)  # a drill stops one rank here (tests)
+            if not ranks.main:
+                continue
             if snapshot and on_snapshot is not None:
                 on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)
     bar.close()
-    _save_state(out, step=step, **state)
+    rng = rng_states(ranks)
+    if ranks.world > 1:
+        dist.barrier()  # every rank done before rank 0 writes the result
+    if not ranks.main:
+        return {"steps": step}
+    _save_state(out, step=step, rng=rng, **state)
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     losses = [json.loads(ln)["loss"] for ln in log_path.read_text().splitlines()]
     return {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],

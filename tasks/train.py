@@ -2,6 +2,7 @@
 thread refreshes its negatives from its own recent checkpoints (ANCE Fig. 2, Appendix A.1)."""
 
 import contextvars
+import dataclasses
 import json
 import logging
 import threading
@@ -25,6 +26,7 @@ from ance_core.artifacts import (
 )
 from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
+from ance_core.distributed import launch
 from ance_core.errors import AnceError
 from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
 from tasks.common import inject_fault, stage_task
@@ -59,10 +61,17 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     re-run task resumes from its last checkpoint."""
 
     def build(out):
+        callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train")]
+        if cfg.world_size > 1:
+            spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
+                    "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
+                    "schedule": dataclasses.asdict(schedule) if schedule is not None else None}
+            resumed = latest_checkpoint(out)
+            return launch(spec, out, cfg.world_size, callbacks, resumed_step=int(resumed.name[5:]) if resumed else 0)
         tables = read_tables(data.path)
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split), cfg, out,
-                     callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train")], schedule=schedule)
+                     callbacks=callbacks, schedule=schedule)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})

@@ -1,0 +1,215 @@
+"""Training on several processes with torch.distributed (DDP): `warmup.world_size` / `ance.world_size` = N.
+
+What runs where:
+- the training task (a Prefect task, one process) starts `torchrun --standalone --nproc-per-node N` (PyTorch's own
+  launcher, torch.distributed.run) on this module with a JSON spec of the stage, and waits;
+- each of the N ranks (`gloo` on CPU, `nccl` on CUDA with one GPU per rank) runs `ance_core.train.train` on its
+  slice of every global batch; `batch_size` stays the number of queries per optimizer step over all ranks, so a
+  run's epochs, steps and learning-rate schedule do not depend on N;
+- in-batch negatives span the ranks: each rank all-gathers the others' query and passage embeddings and puts its own
+  in their place with their gradient (DPR, tevatron), computes the loss of the whole batch and scales it by N for
+  DDP's gradient average: N ranks x b queries train the objective of one process with N*b;
+- rank 0 writes the training log, the checkpoints (with every rank's RNG state) and the result; the task tails the
+  training log and feeds its records to the stage's callbacks (live MLflow metrics, progress, fault drills), so the
+  run is logged once;
+- a task that is stopped or fails stops the ranks; a re-run resumes every rank from the latest checkpoint.
+
+Single node only (one machine, N processes). The asynchronous refresh (`refresh: async`) trains in one process.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ance_core.errors import AnceError
+
+SPEC = "distributed.json"
+RESULT = "distributed_result.json"
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the training process group (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def current_ranks() -> Ranks:
+    if dist.is_available() and dist.is_initialized():
+        return Ranks(dist.get_rank(), dist.get_world_size())
+    return Ranks()
+
+
+def split_sizes(n: int, world: int) -> list[int]:
+    """Rows of an n-row batch on each rank: contiguous, the first n % world ranks one more."""
+    base, extra = divmod(n, world)
+    return [base + (r < extra) for r in range(world)]
+
+
+def rank_rows(n: int, ranks: Ranks) -> slice:
+    """This rank's contiguous slice of an n-row global batch."""
+    sizes = split_sizes(n, ranks.world)
+    start = sum(sizes[: ranks.rank])
+    return slice(start, start + sizes[ranks.rank])
+
+
+def gather_rows(local: torch.Tensor, sizes: Sequence[int], ranks: Ranks) -> torch.Tensor:
+    """Every rank's rows (sizes[r] on rank r) concatenated in rank order; the gradient flows only into this rank's own
+    rows, which are `local` itself (the other ranks' are copies)."""
+    if ranks.world == 1:
+        return local
+    width = max(sizes)
+    padded = local.new_zeros((width, *local.shape[1:]))
+    padded[: len(local)] = local.detach()
+    parts = [torch.empty_like(padded) for _ in range(ranks.world)]
+    dist.all_gather(parts, padded)
+    rows = [part[:size] for part, size in zip(parts, sizes, strict=True)]
+    rows[ranks.rank] = local
+    return torch.cat(rows)
+
+
+def rng_states(ranks: Ranks) -> dict[str, torch.Tensor]:
+    """The RNG states of every rank (a collective: all ranks call it), keyed `torch_cpu`, `cuda_<i>` for rank 0 and
+    with a `_rank<r>` suffix for the others."""
+    own = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        own |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    if ranks.world == 1:
+        return own
+    gathered: list = [None] * ranks.world
+    dist.all_gather_object(gathered, own)
+    return {key + (f"_rank{r}" if r else ""): value
+            for r, states in enumerate(gathered) for key, value in states.items()}
+
+
+def restore_rng(saved: dict[str, torch.Tensor], ranks: Ranks) -> None:
+    suffix = f"_rank{ranks.rank}" if ranks.rank else ""
+    mine = {key[: len(key) - len(suffix)]: value for key, value in saved.items()
+            if key.endswith(suffix) and (suffix or "_rank" not in key)}
+    torch.set_rng_state(mine["torch_cpu"])
+    if torch.cuda.is_available():
+        cuda = [mine[k] for k in sorted(mine) if k.startswith("cuda_")]
+        if cuda:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# ---------------------------------------------------------------- the launcher (the task's side)
+
+
+def _die_with_parent() -> None:
+    """Linux: the launcher gets SIGTERM (and stops its ranks) when the task's process dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _records_after(log_path: Path, step: int) -> list[dict]:
+    if not log_path.is_file():
+        return []
+    records = []
+    for line in log_path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            break
+        if record["step"] > step:
+            records.append(record)
+    return records
+
+
+def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[[dict], None]] = (),
+           resumed_step: int = 0, poll_seconds: float = 0.5) -> dict:
+    """Train the stage described by `spec` (what `train` takes, as paths; see `main`) on `world_size` processes
+    started by torchrun, calling `callbacks` with each new training-log record; returns rank 0's training summary.
+
+    A callback that raises stops the ranks and re-raises (the latest checkpoint stays in `out`)."""
+    from ance_core.artifacts import TRAIN_LOG
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULT).unlink(missing_ok=True)
+    (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+               "-m", "ance_core.distributed", str(out / SPEC)]
+    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    seen = resumed_step
+    try:
+        while True:
+            finished = proc.poll() is not None
+            for record in _records_after(out / TRAIN_LOG, seen):
+                seen = record["step"]
+                for callback in callbacks:
+                    callback(record)
+            if finished:
+                break
+            time.sleep(poll_seconds)
+    except BaseException:
+        _stop(proc)
+        raise
+    if proc.returncode != 0 or not (out / RESULT).is_file():
+        raise AnceError(f"distributed training on {world_size} processes failed (torchrun exit status "
+                        f"{proc.returncode}; the ranks' errors are in the log above); a re-run resumes from the "
+                        f"latest checkpoint in {out}")
+    summary = json.loads((out / RESULT).read_text())
+    (out / RESULT).unlink()
+    (out / SPEC).unlink()
+    return summary
+
+
+# ---------------------------------------------------------------- a rank (torchrun's side)
+
+
+def main(spec_path: str) -> None:
+    import pandas as pd
+
+    from ance_core.config import TrainConfig
+    from ance_core.data import read_tables
+    from ance_core.train import Schedule, train
+
+    if os.environ.get("ANCE_FAULT"):
+        import tasks.common  # noqa: F401  (a drill: installs the hook of the fault points)
+    spec = json.loads(Path(spec_path).read_text())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        tables = read_tables(spec["data"])
+        pairs = pd.read_parquet(spec["negatives"])
+        schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
+        out = Path(spec["out"])
+        summary = train(spec["checkpoint"], pairs, tables.corpus, tables.queries, tables.relevant(spec["split"]),
+                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule)
+        if dist.get_rank() == 0:
+            (out / RESULT).write_text(json.dumps(summary))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,249 @@
+"""Training on 2 processes (torch.distributed, gloo on CPU): the objective of one process with the whole batch,
+resumable after a rank is SIGKILLed, and run by the pipeline's training tasks with rank 0 logging."""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ance_core.config import PipelineConfig, TrainConfig
+from ance_core.distributed import gather_rows, launch, rank_rows, split_sizes
+from ance_core.errors import AnceError
+from ance_core.train import train
+from tests.tiny import random_head_checkpoint, run_pipeline_cli, tiny_pipeline_config, training_tables, write_beir
+
+
+@pytest.fixture(scope="module")
+def no_dropout_checkpoint(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model without dropout: 2 ranks x b and 1 x 2b then compute the same function."""
+    folder = tmp_path_factory.mktemp("nodrop")
+    shutil.copytree(tiny_model, folder / "base")
+    config = json.loads((folder / "base" / "config.json").read_text())
+    (folder / "base" / "config.json").write_text(json.dumps(config | {"hidden_dropout_prob": 0.0}))
+    return random_head_checkpoint(folder / "base", folder / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def stage_inputs(tmp_path_factory) -> Path:
+    """training_tables() as a BEIR dataset folder (what a rank reads) and a negatives parquet."""
+    from ance_core.data import load_dataset, save_tables
+
+    negatives, corpus, queries, relevant = training_tables()
+    folder = tmp_path_factory.mktemp("stage")
+    beir = write_beir(folder / "beir", corpus.rename(columns={"doc_id": "_id"}).to_dict("records"),
+                      queries.rename(columns={"query_id": "_id"}).to_dict("records"),
+                      {"train": [(q, d, 1) for q, docs in relevant.items() for d in docs]})
+    (folder / "data").mkdir()
+    save_tables(load_dataset(beir), folder / "data")
+    negatives.to_parquet(folder / "negatives.parquet")
+    return folder
+
+
+def _spec(checkpoint: Path, inputs: Path, cfg: TrainConfig) -> dict:
+    return {"checkpoint": str(checkpoint), "negatives": str(inputs / "negatives.parquet"), "data": str(inputs / "data"),
+            "split": "train", "cfg": cfg.model_dump(mode="json"), "schedule": None}
+
+
+def _one_process(checkpoint: Path, cfg: TrainConfig, out: Path) -> dict:
+    negatives, corpus, queries, relevant = training_tables()
+    return train(checkpoint, negatives, corpus, queries, relevant, cfg, out)
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+CFG = dict(batch_size=4, learning_rate=1e-3, precision="fp32", passage_max_length=24, checkpoint_every=0, seed=7)
+
+
+def test_the_rows_of_a_batch_go_round_the_ranks():
+    assert split_sizes(10, 2) == [5, 5] and split_sizes(5, 2) == [3, 2] and split_sizes(3, 4) == [1, 1, 1, 0]
+    from ance_core.distributed import Ranks
+
+    assert [rank_rows(5, Ranks(r, 2)) for r in (0, 1)] == [slice(0, 3), slice(3, 5)]
+    local = torch.ones(3, 2, requires_grad=True)
+    assert gather_rows(local, [3], Ranks()) is local  # one process: nothing to gather
+
+
+def _gradient_worker(rank: int, world: int, checkpoint: str, port: int, out: str) -> None:
+    """One rank of the gradient check: its half of the batch through DDP, the loss of the whole batch."""
+    import torch.distributed as dist
+
+    from ance_core.distributed import current_ranks
+    from ance_core.loss import nll_loss
+    from ance_core.model import load_checkpoint
+    from ance_core.train import PairEncoder
+
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    model.eval()  # no dropout: the same function on every rank
+    ranks = current_ranks()
+    encoder = torch.nn.parallel.DistributedDataParallel(PairEncoder(model))
+    queries, passages = _gradient_batch()
+    group = len(passages) // len(queries)
+    mine = rank_rows(len(queries), ranks)
+    tok = lambda texts: dict(tokenizer(texts, padding=True, truncation=True, max_length=24, return_tensors="pt"))  # noqa: E731
+    q, p = encoder({k: v for k, v in tok(queries[mine]).items() if k != "token_type_ids"},
+                   {k: v for k, v in tok(passages[mine.start * group: mine.stop * group]).items()
+                    if k != "token_type_ids"})
+    sizes = split_sizes(len(queries), world)
+    q, p = gather_rows(q, sizes, ranks), gather_rows(p, [n * group for n in sizes], ranks)
+    loss = nll_loss(q, p, group, in_batch=True)
+    (loss * world).backward()
+    if rank == 0:
+        torch.save({"loss": loss.detach(), **{n: t.grad for n, t in model.named_parameters()}}, out)
+    dist.destroy_process_group()
+
+
+def _gradient_batch() -> tuple[list[str], list[str]]:
+    negatives, corpus, queries, _ = training_tables()
+    text = dict(zip(corpus["doc_id"], corpus["text"], strict=True))
+    rows = negatives.head(6)
+    qtext = dict(zip(queries["query_id"], queries["text"], strict=True))
+    pairs = zip(rows["positive_id"], rows["negative_ids"], strict=True)
+    return [qtext[q] for q in rows["query_id"]], [text[d] for pos, negs in pairs for d in [pos, *negs]]
+
+
+def test_two_ranks_compute_the_loss_and_gradients_of_the_whole_batch(no_dropout_checkpoint, tmp_path):
+    """DDP over 2 gloo processes with 3 queries each = one process with the 6 (loss and every gradient, 1e-5)."""
+    import socket
+
+    from ance_core.loss import nll_loss
+    from ance_core.model import load_checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_gradient_worker, args=(2, str(no_dropout_checkpoint), port, str(tmp_path / "g.pt")),
+                                nprocs=2)
+    two = torch.load(tmp_path / "g.pt")
+
+    model, tokenizer, _ = load_checkpoint(no_dropout_checkpoint)
+    model.eval()
+    queries, passages = _gradient_batch()
+    tok = lambda texts: {k: v for k, v in tokenizer(texts, padding=True, truncation=True, max_length=24,  # noqa: E731
+                                                     return_tensors="pt").items() if k != "token_type_ids"}
+    loss = nll_loss(model(**tok(queries)), model(**tok(passages)), len(passages) // len(queries), in_batch=True)
+    loss.backward()
+    assert float(two["loss"]) == pytest.approx(loss.item(), abs=1e-5)
+    compared = 0
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        torch.testing.assert_close(two[name], param.grad, atol=1e-5, rtol=1e-4, msg=name)
+        compared += 1
+    assert compared > 10 and float(sum(g.abs().sum() for n, g in two.items() if n != "loss")) > 0
+
+
+def test_ten_steps_on_two_ranks_reach_the_weights_of_one_process_with_the_whole_batch(
+        no_dropout_checkpoint, stage_inputs, tmp_path):
+    """The training task's path (torchrun, 2 gloo ranks, batch 4 = 2 x 2) against one process with batch 4: same
+    step-1 loss and gradient norm (1e-5), weights after 10 AdamW steps within 1e-4."""
+    one = _one_process(no_dropout_checkpoint, TrainConfig(**CFG, max_steps=10), tmp_path / "one")
+    records = []
+    two = launch(_spec(no_dropout_checkpoint, stage_inputs, TrainConfig(**CFG, max_steps=10, world_size=2)),
+                 tmp_path / "two", 2, callbacks=[records.append])
+    assert two["steps"] == one["steps"] == 10
+    assert [r["step"] for r in records] == list(range(1, 11))  # rank 0 logged each step once
+    log_one, log_two = _log(tmp_path / "one"), _log(tmp_path / "two")
+    assert log_two == records
+    for key in ("loss", "grad_norm", "grad_norm_bottom", "grad_norm_top"):
+        assert log_two[0][key] == pytest.approx(log_one[0][key], abs=1e-5), key
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    start = load_file(no_dropout_checkpoint / "model.safetensors")
+    moved = max(float((a[k] - start[k]).abs().max()) for k in a)
+    assert moved > 1e-3  # the weights did change
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-4, rtol=0, msg=key)
+    assert not (tmp_path / "two" / "distributed.json").exists()
+
+
+def _rank_pid(spec: Path, rank: int) -> int | None:
+    """The pid of a rank of the torchrun started on `spec` (its environment says RANK)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if str(spec).encode() not in cmdline or b"torch.distributed.run" in cmdline:
+                continue
+            if f"RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def test_a_sigkilled_rank_resumes_to_the_weights_of_an_uninterrupted_run(tiny_model, stage_inputs, tmp_path,
+                                                                           monkeypatch):
+    """Rank 1 is SIGKILLed at step 7 (it hangs there by a drill; the test kills it); the re-run resumes both ranks
+    from step 5's checkpoint and ends bit-identical to an uninterrupted 2-rank run (dropout on: each rank's RNG is
+    in the checkpoint)."""
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "ckpt")
+    cfg = TrainConfig(**CFG | {"checkpoint_every": 5}, max_steps=12, world_size=2, attention_dropout=0.1)
+    launch(_spec(checkpoint, stage_inputs, cfg), tmp_path / "whole", 2)
+
+    signal_file = tmp_path / "hung"
+    monkeypatch.setenv("ANCE_FAULT", "train-rank1@7:hang")
+    monkeypatch.setenv("ANCE_FAULT_SIGNAL", str(signal_file))
+    out = tmp_path / "killed"
+    killed = []
+
+    def kill_rank_1():
+        deadline = time.monotonic() + 300
+        while not signal_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if (pid := _rank_pid(out / "distributed.json", 1)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    with pytest.raises(AnceError, match="re-run resumes"):
+        launch(_spec(checkpoint, stage_inputs, cfg), out, 2)
+    killer.join()
+    assert killed and [p.name for p in (out / "checkpoints").iterdir()] == ["step-000005"]
+    monkeypatch.delenv("ANCE_FAULT")
+    records = []
+    summary = launch(_spec(checkpoint, stage_inputs, cfg), out, 2, callbacks=[records.append], resumed_step=5)
+    assert summary["resumed_from_step"] == 5 and [r["step"] for r in records] == list(range(6, 13))
+    for name in ("model.safetensors", "head.safetensors", "optimizer.safetensors", "rng.safetensors"):
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    rng = load_file(out / "rng.safetensors")
+    assert {"torch_cpu", "torch_cpu_rank1"} <= set(rng) and not torch.equal(rng["torch_cpu"], rng["torch_cpu_rank1"])
+    losses = lambda folder: [r["loss"] for r in _log(folder)]  # noqa: E731
+    assert losses(out) == losses(tmp_path / "whole")
+
+
+def test_world_size_is_checked():
+    negatives, corpus, queries, relevant = training_tables()
+    with pytest.raises(AnceError, match="world_size 2 but this process group has 1"):
+        train("unused", negatives, corpus, queries, relevant, TrainConfig(world_size=2), Path("unused"))
+    with pytest.raises(ValueError, match="refresh 'async' trains in one process"):
+        PipelineConfig(refresh="async", ance={"world_size": 2})
+
+
+def test_the_pipeline_trains_on_two_ranks_and_logs_each_step_once(tiny_scifact, tiny_model, tmp_path):
+    """The tiny pipeline with warmup and rounds on 2 processes each: MLflow has one loss per optimizer step."""
+    from mlflow.tracking import MlflowClient
+
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=4)
+    for stage in ("warmup", "ance"):
+        config[stage] |= {"world_size": 2, "checkpoint_every": 3}
+    config["compression"] = None
+    result, _ = run_pipeline_cli(config, tmp_path)
+    client = MlflowClient(result["mlflow_uri"])
+    steps = [m.step for m in client.get_metric_history(result["mlflow_run_id"], "loss")]
+    assert steps == list(range(1, 9))
+    trained = [p for p in (tmp_path / "work" / "train").iterdir() if not p.name.startswith(".")]
+    assert len(trained) == 2
+    for folder in trained:
+        assert not (folder / "checkpoints").exists() and not (folder / "distributed.json").exists()
+        assert len(_log(folder)) == 4
