@@ -155,10 +155,26 @@ class ExecutionConfig(StageConfig):
 
 
 class IndexConfig(StageConfig):
-    """faiss IndexFlatIP (the paper's); on the GPU when faiss-gpu and CUDA are present."""
+    """The faiss index the training rounds mine from: exact IndexFlatIP (the paper's, the default) or an approximate
+    IVF-Flat or HNSW one, in `shards` parts searched together (faiss IndexShards); on the GPU when faiss-gpu and CUDA
+    are present (one part per GPU). Evaluation always searches an exact flat index."""
 
+    type: Literal["flat", "ivf", "hnsw"] = Field(
+        "flat", description="flat: exact inner product (the paper's); ivf: IVF-Flat, nprobe of nlist lists; hnsw: "
+        "HNSW graph (CPU only). Used for mining in the rounds; evaluation searches a flat index")
+    shards: int = Field(1, ge=1, description="Index parts searched together (faiss IndexShards): one per GPU on GPU "
+                        "machines, threads in one process on CPU; a flat index gives the same results")
+    nlist: int | None = Field(None, ge=1, description="ivf: inverted lists; unset: 4 * sqrt(vectors), at least 39 "
+                              "vectors per list")
+    nprobe: int = Field(32, ge=1, description="ivf: lists searched per query")
+    hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")
+    ef_search: int = Field(128, ge=1, description="hnsw: search breadth (at least the k searched for)")
     device: Literal["auto", "cpu", "gpu"] = "auto"
     search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
+
+    def exact(self) -> "IndexConfig":
+        """The flat index of the same placement (evaluation's)."""
+        return self.model_copy(update={"type": "flat"})
 
 
 SamplerName = Literal[NAMES]  # the registry's (ance_core/samplers.py)

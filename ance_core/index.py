@@ -1,8 +1,12 @@
 """faiss indexes over encoded shards: IndexFlatIP (the paper's, exact; moved to the GPU when faiss-gpu and CUDA exist),
-and the approximate HNSW and IVF-PQ indexes the compression table compares against it.
+the approximate IVF-Flat and HNSW indexes the training rounds may mine from (`index.type`), and the HNSW and IVF-PQ
+indexes the compression table compares against it.
 
 An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini, and for the
-approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading. A MaxP
+approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading. An index
+of `index.shards` K > 1 parts holds `index-part-0000` .. instead of `index`: part k the k-th contiguous slice of the
+rows, searched together as one faiss IndexShards (an IVF index's parts share one trained quantizer, so they answer as
+one index would). Building streams the encoded shards: memory holds the index and one encoded shard. A MaxP
 index (a `maxp` checkpoint's windows) also holds `window` (the window number of each row): a document has several
 rows, and a search returns documents, each scored by its best window (MaxP). `SearchIndex` loads any of them.
 """
@@ -18,9 +22,10 @@ import faiss
 import numpy as np
 import torch
 
-from ance_core.artifacts import DOCIDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
+from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
 from ance_core.config import CompressConfig, IndexConfig, IndexType
 from ance_core.encode import iter_shards
+from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 
 SEARCH_PARAMS = "search.json"
@@ -38,18 +43,68 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def build_index(embeddings_dir: str | Path, out: Path) -> dict:
-    index: faiss.Index | None = None
-    for shard in iter_shards(embeddings_dir):
-        if index is None:
-            index = faiss.IndexFlatIP(shard.shape[1])
-        index.add(np.ascontiguousarray(shard, dtype=np.float32))
-    if index is None:
+PART = "index-part-{:04d}"
+FAISS_TYPES = {"flat": "IndexFlatIP", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSWFlat"}
+
+
+def _shape(embeddings_dir: str | Path) -> tuple[int, int]:
+    """(rows, dim) of an encoding, read from the shards' headers."""
+    shapes = [np.load(path, mmap_mode="r").shape for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS))]
+    if not shapes:
         raise ValueError(f"{embeddings_dir}: no emb_*.npy shards")
-    faiss.write_index(index, str(out / INDEX))
+    return sum(n for n, _ in shapes), shapes[0][1]
+
+
+def _training_sample(embeddings_dir: str | Path, n: int, size: int) -> np.ndarray:
+    """`size` rows spread evenly over the encoding (an IVF quantizer's training set), read through memory maps."""
+    wanted = np.unique(np.linspace(0, n - 1, min(size, n)).astype(np.int64))
+    rows, start = [], 0
+    for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
+        shard = np.load(path, mmap_mode="r")
+        inside = wanted[(wanted >= start) & (wanted < start + len(shard))] - start
+        rows.append(np.asarray(shard[inside], dtype=np.float32))
+        start += len(shard)
+    return np.ascontiguousarray(np.concatenate(rows))
+
+
+def _empty_index(cfg: IndexConfig, embeddings_dir: str | Path, n: int, d: int) -> tuple[faiss.Index, dict]:
+    """A ready-to-fill index of `cfg.type` (an IVF one trained on a sample) and its search parameters."""
+    if cfg.type == "flat":
+        return faiss.IndexFlatIP(d), {}
+    if cfg.type == "hnsw":
+        index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = max(40, 2 * cfg.hnsw_m)
+        return index, {"efSearch": cfg.ef_search}
+    nlist = min(cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39)), n)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.min_points_per_centroid = 1  # small collections: no warning per list
+    index.train(_training_sample(embeddings_dir, n, 256 * nlist))  # faiss's own cap: 256 points per centroid
+    return index, {"nprobe": min(cfg.nprobe, nlist), "nlist": nlist}
+
+
+def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexConfig()) -> dict:
+    """The index of `cfg` (default: one exact IndexFlatIP) over an encoding, its parts filled shard by shard."""
+    n, d = _shape(embeddings_dir)
+    empty, params = _empty_index(cfg, embeddings_dir, n, d)
+    k = min(cfg.shards, n)
+    bounds = [n * i // k for i in range(k + 1)]  # part i holds rows bounds[i] .. bounds[i+1]
+    parts = [empty] + [faiss.clone_index(empty) for _ in range(k - 1)]
+    start = 0
+    for shard in iter_shards(embeddings_dir):
+        shard = np.ascontiguousarray(shard, dtype=np.float32)
+        for i, part in enumerate(parts):
+            lo, hi = max(bounds[i], start), min(bounds[i + 1], start + len(shard))
+            if lo < hi:
+                part.add(shard[lo - start : hi - start])
+        start += len(shard)
+    for i, part in enumerate(parts):
+        faiss.write_index(part, str(out / (INDEX if k == 1 else PART.format(i))))
     fault_point("build-index", 1)  # the index written, its doc ids not yet
+    search = {key: value for key, value in params.items() if key in ("efSearch", "nprobe")}
+    if search:
+        (out / SEARCH_PARAMS).write_text(json.dumps(search))
     _copy_row_ids(embeddings_dir, out)
-    return {"vectors": index.ntotal, "dim": index.d, "type": "IndexFlatIP"}
+    return {"vectors": n, "dim": d, "type": FAISS_TYPES[cfg.type]} | ({"shards": k} if k > 1 else {}) | params
 
 
 def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg: CompressConfig) -> dict:
@@ -95,27 +150,47 @@ def _set_search_params(index: faiss.Index, params: dict[str, int]) -> None:
         faiss.extract_index_ivf(index).nprobe = params["nprobe"]
 
 
+def _together(parts: list[faiss.Index]) -> faiss.Index:
+    """One index, or its parts searched as one (faiss IndexShards: threads, the parts' row ids in sequence)."""
+    if len(parts) == 1:
+        return parts[0]
+    shards = faiss.IndexShards(parts[0].d, True, True)
+    for part in parts:
+        shards.add_shard(part)  # faiss's wrapper keeps a reference to each part
+    return shards
+
+
 class SearchIndex:
     """An index folder loaded for search, whatever its type (`build_index`'s flat one, or `build_ann_index`'s HNSW or
     IVF-PQ one with its search parameters): `search` returns (scores, doc ids) for a matrix of query vectors."""
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
-        index = faiss.read_index(str(folder / INDEX))
-        if (folder / SEARCH_PARAMS).is_file():
-            _set_search_params(index, json.loads((folder / SEARCH_PARAMS).read_text()))
+        paths = [folder / INDEX] if (folder / INDEX).is_file() else sorted(folder.glob(PART.format(0)[:-4] + "*"))
+        if not paths:
+            raise AnceError(f"{folder}: no faiss index (neither '{INDEX}' nor '{PART.format(0)}' ..)")
+        parts = [faiss.read_index(str(path)) for path in paths]
+        self._search_params = json.loads((folder / SEARCH_PARAMS).read_text()) if (folder / SEARCH_PARAMS).is_file() \
+            else {}
+        for part in parts:
+            _set_search_params(part, self._search_params)
         # HNSW has no GPU implementation: it stays on the CPU
-        self.on_gpu = cfg.device != "cpu" and gpu_available() and not isinstance(faiss.downcast_index(index),
+        self.on_gpu = cfg.device != "cpu" and gpu_available() and not isinstance(faiss.downcast_index(parts[0]),
                                                                                   faiss.IndexHNSW)
         if cfg.device == "gpu" and not self.on_gpu:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
-        self._cpu_index = index  # faiss's GPU search returns at most GPU_MAX_K results per query
+        self._cpu_parts = parts  # faiss's GPU search returns at most GPU_MAX_K results per query
+        self._offsets = np.cumsum([0, *(part.ntotal for part in parts)])
+        self._cpu_index = _together(parts)
         if self.on_gpu:
             self._resources = faiss.StandardGpuResources()
-            # the calling thread's current CUDA device (the async inferencer uses its own GPU)
-            device = torch.cuda.current_device() if torch.cuda.is_available() else 0
-            index = faiss.index_cpu_to_gpu(self._resources, device, index)
-        self.index = index
+            # one part: the calling thread's current CUDA device (the async inferencer uses its own GPU); several: one
+            # GPU each, in turn
+            first = torch.cuda.current_device() if torch.cuda.is_available() else 0
+            gpus = faiss.get_num_gpus()
+            parts = [faiss.index_cpu_to_gpu(self._resources, (first + i) % gpus, part) for i, part in enumerate(parts)]
+        self._parts = parts
+        self.index = _together(parts)
         self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
         window_file = folder / INDEX_WINDOWS
         self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
@@ -136,11 +211,16 @@ class SearchIndex:
         return rows
 
     def _reconstruct(self, rows: list[int]) -> np.ndarray:
-        if not rows:
-            return np.zeros((0, self.index.d), dtype=np.float32)
-        if (ivf := faiss.try_extract_index_ivf(self.index)) is not None:
-            ivf.make_direct_map()  # IVF-PQ: the decoded (approximate) vectors
-        return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64)).astype(np.float32)
+        out = np.zeros((len(rows), self.index.d), dtype=np.float32)
+        rows = np.asarray(rows, dtype=np.int64)
+        owner = np.searchsorted(self._offsets, rows, side="right") - 1  # the part holding each row
+        for i, part in enumerate(self._cpu_parts):
+            if not (mine := owner == i).any():
+                continue
+            if (ivf := faiss.try_extract_index_ivf(part)) is not None and ivf.direct_map.type == 0:
+                ivf.make_direct_map()  # IVF: the stored (IVF-PQ: decoded, approximate) vectors
+            out[mine] = part.reconstruct_batch(rows[mine] - self._offsets[i])
+        return out
 
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """The indexed vector of each document (flat index: exact), (n, h) float32; a MaxP document's first window."""
@@ -180,6 +260,9 @@ class SearchIndex:
         k = min(k, len(self))
         depth = min(k * self.max_windows, self.index.ntotal)
         index = self.index if not self.on_gpu or depth <= GPU_MAX_K else self._cpu_index
+        if "efSearch" in self._search_params:  # HNSW searches at least as broadly as the results it returns
+            for part in self._cpu_parts:
+                faiss.downcast_index(part).hnsw.efSearch = max(self._search_params["efSearch"], depth)
         scores = np.empty((len(queries), depth), dtype=np.float32)
         rows = np.empty((len(queries), depth), dtype=np.int64)
         for start in range(0, len(queries), self.batch_size):

@@ -1,10 +1,13 @@
 """Dense retrieval with a checkpoint and an index: queries in, a run (query_id, doc_id, rank, score) out."""
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.encode import encode_queries
@@ -34,18 +37,33 @@ def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
     return frame if windows is None else frame.assign(window=windows.reshape(-1).astype(np.int64))
 
 
+QUERY_CHUNK = 50_000  # queries encoded and searched at a time by `write_dense_run`
+
+
+def _search_chunks(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int,
+                   encode_cfg: EncodeConfig, index_cfg: IndexConfig, chunk: int | None = None
+                   ) -> Iterator[tuple[pd.DataFrame, pd.DataFrame, np.ndarray, SearchIndex]]:
+    """(the queries, their top-k run, their embeddings, the loaded index) for `chunk` queries at a time (all at once
+    by default): memory grows with the chunk, not with the number of queries."""
+    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
+    index = SearchIndex(index_dir, index_cfg)
+    step = chunk or max(1, len(queries))
+    for start in range(0, max(1, len(queries)), step):
+        part = queries.iloc[start : start + step]
+        q = encode_queries(model, tokenizer, part["text"].tolist(), meta.query_max_length, encode_cfg)
+        if q.shape[1] != index.index.d:
+            raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
+                            f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
+                            "compressed embeddings, and its teacher the full one")
+        scores, ids, windows = index.search_windows(q, top_k)
+        yield part, run_frame(part["query_id"].tolist(), ids, scores, windows), q, index
+
+
 def _search(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int, encode_cfg: EncodeConfig,
             index_cfg: IndexConfig) -> tuple[pd.DataFrame, np.ndarray, SearchIndex]:
     """(the top-k run, the query embeddings, the loaded index)."""
-    model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
-    q = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, encode_cfg)
-    index = SearchIndex(index_dir, index_cfg)
-    if q.shape[1] != index.index.d:
-        raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
-                        f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
-                        "compressed embeddings, and its teacher the full one")
-    scores, ids, windows = index.search_windows(q, top_k)
-    return run_frame(queries["query_id"].tolist(), ids, scores, windows), q, index
+    _, run, q, index = next(_search_chunks(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg))
+    return run, q, index
 
 
 def dense_retrieve(
@@ -74,6 +92,35 @@ def dense_retrieve_with_positives(
     run, q, index = _search(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg)
     pairs = [(query_id, d) for query_id in queries["query_id"] for d in sorted(positives.get(query_id, ()))]
     return run, _pair_scores(q, queries["query_id"].tolist(), index, pairs)
+
+
+def write_dense_run(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int,
+                    positives: dict[str, set[str]], run_path: Path, positives_path: Path,
+                    encode_cfg: EncodeConfig = EncodeConfig(), index_cfg: IndexConfig = IndexConfig(),
+                    chunk: int = QUERY_CHUNK) -> None:
+    """`dense_retrieve_with_positives` streamed to two parquet files, `chunk` queries at a time (a row group each):
+    neither the run nor a score matrix of all the queries is ever held."""
+    writers: dict[Path, pq.ParquetWriter] = {}
+
+    def write(path: Path, frame: pd.DataFrame) -> None:
+        if path in writers:
+            table = pa.Table.from_pandas(frame, schema=writers[path].schema, preserve_index=False)
+        else:  # an empty first chunk has columns of no type: they hold strings
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f
+                                          for f in table.schema], metadata=table.schema.metadata))
+            writers[path] = pq.ParquetWriter(path, table.schema)
+        writers[path].write_table(table)
+
+    try:
+        for part, run, q, index in _search_chunks(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg,
+                                                  chunk):
+            pairs = [(query_id, d) for query_id in part["query_id"] for d in sorted(positives.get(query_id, ()))]
+            write(run_path, run)
+            write(positives_path, _pair_scores(q, part["query_id"].tolist(), index, pairs))
+    finally:
+        for writer in writers.values():
+            writer.close()
 
 
 def _pair_scores(q: np.ndarray, query_ids: list[str], index: SearchIndex, pairs: list[tuple[str, str]]

@@ -111,11 +111,12 @@ class RunBook:
         the training queries, shared with the next round's mining, and the starting model's scores of its
         negatives)."""
         c, built = self.c, built or {}
+        exact = built.get("index") if c.index.type == "flat" else None  # an approximate mining index is not reused
         refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval.top_k, c.encode, c.index, self.wd,
-                               built.get("index"), self.dev_split, c.execution)
+                               exact, self.dev_split, c.execution)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
-                              "index": built.get("index") or refs["index"]}
+                              "index": exact or refs["index"]}
         self._record_evaluation(label, self.eval_split, refs["evaluate"])
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])

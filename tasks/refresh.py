@@ -33,7 +33,7 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
     spec = mining.spec
     if spec.needs_model:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
-        refs["index"] = run_task(build_index, refs["encode"], work_dir)
+        refs["index"] = run_task(build_index, refs["encode"], work_dir, index)
         refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode, index,
                                     work_dir)
     if spec.uses_bm25:
@@ -59,7 +59,7 @@ def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_
     refs = {}
     if built is None:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
-        built = refs["index"] = run_task(build_index, refs["encode"], work_dir)
+        built = refs["index"] = run_task(build_index, refs["encode"], work_dir, index.exact())
     refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
     refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir)
     if dev_split is not None and dev_split != split:

@@ -1,22 +1,21 @@
 from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.config import EncodeConfig, IndexConfig
 from ance_core.data import read_tables
-from ance_core.search import dense_retrieve_with_positives
+from ance_core.search import write_dense_run
 from tasks.common import stage_task
 
 
 @stage_task("dense-run")
 def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
               encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
-    """ANN top-k for the queries of a split with a checkpoint and its index, and the positives' scores."""
+    """ANN top-k for the queries of a split with a checkpoint and its index, and the positives' scores, written as the
+    queries are searched (a row group per chunk of queries)."""
 
     def build(out):
         tables = read_tables(data.path)
         queries = tables.split_queries(split)
-        run, positives = dense_retrieve_with_positives(checkpoint.path, index.path, queries, top_k,
-                                                       tables.positives(split), encode_cfg, index_cfg)
-        run.to_parquet(out / RUN, index=False)
-        positives.to_parquet(out / POSITIVE_SCORES, index=False)
+        write_dense_run(checkpoint.path, index.path, queries, top_k, tables.positives(split), out / RUN,
+                        out / POSITIVE_SCORES, encode_cfg, index_cfg)
         return {"queries": len(queries), "depth": top_k}
 
     config = {"split": split, "top_k": top_k, "encode": encode_cfg}  # index placement does not change results

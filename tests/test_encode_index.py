@@ -52,3 +52,80 @@ def test_flat_index_is_exact_and_batched_search_agrees(checkpoint, tmp_path):
     np.testing.assert_allclose(np.take_along_axis(brute, returned, 1), scores, rtol=1e-4, atol=1e-5)
     all_at_once = SearchIndex(idx_dir, IndexConfig(device="cpu", search_batch_size=1000)).search(queries, 5)
     np.testing.assert_array_equal(all_at_once[1], ids)
+
+
+def _random_encoding(folder, n=600, d=16, shard=128, seed=3):
+    """n random unit vectors in shards of `shard` rows, with doc ids (an encode folder's layout)."""
+    from ance_core.artifacts import DOCIDS, EMBEDDINGS
+
+    folder.mkdir()
+    vectors = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for k, start in enumerate(range(0, n, shard)):
+        np.save(folder / EMBEDDINGS.format(k), vectors[start:start + shard])
+    (folder / DOCIDS).write_text("".join(f"d{i}\n" for i in range(n)))
+    return vectors
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_index_types_and_parts_search_as_one_index(tmp_path, shards):
+    """index.type flat / ivf / hnsw in 1 or 3 parts (faiss IndexShards): flat in parts is exact; ivf with every list
+    probed and hnsw with a broad search find the exact top-10 here; reconstruct reads each part's own rows."""
+    vectors = _random_encoding(tmp_path / "emb")
+    queries = np.random.default_rng(4).standard_normal((20, 16)).astype(np.float32)
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+    for kind, extra in (("flat", {}), ("ivf", {"nlist": 8, "nprobe": 8}), ("hnsw", {"ef_search": 300})):
+        cfg = IndexConfig(type=kind, shards=shards, device="cpu", **extra)
+        out = tmp_path / f"{kind}-{shards}"
+        out.mkdir()
+        summary = build_index(tmp_path / "emb", out, cfg)
+        assert summary["vectors"] == 600 and summary.get("shards", 1) == shards
+        files = sorted(p.name for p in out.iterdir() if p.name.startswith("index"))
+        assert files == (["index"] if shards == 1 else [f"index-part-{k:04d}" for k in range(shards)])
+        index = SearchIndex(out, cfg)
+        scores, ids = index.search(queries, 10)
+        found = np.vectorize(lambda d: int(d[1:]))(ids)
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)])
+        assert recall == 1.0, (kind, recall)
+        np.testing.assert_allclose(index.vectors(["d0", "d299", "d599"]), vectors[[0, 299, 599]], atol=1e-6)
+    # an IVF index probing few of its lists misses some: the type is really approximate
+    cfg = IndexConfig(type="ivf", nlist=16, nprobe=1, shards=shards, device="cpu")
+    (tmp_path / "ivf1").mkdir()
+    build_index(tmp_path / "emb", tmp_path / "ivf1", cfg)
+    found = np.vectorize(lambda d: int(d[1:]))(SearchIndex(tmp_path / "ivf1", cfg).search(queries, 10)[1])
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)]) < 0.9
+
+
+def test_index_key_keeps_the_flat_key_and_separates_the_rest():
+    from tasks.index import index_key
+
+    assert index_key(IndexConfig()) == index_key(IndexConfig(device="cpu", nprobe=5)) == {"type": "flat_ip"}
+    keys = [index_key(IndexConfig(type=t, shards=s)) for t in ("flat", "ivf", "hnsw") for s in (1, 2)]
+    assert len({str(k) for k in keys}) == 6
+
+
+def test_streamed_dense_run_equals_the_run_of_all_queries_at_once(checkpoint, tmp_path):
+    """write_dense_run in chunks of 3 queries (a parquet row group each) = dense_retrieve_with_positives at once."""
+    from ance_core.search import dense_retrieve_with_positives, write_dense_run
+
+    emb_dir, idx_dir = tmp_path / "emb", tmp_path / "idx"
+    emb_dir.mkdir(), idx_dir.mkdir()
+    cfg = EncodeConfig(shard_size=10, precision="fp32")
+    encode_corpus(checkpoint, _corpus(), cfg, emb_dir)
+    build_index(emb_dir, idx_dir)
+    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(8)],
+                            "text": ["cell gene", "cancer", "mice study risk", "protein", "effect", "patients",
+                                     "treatment gene cell", "study"]})
+    positives = {f"q{i}": {f"d{i}", f"d{i + 9}"} for i in range(0, 8, 2)}  # odd queries have none
+    run, scored = dense_retrieve_with_positives(checkpoint, idx_dir, queries, 5, positives, cfg)
+    write_dense_run(checkpoint, idx_dir, queries, 5, positives, tmp_path / "run.parquet", tmp_path / "pos.parquet",
+                    cfg, chunk=3)
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "run.parquet").num_row_groups == 3
+    streamed = pd.read_parquet(tmp_path / "run.parquet")
+    pd.testing.assert_frame_equal(streamed[["query_id", "doc_id", "rank"]], run[["query_id", "doc_id", "rank"]])
+    np.testing.assert_allclose(streamed["score"], run["score"], atol=1e-5)
+    streamed_pos = pd.read_parquet(tmp_path / "pos.parquet")
+    assert len(streamed_pos) == len(scored) == 8
+    np.testing.assert_allclose(streamed_pos["score"], scored["score"], atol=1e-5)

@@ -96,3 +96,23 @@ def test_a_shard_task_reads_only_its_rows(tmp_path):
     assert corpus.metadata.num_row_groups == 8
     for start, stop in ((0, 64), (100, 300), (128, 256), (990, 1000), (0, 1000), (1000, 1000)):
         assert read_rows(corpus, start, stop)["doc_id"].tolist() == table["doc_id"][start:stop].tolist()
+
+
+def test_the_rounds_mine_from_an_approximate_index_in_parts_and_evaluation_stays_exact(tiny_scifact, tiny_model,
+                                                                                       tmp_path):
+    """index: {type: ivf, shards: 2}: the round's mining searches a 2-part IVF index built from the evaluation's
+    encoding; every model is evaluated on an exact flat index (one per model, none of them IVF)."""
+    from ance_core.index import SearchIndex
+    from tests.tiny import run_pipeline_cli, tiny_pipeline_config
+
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    config |= {"index": {"type": "ivf", "shards": 2, "nlist": 4, "nprobe": 2}, "compression": None}
+    result, _ = run_pipeline_cli(config, tmp_path)
+    indexes = [p for p in (tmp_path / "work" / "index").iterdir() if not p.name.startswith(".")]
+    kinds = sorted(read_manifest(p)["summary"]["type"] for p in indexes)
+    # flat: zero-shot, warm-up, round 1 (evaluation); IVF: the warm-up model's, which the round mined from
+    assert kinds == ["IndexFlatIP"] * 3 + ["IndexIVFFlat"], kinds
+    ivf = next(p for p in indexes if read_manifest(p)["summary"]["type"] == "IndexIVFFlat")
+    assert sorted(f.name for f in ivf.iterdir() if f.name.startswith("index")) == ["index-part-0000",
+                                                                                    "index-part-0001"]
+    assert len(SearchIndex(ivf)) == 200 and result["ndcg_at_10"] >= 0
