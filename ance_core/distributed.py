@@ -18,6 +18,7 @@ Single node only (one machine, N processes). The asynchronous refresh (`refresh:
 """
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ import torch.distributed as dist
 
 from ance_core.errors import AnceError
 
+FAULT_HOOK = "ANCE_FAULT_HOOK"  # a module each rank imports first (the pipeline passes tasks.common: ANCE_FAULT)
 SPEC = "distributed.json"
 RESULT = "distributed_result.json"
 
@@ -145,11 +147,12 @@ def _records_after(log_path: Path, step: int) -> list[dict]:
 
 
 def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[[dict], None]] = (),
-           resumed_step: int = 0, poll_seconds: float = 0.5) -> dict:
+           resumed_step: int = 0, env: dict[str, str] | None = None, poll_seconds: float = 0.5) -> dict:
     """Train the stage described by `spec` (what `train` takes, as paths; see `main`) on `world_size` processes
     started by torchrun, calling `callbacks` with each new training-log record; returns rank 0's training summary.
 
-    A callback that raises stops the ranks and re-raises (the latest checkpoint stays in `out`)."""
+    A callback that raises stops the ranks and re-raises (the latest checkpoint stays in `out`). `env`: added to the
+    ranks' environment."""
     from ance_core.artifacts import TRAIN_LOG
 
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,7 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
     (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
                "-m", "ance_core.distributed", str(out / SPEC)]
-    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent, env=os.environ | (env or {}))
     seen = resumed_step
     try:
         while True:
@@ -192,8 +195,8 @@ def main(spec_path: str) -> None:
     from ance_core.data import read_tables
     from ance_core.train import Schedule, train
 
-    if os.environ.get("ANCE_FAULT"):
-        import tasks.common  # noqa: F401  (a drill: installs the hook of the fault points)
+    if hook := os.environ.get(FAULT_HOOK):
+        importlib.import_module(hook)  # a drill: the module that installs the fault points' hook
     spec = json.loads(Path(spec_path).read_text())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -26,7 +26,7 @@ from ance_core.artifacts import (
 )
 from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, TrainConfig
 from ance_core.data import read_tables
-from ance_core.distributed import launch
+from ance_core.distributed import FAULT_HOOK, launch
 from ance_core.errors import AnceError
 from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
 from tasks.common import inject_fault, stage_task
@@ -67,7 +67,8 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
                     "schedule": dataclasses.asdict(schedule) if schedule is not None else None}
             resumed = latest_checkpoint(out)
-            return launch(spec, out, cfg.world_size, callbacks, resumed_step=int(resumed.name[5:]) if resumed else 0)
+            return launch(spec, out, cfg.world_size, callbacks, resumed_step=int(resumed.name[5:]) if resumed else 0,
+                          env={FAULT_HOOK: "tasks.common"})
         tables = read_tables(data.path)
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split), cfg, out,

@@ -193,6 +193,7 @@ def test_a_sigkilled_rank_resumes_to_the_weights_of_an_uninterrupted_run(tiny_mo
     signal_file = tmp_path / "hung"
     monkeypatch.setenv("ANCE_FAULT", "train-rank1@7:hang")
     monkeypatch.setenv("ANCE_FAULT_SIGNAL", str(signal_file))
+    monkeypatch.setenv("ANCE_FAULT_HOOK", "tasks.common")  # what the training task passes its ranks
     out = tmp_path / "killed"
     killed = []
 
