@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from ance_core.errors import AnceError
 from ance_core.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
@@ -120,6 +120,15 @@ class TrainConfig(StageConfig):
         1, ge=1, description="Training processes (torch.distributed DDP, started by torchrun on this machine: gloo on "
         "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "
         "negatives span them, so N processes train the objective of one")
+
+    @model_serializer(mode="wrap")
+    def _one_process_unsaid(self, handler):
+        """world_size 1 is left out of the dump: the cache keys of one-process stages stay those they had before it
+        existed (N > 1 is in them: the same objective, other rounding)."""
+        data = handler(self)
+        if data.get("world_size") == 1:
+            del data["world_size"]
+        return data
 
 
 class AnceTrainConfig(TrainConfig):

@@ -334,10 +334,11 @@ def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:
 
 
 TRAINING_GRADES = "training_grades.json"
+CORPUS_ROW_GROUP = 10_000  # a corpus shard task reads only the row groups of its documents (tasks/encode.read_rows)
 
 
 def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
-    dataset.corpus.to_parquet(out / "corpus.parquet", index=False)
+    dataset.corpus.to_parquet(out / "corpus.parquet", index=False, row_group_size=CORPUS_ROW_GROUP)
     fault_point("prepare-data", 1)  # the corpus written, the queries and qrels not yet
     dataset.queries.to_parquet(out / "queries.parquet", index=False)
     dataset.qrels.to_parquet(out / "qrels.parquet", index=False)
@@ -353,11 +354,12 @@ def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
     }
 
 
-def read_tables(folder: str | Path) -> Dataset:
+def read_tables(folder: str | Path, corpus_columns: list[str] | None = None) -> Dataset:
+    """The stored tables; `corpus_columns` reads only those of the corpus (["doc_id"]: not its text)."""
     folder = Path(folder)
     grades = folder / TRAINING_GRADES
     return Dataset(
-        corpus=pd.read_parquet(folder / "corpus.parquet"),
+        corpus=pd.read_parquet(folder / "corpus.parquet", columns=corpus_columns),
         queries=pd.read_parquet(folder / "queries.parquet"),
         qrels=pd.read_parquet(folder / "qrels.parquet"),
         min_relevance=json.loads(grades.read_text()) if grades.is_file() else {},

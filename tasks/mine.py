@@ -19,7 +19,7 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     false-negative control, and for a MaxP model, each document's best window."""
 
     def build(out):
-        tables = read_tables(data.path)
+        tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         frames = {name: pd.read_parquet(Path(ref.path, RUN)) for name, ref in rankings.items()}
         scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
         table = None

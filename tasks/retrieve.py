@@ -12,7 +12,7 @@ def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, sp
     queries are searched (a row group per chunk of queries)."""
 
     def build(out):
-        tables = read_tables(data.path)
+        tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         queries = tables.split_queries(split)
         write_dense_run(checkpoint.path, index.path, queries, top_k, tables.positives(split), out / RUN,
                         out / POSITIVE_SCORES, encode_cfg, index_cfg)

@@ -72,3 +72,13 @@ def test_scale_bench(tiny_scifact, tiny_model, tmp_path):
     assert set(rows) == {"local", "ray 1x2", "ray 2x1"}, out
     assert len(rows["ray 2x1"][6].split()) >= 1 and float(rows["local"][5]) == 1.0
     assert "embeddings identical to local: ray 1x2 True, ray 2x1 True" in out
+
+
+def test_memory_bench(tmp_path):
+    """bench/scale.py --memory: every stage of two tiny synthetic corpora in its own process, with its peak RSS."""
+    out = bench("scale.py", "--memory", "300", "600", "--queries", "40", "--depth", "20", tmp_path=tmp_path)
+    rows = re.findall(r"^ +(\d+) (data|encode|index|retrieve|mine) +([\d.]+) +([\d.]+) +(\d+)", out, re.M)
+    assert [(int(n), stage) for n, stage, *_ in rows] == [(n, s) for n in (300, 600)
+                                                           for s in ("data", "encode", "index", "retrieve", "mine")]
+    assert all(int(rss) > 100 for *_, rss in rows)
+    assert re.search(r"peak RSS 600 ÷ 300: [\d.]+x", out), out
