@@ -30,6 +30,8 @@ from ance_core.data import passage_texts
 from ance_core.faults import fault_point
 from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device
 
+TOKENIZE_CHUNK = 8192
+
 
 def encode_texts(
     model: BiEncoder,
@@ -42,7 +44,11 @@ def encode_texts(
 ) -> np.ndarray:
     """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little."""
     device = next(model.parameters()).device
-    features = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    # tokenized a chunk at a time: a fast tokenizer's per-text encodings (offsets, words, ...) of a whole shard take
+    # several times the memory of the token ids kept
+    features = [ids for start in range(0, len(texts), TOKENIZE_CHUNK)
+                for ids in tokenizer(texts[start:start + TOKENIZE_CHUNK], truncation=True, max_length=max_length,
+                                     add_special_tokens=True)["input_ids"]]
     order = np.argsort([-len(ids) for ids in features], kind="stable")
     out = np.empty((len(texts), model.dim), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
