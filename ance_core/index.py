@@ -20,6 +20,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import pandas as pd
 import torch
 
 from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
@@ -204,11 +205,20 @@ class SearchIndex:
         return self.documents
 
     @functools.cached_property
-    def _rows(self) -> dict[str, list[int]]:
-        rows: dict[str, list[int]] = {}
-        for i, d in enumerate(self.docids):
-            rows.setdefault(d, []).append(i)
-        return rows
+    def _starts(self) -> tuple[pd.Index, np.ndarray]:
+        """A hash index of the documents (compact at millions) and each one's rows: bounds[i] .. bounds[i+1] (a
+        document's windows are consecutive rows, window 0 first)."""
+        firsts = np.flatnonzero(self.windows == 0)
+        return pd.Index(self.docids[firsts]), np.append(firsts, len(self.docids))
+
+    def _doc_rows(self, doc_ids: list[str]) -> list[range]:
+        """The index rows of each document (FirstP: one; MaxP: one per window)."""
+        index, bounds = self._starts
+        position = index.get_indexer(doc_ids)
+        if (position < 0).any():
+            missing = [d for d, p in zip(doc_ids, position, strict=True) if p < 0]
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        return [range(bounds[p], bounds[p + 1]) for p in position]
 
     def _reconstruct(self, rows: list[int]) -> np.ndarray:
         out = np.zeros((len(rows), self.index.d), dtype=np.float32)
@@ -224,21 +234,16 @@ class SearchIndex:
 
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """The indexed vector of each document (flat index: exact), (n, h) float32; a MaxP document's first window."""
-        missing = [d for d in doc_ids if d not in self._rows]
-        if missing:
-            raise KeyError(f"documents not in the index: {missing[:5]}")
-        return self._reconstruct([self._rows[d][0] for d in doc_ids])
+        return self._reconstruct([rows[0] for rows in self._doc_rows(doc_ids)])
 
     def best_scores(self, queries: np.ndarray, doc_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Each (query vector, document) pair's exact score and the window that gives it: the best of the document's
         windows (MaxP; one window for FirstP). queries (n, h), doc_ids n -> scores (n,) float32, windows (n,) int."""
-        missing = [d for d in doc_ids if d not in self._rows]
-        if missing:
-            raise KeyError(f"documents not in the index: {missing[:5]}")
+        doc_rows = self._doc_rows(list(doc_ids))
         scores, windows = np.zeros(len(doc_ids), dtype=np.float32), np.zeros(len(doc_ids), dtype=np.int64)
         queries = np.asarray(queries, np.float32)
         for start in range(0, len(doc_ids), self.batch_size):  # in chunks: bounded memory for any number of pairs
-            rows = [self._rows[d] for d in doc_ids[start:start + self.batch_size]]
+            rows = doc_rows[start:start + self.batch_size]
             flat = np.concatenate(rows)  # every window row of every pair, pair by pair
             pair = np.repeat(np.arange(len(rows)), [len(r) for r in rows]) + start
             row_scores = np.einsum("ij,ij->i", self._reconstruct(flat.tolist()), queries[pair])
