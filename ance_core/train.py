@@ -15,11 +15,9 @@ No pickle: tensors in safetensors, everything else in JSON.
 import functools
 import json
 import math
-import os
 import re
 import shutil
 import time
-from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,24 +27,30 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ance_core.artifacts import TRAIN_LOG
 from ance_core.config import TrainConfig
 from ance_core.data import passage_texts
-from ance_core.distributed import Ranks, current_ranks, gather_rows, rank_rows, restore_rng, rng_states, split_sizes
+from ance_core.distributed import current_ranks, gather_rows, rank_rows, rng_states, split_sizes
 from ance_core.encode import passage_windows
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.loss import nll_loss
 from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
 from ance_core.optim import linear_schedule, make_optimizer
+from ance_core.train_state import (
+    CHECKPOINTS,
+    latest_checkpoint,
+    load_state,
+    resume_optimizer,
+    save_state,
+    write_checkpoint,
+)
 
 StepCallback = Callable[[dict], None]
 NegativesUpdate = Callable[[int], pd.DataFrame | None]
 SnapshotHook = Callable[[int, Callable[[Path], None]], None]
-CHECKPOINTS = "checkpoints"
 
 
 def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
@@ -127,85 +131,6 @@ def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size
             if d in pos and j != i * group_size:
                 mask[i, j] = True
     return mask
-
-
-# ---------------------------------------------------------------- training state (no pickle)
-
-
-def _save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler,
-                step: int, epoch: int, rng: dict[str, torch.Tensor]) -> None:
-    save_checkpoint(model, tokenizer, meta, folder)
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for pid, entries in state["state"].items():
-        for name, value in entries.items():
-            (tensors if torch.is_tensor(value) else scalars)[f"{pid}.{name}"] = value
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, folder / "optimizer.safetensors")
-    save_file(rng, folder / "rng.safetensors")
-    trainer_state = {
-        "step": step,
-        "epoch": epoch,
-        "optimizer_param_groups": state["param_groups"],
-        "optimizer_scalars": scalars,
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-    }
-    (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, default=float))
-
-
-def _optimizer_moments(folder: Path, device: torch.device) -> dict[int, dict]:
-    """The per-parameter optimizer state saved in a folder (`_save_state`)."""
-    trainer_state = json.loads((folder / "trainer_state.json").read_text())
-    entries: dict[int, dict] = defaultdict(dict)
-    for key, value in load_file(folder / "optimizer.safetensors").items():
-        pid, name = key.split(".", 1)
-        entries[int(pid)][name] = value.to(device) if name != "step" else value
-    for key, value in trainer_state["optimizer_scalars"].items():
-        pid, name = key.split(".", 1)
-        entries[int(pid)][name] = value
-    return dict(entries)
-
-
-def resume_optimizer(folder: Path, optimizer) -> None:
-    """Start from the optimizer moments saved with a checkpoint (a previous stage's), keeping this stage's learning
-    rate and weight decay."""
-    if not (folder / "optimizer.safetensors").is_file():
-        raise AnceError(f"{folder}: no optimizer state to continue from (schedule: continuous needs the previous "
-                        "stage's training folder)")
-    device = next(p for group in optimizer.param_groups for p in group["params"]).device
-    optimizer.load_state_dict({"state": _optimizer_moments(folder, device),
-                               "param_groups": optimizer.state_dict()["param_groups"]})
-
-
-def _load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler, ranks: Ranks) -> int:
-    trained, _, _ = load_checkpoint(folder, next(model.parameters()).device)
-    model.load_state_dict(trained.state_dict())
-    trainer_state = json.loads((folder / "trainer_state.json").read_text())
-    optimizer.load_state_dict({"state": _optimizer_moments(folder, next(model.parameters()).device),
-                               "param_groups": trainer_state["optimizer_param_groups"]})
-    scheduler.load_state_dict(trainer_state["scheduler"])
-    if scaler is not None and trainer_state["scaler"]:
-        scaler.load_state_dict(trainer_state["scaler"])
-    restore_rng(load_file(folder / "rng.safetensors"), ranks)
-    return int(trainer_state["step"])
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    found = sorted((out / CHECKPOINTS).glob("step-*")) if (out / CHECKPOINTS).is_dir() else []
-    return found[-1] if found else None
-
-
-def _write_checkpoint(out: Path, step: int, **state) -> None:
-    """Write checkpoints/step-N atomically, then drop older ones."""
-    final = out / CHECKPOINTS / f"step-{step:06d}"
-    tmp = out / CHECKPOINTS / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _save_state(tmp, step=step, **state)
-    os.replace(tmp, final)
-    for old in (out / CHECKPOINTS).glob("step-*"):
-        if old != final:
-            shutil.rmtree(old)
 
 
 def _passage_lookup(doc_text: dict[str, str], tokenizer, meta: ModelMeta) -> Callable[[str, int], str]:
@@ -331,7 +256,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     step = 0
     if (resume := latest_checkpoint(out)) is not None:
-        step = _load_state(resume, model, optimizer, scheduler, scaler, ranks)
+        step = load_state(resume, model, optimizer, scheduler, scaler, ranks)
     log_path = out / TRAIN_LOG
     if ranks.main:
         kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
@@ -413,7 +338,7 @@ def train(
             if (snapshot or cfg.checkpoint_every and step % cfg.checkpoint_every == 0) and step < total:
                 rng = rng_states(ranks)  # every rank's: a collective
                 if ranks.main:
-                    _write_checkpoint(out, step, rng=rng, **state)
+                    write_checkpoint(out, step, rng=rng, **state)
             if ranks.world > 1:
                 fault_point(f"train-rank{ranks.rank}", step)  # a drill stops one rank here (tests)
             if not ranks.main:
@@ -428,7 +353,7 @@ def train(
         dist.barrier()  # every rank done before rank 0 writes the result
     if not ranks.main:
         return {"steps": step}
-    _save_state(out, step=step, rng=rng, **state)
+    save_state(out, step=step, rng=rng, **state)
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     losses = [json.loads(ln)["loss"] for ln in log_path.read_text().splitlines()]
     return {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],
