@@ -72,6 +72,7 @@ def sample_negatives(
     positive_scores: dict[tuple[str, str], float] | None = None,
     relevant: dict[str, set[str]] | None = None,
     positive_windows: dict[tuple[str, str], int] | None = None,
+    warn_short: bool = True,
 ) -> pd.DataFrame:
     """One row per (query, positive): `cfg.num_negatives` negatives of `cfg.sampler` (COLUMNS; rank and score are those
     of the ranking they were mined from, 0 and NaN for random documents). In-batch samplers get empty negative lists.
@@ -79,7 +80,9 @@ def sample_negatives(
     `rankings`: each ranking the sampler mines (`dense`, `bm25`: query_id, doc_id, rank, score). `positives`: the
     training positives; `relevant` (default: the positives) every labelled-relevant document of a query, none of which
     is ever a negative (graded qrels may train on the top grades only). `positive_scores`: s(q, d⁺) (SimANS, margin).
-    `positive_windows`: the MaxP window of each (query, positive) under the mining model (default 0)."""
+    `positive_windows`: the MaxP window of each (query, positive) under the mining model (default 0).
+    `warn_short`: warn about the queries given fallback negatives (`warn_fallback`); off for a caller that mines the
+    queries in parts and warns once for all of them."""
     sampler, n, depth = get_sampler(cfg.sampler), cfg.num_negatives, cfg.depth
     positive_windows = positive_windows or {}
     if not sampler.mines:
@@ -94,7 +97,7 @@ def sample_negatives(
         raise AnceError(f"sampler '{sampler.name}' needs the positives' scores (a dense retrieval stage writes them)")
     docs = np.asarray(sorted(corpus_ids), dtype=object)
     grouped = {r: dict(tuple(rankings[r].groupby("query_id", sort=False))) for r in sampler.rankings}
-    rows, short = [], []
+    rows = []
     for query_id in sorted(positives):
         rng = query_rng(cfg.seed, round_, query_id)
         exclude = relevant.get(query_id, set()) | positives[query_id]
@@ -111,21 +114,27 @@ def sample_negatives(
             neg, wanted = sampler.draw(Pair(query_id, candidates, s_pos, cfg.simans_a, cfg.simans_b), n, rng)
             ids, ranks, scores = neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(), neg["score"].tolist()
             windows = neg["window"].fillna(0).astype(int).tolist() if "window" in neg else [0] * len(ids)
-            if wanted > len(ids):
-                short.append(query_id)
             extra = random_docs(docs, exclude | set(ids), n - len(ids), rng) if n > len(ids) else []
             rows.append((query_id, positive_id, ids + extra, ranks + [0] * len(extra),
                          [float(s) for s in scores] + [float("nan")] * len(extra), wanted - len(ids),
                          positive_windows.get((query_id, positive_id), 0), windows + [0] * len(extra)))
     table = pd.DataFrame(rows, columns=COLUMNS)
-    if short:
-        queries = list(dict.fromkeys(short))
-        warn(f"mining ({sampler.name}, top-{depth}{f', skip_top {cfg.skip_top}' if cfg.skip_top else ''}"
-             f"{f', margin {cfg.margin}' if cfg.margin is not None else ''}): {len(queries)} of {len(positives)} "
-             f"queries had fewer than the {n} candidate negatives they need (nothing retrieved, or too few left after "
-             f"the false-negative controls); their {int(table['fallback'].sum())} missing negatives were drawn "
-             f"uniformly from the corpus minus their relevant documents: {preview(queries)}")
+    if warn_short:
+        warn_fallback(cfg, table)
     return table
+
+
+def warn_fallback(cfg: MiningConfig, table: pd.DataFrame) -> None:
+    """One warning naming the queries of a mined table that had too few candidates (their rows' `fallback` > 0)."""
+    queries = list(dict.fromkeys(table.loc[table["fallback"] > 0, "query_id"]))
+    if not queries:
+        return
+    warn(f"mining ({cfg.sampler}, top-{cfg.depth}{f', skip_top {cfg.skip_top}' if cfg.skip_top else ''}"
+         f"{f', margin {cfg.margin}' if cfg.margin is not None else ''}): {len(queries)} of "
+         f"{table['query_id'].nunique()} queries had fewer than the {cfg.num_negatives} candidate negatives they need "
+         f"(nothing retrieved, or too few left after the false-negative controls); their "
+         f"{int(table['fallback'].sum())} missing negatives were drawn uniformly from the corpus minus their "
+         f"relevant documents: {preview(queries)}")
 
 
 def fallback_stats(table: pd.DataFrame) -> dict[str, int]:

@@ -5,9 +5,11 @@ import pandas as pd
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.config import MiningConfig
 from ance_core.data import read_tables
-from ance_core.mining import fallback_stats, sample_negatives
+from ance_core.mining import fallback_stats, sample_negatives, warn_fallback
 from ance_core.search import score_pairs
 from tasks.common import stage_task
+
+MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, sampled and dropped)
 
 
 @stage_task("mine-negatives")
@@ -20,21 +22,16 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
-        frames = {name: pd.read_parquet(Path(ref.path, RUN)) for name, ref in rankings.items()}
-        scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
-        table = None
-        if "dense" in rankings and Path(rankings["dense"].path, POSITIVE_SCORES).is_file():
-            table = pd.read_parquet(Path(rankings["dense"].path, POSITIVE_SCORES))
-        elif scorer is not None:  # a BM25 ranking (or none), scored by the starting model
-            top, table = dense_scores(frames.get("bm25"), tables, split, cfg.depth, scorer)
-            if top is not None:
-                frames["bm25"] = top
-        if table is not None:
-            pairs = list(zip(table["query_id"], table["doc_id"], strict=True))
-            scores = dict(zip(pairs, table["score"], strict=True))
-            windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
-        negatives = sample_negatives(cfg, tables.positives(split), round_, frames, tables.corpus["doc_id"].tolist(),
-                                     scores, tables.relevant(split), windows)
+        positives = tables.positives(split)
+        query_ids = sorted(positives)
+        parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
+        mined = []
+        for part in parts:  # a part of the queries at a time: the rankings of all of them are never held
+            wanted = None if len(parts) == 1 else part
+            mined.append(mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, split,
+                                      scorer, wanted))
+        negatives = pd.concat(mined, ignore_index=True) if len(mined) > 1 else mined[0]
+        warn_fallback(cfg, negatives)
         negatives.to_parquet(out / NEGATIVES, index=False)
         ranks = negatives["negative_ranks"].explode().dropna()
         return {"pairs": len(negatives), "sampler": cfg.sampler,
@@ -51,12 +48,41 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     return run_stage(work_dir, "mine", config, inputs, build)
 
 
-def dense_scores(ranking: pd.DataFrame | None, tables, split: str, depth: int,
+def ranking_rows(path: Path, query_ids: list[str] | None) -> pd.DataFrame:
+    """A ranking's (or positive-score table's) rows, of the given queries only when they are given."""
+    if query_ids is None:
+        return pd.read_parquet(path)
+    return pd.read_parquet(path, filters=[("query_id", "in", query_ids)])
+
+
+def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
+                 tables, split: str, scorer: dict[str, ArtifactRef] | None, query_ids: list[str] | None
+                 ) -> pd.DataFrame:
+    """The negatives of some queries' pairs (`query_ids`; None: all of them) from the rankings' rows of those
+    queries."""
+    frames = {name: ranking_rows(Path(ref.path, RUN), query_ids) for name, ref in rankings.items()}
+    scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
+    table = None
+    if "dense" in rankings and Path(rankings["dense"].path, POSITIVE_SCORES).is_file():
+        table = ranking_rows(Path(rankings["dense"].path, POSITIVE_SCORES), query_ids)
+    elif scorer is not None:  # a BM25 ranking (or none), scored by the starting model
+        top, table = dense_scores(frames.get("bm25"), tables, positives, cfg.depth, scorer)
+        if top is not None:
+            frames["bm25"] = top
+    if table is not None:
+        pairs = list(zip(table["query_id"], table["doc_id"], strict=True))
+        scores = dict(zip(pairs, table["score"], strict=True))
+        windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
+    return sample_negatives(cfg, positives, round_, frames, tables.corpus["doc_id"].tolist(), scores,
+                            tables.relevant(split), windows, warn_short=False)
+
+
+def dense_scores(ranking: pd.DataFrame | None, tables, positives: dict[str, set[str]], depth: int,
                  scorer: dict[str, ArtifactRef]) -> tuple[pd.DataFrame | None, pd.DataFrame]:
     """A BM25 ranking's top-`depth` rows with the scorer model's score and best (MaxP) window instead of BM25's score
-    (rank kept: BM25's), and the scorer's scores and windows of the training positives."""
+    (rank kept: BM25's), and the scorer's scores and windows of the training positives (`positives`)."""
     top = ranking[ranking["rank"] <= depth] if ranking is not None else None
-    positives = {(q, d) for q, ds in tables.positives(split).items() for d in ds}
+    positives = {(q, d) for q, ds in positives.items() for d in ds}
     pairs = sorted(positives | (set(zip(top["query_id"], top["doc_id"], strict=True)) if top is not None else set()))
     scored = score_pairs(scorer["checkpoint"].path, scorer["index"].path, tables.queries, pairs)
     keys = list(zip(scored["query_id"], scored["doc_id"], strict=True))

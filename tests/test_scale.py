@@ -11,7 +11,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from ance_core.artifacts import read_manifest
-from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, ModelConfig
+from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, MiningConfig, ModelConfig
 from ance_core.model import init_model
 from flows.stages import encode_flow
 
@@ -116,3 +116,30 @@ def test_the_rounds_mine_from_an_approximate_index_in_parts_and_evaluation_stays
     assert sorted(f.name for f in ivf.iterdir() if f.name.startswith("index")) == ["index-part-0000",
                                                                                     "index-part-0001"]
     assert len(SearchIndex(ivf)) == 200 and result["ndcg_at_10"] >= 0
+
+
+@pytest.mark.parametrize("sampler", ["simans", "ance+bm25"])
+def test_mining_the_queries_in_parts_gives_the_table_of_all_at_once(checkpoint, tiny_scifact, tmp_path, monkeypatch,
+                                                                    sampler):
+    """tasks/mine.py mines MINE_CHUNK queries at a time (their rankings' rows only): the same negatives, in the same
+    order, as mining every query at once."""
+    import pandas as pd
+
+    from ance_core.artifacts import NEGATIVES
+    from flows.stages import refresh_negatives_flow
+    from tasks import mine
+
+    def negatives(work):
+        out = refresh_negatives_flow(str(checkpoint), DataConfig(dataset=str(tiny_scifact)), EncodeConfig(),
+                                     mining=MiningConfig(sampler=sampler, num_negatives=3, seed=5),
+                                     work_dir=str(work))
+        return pd.read_parquet(Path(out["mine"], NEGATIVES))
+
+    whole = negatives(tmp_path / "whole")
+    monkeypatch.setattr(mine, "MINE_CHUNK", 7)
+    read, ranking_rows = [], mine.ranking_rows
+    monkeypatch.setattr(mine, "ranking_rows", lambda path, ids: read.append(ranking_rows(path, ids)) or read[-1])
+    parts = negatives(tmp_path / "parts")
+    assert whole["query_id"].nunique() > 3 * 7  # several parts
+    pd.testing.assert_frame_equal(parts, whole)
+    assert len(read) >= 3 * 2 and max(rows["query_id"].nunique() for rows in read) <= 7  # a part's rows at a time
