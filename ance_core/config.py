@@ -331,13 +331,6 @@ class PipelineConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
-    def _async_trains_in_one_process(self) -> "PipelineConfig":
-        if self.refresh == "async" and self.rounds and self.ance.world_size > 1:
-            raise ValueError(f"refresh 'async' trains in one process; ance.world_size is {self.ance.world_size} "
-                             "(use refresh: sync to train the rounds on several processes)")
-        return self
-
-    @model_validator(mode="after")
     def _margin_needs_scores(self) -> "PipelineConfig":
         if self.mining.spec.uses_bm25 and self.mining.margin is not None:
             raise ValueError(f"mining.margin with the rounds' sampler '{self.mining.sampler}' has no model scores for "

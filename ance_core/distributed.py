@@ -14,7 +14,8 @@ What runs where:
   run is logged once;
 - a task that is stopped or fails stops the ranks; a re-run resumes every rank from the latest checkpoint.
 
-Single node only (one machine, N processes). The asynchronous refresh (`refresh: async`) trains in one process.
+Single node only (one machine, N processes). With `refresh: async` rank 0 reads the task's board of ready negatives
+and broadcasts each swap (ance_core/refresh_state.py).
 """
 
 import ctypes
@@ -193,6 +194,7 @@ def main(spec_path: str) -> None:
 
     from ance_core.config import TrainConfig
     from ance_core.data import read_tables
+    from ance_core.refresh_state import rank_refresh
     from ance_core.train import Schedule, train
 
     if hook := os.environ.get(FAULT_HOOK):
@@ -206,8 +208,13 @@ def main(spec_path: str) -> None:
         pairs = pd.read_parquet(spec["negatives"])
         schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
         out = Path(spec["out"])
+        hooks = {}
+        if spec.get("async"):  # the asynchronous refresh: negatives from the task's inferencer, snapshots for it
+            update, on_snapshot = rank_refresh(out, spec["async"], dist.get_rank() == 0, dist.get_world_size())
+            hooks = {"negatives_update": update, "on_snapshot": on_snapshot,
+                     "snapshot_steps": set(spec["async"]["snapshot_steps"])}
         summary = train(spec["checkpoint"], pairs, tables.corpus, tables.queries, tables.relevant(spec["split"]),
-                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule)
+                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, **hooks)
         if dist.get_rank() == 0:
             (out / RESULT).write_text(json.dumps(summary))
     finally:

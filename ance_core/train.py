@@ -205,8 +205,6 @@ def train(
     if ranks.world != cfg.world_size:
         raise AnceError(f"world_size {cfg.world_size} but this process group has {ranks.world} process(es): "
                         "train on several processes with ance_core.distributed.launch (the training task does)")
-    if ranks.world > 1 and (negatives_update is not None or snapshot_steps):
-        raise AnceError("the asynchronous refresh trains in one process: set world_size 1 or refresh: sync")
     device = pick_device()
     if device.type == "cuda" and ranks.world > 1:
         device = torch.device("cuda", torch.cuda.current_device())

@@ -5,6 +5,7 @@ import contextvars
 import dataclasses
 import json
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,6 @@ from prefect.exceptions import MissingContextError
 
 from ance_core.artifacts import (
     ASYNC_REFRESH,
-    ASYNC_STATE,
     NEGATIVES,
     ArtifactRef,
     is_complete,
@@ -28,6 +28,7 @@ from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningC
 from ance_core.data import read_tables
 from ance_core.distributed import FAULT_HOOK, launch
 from ance_core.errors import AnceError
+from ance_core.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState
 from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
 from tasks.common import inject_fault, stage_task
 from tasks.refresh import refresh_negatives
@@ -114,36 +115,29 @@ def snapshot_ref(work_dir: str, trainer_key: str, step: int) -> ArtifactRef:
 
 
 class AsyncNegatives:
-    """The trainer's side of the asynchronous refresh.
+    """The inferencer's side of the asynchronous refresh, and the trainer's when it trains in this process.
 
     At each snapshot step the current model is saved as its own stage folder and an inferencer thread runs
-    encode -> index -> retrieve -> mine with it (Prefect tasks, cached and retried). Before every step the trainer
-    asks `update(step)` for newer negatives and swaps them in as soon as they are ready; it waits only when
-    `max_staleness` is set and exceeded. Every step's staleness (steps since the checkpoint that produced the
-    negatives in use) and every wait are recorded; the state survives a kill in `async_state.json`.
+    encode -> index -> retrieve -> mine with it (Prefect tasks, cached and retried), posting the negatives on a board
+    when they are ready. Before every step the trainer asks `update(step)` for newer negatives
+    (ance_core.refresh_state: swaps, waits past `max_staleness`, every step's staleness, kept in `async_state.json`).
+    DDP ranks read the board from a file instead (`ddp()`), and rank 0 keeps that state.
     """
 
     def __init__(self, out: Path, first: ArtifactRef, refresh_args: dict, trainer_key: str, work_dir: str,
                  max_staleness: int | None, steps_per_round: int):
         self.out, self.refresh_args, self.trainer_key, self.work_dir = out, refresh_args, trainer_key, work_dir
         self.steps_per_round = steps_per_round
-        self.max_staleness = max_staleness
         self.logger = get_run_logger()
-        self.lock = threading.Condition()
-        self.ready: dict[int, tuple[ArtifactRef, float]] = {}  # snapshot step -> (negatives, seconds after snapshot)
+        self.board = MemoryBoard()
         self.threads: list[threading.Thread] = []
         self.snapshots: dict[int, ArtifactRef] = {}
-        self.errors: list[str] = []
-        state_file = out / ASYNC_STATE
-        self.state = json.loads(state_file.read_text()) if state_file.is_file() else {
-            "in_use": {"checkpoint_step": 0, "negatives": first.path},
-            "swaps": [], "waits": [], "staleness": [],
-        }
+        self.refresh = RefreshState(out, first.path, max_staleness)
 
-    def _save_state(self) -> None:
-        tmp = self.out / f".{ASYNC_STATE}.tmp"
-        tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.out / ASYNC_STATE)
+    def ddp(self) -> None:
+        """The trainer is a group of DDP ranks: post the board to the file rank 0 reads."""
+        self.board.mirror = self.out / READY_FILE
+        self.board.post()
 
     def on_snapshot(self, step: int, save) -> None:
         ref = run_stage(self.work_dir, "snapshot", *_snapshot_config(step, self.trainer_key), save)
@@ -151,6 +145,7 @@ class AsyncNegatives:
 
     def publish(self, step: int, snapshot: ArtifactRef) -> None:
         self.snapshots[step] = snapshot
+        self.board.post(snapshot=step)
         started = time.time()
         context = contextvars.copy_context()  # the inferencer's tasks run as children of this task run
 
@@ -163,73 +158,79 @@ class AsyncNegatives:
                 result = context.run(refresh_negatives, snapshot, round_=round_, **self.refresh_args)
             except Exception as e:  # the trainer goes on with the negatives it has; the run reports the failure
                 self.logger.warning(f"refresh from the step-{step} checkpoint failed: {e}")
-                with self.lock:
-                    self.errors.append(f"step {step}: {e}")
-                    self.lock.notify_all()
+                self.board.post(error=f"step {step}: {e}")
                 return
-            with self.lock:
-                self.ready[step] = (result["mine"], time.time() - started)
-                self.lock.notify_all()
+            self.board.post(ready=(step, result["mine"].path, time.time() - started))
             self.logger.info(f"negatives from the step-{step} checkpoint are ready after {time.time() - started:.0f} s")
 
         thread = threading.Thread(target=infer, name=f"inferencer-step-{step}", daemon=True)
         self.threads.append(thread)
         thread.start()
 
-    def _newest_ready(self) -> int | None:
-        newer = [s for s in self.ready if s > self.state["in_use"]["checkpoint_step"]]
-        return max(newer) if newer else None
-
     def update(self, step: int) -> pd.DataFrame | None:
-        with self.lock:
-            in_use = self.state["in_use"]["checkpoint_step"]
-            pending = [s for s in self.snapshots if s > in_use and s not in self.ready]
-            if self.max_staleness is not None and step - in_use > self.max_staleness and pending \
-                    and self._newest_ready() is None:
-                started = time.time()
-                while self._newest_ready() is None and len(self.errors) + len(self.ready) < len(self.snapshots):
-                    self.lock.wait(timeout=1.0)
-                self.state["waits"].append({"step": step, "seconds": round(time.time() - started, 3)})
-            newest = self._newest_ready()
-            table = None
-            if newest is not None:
-                negatives, ready_after = self.ready[newest]
-                table = pd.read_parquet(Path(negatives.path, NEGATIVES))
-                self.state["swaps"].append({"checkpoint_step": newest, "swapped_at_step": step,
-                                            "ready_after_s": round(ready_after, 2), "negatives": negatives.path})
-                self.state["in_use"] = {"checkpoint_step": newest, "negatives": negatives.path}
-                self.logger.info(f"step {step}: swapped in negatives mined with the step-{newest} checkpoint")
-            self.state["staleness"].append([step, step - self.state["in_use"]["checkpoint_step"]])
-            self._save_state()
-            return table
+        swapped = self.refresh.update(step, self.board)
+        if swapped is None:
+            return None
+        self.logger.info(f"step {step}: swapped in negatives mined with the step-"
+                         f"{self.refresh.state['in_use']['checkpoint_step']} checkpoint")
+        return pd.read_parquet(Path(swapped, NEGATIVES))
 
-    def resume(self, resumed_step: int, snapshot_steps: list[int]) -> pd.DataFrame | None:
-        """After a restart: keep the negatives that were in use, re-launch refreshes not yet swapped in."""
-        self.state["staleness"] = [s for s in self.state["staleness"] if s[0] < resumed_step]
-        self.state["swaps"] = [s for s in self.state["swaps"] if s["swapped_at_step"] < resumed_step]
-        self.state["waits"] = [w for w in self.state["waits"] if w["step"] < resumed_step]
-        if self.state["swaps"]:
-            last = self.state["swaps"][-1]
-            self.state["in_use"] = {"checkpoint_step": last["checkpoint_step"], "negatives": last["negatives"]}
+    def resume(self, resumed_step: int, snapshot_steps: list[int]) -> str | None:
+        """After a restart: keep the negatives that were in use (their folder; None: the first ones), re-launch the
+        refreshes not yet swapped in."""
+        in_use = self.refresh.resume(resumed_step)
         for step in snapshot_steps:
-            if step <= resumed_step:
+            if step > resumed_step:
+                continue
+            saved = self.out / SNAPSHOTS / f"step-{step}"
+            if saved.is_dir():  # DDP: rank 0 saved it; the task may have stopped before it published it
+                self.on_snapshot(step, _copy_from(saved))
+            else:
                 self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step))
-        in_use = self.state["in_use"]
-        return pd.read_parquet(Path(in_use["negatives"], NEGATIVES)) if in_use["checkpoint_step"] else None
+        return in_use
 
     def finish(self, rounds: int) -> dict:
         steps_per_round = self.steps_per_round
         for thread in self.threads:
             thread.join()
+        state = self.refresh.state
         per_round = []
         for k in range(rounds):
             first, last = k * steps_per_round, (k + 1) * steps_per_round
-            values = [s for step, s in self.state["staleness"] if first <= step < last]
+            values = [s for step, s in state["staleness"] if first <= step < last]
             per_round.append({"round": k + 1, "mean_staleness": round(sum(values) / len(values), 2) if values else 0,
                               "max_staleness": max(values, default=0)})
-        return {"steps_per_round": steps_per_round, "rounds": per_round, "swaps": self.state["swaps"],
-                "waits": self.state["waits"], "wait_seconds": round(sum(w["seconds"] for w in self.state["waits"]), 3),
-                "refresh_errors": self.errors}
+        return {"steps_per_round": steps_per_round, "rounds": per_round, "swaps": state["swaps"],
+                "waits": state["waits"], "wait_seconds": round(sum(w["seconds"] for w in state["waits"]), 3),
+                "refresh_errors": self.board.read()[2]}
+
+
+def _copy_from(saved: Path):
+    """A snapshot stage's `save`: the model files rank 0 saved."""
+
+    def save(folder: Path) -> None:
+        shutil.copytree(saved, folder, dirs_exist_ok=True)
+
+    return save
+
+
+def _snapshot_watch(async_negatives: AsyncNegatives, out: Path, snapshot_steps: list[int], timeout: float = 600):
+    """DDP: a launch callback that publishes each snapshot rank 0 saved (ance_core.distributed: `snapshots/step-N`,
+    written after the step's log record) as the snapshot stage the inferencer encodes."""
+
+    def watch(record: dict) -> None:
+        step = record["step"]
+        if step not in snapshot_steps:
+            return
+        saved = out / SNAPSHOTS / f"step-{step}"
+        deadline = time.time() + timeout
+        while not saved.is_dir():
+            if time.time() > deadline:
+                raise AnceError(f"{saved}: rank 0 logged step {step} but did not save its snapshot")
+            time.sleep(0.2)
+        async_negatives.on_snapshot(step, _copy_from(saved))
+
+    return watch
 
 
 @stage_task("train-async", ignore=("execution",))
@@ -255,23 +256,34 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                             execution=execution)
         async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
         resumed = latest_checkpoint(out)
-        first_table = None
-        if resumed is not None:
-            first_table = async_negatives.resume(int(resumed.name[5:]), snapshot_steps)
-        restored = [first_table] if first_table is not None else []  # the negatives in use when interrupted
+        in_use = async_negatives.resume(int(resumed.name[5:]), snapshot_steps) if resumed is not None else None
+        train_cfg = cfg.model_copy(update={"max_steps": per_round * rounds})
+        callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train-async")]
+        if cfg.world_size > 1:  # rank 0 reads the board from a file and saves the snapshots the task publishes
+            async_negatives.ddp()
+            spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
+                    "data": data.path, "split": split, "cfg": train_cfg.model_dump(mode="json"), "schedule": None,
+                    "async": {"snapshot_steps": snapshot_steps, "max_staleness": max_staleness,
+                              "first": negatives.path, "restored": in_use}}
+            watch = _snapshot_watch(async_negatives, out, snapshot_steps)
+            summary = launch(spec, out, cfg.world_size, [*callbacks, watch],
+                             resumed_step=int(resumed.name[5:]) if resumed else 0, env={FAULT_HOOK: "tasks.common"})
+            async_negatives.refresh.reload()  # what rank 0 recorded
+            shutil.rmtree(out / SNAPSHOTS, ignore_errors=True)
+            (out / READY_FILE).unlink(missing_ok=True)
+        else:
+            restored = [in_use] if in_use is not None else []  # the negatives in use when interrupted
 
-        def update(step: int) -> pd.DataFrame | None:
-            table = async_negatives.update(step)
-            if table is None and restored:
-                table = restored[0]
-            restored.clear()
-            return table
+            def update(step: int) -> pd.DataFrame | None:
+                table = async_negatives.update(step)
+                if table is None and restored:
+                    table = pd.read_parquet(Path(restored[0], NEGATIVES))
+                restored.clear()
+                return table
 
-        summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split),
-                        cfg.model_copy(update={"max_steps": per_round * rounds}), out,
-                        callbacks=[_progress_callback(), *live_callbacks(), _fault_callback("train-async")],
-                        negatives_update=update,
-                        snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
+            summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split),
+                            train_cfg, out, callbacks=callbacks, negatives_update=update,
+                            snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(rounds))
         (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}

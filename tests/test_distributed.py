@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ance_core.config import PipelineConfig, TrainConfig
+from ance_core.config import TrainConfig
 from ance_core.distributed import gather_rows, launch, rank_rows, split_sizes
 from ance_core.errors import AnceError
 from ance_core.train import train
@@ -227,8 +227,6 @@ def test_world_size_is_checked():
     negatives, corpus, queries, relevant = training_tables()
     with pytest.raises(AnceError, match="world_size 2 but this process group has 1"):
         train("unused", negatives, corpus, queries, relevant, TrainConfig(world_size=2), Path("unused"))
-    with pytest.raises(ValueError, match="refresh 'async' trains in one process"):
-        PipelineConfig(refresh="async", ance={"world_size": 2})
 
 
 def test_the_pipeline_trains_on_two_ranks_and_logs_each_step_once(tiny_scifact, tiny_model, tmp_path):
@@ -248,3 +246,54 @@ def test_the_pipeline_trains_on_two_ranks_and_logs_each_step_once(tiny_scifact, 
     for folder in trained:
         assert not (folder / "checkpoints").exists() and not (folder / "distributed.json").exists()
         assert len(_log(folder)) == 4
+
+
+def test_the_async_refresh_trains_on_two_ranks(tiny_scifact, tiny_model, tmp_path):
+    """refresh: async with the rounds on 2 ranks: rank 0 saves the step-6 snapshot, the task's inferencer mines from
+    it, and max_staleness 1 makes the ranks wait for those negatives and swap them in together at step 6."""
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=2, steps=6)
+    config["ance"] |= {"world_size": 2}
+    config |= {"refresh": "async", "max_staleness": 1, "compression": None}
+    result, _ = run_pipeline_cli(config, tmp_path)
+    refresh = result["async_refresh"]
+    assert not refresh["refresh_errors"]
+    assert [(s["checkpoint_step"], s["swapped_at_step"]) for s in refresh["swaps"]] == [(6, 6)]
+    assert [w["step"] for w in refresh["waits"]] == [6]
+    assert refresh["rounds"] == [{"round": k, "mean_staleness": 2.5, "max_staleness": 5} for k in (1, 2)]
+    assert [r["model"] for r in result["results"]][-2:] == ["ANCE round 1", "ANCE round 2"]
+    trainer = Path(next(s["path"] for s in result["stages"] if s["for"] == "ANCE (async)" and s["stage"] == "train"))
+    assert [r["step"] for r in _log(trainer)] == list(range(1, 13))  # rank 0's log: each optimizer step once
+    assert not (trainer / "snapshots").exists() and not (trainer / "async_ready.json").exists()
+
+
+def test_the_async_trainer_on_two_ranks_killed_after_its_snapshot_resumes(tiny_scifact, tiny_model, tmp_path):
+    """Rank 0 hangs at step 8 (after the step-6 snapshot and swap), the whole run is SIGKILLed; the re-run resumes
+    both ranks from step 8 with the negatives that were in use, and records every step's staleness once."""
+    import subprocess
+    import sys
+
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=2, steps=6)
+    config["ance"] |= {"world_size": 2}
+    config |= {"refresh": "async", "max_staleness": 1, "compression": None}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    signal_file = tmp_path / "hung"
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect"), "ANCE_FAULT": "train-rank0@8:hang",
+                        "ANCE_FAULT_SIGNAL": str(signal_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not signal_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert signal_file.exists(), f"the run never reached step 8 of rank 0 (exit {proc.poll()})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+    result, _ = run_pipeline_cli(config, tmp_path)
+    refresh = result["async_refresh"]
+    trainer = Path(next(s["path"] for s in result["stages"] if s["for"] == "ANCE (async)" and s["stage"] == "train"))
+    assert json.loads((trainer / "manifest.json").read_text())["summary"]["resumed_from_step"] == 8
+    steps = [step for step, _ in json.loads((trainer / "async_state.json").read_text())["staleness"]]
+    assert steps == list(range(12))
+    assert [(s["checkpoint_step"], s["swapped_at_step"]) for s in refresh["swaps"]] == [(6, 6)]
+    assert refresh["rounds"][1] == {"round": 2, "mean_staleness": 2.5, "max_staleness": 5}
+    assert not refresh["refresh_errors"] and [r["step"] for r in _log(trainer)] == list(range(1, 13))
