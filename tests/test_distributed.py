@@ -17,7 +17,14 @@ from ance_core.config import TrainConfig
 from ance_core.distributed import gather_rows, launch, rank_rows, split_sizes
 from ance_core.errors import AnceError
 from ance_core.train import train
-from tests.tiny import random_head_checkpoint, run_pipeline_cli, tiny_pipeline_config, training_tables, write_beir
+from tests.tiny import (
+    kill_when_hung,
+    random_head_checkpoint,
+    run_pipeline_cli,
+    tiny_pipeline_config,
+    training_tables,
+    write_beir,
+)
 
 
 @pytest.fixture(scope="module")
@@ -269,24 +276,10 @@ def test_the_async_refresh_trains_on_two_ranks(tiny_scifact, tiny_model, tmp_pat
 def test_the_async_trainer_on_two_ranks_killed_after_its_snapshot_resumes(tiny_scifact, tiny_model, tmp_path):
     """Rank 0 hangs at step 8 (after the step-6 snapshot and swap), the whole run is SIGKILLed; the re-run resumes
     both ranks from step 8 with the negatives that were in use, and records every step's staleness once."""
-    import subprocess
-    import sys
-
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=2, steps=6)
     config["ance"] |= {"world_size": 2}
     config |= {"refresh": "async", "max_staleness": 1, "compression": None}
-    (tmp_path / "c.json").write_text(json.dumps(config))
-    signal_file = tmp_path / "hung"
-    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect"), "ANCE_FAULT": "train-rank0@8:hang",
-                        "ANCE_FAULT_SIGNAL": str(signal_file)}
-    proc = subprocess.Popen([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not signal_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert signal_file.exists(), f"the run never reached step 8 of rank 0 (exit {proc.poll()})"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_when_hung(tmp_path, config, "train-rank0@8")
 
     result, _ = run_pipeline_cli(config, tmp_path)
     refresh = result["async_refresh"]

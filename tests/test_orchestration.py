@@ -2,15 +2,12 @@
 deleted artifact, a transient failure recovered by a retry, a killed run resumed, and the asynchronous refresh."""
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.tiny import kill_when_hung, run
 
 pytestmark = pytest.mark.slow
 TRAIN = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
@@ -30,38 +27,6 @@ def tiny_config(data: Path, work: Path, **overrides) -> dict:
     for key, value in overrides.items():
         config[key] = config[key] | value if isinstance(value, dict) and key in config else value
     return config
-
-
-def command(root: Path, config: dict, name: str = "config.json") -> list[str]:
-    path = root / name
-    path.write_text(json.dumps(config))
-    return [sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"]
-
-
-def env_for(root: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "ANCE_FAULT"}
-    return env | {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | extra
-
-
-def run(root: Path, config: dict, **extra_env: str) -> tuple[dict, str]:
-    proc = subprocess.run(command(root, config), capture_output=True, text=True, env=env_for(root, **extra_env),
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
-
-
-def kill_when_hung(root: Path, config: dict, fault: str) -> None:
-    """Start `ance run` with `fault` set to hang, wait until it hangs, SIGKILL its whole process group."""
-    signal_file = root / "hung"
-    proc = subprocess.Popen(command(root, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env_for(root, ANCE_FAULT=f"{fault}:hang", ANCE_FAULT_SIGNAL=str(signal_file)),
-                            start_new_session=True)
-    deadline = time.time() + 600
-    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.5)
-    assert signal_file.exists(), f"the run never reached {fault} (exit {proc.poll()})"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
 
 
 def by_stage(result: dict) -> dict[tuple[str, str], bool]:
