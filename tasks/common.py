@@ -113,11 +113,16 @@ def _exit_once(spec: str) -> None:
     os._exit(137)
 
 
+class ChildTasksFailed(Exception):
+    """A task's child tasks (corpus shards) failed after their own retries: the parent does not retry them again."""
+
+
 def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool:
-    """Retry transient failures; a bad dataset or config fails the same way every time."""
+    """Retry transient failures; a bad dataset or config fails the same way every time, and a child task that failed
+    after its own retries is not retried again by its parent (retries would multiply)."""
     try:
         state.result()
-    except (AnceError, ValueError):
+    except (AnceError, ValueError, ChildTasksFailed):
         return False
     except Exception:
         return True

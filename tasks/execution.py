@@ -8,8 +8,10 @@ per run, not per stage); with one, the tasks go to that cluster.
 """
 
 import atexit
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from prefect.client.orchestration import get_client
@@ -19,7 +21,7 @@ from prefect.tasks import Task
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import ExecutionConfig
 from ance_core.errors import AnceError
-from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, run_task
+from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, ChildTasksFailed, run_task
 
 FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL", "PREFECT_HOME",
                  "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
@@ -27,11 +29,16 @@ FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL
 
 def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig) -> list[ArtifactRef]:
     """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
-    call order, each marked `cached` when Prefect answered from its cache. The first failure is raised."""
+    call order, each marked `cached` when Prefect answered from its cache. The first failure is raised (after that
+    task's own retries, as ChildTasksFailed: the calling task does not retry it again)."""
     if execution.task_runner == "local":
         if FlowRunContext.get() is None:  # the task's function called outside Prefect (`.fn`: bench/orchestration.py)
             return [stage.fn(**kwargs) for kwargs in calls]
-        return [run_task(stage, **kwargs) for kwargs in calls]
+        refs = []
+        for k, kwargs in enumerate(calls):
+            with _after_retries(stage, k, len(calls)):
+                refs.append(run_task(stage, **kwargs))
+        return refs
     from prefect_ray.context import remote_options
 
     runner = _ray_runner(execution)
@@ -42,9 +49,25 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         futures = [runner.submit(stage, kwargs) for kwargs in calls]
         for future in futures:
             future.wait()
-    refs = [future.state.result() for future in futures]  # raises the first task's error
+    refs = []
+    for k, future in enumerate(futures):
+        with _after_retries(stage, k, len(calls)):
+            refs.append(future.state.result())  # the first failed task's error
     return [dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
             for ref, future in zip(refs, futures, strict=True)]
+
+
+@contextlib.contextmanager
+def _after_retries(stage: Task, k: int, calls: int) -> Iterator[None]:
+    """A child task's failure after its own retries, raised as ChildTasksFailed (the parent task does not retry it
+    again); a user error (AnceError, ValueError) as it is."""
+    try:
+        yield
+    except (AnceError, ValueError):
+        raise
+    except Exception as e:
+        raise ChildTasksFailed(f"{stage.name} call {k + 1} of {calls} failed after its retries: "
+                               f"{type(e).__name__}: {e}") from e
 
 
 def _ray_runner(execution: ExecutionConfig):

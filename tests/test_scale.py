@@ -143,3 +143,22 @@ def test_mining_the_queries_in_parts_gives_the_table_of_all_at_once(checkpoint, 
     assert whole["query_id"].nunique() > 3 * 7  # several parts
     pd.testing.assert_frame_equal(parts, whole)
     assert len(read) >= 3 * 2 and max(rows["query_id"].nunique() for rows in read) <= 7  # a part's rows at a time
+
+
+def test_a_shard_that_keeps_failing_is_retried_alone_and_fails_the_encoding_once(checkpoint, tiny_scifact, tmp_path):
+    """A corrupt checkpoint fails every shard: the first shard task runs its 3 attempts, and the encode-corpus task
+    fails once, naming it, instead of retrying the shards again (3 x 3 attempts)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    state = encode_flow(str(broken), DataConfig(dataset=str(tiny_scifact)), EncodeConfig(shard_size=SHARD_SIZE),
+                        str(tmp_path / "work"), ExecutionConfig(), return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
+            any_=[state.state_details.flow_run_id])))
+    attempts = {r.name: r.run_count for r in runs if r.name.startswith(("encode-shard", "encode-corpus"))}
+    assert attempts.pop("encode-shard-0") == 3 and set(attempts) == {next(n for n in attempts if "corpus" in n)}
+    assert list(attempts.values()) == [1]
+    with pytest.raises(Exception, match="encode-shard call 1 of 4 failed after its retries"):
+        state.result()
