@@ -261,7 +261,8 @@ class SearchIndex:
     def search_windows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`search`, plus the window each document scored with (0 for FirstP). A MaxP search fetches the top
         k * max_windows rows, which always hold each of the top-k documents' best window, and keeps each document's
-        first (best) row."""
+        first (best) row. Places an approximate index left empty (it found fewer) hold doc id None, score -inf; the
+        run table (`search.run_frame`) drops them."""
         k = min(k, len(self))
         depth = min(k * self.max_windows, self.index.ntotal)
         index = self.index if not self.on_gpu or depth <= GPU_MAX_K else self._cpu_index
@@ -273,16 +274,22 @@ class SearchIndex:
         for start in range(0, len(queries), self.batch_size):
             batch = np.ascontiguousarray(queries[start : start + self.batch_size], dtype=np.float32)
             scores[start : start + len(batch)], rows[start : start + len(batch)] = index.search(batch, depth)
+        missing = rows < 0  # an approximate index (IVF, HNSW) may find fewer than asked: faiss pads with -1
         if self.max_windows == 1:
-            return scores, self.docids[rows], self.windows[rows]
-        out_scores = np.empty((len(queries), k), dtype=np.float32)
-        out_ids = np.empty((len(queries), k), dtype=object)
-        out_windows = np.empty((len(queries), k), dtype=np.int64)
+            ids, windows = self.docids[rows], self.windows[rows]
+            ids[missing], scores[missing], windows[missing] = None, -np.inf, 0
+            return scores, ids, windows
+        out_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        out_ids = np.full((len(queries), k), None, dtype=object)
+        out_windows = np.zeros((len(queries), k), dtype=np.int64)
         for i in range(len(queries)):
-            ids = self.docids[rows[i]]
+            found, found_scores = rows[i][~missing[i]], scores[i][~missing[i]]
+            ids = self.docids[found]
             _, first = np.unique(ids, return_index=True)  # each document's best row (rows come best first)
             keep = np.sort(first)[:k]
-            out_scores[i], out_ids[i], out_windows[i] = scores[i, keep], ids[keep], self.windows[rows[i, keep]]
+            n = len(keep)
+            out_scores[i, :n], out_ids[i, :n] = found_scores[keep], ids[keep]
+            out_windows[i, :n] = self.windows[found[keep]]
         return out_scores, out_ids, out_windows
 
 

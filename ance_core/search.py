@@ -26,7 +26,8 @@ class Hit:
 
 def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
               windows: np.ndarray | None = None) -> pd.DataFrame:
-    """(n, k) doc ids and scores (and windows), best first -> long run table with 1-based ranks."""
+    """(n, k) doc ids and scores (and windows), best first -> long run table with 1-based ranks. Empty places (doc id
+    None: an approximate index found fewer than k) are left out."""
     n, k = doc_ids.shape
     frame = pd.DataFrame({
         "query_id": np.repeat(np.asarray(query_ids, dtype=object), k),
@@ -34,7 +35,9 @@ def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
         "rank": np.tile(np.arange(1, k + 1), n),
         "score": scores.reshape(-1).astype(np.float32),
     })
-    return frame if windows is None else frame.assign(window=windows.reshape(-1).astype(np.int64))
+    frame = frame if windows is None else frame.assign(window=windows.reshape(-1).astype(np.int64))
+    found = frame["doc_id"].notna()
+    return frame if found.all() else frame[found].reset_index(drop=True)
 
 
 QUERY_CHUNK = 50_000  # queries encoded and searched at a time by `write_dense_run`

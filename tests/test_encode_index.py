@@ -96,6 +96,24 @@ def test_index_types_and_parts_search_as_one_index(tmp_path, shards):
     assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)]) < 0.9
 
 
+def test_an_ivf_index_that_finds_fewer_than_asked_leaves_places_empty(tmp_path):
+    """IVF probing 1 of 16 lists (~37 vectors) for the top-100: faiss pads with id -1. The places stay empty (None,
+    -inf) and the run table leaves them out; before, id -1 read as the corpus's last document, many times over."""
+    from ance_core.search import run_frame
+
+    _random_encoding(tmp_path / "emb")
+    queries = np.random.default_rng(4).standard_normal((5, 16)).astype(np.float32)
+    cfg = IndexConfig(type="ivf", nlist=16, nprobe=1, device="cpu")
+    (tmp_path / "ivf").mkdir()
+    build_index(tmp_path / "emb", tmp_path / "ivf", cfg)
+    scores, ids, windows = SearchIndex(tmp_path / "ivf", cfg).search_windows(queries, 100)
+    empty = np.equal(ids, None)
+    assert empty.any() and np.isneginf(scores[empty]).all() and not np.isneginf(scores[~empty]).any()
+    run = run_frame([f"q{i}" for i in range(5)], ids, scores, windows)
+    assert len(run) == (~empty).sum() and not run.duplicated(["query_id", "doc_id"]).any()
+    assert (run.groupby("query_id")["rank"].max() == run.groupby("query_id").size()).all()
+
+
 def test_index_key_keeps_the_flat_key_and_separates_the_rest():
     from tasks.index import index_key
 
