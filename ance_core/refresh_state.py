@@ -7,7 +7,6 @@ reads; rank 0 then tells the other ranks what to swap in, so every rank changes 
 """
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -17,10 +16,15 @@ from typing import Protocol
 import pandas as pd
 import torch.distributed as dist
 
-from ance_core.artifacts import ASYNC_STATE, NEGATIVES
+from ance_core.artifacts import ASYNC_STATE, NEGATIVES, atomic_folder, write_json
 
 READY_FILE = "async_ready.json"  # DDP: the task process's board (snapshot steps, ready negatives, errors)
 SNAPSHOTS = "snapshots"  # DDP: rank 0 saves the model of each snapshot step here (step-N), for the task to publish
+
+
+def snapshot_folder(out: Path, step: int) -> Path:
+    """DDP: where rank 0 saves the model of snapshot step `step` in the training folder `out`."""
+    return out / SNAPSHOTS / f"step-{step}"
 
 
 class Board(Protocol):
@@ -51,10 +55,8 @@ class MemoryBoard:
             if error is not None:
                 self.errors.append(error)
             if self.mirror is not None:
-                tmp = self.mirror.with_name(f".{self.mirror.name}.tmp")
-                tmp.write_text(json.dumps({"ready": {str(k): v for k, v in self.ready.items()},
-                                           "snapshots": sorted(self.snapshots), "errors": self.errors}))
-                tmp.replace(self.mirror)
+                write_json(self.mirror, {"ready": {str(k): v for k, v in self.ready.items()},
+                                         "snapshots": sorted(self.snapshots), "errors": self.errors})
             self.lock.notify_all()
 
     def read(self) -> tuple[dict[int, tuple[str, float]], set[int], list[str]]:
@@ -99,9 +101,7 @@ class RefreshState:
         }
 
     def save(self) -> None:
-        tmp = self.out / f".{ASYNC_STATE}.tmp"
-        tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.out / ASYNC_STATE)
+        write_json(self.out / ASYNC_STATE, self.state)
 
     def _newest_ready(self, ready: dict[int, tuple[str, float]]) -> int | None:
         newer = [s for s in ready if s > self.state["in_use"]["checkpoint_step"]]
@@ -168,12 +168,7 @@ def rank_refresh(out: Path, spec: dict, main: bool, world: int
 
     def on_snapshot(step: int, save: Callable[[Path], None]) -> None:
         board.saved.add(step)
-        folder = out / SNAPSHOTS / f"step-{step}"
-        partial = folder.with_name(f".{folder.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        save(partial)
-        shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)  # whole, or not there: the task process waits for this name
+        with atomic_folder(snapshot_folder(out, step)) as folder:  # whole, or not there: the task waits for it
+            save(folder)
 
     return update, on_snapshot

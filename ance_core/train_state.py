@@ -80,6 +80,12 @@ def latest_checkpoint(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_step(out: Path) -> int:
+    """The step of the latest resumable checkpoint in `out` (0: none)."""
+    latest = latest_checkpoint(out)
+    return int(latest.name[5:]) if latest is not None else 0
+
+
 def write_checkpoint(out: Path, step: int, **state) -> None:
     """Write checkpoints/step-N atomically, then drop older ones."""
     final = out / CHECKPOINTS / f"step-{step:06d}"

@@ -28,8 +28,9 @@ from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningC
 from ance_core.data import read_tables
 from ance_core.distributed import FAULT_HOOK, launch
 from ance_core.errors import AnceError
-from ance_core.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState
-from ance_core.train import Schedule, continuous_schedules, latest_checkpoint, planned_steps, train
+from ance_core.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
+from ance_core.train import Schedule, continuous_schedules, planned_steps, train
+from ance_core.train_state import checkpoint_step
 from tasks.common import inject_fault, stage_task
 from tasks.refresh import refresh_negatives
 from tracking.live import live_callbacks
@@ -67,8 +68,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
                     "schedule": dataclasses.asdict(schedule) if schedule is not None else None}
-            resumed = latest_checkpoint(out)
-            return launch(spec, out, cfg.world_size, callbacks, resumed_step=int(resumed.name[5:]) if resumed else 0,
+            return launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
                           env={FAULT_HOOK: "tasks.common"})
         tables = read_tables(data.path)
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
@@ -131,7 +131,6 @@ class AsyncNegatives:
         self.logger = get_run_logger()
         self.board = MemoryBoard()
         self.threads: list[threading.Thread] = []
-        self.snapshots: dict[int, ArtifactRef] = {}
         self.refresh = RefreshState(out, first.path, max_staleness)
 
     def ddp(self) -> None:
@@ -144,7 +143,6 @@ class AsyncNegatives:
         self.publish(step, ref)
 
     def publish(self, step: int, snapshot: ArtifactRef) -> None:
-        self.snapshots[step] = snapshot
         self.board.post(snapshot=step)
         started = time.time()
         context = contextvars.copy_context()  # the inferencer's tasks run as children of this task run
@@ -182,7 +180,7 @@ class AsyncNegatives:
         for step in snapshot_steps:
             if step > resumed_step:
                 continue
-            saved = self.out / SNAPSHOTS / f"step-{step}"
+            saved = snapshot_folder(self.out, step)
             if saved.is_dir():  # DDP: rank 0 saved it; the task may have stopped before it published it
                 self.on_snapshot(step, _copy_from(saved))
             else:
@@ -222,7 +220,7 @@ def _snapshot_watch(async_negatives: AsyncNegatives, out: Path, snapshot_steps: 
         step = record["step"]
         if step not in snapshot_steps:
             return
-        saved = out / SNAPSHOTS / f"step-{step}"
+        saved = snapshot_folder(out, step)
         deadline = time.time() + timeout
         while not saved.is_dir():
             if time.time() > deadline:
@@ -255,8 +253,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
                             execution=execution)
         async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
-        resumed = latest_checkpoint(out)
-        in_use = async_negatives.resume(int(resumed.name[5:]), snapshot_steps) if resumed is not None else None
+        resumed = checkpoint_step(out)
+        in_use = async_negatives.resume(resumed, snapshot_steps) if resumed else None
         train_cfg = cfg.model_copy(update={"max_steps": per_round * rounds})
         callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train-async")]
         if cfg.world_size > 1:  # rank 0 reads the board from a file and saves the snapshots the task publishes
@@ -267,7 +265,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                               "first": negatives.path, "restored": in_use}}
             watch = _snapshot_watch(async_negatives, out, snapshot_steps)
             summary = launch(spec, out, cfg.world_size, [*callbacks, watch],
-                             resumed_step=int(resumed.name[5:]) if resumed else 0, env={FAULT_HOOK: "tasks.common"})
+                             resumed_step=resumed, env={FAULT_HOOK: "tasks.common"})
             async_negatives.refresh.reload()  # what rank 0 recorded
             shutil.rmtree(out / SNAPSHOTS, ignore_errors=True)
             (out / READY_FILE).unlink(missing_ok=True)
