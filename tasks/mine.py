@@ -22,14 +22,15 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
-        positives = tables.positives(split)
+        positives, relevant = tables.positives(split), tables.relevant(split)
+        corpus_ids = tables.corpus["doc_id"].tolist()
         query_ids = sorted(positives)
         parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
         mined = []
         for part in parts:  # a part of the queries at a time: the rankings of all of them are never held
             wanted = None if len(parts) == 1 else part
-            mined.append(mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, split,
-                                      scorer, wanted))
+            mined.append(mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, relevant,
+                                      corpus_ids, scorer, wanted))
         negatives = pd.concat(mined, ignore_index=True) if len(mined) > 1 else mined[0]
         warn_fallback(cfg, negatives)
         negatives.to_parquet(out / NEGATIVES, index=False)
@@ -56,10 +57,10 @@ def ranking_rows(path: Path, query_ids: list[str] | None) -> pd.DataFrame:
 
 
 def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
-                 tables, split: str, scorer: dict[str, ArtifactRef] | None, query_ids: list[str] | None
-                 ) -> pd.DataFrame:
+                 tables, relevant: dict[str, set[str]], corpus_ids: list[str], scorer: dict[str, ArtifactRef] | None,
+                 query_ids: list[str] | None) -> pd.DataFrame:
     """The negatives of some queries' pairs (`query_ids`; None: all of them) from the rankings' rows of those
-    queries."""
+    queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts."""
     frames = {name: ranking_rows(Path(ref.path, RUN), query_ids) for name, ref in rankings.items()}
     scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
     table = None
@@ -73,8 +74,7 @@ def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int,
         pairs = list(zip(table["query_id"], table["doc_id"], strict=True))
         scores = dict(zip(pairs, table["score"], strict=True))
         windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
-    return sample_negatives(cfg, positives, round_, frames, tables.corpus["doc_id"].tolist(), scores,
-                            tables.relevant(split), windows, warn_short=False)
+    return sample_negatives(cfg, positives, round_, frames, corpus_ids, scores, relevant, windows, warn_short=False)
 
 
 def dense_scores(ranking: pd.DataFrame | None, tables, positives: dict[str, set[str]], depth: int,
