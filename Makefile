@@ -13,7 +13,7 @@ export PREFECT_PORT ?= 4200
 # Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: demo compress compare quality test test-gpu test-under-load env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare quality test test-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ test: env system-deps  ## the whole test suite (offline; starts its own Prefect 
 
 test-gpu: env  ## the CUDA suite (tests/gpu: encoding, faiss-gpu, bf16/fp16 training and resume); skipped without CUDA
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+check-gpu-deps:  ## does the GPU image's dependency set (CUDA torch, faiss-gpu, constraints.txt) resolve? pip dry-run
+	scripts/check-gpu-deps.sh
 
 RUNS ?= 3
 test-under-load: env system-deps  ## the whole suite, RUNS times in a row, beside two CPU-bound busy processes

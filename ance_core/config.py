@@ -24,6 +24,7 @@ from ance_core.stage_config import (  # noqa: F401 (the stage configs are import
     ExecutionConfig,
     IndexConfig,
     IndexType,
+    InferencerConfig,
     MiningConfig,
     ModelConfig,
     Precision,
@@ -66,6 +67,8 @@ class PipelineConfig(StageConfig):
     max_staleness: int | None = Field(
         None, ge=1, description="async only: the trainer waits when its negatives come from a checkpoint more than "
         "this many steps old and fresher ones are being mined; unset = never wait")
+    inferencer: InferencerConfig = Field(InferencerConfig(), description="async only: where the refreshes run (a "
+                                         "thread of the trainer, or flow runs of a deployment on their own workers)")
     work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
     start_checkpoint: str | None = Field(
         None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
@@ -78,6 +81,14 @@ class PipelineConfig(StageConfig):
             raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
                              f"'{self.mining.sampler}' does not use them (use {_ranking_with('dense')}, or refresh: "
                              "sync)")
+        return self
+
+    @model_validator(mode="after")
+    def _inferencer_is_async(self) -> "PipelineConfig":
+        if self.inferencer.mode == "deployment" and self.refresh != "async":
+            raise ValueError("inferencer.mode 'deployment' runs the refreshes of refresh: async; with refresh "
+                             f"'{self.refresh}' each round mines in the flow itself (set refresh: async, or leave "
+                             "inferencer.mode: thread)")
         return self
 
     @model_validator(mode="after")

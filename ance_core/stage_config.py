@@ -280,3 +280,23 @@ class CompressConfig(StageConfig):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} lists one twice: {values}")
         return self
+
+
+class InferencerConfig(StageConfig):
+    """Where the asynchronous trainer's refreshes run (`refresh: async`; ANCE Fig. 2). Not part of any stage's cache
+    key: the negatives do not depend on it."""
+
+    mode: Literal["thread", "deployment"] = Field(
+        "thread", description="thread: in the trainer's process (one machine; with two GPUs the inferencer takes the "
+        "last one). deployment: each refresh is a flow run of `deployment` on its own work pool (the paper's 1:1 "
+        "trainer/inferencer allocation); needs a Prefect server, the deployment and work_dir on storage both workers "
+        "share")
+    deployment: str = Field("refresh-negatives/refresh-negatives", description="deployment: the inferencer's "
+                            "deployment, '<flow name>/<deployment name>' (prefect.yaml: refresh-negatives on the "
+                            "infer pool)")
+    retries: int = Field(2, ge=0, description="deployment: flow runs started again for a refresh whose flow run "
+                         "failed, crashed or lost its worker")
+    poll_seconds: float = Field(5.0, gt=0, description="deployment: how often the trainer reads its refresh flow runs")
+    timeout_s: float | None = Field(None, gt=0, description="deployment: a refresh flow run not finished this long "
+                                    "after it was started is marked crashed and started again; unset: no limit (a "
+                                    "lost worker is still noticed from its missed heartbeats)")

@@ -22,6 +22,7 @@ from ance_core.samplers import train_config_for
 from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
+from tasks.inferencer import check_deployment
 from tasks.model import init_checkpoint
 from tasks.train import SchedulePlan, train_async
 
@@ -29,6 +30,8 @@ from tasks.train import SchedulePlan, train_async
 @flow(name="ance-train", log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     c = config
+    if c.refresh == "async" and c.rounds:
+        check_deployment(c.inferencer)  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining)
     run.prepare_data()
     run.bm25()
@@ -69,7 +72,8 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     run.evaluate(label, checkpoint, refs)
     with run.tracking.live("ANCE (async)", run.log.timings):
         state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
-                            c.mining, c.max_staleness, c.work_dir, c.execution, return_state=True)
+                            c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data,
+                            return_state=True)
     trained = state.result()
     trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))

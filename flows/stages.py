@@ -4,9 +4,9 @@ Each reuses the stage tasks, so their outputs are shared with the full pipeline.
 
 from prefect import flow
 
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import write_json
 from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, PipelineConfig
-from ance_core.model import checkpoint_digest, checkpoint_ref
+from ance_core.model import checkpoint_ref
 from ance_core.report import read_metrics
 from ance_core.samplers import train_config_for
 from tasks.common import run_task
@@ -38,15 +38,19 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
 def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
                            round_number: int = 1, work_dir: str = "work",
-                           execution: ExecutionConfig = ExecutionConfig()) -> dict[str, str]:
+                           execution: ExecutionConfig = ExecutionConfig(),
+                           result_file: str | None = None) -> dict[str, str]:
     """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives
-    (with `mining.sampler`; BM25 samplers mine from a BM25 run instead)."""
-    ref = ArtifactRef(checkpoint, checkpoint_digest(checkpoint))
+    (with `mining.sampler`; BM25 samplers mine from a BM25 run instead). An asynchronous trainer starts it with
+    `result_file`, where the folders it built are written (tasks/inferencer.py)."""
     tables = run_task(prepare_data, data, work_dir)
-    refs = refresh_negatives(ref, tables, data.train_split, encode, index, mining, round_number, work_dir,
-                             execution=execution)
+    refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
+                             round_number, work_dir, execution=execution)
     print("negatives: " + refs["mine"].path)
-    return {name: r.path for name, r in refs.items()}
+    folders = {name: r.path for name, r in refs.items()}
+    if result_file:
+        write_json(result_file, folders)
+    return folders
 
 
 @flow(name="encode", log_prints=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The local stack, in the background, on 127.0.0.1: a Prefect server, a process worker for the `cpu` pool, and an
-# MLflow tracking server over the same store the embedded default writes (work/mlflow.db, work/mlartifacts).
+# The local stack, in the background, on 127.0.0.1: a Prefect server, process workers for the `cpu` and `infer` pools
+# (infer: the asynchronous trainer's refresh flow runs), and an MLflow tracking server over the same store the
+# embedded default writes (work/mlflow.db, work/mlartifacts).
 #   scripts/stack.sh up | down | deploy | status
 # State, logs and pid files live in $STACK_DIR (default .stack/); the Prefect server's database in $STACK_DIR/prefect.
 # Environment: PREFECT_PORT (default 4200), MLFLOW_PORT (default 5000), MLFLOW_STORE_DIR (default work/: the demo's
@@ -57,8 +58,10 @@ case "${1:-}" in
     wait_healthy prefect-server "$PREFECT_API_URL/health"
     wait_healthy mlflow-server "$MLFLOW_TRACKING_URI/health"
     pool cpu process
+    pool infer process
     pool gpu docker
     start worker-cpu "$BIN/prefect" worker start --pool cpu --name "cpu-$(hostname)"
+    start worker-infer "$BIN/prefect" worker start --pool infer --name "infer-$(hostname)"
     echo "Prefect UI: http://127.0.0.1:$PORT   (export PREFECT_API_URL=$PREFECT_API_URL to use it from a shell)"
     echo "MLflow UI:  $MLFLOW_TRACKING_URI   (export MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI to log to it from a shell)"
     ;;
@@ -69,11 +72,12 @@ case "${1:-}" in
     done < "$ROOT/docker/gpu-pool.env"
     wait_healthy prefect-server "$PREFECT_API_URL/health"
     pool cpu process
+    pool infer process
     pool gpu docker
     "$BIN/prefect" --no-prompt deploy --all
     ;;
   down)
-    for name in worker-cpu prefect-server mlflow-server; do
+    for name in worker-cpu worker-infer prefect-server mlflow-server; do
       if running "$name"; then
         pid=$(cat "$STACK_DIR/$name.pid")
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
@@ -85,7 +89,7 @@ case "${1:-}" in
     done
     ;;
   status)
-    for name in prefect-server worker-cpu mlflow-server; do
+    for name in prefect-server worker-cpu worker-infer mlflow-server; do
       if running "$name"; then echo "$name: running (pid $(cat "$STACK_DIR/$name.pid"))"; else echo "$name: stopped"; fi
     done
     ;;

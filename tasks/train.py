@@ -24,7 +24,15 @@ from ance_core.artifacts import (
     run_stage,
     stage_key,
 )
-from ance_core.config import EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, TrainConfig
+from ance_core.config import (
+    DataConfig,
+    EncodeConfig,
+    ExecutionConfig,
+    IndexConfig,
+    InferencerConfig,
+    MiningConfig,
+    TrainConfig,
+)
 from ance_core.data import read_tables
 from ance_core.distributed import FAULT_HOOK, launch
 from ance_core.errors import AnceError
@@ -32,6 +40,7 @@ from ance_core.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshS
 from ance_core.train import Schedule, continuous_schedules, planned_steps, train
 from ance_core.train_state import checkpoint_step
 from tasks.common import inject_fault, stage_task
+from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
 from tracking.live import live_callbacks
 
@@ -125,9 +134,10 @@ class AsyncNegatives:
     """
 
     def __init__(self, out: Path, first: ArtifactRef, refresh_args: dict, trainer_key: str, work_dir: str,
-                 max_staleness: int | None, steps_per_round: int):
+                 max_staleness: int | None, steps_per_round: int, remote: DeploymentInferencer | None = None):
         self.out, self.refresh_args, self.trainer_key, self.work_dir = out, refresh_args, trainer_key, work_dir
         self.steps_per_round = steps_per_round
+        self.remote = remote  # inferencer.mode deployment: flow runs on the inferencer's own workers
         self.logger = get_run_logger()
         self.board = MemoryBoard()
         self.threads: list[threading.Thread] = []
@@ -148,17 +158,20 @@ class AsyncNegatives:
         context = contextvars.copy_context()  # the inferencer's tasks run as children of this task run
 
         def infer():
-            if torch.cuda.device_count() > 1:  # 1:1 allocation (paper A.3): the trainer keeps GPU 0
-                torch.cuda.set_device(torch.cuda.device_count() - 1)
+            round_ = step // self.steps_per_round + 1  # round k+1 is mined with round k's checkpoint, as in sync
             try:
-                # round k+1 is mined with round k's checkpoint, as in the synchronous pipeline
-                round_ = step // self.steps_per_round + 1
-                result = context.run(refresh_negatives, snapshot, round_=round_, **self.refresh_args)
+                if self.remote is not None:  # its flow runs are subflows of this task's flow run in the UI
+                    mined = context.run(self.remote.refresh, snapshot, step, round_, self.refresh_args, self.out,
+                                        self.trainer_key)
+                else:
+                    if torch.cuda.device_count() > 1:  # 1:1 allocation (paper A.3): the trainer keeps GPU 0
+                        torch.cuda.set_device(torch.cuda.device_count() - 1)
+                    mined = context.run(refresh_negatives, snapshot, round_=round_, **self.refresh_args)["mine"].path
             except Exception as e:  # the trainer goes on with the negatives it has; the run reports the failure
                 self.logger.warning(f"refresh from the step-{step} checkpoint failed: {e}")
                 self.board.post(error=f"step {step}: {e}")
                 return
-            self.board.post(ready=(step, result["mine"].path, time.time() - started))
+            self.board.post(ready=(step, mined, time.time() - started))
             self.logger.info(f"negatives from the step-{step} checkpoint are ready after {time.time() - started:.0f} s")
 
         thread = threading.Thread(target=infer, name=f"inferencer-step-{step}", daemon=True)
@@ -231,12 +244,15 @@ def _snapshot_watch(async_negatives: AsyncNegatives, out: Path, snapshot_steps: 
     return watch
 
 
-@stage_task("train-async", ignore=("execution",))
+@stage_task("train-async", ignore=("execution", "inferencer", "data_config"))
 def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
                 rounds: int, encode: EncodeConfig, index: IndexConfig, mining: MiningConfig,
-                max_staleness: int | None, work_dir: str, execution: ExecutionConfig = ExecutionConfig()) -> dict:
+                max_staleness: int | None, work_dir: str, execution: ExecutionConfig = ExecutionConfig(),
+                inferencer: InferencerConfig = InferencerConfig(), data_config: DataConfig | None = None) -> dict:
     """All ANCE rounds as one continuous training run (one optimizer, one LR schedule over rounds x the steps of a
-    round) whose negatives are refreshed in the background from the checkpoint at the end of each round.
+    round) whose negatives are refreshed in the background from the checkpoint at the end of each round: by a thread
+    of this task, or (`inferencer.mode: deployment`) by flow runs of the inferencer's deployment started for the
+    dataset `data_config` (the one `data` was prepared from).
 
     Returns the final checkpoint, the round snapshots (evaluated by the flow) and the staleness/wait record."""
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
@@ -252,7 +268,13 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
                             execution=execution)
-        async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round)
+        remote = None
+        if inferencer.mode == "deployment":
+            if data_config is None:
+                raise AnceError("inferencer.mode 'deployment' needs the data config to start the refresh flow runs")
+            remote = DeploymentInferencer(inferencer, data_config, get_run_logger())
+        async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round,
+                                         remote)
         resumed = checkpoint_step(out)
         in_use = async_negatives.resume(resumed, snapshot_steps) if resumed else None
         train_cfg = cfg.model_copy(update={"max_steps": per_round * rounds})

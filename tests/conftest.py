@@ -1,13 +1,18 @@
 """Session fixtures: a tiny random BERT with a locally trained WordPiece tokenizer, and a ~200-document SciFact
-subset in BEIR layout. Everything offline."""
+subset in BEIR layout. Everything offline. And a real Prefect server for the modules that need one."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import transformers
 
-from tests.tiny import build_tiny_model, build_tiny_scifact, shared_scifact
+from tests.tiny import build_tiny_model, build_tiny_scifact, free_port, shared_scifact
 
 # Prefect's ephemeral server gets 20 s to start by default: not enough on a busy machine (as ance_cli.main sets it).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -35,3 +40,33 @@ def tiny_scifact(scifact_dir, tmp_path_factory) -> Path:
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer, 32-dim random BERT with a WordPiece vocabulary trained here."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real `prefect server start` on a free 127.0.0.1 port (its API URL); stopped with the test module."""
+    root = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(root / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 300  # a busy machine starts it slowly: poll until a deadline
+    try:
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.time() < deadline, "prefect server did not answer within 300 s"
+            time.sleep(1)
+        yield api
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()

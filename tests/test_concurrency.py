@@ -4,50 +4,17 @@ with identical metrics, and no partial folder is left behind."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_server_e2e import free_port
 from tests.tiny import tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 RUNS = 4
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(root / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 300  # a busy machine starts it slowly: poll until a deadline
-    try:
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "prefect server did not answer within 300 s"
-            time.sleep(1)
-        yield api
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        log.close()
 
 
 def test_concurrent_runs_build_each_stage_once_and_agree(prefect_server, tiny_scifact, tiny_model, tmp_path):

@@ -20,13 +20,15 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     expected = {"ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain", "ance-train-gpu",
+                "refresh-negatives-gpu",
                 "compare-negatives", "compress"}
     assert expected <= set(deployments)
     for name, d in deployments.items():
         path, func = d["entrypoint"].split(":")
         flow = load_flow_from_entrypoint(str(REPO / path) + ":" + func)
         assert flow.name in (name, name.removesuffix("-gpu")), (name, flow.name)
-        assert d["work_pool"]["name"] == ("gpu" if name.endswith("-gpu") else "cpu")
+        assert d["work_pool"]["name"] == ("gpu" if name.endswith("-gpu") else
+                                          "infer" if name == "refresh-negatives" else "cpu")
     schema = load_flow_from_entrypoint(str(REPO / "flows/ance_pipeline.py") + ":ance_pipeline").parameters
     assert "config" in schema.properties and "PipelineConfig" in str(schema.definitions)
     # the UI form offers every sampler as a choice, per stage (warm-up and rounds share MiningConfig)
@@ -44,7 +46,8 @@ def test_compose_file_validates():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
-    assert {"postgres", "prefect-server", "worker-cpu", "worker-gpu", "mlflow"} <= set(config["services"])
+    services = {"postgres", "prefect-server", "worker-cpu", "worker-infer", "worker-gpu", "mlflow"}
+    assert services <= set(config["services"])
     server = config["services"]["prefect-server"]
     assert "postgresql+asyncpg://" in server["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
     mlflow = config["services"]["mlflow"]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.test_server_e2e import free_port
+from tests.tiny import free_port
 
 pytestmark = pytest.mark.slow
 

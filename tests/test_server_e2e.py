@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.tiny import free_port
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("ANCE_TEST_ARTIFACTS", REPO / "artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +183,7 @@ def trained(stack, tiny):
 def test_deployments_are_registered_with_pools_and_schedule(stack):
     for name in ("ance-train", "bm25-warmup", "refresh-negatives", "evaluate", "retrain"):
         deployment = api(stack, "GET", f"/deployments/{deployment_id(stack, name)}").json()
-        assert deployment["work_pool_name"] == "cpu"
+        assert deployment["work_pool_name"] == ("infer" if name == "refresh-negatives" else "cpu")
         assert "config" in json.dumps(deployment["parameter_openapi_schema"]) or name in ("refresh-negatives",
                                                                                            "evaluate")
     retrain = api(stack, "GET", f"/deployments/{deployment_id(stack, 'retrain')}").json()
@@ -196,7 +191,7 @@ def test_deployments_are_registered_with_pools_and_schedule(stack):
     gpu = api(stack, "GET", "/deployments/name/ance-train/ance-train-gpu").json()
     assert gpu["work_pool_name"] == "gpu" and gpu["job_variables"]["image"]
     pools = {p["name"]: p["type"] for p in api(stack, "POST", "/work_pools/filter", json={}).json()}
-    assert pools["cpu"] == "process" and pools["gpu"] == "docker"
+    assert pools["cpu"] == pools["infer"] == "process" and pools["gpu"] == "docker"
 
 
 def test_bad_parameters_are_refused_before_any_work(stack):

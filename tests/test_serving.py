@@ -22,8 +22,7 @@ from ance_core.conae import Projector
 from ance_core.encoder import Encoder
 from ance_core.model import model_files, write_compressed_checkpoint
 from ance_core.report import DEV_KEY
-from tests.test_server_e2e import free_port
-from tests.tiny import REPO, random_head_checkpoint
+from tests.tiny import REPO, free_port, random_head_checkpoint
 
 QUERIES = ["does vitamin D lower cancer risk", "a query far longer than the eight tokens a tiny query keeps " * 3]
 PASSAGES = ["Vitamin D supplementation and cancer incidence: a randomized trial", "short", "x " * 100]

@@ -5,6 +5,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -190,3 +191,9 @@ def kill_when_hung(root: Path, config: dict, fault: str) -> None:
     assert signal_file.exists(), f"the run never reached {fault} (exit {proc.poll()})"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
