@@ -56,7 +56,7 @@ class DeploymentInferencer:
     def refresh(self, snapshot: ArtifactRef, step: int, round_: int, args: dict, out: Path, trainer_key: str) -> str:
         """The folder of the negatives mined with the step-`step` snapshot. `args`: the encode, index, mining,
         execution configs and work_dir of the trainer. A flow run started before (the same idempotency key: a
-        resumed trainer) is followed, not started again."""
+        resumed trainer) is followed, not started again; one that had already failed is skipped."""
         result_file = out / RESULTS / f"step-{step}.json"
         result_file.parent.mkdir(parents=True, exist_ok=True)
         parameters = {
@@ -66,12 +66,20 @@ class DeploymentInferencer:
             "work_dir": str(Path(args["work_dir"]).resolve()),
             "execution": args["execution"].model_dump(mode="json"), "result_file": str(result_file.resolve()),
         }
-        problems = []
-        for attempt in range(self.cfg.retries + 1):
+        problems, key = [], 0
+        while len(problems) <= self.cfg.retries:
             flow_run = run_deployment(self.cfg.deployment, parameters=parameters, timeout=0,
-                                      flow_run_name=f"refresh-step-{step}-try-{attempt}",
-                                      idempotency_key=f"{trainer_key}-step-{step}-try-{attempt}",
+                                      flow_run_name=f"refresh-step-{step}-try-{key}",
+                                      idempotency_key=f"{trainer_key}-step-{step}-try-{key}",
                                       tags=["ance", "inferencer"])
+            key += 1
+            state = flow_run.state
+            if state is not None and state.is_final() and not state.is_completed():
+                # the key's run is an earlier trainer process's try, failed before this one resumed: not a try of
+                # this process (a resumed trainer gets its retries again)
+                self.logger.info(f"refresh from the step-{step} checkpoint: flow run {flow_run.name} of an earlier "
+                                 f"attempt ended {state.name}; starting the next")
+                continue
             self.logger.info(f"refresh from the step-{step} checkpoint: flow run {flow_run.name} ({flow_run.id}) of "
                              f"{self.cfg.deployment}")
             problem = self._follow(flow_run)
@@ -79,7 +87,7 @@ class DeploymentInferencer:
                 return json.loads(result_file.read_text())["mine"]
             problems.append(f"{flow_run.name}: {problem}")
             self.logger.warning(f"refresh from the step-{step} checkpoint: flow run {flow_run.name} {problem}; "
-                                + ("starting another" if attempt < self.cfg.retries else "no retries left"))
+                                + ("starting another" if len(problems) <= self.cfg.retries else "no retries left"))
         raise AnceError(f"every flow run of the step-{step} refresh failed: " + "; ".join(problems))
 
     def _follow(self, flow_run: FlowRun) -> str | None:

@@ -58,7 +58,7 @@ def faiss_gpu(device) -> int:
     if device.type != "cuda":
         pytest.skip(f"faiss on the GPU needs CUDA ({ON_CPU_ENV} runs the CPU-side checks only)")
     if not hasattr(faiss, "StandardGpuResources"):
-        pytest.skip("faiss has no GPU support (faiss-cpu is installed; the GPU image installs faiss-gpu-cu12)")
+        pytest.skip("faiss has no GPU support (faiss-cpu is installed; the GPU image installs faiss-gpu)")
     if faiss.get_num_gpus() == 0:
         pytest.skip("faiss sees no GPU (faiss.get_num_gpus() == 0) although torch sees CUDA")
     return device.index
