@@ -118,6 +118,14 @@ class TrainConfig(StageConfig):
         "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "
         "negatives span them, so N processes train the objective of one")
 
+    @model_validator(mode="after")
+    def _a_query_per_process(self):
+        if self.batch_size < self.world_size:
+            raise ValueError(f"batch_size {self.batch_size} is below world_size {self.world_size}: each process needs "
+                             "at least one query of the micro-batch (batch_size is the queries per step over all "
+                             "processes)")
+        return self
+
     @model_serializer(mode="wrap")
     def _one_process_unsaid(self, handler):
         """world_size 1 is left out of the dump: the cache keys of one-process stages stay those they had before it

@@ -14,6 +14,10 @@ def test_typos_and_bad_values_are_refused():
         PipelineConfig(data={"train_split": "test"})
     with pytest.raises(ValidationError):
         PipelineConfig().rounds = 3  # frozen
+    # a process with no query of the micro-batch would train nothing (every step a no-op)
+    with pytest.raises(ValidationError, match="batch_size 2 is below world_size 4"):
+        PipelineConfig(ance={"batch_size": 2, "world_size": 4})
+    assert TrainConfig(batch_size=4, world_size=4).world_size == 4
 
 
 def test_load_config_names_file_and_field(tmp_path):
