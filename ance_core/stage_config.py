@@ -306,5 +306,6 @@ class InferencerConfig(StageConfig):
                          "failed, crashed or lost its worker")
     poll_seconds: float = Field(5.0, gt=0, description="deployment: how often the trainer reads its refresh flow runs")
     timeout_s: float | None = Field(None, gt=0, description="deployment: a refresh flow run not finished this long "
-                                    "after it was started is marked crashed and started again; unset: no limit (a "
+                                    "after the trainer began to follow it (queue time included; again from zero "
+                                    "when the trainer resumes) is cancelled and started again; unset: no limit (a "
                                     "lost worker is still noticed from its missed heartbeats)")

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.config import PipelineConfig
@@ -31,7 +31,7 @@ from tasks.train import SchedulePlan, train_async
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     c = config
     if c.refresh == "async" and c.rounds:
-        check_deployment(c.inferencer)  # before the warm-up trains
+        check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining)
     run.prepare_data()
     run.bm25()

@@ -171,6 +171,8 @@ class AsyncNegatives:
                 self.logger.warning(f"refresh from the step-{step} checkpoint failed: {e}")
                 self.board.post(error=f"step {step}: {e}")
                 return
+            if mined is None:  # deployment: training finished first and the flow run was cancelled
+                return
             self.board.post(ready=(step, mined, time.time() - started))
             self.logger.info(f"negatives from the step-{step} checkpoint are ready after {time.time() - started:.0f} s")
 
@@ -202,6 +204,8 @@ class AsyncNegatives:
 
     def finish(self, rounds: int) -> dict:
         steps_per_round = self.steps_per_round
+        if self.remote is not None:  # a refresh still running can no longer be used: its flow run is cancelled
+            self.remote.stop()
         for thread in self.threads:
             thread.join()
         state = self.refresh.state

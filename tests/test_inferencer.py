@@ -116,7 +116,8 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
         runs = until("a second refresh flow run after the first was marked crashed", lambda: (
             runs if len(runs := refresh_runs(api, refresh_deployment["id"])) == 2
             and runs[0]["state_type"] == "CRASHED" else None), timeout=300)
-        assert "infer-1" in runs[0]["state"]["message"] and "heartbeat" in runs[0]["state"]["message"]
+        message = runs[0]["state"]["message"]  # the trainer's count of missed heartbeats, or Prefect's own verdict
+        assert "infer-1" in message and ("heartbeat" in message or "offline" in message), message
         assert runs[1]["state_type"] in ("SCHEDULED", "PENDING")  # waiting for a worker of pool `infer`
         workers.append(Worker(tmp_path, env, "infer", "infer-1"))  # the worker returns (without the fault)
 

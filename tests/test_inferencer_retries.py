@@ -3,13 +3,17 @@ test_inferencer.py): each try is a flow run with its own idempotency key, so a r
 had started, and a run that had already failed before the trainer resumed does not use up the resumed trainer's
 retries."""
 
+import datetime
 import json
 import logging
 import uuid
 from types import SimpleNamespace
 
+import httpx
 import pytest
-from prefect.states import Completed, Failed, Running
+from prefect.client.schemas.objects import WorkerStatus
+from prefect.client.schemas.responses import SetStateStatus
+from prefect.states import Completed, Failed, Running, Scheduled
 
 import tasks.inferencer as inferencer
 from ance_core.artifacts import ArtifactRef
@@ -25,6 +29,7 @@ class FakeServer:
         self.runs = {key: SimpleNamespace(id=uuid.uuid4(), name=name, state=state)
                      for key, (name, state) in earlier.items()}
         self.outcomes, self.result_file, self.created = outcomes, result_file, []
+        self.writes = True  # a completed run writes its result file
 
     def run_deployment(self, name, parameters, timeout, flow_run_name, idempotency_key, tags):
         assert timeout == 0 and parameters["result_file"] == str(self.result_file)
@@ -35,13 +40,15 @@ class FakeServer:
 
     def follow(self, flow_run):
         problem = self.outcomes[flow_run.name]
-        if problem is None:
+        if problem is None and self.writes:
             self.result_file.write_text(json.dumps({"mine": f"mined-by-{flow_run.name}"}))
         return problem
 
 
 def refresh(tmp_path, monkeypatch, earlier: dict, outcomes: dict, retries: int = 2):
     result_file = tmp_path / "trainer" / inferencer.RESULTS / "step-6.json"
+    prefix = f"trainer-key-{inferencer._folder_id(tmp_path / 'trainer')}-refresh-negatives/refresh-negatives"
+    earlier = {f"{prefix}-{key}": run for key, run in earlier.items()}
     server = FakeServer(earlier, outcomes, result_file.resolve())
     monkeypatch.setattr(inferencer, "run_deployment", server.run_deployment)
     remote = inferencer.DeploymentInferencer(InferencerConfig(mode="deployment", retries=retries), DataConfig(),
@@ -68,18 +75,105 @@ def test_a_failed_try_is_replaced_until_retries_run_out(tmp_path, monkeypatch):
 
 def test_a_resumed_trainer_follows_its_running_try_and_skips_failed_ones(tmp_path, monkeypatch):
     # the earlier trainer process used up its three tries on failures: the resumed one gets three more
-    earlier = {f"trainer-key-step-6-try-{k}": (f"refresh-step-6-try-{k}", Failed()) for k in range(3)}
+    earlier = {f"step-6-try-{k}": (f"refresh-step-6-try-{k}", Failed()) for k in range(3)}
     server, run = refresh(tmp_path, monkeypatch, earlier, {"refresh-step-6-try-3": None})
     assert run() == "mined-by-refresh-step-6-try-3"
     assert server.created == ["refresh-step-6-try-3"]
 
     # one failed, the next still running when the trainer died: followed, not started again
-    earlier = {"trainer-key-step-6-try-0": ("refresh-step-6-try-0", Failed()),
-               "trainer-key-step-6-try-1": ("refresh-step-6-try-1", Running())}
+    earlier = {"step-6-try-0": ("refresh-step-6-try-0", Failed()), "step-6-try-1": ("refresh-step-6-try-1", Running())}
     server, run = refresh(tmp_path, monkeypatch, earlier, {"refresh-step-6-try-1": None})
     assert run() == "mined-by-refresh-step-6-try-1" and server.created == []
 
     # already completed: its result is read, nothing runs
-    earlier = {"trainer-key-step-6-try-0": ("refresh-step-6-try-0", Completed())}
+    earlier = {"step-6-try-0": ("refresh-step-6-try-0", Completed())}
     server, run = refresh(tmp_path, monkeypatch, earlier, {"refresh-step-6-try-0": None})
     assert run() == "mined-by-refresh-step-6-try-0" and server.created == []
+
+
+class FakeClient:
+    """The Prefect client as _follow uses it: the flow run's states in turn (the last one stays), its worker's
+    heartbeats, and the states the trainer set (`refuse`: the server refuses them, the run having `then` instead)."""
+
+    def __init__(self, states, worker=None, refuse_with=None):
+        self.states, self.worker, self.refuse_with, self.set = list(states), worker, refuse_with, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read_flow_run(self, flow_run_id):
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        if isinstance(state, Exception):
+            raise state
+        labels = {"prefect.worker.name": "infer-1"} if self.worker else {}
+        return SimpleNamespace(id=flow_run_id, name="refresh-step-6-try-0", state=state, labels=labels,
+                               work_pool_name="infer")
+
+    def read_workers_for_work_pool(self, pool):
+        return [self.worker] if self.worker else []
+
+    def set_flow_run_state(self, flow_run_id, state, force=False):
+        self.set.append((state.type.value, force))
+        if self.refuse_with is not None and not force:
+            self.states = [self.refuse_with]
+            return SimpleNamespace(status=SetStateStatus.ABORT)
+        self.states = [state]
+        return SimpleNamespace(status=SetStateStatus.ACCEPT)
+
+
+def follow(monkeypatch, client, **cfg):
+    monkeypatch.setattr(inferencer, "get_client", lambda sync_client: client)
+    remote = inferencer.DeploymentInferencer(InferencerConfig(mode="deployment", poll_seconds=0.01, **cfg),
+                                             DataConfig(), logging.getLogger("test"))
+    return remote, SimpleNamespace(id=uuid.uuid4(), name="refresh-step-6-try-0", work_pool_name="infer")
+
+
+def test_a_worker_that_stops_beating_loses_its_run_whatever_the_clocks_say(monkeypatch):
+    # its last heartbeat is stamped a day ahead (another clock): only whether it changes counts
+    worker = SimpleNamespace(name="infer-1", status=WorkerStatus.ONLINE, heartbeat_interval_seconds=0.02,
+                             last_heartbeat_time=datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1))
+    client = FakeClient([Running()], worker)
+    remote, run = follow(monkeypatch, client)
+    problem = remote._follow(run)
+    assert problem.startswith("crashed: its worker infer-1 sent no heartbeat") and client.set == [("CRASHED", False)]
+
+
+def test_a_run_that_completes_while_it_is_given_up_keeps_its_result(monkeypatch):
+    worker = SimpleNamespace(name="infer-1", status=WorkerStatus.OFFLINE, heartbeat_interval_seconds=5,
+                             last_heartbeat_time=None)
+    client = FakeClient([Running()], worker, refuse_with=Completed())  # it completed between the read and the write
+    remote, run = follow(monkeypatch, client)
+    assert remote._follow(run) is None and client.set == [("CRASHED", False)]
+
+
+def test_api_errors_are_polled_through_and_timeouts_cancel(monkeypatch):
+    down = httpx.ConnectError("connection refused")
+    client = FakeClient([down, down, Running(), Completed()])
+    remote, run = follow(monkeypatch, client)
+    assert remote._follow(run) is None and client.set == []
+
+    client = FakeClient([Running()], SimpleNamespace(name="infer-1", status=WorkerStatus.ONLINE,
+                                                     heartbeat_interval_seconds=30, last_heartbeat_time=None))
+    remote, run = follow(monkeypatch, client, timeout_s=0.05)
+    assert remote._follow(run).startswith("cancelled: not finished 0.05 s")
+    assert client.set == [("CANCELLING", False)]  # taken by a worker: it stops the run
+
+
+def test_training_that_finishes_first_cancels_the_refresh(tmp_path, monkeypatch):
+    client = FakeClient([Scheduled()])  # no worker took it
+    remote, run = follow(monkeypatch, client)
+    remote.stop()
+    assert remote._follow(run) == inferencer.STOPPED and client.set == [("CANCELLED", False)]
+
+
+def test_a_completed_run_without_its_result_is_a_failed_try(tmp_path, monkeypatch):
+    server, run_refresh = refresh(tmp_path, monkeypatch, {}, {f"refresh-step-6-try-{k}": None for k in range(3)})
+    server.writes = False  # completed, but its result file is missing
+    read = inferencer._read_result
+    monkeypatch.setattr(inferencer, "_read_result", lambda path: read(path, wait_s=0.1))
+    with pytest.raises(AnceError, match="try-2: completed without a readable result in .*step-6.json"):
+        run_refresh()
+    assert len(server.created) == 3
