@@ -32,6 +32,7 @@ RESULTS = "inferencer"  # train-async: step-<N>.json, the folders each refresh f
 MISSED_HEARTBEATS = 3  # Prefect's own rule for an offline worker (server.services.foreman)
 FALLBACK_HEARTBEAT_S = 30  # a worker that did not say its interval: Prefect's default
 STOPPED = "stopped"  # _follow: training finished first, the flow run was cancelled
+API_ERRORS = (httpx.TransportError, PrefectHTTPStatusError)  # a failed Prefect API call; see _transient
 
 
 def check_deployment(cfg: InferencerConfig, logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
@@ -126,7 +127,7 @@ class DeploymentInferencer:
             while True:
                 try:
                     outcome = self._check(client, flow_run, started, heartbeats)
-                except (httpx.TransportError, PrefectHTTPStatusError) as e:
+                except API_ERRORS as e:
                     if not _transient(e):
                         raise
                     self.logger.warning(f"flow run {flow_run.name}: the Prefect API failed ({e}); polling again")
@@ -147,20 +148,20 @@ class DeploymentInferencer:
             return None
         if state is not None and state.is_final():
             return f"ended {state.name}: {state.message or 'no message'}"
-        taken = (run.labels or {}).get("prefect.worker.name")  # a worker has it: Cancelling lets it stop the run
         if self.stopping.is_set():
-            message = "the trainer finished before its negatives were ready"
-            return self._end(client, run, Cancelling(message=message) if taken else Cancelled(message=message),
-                             STOPPED)
+            return self._cancel(client, run, "the trainer finished before its negatives were ready", STOPPED)
         lost = _worker_lost(client, run, heartbeats) if state is not None and not state.is_scheduled() else None
         if lost is not None:
             return self._end(client, run, Crashed(message=f"the trainer gave it up: {lost}"), f"crashed: {lost}")
         if self.cfg.timeout_s is not None and time.monotonic() - started > self.cfg.timeout_s:
             late = f"not finished {self.cfg.timeout_s:g} s after the trainer began to follow it (inferencer.timeout_s)"
-            message = f"the trainer gave it up: {late}"
-            return self._end(client, run, Cancelling(message=message) if taken else Cancelled(message=message),
-                             f"cancelled: {late}")
+            return self._cancel(client, run, f"the trainer gave it up: {late}", f"cancelled: {late}")
         return ()
+
+    def _cancel(self, client: SyncPrefectClient, run: FlowRun, message: str, outcome: str):
+        """`_end` in Cancelling when a worker has the run (it stops the run's process), else straight in Cancelled."""
+        taken = (run.labels or {}).get("prefect.worker.name")
+        return self._end(client, run, Cancelling(message=message) if taken else Cancelled(message=message), outcome)
 
     def _end(self, client: SyncPrefectClient, run: FlowRun, state: State, outcome: str):
         """Move the flow run to `state` and return `outcome`; a run that finished meanwhile keeps its own end (the
@@ -207,7 +208,7 @@ def _transient_retried(call, *args, tries: int = 5, **kwargs):
     for attempt in range(tries):
         try:
             return call(*args, **kwargs)
-        except (httpx.TransportError, PrefectHTTPStatusError) as e:
+        except API_ERRORS as e:
             if attempt == tries - 1 or not _transient(e):
                 raise
             time.sleep(2**attempt)

@@ -5,14 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import transformers
 
-from tests.tiny import build_tiny_model, build_tiny_scifact, free_port, shared_scifact
+from tests.tiny import build_tiny_model, build_tiny_scifact, free_port, shared_scifact, wait_answering
 
 # Prefect's ephemeral server gets 20 s to start by default: not enough on a busy machine (as ance_cli.main sets it).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -54,17 +52,8 @@ def prefect_server(tmp_path_factory):
                                "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 300  # a busy machine starts it slowly: poll until a deadline
     try:
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "prefect server did not answer within 300 s"
-            time.sleep(1)
+        wait_answering(f"{api}/health", server, "prefect server", 300, root / "server.log")
         yield api
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.tiny import free_port
+from tests.tiny import free_port, wait_answering
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +25,8 @@ def start_mlflow(store: Path, port: int) -> subprocess.Popen:
          "--workers", "1", "--backend-store-uri", f"sqlite:///{store}/mlflow.db",
          "--artifacts-destination", str(store / "mlartifacts")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(120):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        assert server.poll() is None, "mlflow server exited"
-        time.sleep(1)
-    pytest.fail("mlflow server did not start")
+    wait_answering(f"http://127.0.0.1:{port}/health", server, "mlflow server", 120)
+    return server
 
 
 def runs_named(url: str, name: str) -> list[dict]:

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ from ance_core.conae import Projector
 from ance_core.encoder import Encoder
 from ance_core.model import model_files, write_compressed_checkpoint
 from ance_core.report import DEV_KEY
-from tests.tiny import REPO, free_port, random_head_checkpoint
+from tests.tiny import REPO, free_port, random_head_checkpoint, wait_answering
 
 QUERIES = ["does vitamin D lower cancer risk", "a query far longer than the eight tokens a tiny query keeps " * 3]
 PASSAGES = ["Vitamin D supplementation and cancer incidence: a randomized trial", "short", "x " * 100]
@@ -134,16 +133,8 @@ def test_mlflow_models_serve_answers_with_the_pipelines_embeddings(registry):
     with open(log, "wb") as out:
         server = subprocess.Popen(serve_args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 600  # a busy 2-core machine: importing torch and the model download take a while
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, f"mlflow models serve exited: {log.read_text()[-3000:]}"
-            assert time.time() < deadline, f"mlflow models serve did not answer: {log.read_text()[-3000:]}"
-            time.sleep(1)
+        # a busy 2-core machine: importing torch and loading the model take a while
+        wait_answering(f"http://127.0.0.1:{port}/ping", server, "mlflow models serve", 600, log)
         headers = {"Content-Type": "application/json"}
         encoder = Encoder(registry["champion"])
         answer = httpx.post(url, content=request, headers=headers, timeout=120)

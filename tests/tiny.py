@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,3 +198,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_answering(url: str, proc: subprocess.Popen, what: str, timeout: float, log: Path | None = None) -> None:
+    """Poll `url` until it answers 200 (a busy machine starts a server slowly), failing when `proc` exits or after
+    `timeout` s, with the tail of `log` when there is one."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            tail = log.read_text()[-3000:] if log else ""
+            assert proc.poll() is None, f"{what} exited: {tail}"
+            raise AssertionError(f"{what} did not answer within {timeout:g} s: {tail}")
+        time.sleep(1)
