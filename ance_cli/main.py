@@ -30,8 +30,8 @@ def _guard(fn):
     """Run a command body; AnceError and config errors become one red line and exit code 2."""
     from pydantic import ValidationError
 
-    from ance_core.config import format_validation_error
     from ance_core.errors import AnceError
+    from ance_core.pipeline.config import format_validation_error
 
     try:
         return fn()
@@ -76,7 +76,7 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run.
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.data import read_tables
+    from ance_core.data.dataset import read_tables
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
@@ -103,8 +103,8 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
-    from ance_core.config import CompressConfig
-    from ance_core.recipes import recipe_config
+    from ance_core.compression.config import CompressConfig
+    from ance_core.pipeline.recipes import recipe_config
 
     compression = CompressConfig(index_types=["flat", "hnsw", "ivfpq"]) if compress else None
 
@@ -121,7 +121,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
 ):
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
-    from ance_core.config import load_config
+    from ance_core.pipeline.config import load_config
 
     _guard(lambda: _run_pipeline(load_config(config), as_json))
 
@@ -132,7 +132,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON last")] = False,
 ):
     """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
-    from ance_core.config import CompareConfig, load_config
+    from ance_core.pipeline.config import CompareConfig, load_config
 
     def body():
         from flows.compare import compare_negatives
@@ -170,8 +170,10 @@ def compress_command(
 ):
     """Compress a trained model's embeddings (ConAE and the PCA / truncation baselines) and measure quality, index
     size and search latency on the evaluation split (the compress deployment's flow)."""
-    from ance_core.config import CompressConfig, DataConfig, load_config
-    from ance_core.model import read_meta
+    from ance_core.compression.config import CompressConfig
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.model import read_meta
+    from ance_core.pipeline.config import load_config
 
     def body():
         from flows.compress import compress_flow
@@ -205,7 +207,8 @@ def bm25(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
     """Evaluate the BM25 baseline (top-1000) on a split."""
-    from ance_core.config import BM25Config, DataConfig
+    from ance_core.data.config import DataConfig
+    from ance_core.retrieval.config import BM25Config
     from flows.evaluate import bm25_baseline
 
     def body():
@@ -226,8 +229,8 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
     """Encode the corpus with a checkpoint, index it and evaluate it on a split."""
-    from ance_core.config import DataConfig
-    from ance_core.model import read_meta
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.model import read_meta
     from flows.evaluate import evaluate_checkpoint
 
     def body():
@@ -251,8 +254,8 @@ def search(
     """Print the top hits of a query."""
     from ance_core.artifacts import INDEX
     from ance_core.errors import AnceError
-    from ance_core.model import read_meta
-    from ance_core.search import search_text
+    from ance_core.modeling.model import read_meta
+    from ance_core.retrieval.search import search_text
 
     def body():
         read_meta(model)
@@ -278,7 +281,7 @@ def export_command(
 ):
     """Write a checkpoint as a standard sentence-transformers model folder, with a model card (README.md)."""
     from ance_core.errors import AnceError
-    from ance_core.export import FORMATS, check_target, export_checkpoint
+    from ance_core.export.sentence_transformers import FORMATS, check_target, export_checkpoint
 
     def body():
         if fmt not in FORMATS:
@@ -302,7 +305,7 @@ def export_command(
 
 
 def _corpus_titles(dataset: str) -> dict[str, str]:
-    from ance_core.data import load_dataset, passage_texts, resolve_dataset
+    from ance_core.data.dataset import load_dataset, passage_texts, resolve_dataset
 
     corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
     return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))

@@ -1,6 +1,16 @@
-"""ANCE core library: data, BM25, BERT-Siamese model, training, encoding, index, mining, evaluation.
+"""ANCE core library: a pure library (torch, transformers, faiss, pandas, numpy; never prefect or mlflow).
 
-Pure library: imports torch, transformers, faiss, pandas, numpy -- never prefect or mlflow.
+Its rooms, each a subpackage that imports only the foundation and rooms below it (tests/test_layering.py):
+
+  foundation    errors.py, faults.py, artifacts.py (stage folders), stage_config.py (the base of every config)
+  data/         the collection, validated; the dev split
+  compression/  ConAE, PCA and truncation projectors
+  modeling/     the BERT-Siamese model and its checkpoints
+  retrieval/    the inferencer: encode, index, search; BM25; evaluation
+  negatives/    samplers, mining, the async trainer's refreshed negatives, negatives statistics
+  training/     the trainer: loss, optimizer, loop, resumable state, torch.distributed
+  pipeline/     a run's config, recipes, results table and plots
+  export/       a checkpoint outside the pipeline: Encoder, sentence-transformers folder
 """
 
 __version__ = "0.2.0"

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from ance_core.config import ModelConfig
-from ance_core.data import load_dataset, passage_texts, resolve_dataset
-from ance_core.encode import encode_texts
-from ance_core.model import init_model, load_checkpoint, pool, resolve_model_name
+from ance_core.data.dataset import load_dataset, passage_texts, resolve_dataset
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint, pool, resolve_model_name
+from ance_core.retrieval.encode import encode_texts
 
 
 def plain_loop(model, tokenizer, texts: list[str], max_length: int, batch_size: int) -> np.ndarray:

@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
-from ance_core.config import PipelineConfig, load_config
-from ance_core.data import read_tables
-from ance_core.train import train
+from ance_core.data.dataset import read_tables
+from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.training.loop import train
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 from tasks.mine import mine_negatives

@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 
 from ance_core.artifacts import read_manifest
-from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, ModelConfig
-from ance_core.data import resolve_dataset
-from ance_core.model import init_model
+from ance_core.data.config import DataConfig
+from ance_core.data.dataset import resolve_dataset
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
 from flows.stages import encode_flow
 from tasks.execution import start_ray
 
@@ -57,7 +59,7 @@ def ray_startup(execution: ExecutionConfig) -> float:
 
     ray.shutdown()
     started = time.perf_counter()
-    start_ray(execution)
+    start_ray(execution, preload=("tasks.encode",))
     return time.perf_counter() - started
 
 
@@ -87,7 +89,9 @@ def synthetic_beir(folder: Path, passages: int, queries: int, seed: int = 0) -> 
 def run_stage_process(stage: str, work: Path) -> dict:
     """One stage of the memory bench in this process (the child's side): its refs from work/refs.json."""
     from ance_core.artifacts import ArtifactRef
-    from ance_core.config import DataConfig, EncodeConfig, IndexConfig, MiningConfig
+    from ance_core.data.config import DataConfig
+    from ance_core.negatives.config import MiningConfig
+    from ance_core.retrieval.config import EncodeConfig, IndexConfig
     from tasks.data import prepare_data
     from tasks.encode import encode_corpus
     from tasks.index import build_index
@@ -102,7 +106,7 @@ def run_stage_process(stage: str, work: Path) -> dict:
     index_cfg = IndexConfig(type=settings["index_type"])
     started = time.perf_counter()
     if stage == "data":
-        from ance_core.config import ModelConfig
+        from ance_core.modeling.config import ModelConfig
 
         refs["data"] = prepare_data.fn(DataConfig(dataset=settings["dataset"], dev_fraction=0), wd)
         refs["checkpoint"] = init_checkpoint.fn(ModelConfig(name=settings["model"], passage_max_length=48), wd)

@@ -1,4 +1,4 @@
-"""Training speed: optimizer steps per second of the training loop (ance_core.train) with the model's attention
+"""Training speed: optimizer steps per second of the training loop (ance_core.training.loop) with the model's attention
 dropout and without it (`attention_dropout: 0`), at 128 and 256 passage tokens.
 
 The demo's warm-up setting (all-MiniLM-L6-v2, SciFact BM25 negatives, 16 queries x (1 positive + 1 negative) per
@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from ance_core.artifacts import NEGATIVES
-from ance_core.config import PipelineConfig, load_config
-from ance_core.data import read_tables
-from ance_core.train import train
+from ance_core.data.dataset import read_tables
+from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.training.loop import train
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 from tasks.mine import mine_negatives

@@ -14,11 +14,11 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
-from ance_core.model import checkpoint_digest
-from ance_core.report import StageTiming
-from ance_core.samplers import train_config_for
+from ance_core.modeling.model import checkpoint_digest
+from ance_core.negatives.samplers import train_config_for
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.report import StageTiming
 from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint

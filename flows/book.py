@@ -16,10 +16,12 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
-from ance_core.config import MiningConfig, TrainConfig
-from ance_core.report import StageTiming, read_report
-from ance_core.samplers import get_sampler
-from tasks.analysis import DEPTH, analyse_negatives, read_stats
+from ance_core.negatives.analysis import read_stats
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.samplers import get_sampler
+from ance_core.pipeline.report import StageTiming, read_report
+from ance_core.training.config import TrainConfig
+from tasks.analysis import DEPTH, analyse_negatives
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data

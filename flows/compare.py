@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
-from ance_core.analysis import ranks_relative_to_positive
 from ance_core.artifacts import NEGATIVES, PROFILE, RUN, ArtifactRef, atomic_folder
-from ance_core.config import CompareConfig
-from ance_core.report import COLUMNS, StageTiming, markdown_table
-from ance_core.samplers import get_sampler, train_config_for
+from ance_core.negatives.analysis import ranks_relative_to_positive, read_stats
+from ance_core.negatives.samplers import get_sampler, train_config_for
+from ance_core.pipeline.config import CompareConfig
+from ance_core.pipeline.report import COLUMNS, StageTiming, markdown_table
 from flows.book import RunBook
-from tasks.analysis import read_stats, score_profile_task
+from tasks.analysis import score_profile_task
 from tasks.common import run_task
 from tasks.model import init_checkpoint
 from tracking.run import train_log

@@ -23,11 +23,13 @@ from ance_core.artifacts import (
     read_manifest,
     write_json,
 )
-from ance_core.conae import PROJECTOR_FILE
-from ance_core.config import CompressConfig, DataConfig, EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.compression.conae import PROJECTOR_FILE
+from ance_core.compression.config import CompressConfig
+from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
-from ance_core.model import checkpoint_ref, read_meta
-from ance_core.report import markdown_table, read_metrics
+from ance_core.modeling.model import checkpoint_ref, read_meta
+from ance_core.pipeline.report import markdown_table, read_metrics
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
 from flows.book import flow_tags
 from flows.start import trained_checkpoint
 from tasks.common import run_task

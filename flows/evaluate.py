@@ -4,9 +4,10 @@ Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with 
 
 from prefect import flow
 
-from ance_core.config import BM25Config, DataConfig, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
-from ance_core.model import checkpoint_ref
-from ance_core.report import read_metrics
+from ance_core.data.config import DataConfig
+from ance_core.modeling.model import checkpoint_ref
+from ance_core.pipeline.report import read_metrics
+from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate

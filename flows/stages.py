@@ -5,10 +5,13 @@ Each reuses the stage tasks, so their outputs are shared with the full pipeline.
 from prefect import flow
 
 from ance_core.artifacts import write_json
-from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig, PipelineConfig
-from ance_core.model import checkpoint_ref
-from ance_core.report import read_metrics
-from ance_core.samplers import train_config_for
+from ance_core.data.config import DataConfig
+from ance_core.modeling.model import checkpoint_ref
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.samplers import train_config_for
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.report import read_metrics
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus

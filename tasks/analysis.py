@@ -1,15 +1,24 @@
-import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from ance_core.analysis import negative_stats, negatives_above_positive, query_sample, score_profile, scored_pairs
 from ance_core.artifacts import NEGATIVES, PROFILE, RUN, STATS, ArtifactRef, run_stage, write_json
-from ance_core.config import EncodeConfig, IndexConfig
-from ance_core.data import read_tables
+from ance_core.data.dataset import read_tables
 from ance_core.errors import warn
-from ance_core.mining import fallback_stats
-from ance_core.search import score_pairs
+from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.negatives.analysis import (
+    negative_stats,
+    negatives_above_positive,
+    query_sample,
+    score_profile,
+    scored_pairs,
+)
+from ance_core.negatives.mining import fallback_stats
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.encode import encode_queries
+from ance_core.retrieval.index import SearchIndex
+from ance_core.retrieval.search import score_pairs
 from tasks.common import run_task, stage_task
 from tasks.retrieve import dense_run
 
@@ -19,17 +28,12 @@ SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
 ABOVE_POSITIVE_WARNING = 0.25
 
 
-def read_stats(ref: ArtifactRef) -> dict:
-    """What a negative-stats stage measured (ance_core.analysis.negative_stats)."""
-    return json.loads(Path(ref.path, STATS).read_text())
-
-
 @stage_task("negative-stats")
 def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str,
                        start: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
-    """How the negatives a model trained on relate to its own ranking (ance_core.analysis), on a fixed query sample;
-    how many of them came from the mining fallback; and, with the model training `start`ed from (its checkpoint and
-    index), how many of them that model scored above their positive (a false-negative warning sign)."""
+    """How the negatives a model trained on relate to its own ranking (ance_core/negatives/analysis.py), on a fixed
+    query sample; how many of them came from the mining fallback; and, with the model training `start`ed from (its
+    checkpoint and index), how many of them that model scored above their positive (a false-negative warning sign)."""
 
     def build(out):
         tables = read_tables(data.path)
@@ -74,16 +78,9 @@ PROFILE_QUERIES = 10
 @stage_task("score-profile")
 def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str,
                        work_dir: str) -> ArtifactRef:
-    """Top-100 score profile of a checkpoint for a fixed sample of queries (ance_core.analysis.score_profile)."""
+    """Top-100 score profile of a checkpoint for a fixed sample of queries (ance_core/negatives/analysis.py)."""
 
     def build(out):
-        import numpy as np
-
-        from ance_core.config import EncodeConfig
-        from ance_core.encode import encode_queries
-        from ance_core.index import SearchIndex
-        from ance_core.model import load_checkpoint, pick_device
-
         queries = read_tables(data.path).split_queries(split)
         sample = query_sample(queries["query_id"], PROFILE_QUERIES, SAMPLE_SEED)
         texts = queries.set_index("query_id").loc[sample, "text"].tolist()

@@ -1,7 +1,7 @@
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
-from ance_core.bm25 import BM25
-from ance_core.config import BM25Config
-from ance_core.data import read_tables
+from ance_core.data.dataset import read_tables
+from ance_core.retrieval.bm25 import BM25
+from ance_core.retrieval.config import BM25Config
 from tasks.common import stage_task
 
 

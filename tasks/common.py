@@ -44,7 +44,7 @@ import ance_core
 from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
-from ance_core.report import StageTiming
+from ance_core.pipeline.report import StageTiming
 
 FAULT_ENV = "ANCE_FAULT"
 FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"

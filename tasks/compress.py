@@ -14,12 +14,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ance_core.artifacts import DOCIDS, EMBEDDINGS, INDEX, TRAIN_LOG, ArtifactRef, run_stage
-from ance_core.conae import Projector, teacher_from, train_conae
-from ance_core.config import CompressConfig, CompressMethod, EncodeConfig, IndexConfig, IndexType
-from ance_core.data import read_tables
-from ance_core.encode import encode_queries, iter_shards, read_docids
-from ance_core.index import SearchIndex, build_ann_index, search_latency
-from ance_core.model import load_checkpoint, pick_device, write_compressed_checkpoint
+from ance_core.compression.conae import Projector, teacher_from, train_conae
+from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
+from ance_core.data.dataset import read_tables
+from ance_core.modeling.model import load_checkpoint, pick_device, write_compressed_checkpoint
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.encode import encode_queries, iter_shards, read_docids
+from ance_core.retrieval.index import SearchIndex, build_ann_index, search_latency
 from tasks.common import stage_task
 
 QUERY_EMBEDDINGS, QUERY_IDS = "queries.npy", "query_ids.txt"

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import torch
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage
-from ance_core.config import EncodeConfig, ExecutionConfig
-from ance_core.encode import assemble_shards, release_checkpoint, shard_ranges
-from ance_core.encode import encode_shard as core_encode_shard
 from ance_core.faults import fault_point
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
+from ance_core.retrieval.encode import assemble_shards, release_checkpoint, shard_ranges
+from ance_core.retrieval.encode import encode_shard as core_encode_shard
 from tasks.common import stage_task
 from tasks.execution import run_mapped
 

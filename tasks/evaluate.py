@@ -3,8 +3,8 @@ from pathlib import Path
 import pandas as pd
 
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
-from ance_core.data import read_tables
-from ance_core.evaluate import write_evaluation
+from ance_core.data.dataset import read_tables
+from ance_core.retrieval.evaluate import write_evaluation
 from tasks.common import stage_task
 
 

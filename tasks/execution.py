@@ -10,6 +10,7 @@ per run, not per stage); with one, the tasks go to that cluster.
 import atexit
 import contextlib
 import dataclasses
+import importlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,8 +20,8 @@ from prefect.context import FlowRunContext
 from prefect.tasks import Task
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import ExecutionConfig
 from ance_core.errors import AnceError
+from ance_core.retrieval.config import ExecutionConfig
 from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, ChildTasksFailed, run_task
 
 FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL", "PREFECT_HOME",
@@ -41,7 +42,7 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         return refs
     from prefect_ray.context import remote_options
 
-    runner = _ray_runner(execution)
+    runner = _ray_runner(execution, stage)
     _check_resources(execution)
     resources = {"num_cpus": execution.threads_per_worker} | (
         {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
@@ -70,18 +71,19 @@ def _after_retries(stage: Task, k: int, calls: int) -> Iterator[None]:
                                f"{type(e).__name__}: {e}") from e
 
 
-def _ray_runner(execution: ExecutionConfig):
-    """A RayTaskRunner on the process's Ray (`start_ray`); a runner that finds Ray running does not stop it."""
-    start_ray(execution)
+def _ray_runner(execution: ExecutionConfig, stage: Task):
+    """A RayTaskRunner on the process's Ray (`start_ray`, its workers preloading the stage's module); a runner that
+    finds Ray running does not stop it."""
+    start_ray(execution, preload=(stage.fn.__module__,))
     from prefect_ray import RayTaskRunner
 
     return RayTaskRunner()
 
 
-def start_ray(execution: ExecutionConfig) -> None:
+def start_ray(execution: ExecutionConfig, preload: tuple[str, ...] = ()) -> None:
     """Connect to `execution.address`, or start a local Ray of `workers` x `threads_per_worker` CPUs; once per
     process (stopped when it exits). The workers get this run's Prefect API and the ANCE_ fault settings, and import
-    the stage code before the first stage runs."""
+    the `preload` modules (the stage code: torch, transformers, Prefect) before the first stage runs."""
     try:
         import prefect_ray  # noqa: F401
         import ray
@@ -104,8 +106,8 @@ def start_ray(execution: ExecutionConfig) -> None:
     _check_resources(execution)
     # each worker imports the stage code (torch, transformers, Prefect: most of a fresh worker's first task) now,
     # as part of the start-up, not of the first stage that uses them
-    warm = ray.remote(_import_stage_code).options(num_cpus=execution.threads_per_worker)
-    ray.get([warm.remote() for _ in range(execution.workers)])
+    warm = ray.remote(_import_modules).options(num_cpus=execution.threads_per_worker)
+    ray.get([warm.remote(preload) for _ in range(execution.workers)])
 
 
 def _check_resources(execution: ExecutionConfig) -> None:
@@ -120,7 +122,7 @@ def _check_resources(execution: ExecutionConfig) -> None:
                         f"shard task, but the Ray cluster's largest node has {cpus:g} CPUs and {gpus:g} GPUs")
 
 
-def _import_stage_code() -> int:
-    import tasks.encode  # noqa: F401
-
+def _import_modules(modules: tuple[str, ...]) -> int:
+    for module in modules:
+        importlib.import_module(module)
     return os.getpid()

@@ -1,6 +1,6 @@
 from ance_core.artifacts import ArtifactRef, run_stage
-from ance_core.config import IndexConfig
-from ance_core.index import build_index as core_build_index
+from ance_core.retrieval.config import IndexConfig
+from ance_core.retrieval.index import build_index as core_build_index
 from tasks.common import stage_task
 
 

@@ -25,8 +25,9 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, Cancelling, Crashed
 
 from ance_core.artifacts import ArtifactRef, write_json
-from ance_core.config import DataConfig, InferencerConfig
+from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
+from ance_core.negatives.config import InferencerConfig
 
 RESULTS = "inferencer"  # train-async: step-<N>.json, the folders each refresh flow run built
 MISSED_HEARTBEATS = 3  # Prefect's own rule for an offline worker (server.services.foreman)

@@ -3,10 +3,10 @@ from pathlib import Path
 import pandas as pd
 
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
-from ance_core.config import MiningConfig
-from ance_core.data import read_tables
-from ance_core.mining import fallback_stats, sample_negatives, warn_fallback
-from ance_core.search import score_pairs
+from ance_core.data.dataset import read_tables
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.mining import fallback_stats, sample_negatives, warn_fallback
+from ance_core.retrieval.search import score_pairs
 from tasks.common import stage_task
 
 MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, sampled and dropped)
@@ -15,10 +15,10 @@ MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, s
 @stage_task("mine-negatives")
 def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
                    work_dir: str, scorer: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
-    """Negatives per (query, positive) with the configured sampler (ance_core/samplers.py) from the rankings it mines
-    (`dense`, `bm25`; none for random and in-batch samplers). `scorer` (a checkpoint and its index: the model training
-    starts from) scores a BM25 ranking's candidates and the positives when no dense ranking did: for the `margin`
-    false-negative control, and for a MaxP model, each document's best window."""
+    """Negatives per (query, positive) with the configured sampler (ance_core/negatives/samplers.py) from the rankings
+    it mines (`dense`, `bm25`; none for random and in-batch samplers). `scorer` (a checkpoint and its index: the model
+    training starts from) scores a BM25 ranking's candidates and the positives when no dense ranking did: for the
+    `margin` false-negative control, and for a MaxP model, each document's best window."""
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text

@@ -1,6 +1,6 @@
 from ance_core.artifacts import ArtifactRef, run_stage
-from ance_core.config import ModelConfig
-from ance_core.model import init_model
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model
 from tasks.common import stage_task
 
 

@@ -6,9 +6,10 @@ refreshes, the `refresh-negatives` flow). `evaluate_stages`: encode, index, retr
 flow that reports a checkpoint's metrics)."""
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig, MiningConfig
 from ance_core.errors import AnceError
-from ance_core.model import read_meta
+from ance_core.modeling.model import read_meta
+from ance_core.negatives.config import MiningConfig
+from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.encode import encode_corpus

@@ -1,5 +1,5 @@
 from ance_core.artifacts import ArtifactRef, run_stage
-from ance_core.report import StageTiming, build_report, write_report
+from ance_core.pipeline.report import StageTiming, build_report, write_report
 from tasks.common import stage_task
 
 

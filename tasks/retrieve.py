@@ -1,7 +1,7 @@
 from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
-from ance_core.config import EncodeConfig, IndexConfig
-from ance_core.data import read_tables
-from ance_core.search import write_dense_run
+from ance_core.data.dataset import read_tables
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.search import write_dense_run
 from tasks.common import stage_task
 
 

@@ -15,30 +15,17 @@ import torch
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from ance_core.artifacts import (
-    ASYNC_REFRESH,
-    NEGATIVES,
-    ArtifactRef,
-    is_complete,
-    read_manifest,
-    run_stage,
-    stage_key,
-)
-from ance_core.config import (
-    DataConfig,
-    EncodeConfig,
-    ExecutionConfig,
-    IndexConfig,
-    InferencerConfig,
-    MiningConfig,
-    TrainConfig,
-)
-from ance_core.data import read_tables
-from ance_core.distributed import FAULT_HOOK, launch
+from ance_core.artifacts import ASYNC_REFRESH, NEGATIVES, ArtifactRef, is_complete, read_manifest, run_stage, stage_key
+from ance_core.data.config import DataConfig
+from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
-from ance_core.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
-from ance_core.train import Schedule, continuous_schedules, planned_steps, train
-from ance_core.train_state import checkpoint_step
+from ance_core.negatives.config import InferencerConfig, MiningConfig
+from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.training.config import TrainConfig
+from ance_core.training.distributed import FAULT_HOOK, launch
+from ance_core.training.loop import Schedule, continuous_schedules, planned_steps, train
+from ance_core.training.state import checkpoint_step
 from tasks.common import inject_fault, stage_task
 from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
@@ -91,8 +78,8 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
 class SchedulePlan:
     """The learning-rate schedule of each training stage of a run, in order: None (each stage its own) or, for
-    `schedule: continuous`, its part of one schedule over all of them (ance_core.train.Schedule). The step counts come
-    from the first stage's negatives (one row per training pair, whatever the sampler)."""
+    `schedule: continuous`, its part of one schedule over all of them (ance_core.training.loop.Schedule). The step
+    counts come from the first stage's negatives (one row per training pair, whatever the sampler)."""
 
     def __init__(self, mode: str, stages: list[TrainConfig], resume_first: bool = False):
         self.mode, self.stages, self.resume_first = mode, stages, resume_first
@@ -129,7 +116,8 @@ class AsyncNegatives:
     At each snapshot step the current model is saved as its own stage folder and an inferencer thread runs
     encode -> index -> retrieve -> mine with it (Prefect tasks, cached and retried), posting the negatives on a board
     when they are ready. Before every step the trainer asks `update(step)` for newer negatives
-    (ance_core.refresh_state: swaps, waits past `max_staleness`, every step's staleness, kept in `async_state.json`).
+    (ance_core.negatives.refresh_state: swaps, waits past `max_staleness`, every step's staleness, kept in
+    `async_state.json`).
     DDP ranks read the board from a file instead (`ddp()`), and rank 0 keeps that state.
     """
 
@@ -230,8 +218,8 @@ def _copy_from(saved: Path):
 
 
 def _snapshot_watch(async_negatives: AsyncNegatives, out: Path, snapshot_steps: list[int], timeout: float = 600):
-    """DDP: a launch callback that publishes each snapshot rank 0 saved (ance_core.distributed: `snapshots/step-N`,
-    written after the step's log record) as the snapshot stage the inferencer encodes."""
+    """DDP: a launch callback that publishes each snapshot rank 0 saved (ance_core.training.distributed:
+    `snapshots/step-N`, written after the step's log record) as the snapshot stage the inferencer encodes."""
 
     def watch(record: dict) -> None:
         step = record["step"]

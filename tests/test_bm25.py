@@ -1,9 +1,9 @@
 import pandas as pd
 
-from ance_core.bm25 import BM25
-from ance_core.config import BM25Config
-from ance_core.data import load_dataset
-from ance_core.evaluate import evaluate_run
+from ance_core.data.dataset import load_dataset
+from ance_core.retrieval.bm25 import BM25
+from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.evaluate import evaluate_run
 
 
 def test_bm25_ranks_matching_document_first():

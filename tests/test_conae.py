@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from ance_core.conae import ConAE, Projector, conae_loss, fit_pca, kl_loss, margin_loss, teacher_from, train_conae
+from ance_core.compression.conae import (
+    ConAE,
+    Projector,
+    conae_loss,
+    fit_pca,
+    kl_loss,
+    margin_loss,
+    teacher_from,
+    train_conae,
+)
 
 
 def test_kl_is_zero_when_compressed_scores_equal_the_teachers_and_positive_otherwise():
@@ -114,7 +123,7 @@ def test_compressed_index_returns_the_same_top1_as_the_full_one_on_an_easy_set()
 def test_config_refuses_contradictory_ablations_and_repeated_entries():
     from pydantic import ValidationError
 
-    from ance_core.config import CompressConfig
+    from ance_core.compression.config import CompressConfig
 
     with pytest.raises(ValidationError, match="only_kl and no_kl"):
         CompressConfig(only_kl=True, no_kl=True)

@@ -1,8 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from ance_core.config import PipelineConfig, TrainConfig, load_config
 from ance_core.errors import AnceError
+from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.training.config import TrainConfig
 
 
 def test_typos_and_bad_values_are_refused():
@@ -77,7 +78,7 @@ def test_maxp_settings_that_would_not_work_are_refused():
 
 
 def test_recipes_are_valid_pipeline_configs():
-    from ance_core.recipes import RECIPES, recipe_config
+    from ance_core.pipeline.recipes import RECIPES, recipe_config
 
     assert recipe_config("demo") == PipelineConfig(mining={"sampler": "simans"})
     for name in RECIPES:

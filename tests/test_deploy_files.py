@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
-from ance_core.samplers import NAMES
+from ance_core.negatives.samplers import NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 

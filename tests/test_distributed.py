@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ance_core.config import TrainConfig
-from ance_core.distributed import gather_rows, launch, rank_rows, split_sizes
 from ance_core.errors import AnceError
-from ance_core.train import train
+from ance_core.training.config import TrainConfig
+from ance_core.training.distributed import launch
+from ance_core.training.loop import train
+from ance_core.training.ranks import gather_rows, rank_rows, split_sizes
 from tests.tiny import (
     kill_when_hung,
     random_head_checkpoint,
@@ -40,7 +41,7 @@ def no_dropout_checkpoint(tiny_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def stage_inputs(tmp_path_factory) -> Path:
     """training_tables() as a BEIR dataset folder (what a rank reads) and a negatives parquet."""
-    from ance_core.data import load_dataset, save_tables
+    from ance_core.data.dataset import load_dataset, save_tables
 
     negatives, corpus, queries, relevant = training_tables()
     folder = tmp_path_factory.mktemp("stage")
@@ -72,7 +73,7 @@ CFG = dict(batch_size=4, learning_rate=1e-3, precision="fp32", passage_max_lengt
 
 def test_the_rows_of_a_batch_go_round_the_ranks():
     assert split_sizes(10, 2) == [5, 5] and split_sizes(5, 2) == [3, 2] and split_sizes(3, 4) == [1, 1, 1, 0]
-    from ance_core.distributed import Ranks
+    from ance_core.training.ranks import Ranks
 
     assert [rank_rows(5, Ranks(r, 2)) for r in (0, 1)] == [slice(0, 3), slice(3, 5)]
     local = torch.ones(3, 2, requires_grad=True)
@@ -83,10 +84,10 @@ def _gradient_worker(rank: int, world: int, checkpoint: str, port: int, out: str
     """One rank of the gradient check: its half of the batch through DDP, the loss of the whole batch."""
     import torch.distributed as dist
 
-    from ance_core.distributed import current_ranks
-    from ance_core.loss import nll_loss
-    from ance_core.model import load_checkpoint
-    from ance_core.train import PairEncoder
+    from ance_core.modeling.model import load_checkpoint
+    from ance_core.training.loop import PairEncoder
+    from ance_core.training.loss import nll_loss
+    from ance_core.training.ranks import current_ranks
 
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -124,8 +125,8 @@ def test_two_ranks_compute_the_loss_and_gradients_of_the_whole_batch(no_dropout_
     """DDP over 2 gloo processes with 3 queries each = one process with the 6 (loss and every gradient, 1e-5)."""
     import socket
 
-    from ance_core.loss import nll_loss
-    from ance_core.model import load_checkpoint
+    from ance_core.modeling.model import load_checkpoint
+    from ance_core.training.loss import nll_loss
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

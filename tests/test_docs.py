@@ -6,7 +6,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from ance_core.config import load_config
+from ance_core.pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -53,11 +53,29 @@ def _section(title: str) -> str:
 
 def test_how_it_is_built_names_every_module():
     tree = _section("How it is built")
-    files = [p for folder in ("ance_core", "tasks", "flows", "tracking", "bench", "scripts", "ance_cli")
+    files = [p for folder in ("tasks", "flows", "tracking", "bench", "scripts", "ance_cli")
              for p in sorted((ROOT / folder).iterdir())
              if p.suffix in (".py", ".sh") and p.name not in ("__init__.py", "__main__.py")]
     missing = [f"{p.parent.name}/{p.name}" for p in files if p.name not in tree]
     assert not missing, f"not named in README's 'How it is built': {missing}"
+
+
+def test_how_it_is_built_maps_every_core_module_to_its_room():
+    """The ance_core block lists each room (`  data/`, or `(foundation)` for the top-level modules) with its modules,
+    one per line: exactly the files each room holds."""
+    block = _section("How it is built").split("ance_core/", 1)[1].split("\ntasks/", 1)[0]
+    listed: dict[str, set[str]] = {}
+    room = None
+    for line in block.splitlines():
+        if m := re.match(r"^  (\(foundation\)|\w+/)\s", line):
+            room = "" if m.group(1) == "(foundation)" else m.group(1).rstrip("/")
+        if room is not None and (m := re.match(r"^  (?:\S+)?\s+(\w+\.py)\s", line)):
+            listed.setdefault(room, set()).add(m.group(1))
+    core = ROOT / "ance_core"
+    actual = {"": {p.name for p in core.glob("*.py") if p.name != "__init__.py"}}
+    actual |= {d.name: {p.name for p in d.glob("*.py") if p.name != "__init__.py"}
+               for d in core.iterdir() if (d / "__init__.py").is_file()}
+    assert listed == actual
 
 
 def test_readme_lists_every_deployment_that_make_deploy_registers():
@@ -70,10 +88,10 @@ def test_readme_lists_every_deployment_that_make_deploy_registers():
 
 
 def test_config_fields_named_in_the_readme_exist():
-    from ance_core.config import PipelineConfig
+    from ance_core.pipeline.config import PipelineConfig
 
     fields = PipelineConfig.model_fields
-    named = set(re.findall(r"`([a-z_0-9]+)\.([a-z_0-9]+)`", README))
+    named = set(re.findall(r"`([a-z_0-9]+)\.(?!py`)([a-z_0-9]+)`", README))  # not file names
     sections = {s for s, _ in named if s in fields}
     assert {"warmup", "mining", "data"} <= sections
     for section, field in named:

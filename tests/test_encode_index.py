@@ -2,10 +2,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ance_core.config import EncodeConfig, IndexConfig, ModelConfig
-from ance_core.encode import encode_corpus, encode_texts, iter_shards, read_docids
-from ance_core.index import SearchIndex, build_index
-from ance_core.model import init_model, load_checkpoint
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.encode import encode_corpus, encode_texts, iter_shards, read_docids
+from ance_core.retrieval.index import SearchIndex, build_index
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_corpus_shards_keep_order_and_match_single_encoding(checkpoint, tmp_path
     assert summary["shards"] == 4 and [len(s) for s in shards] == [7, 7, 7, 2]
     assert read_docids(tmp_path) == corpus["doc_id"].tolist()
     model, tok, meta = load_checkpoint(checkpoint)
-    from ance_core.data import passage_texts
+    from ance_core.data.dataset import passage_texts
 
     texts = passage_texts(corpus)
     one = np.concatenate([encode_texts(model, tok, [t], meta.passage_max_length, 1, None) for t in texts])
@@ -99,7 +100,7 @@ def test_index_types_and_parts_search_as_one_index(tmp_path, shards):
 def test_an_ivf_index_that_finds_fewer_than_asked_leaves_places_empty(tmp_path):
     """IVF probing 1 of 16 lists (~37 vectors) for the top-100: faiss pads with id -1. The places stay empty (None,
     -inf) and the run table leaves them out; before, id -1 read as the corpus's last document, many times over."""
-    from ance_core.search import run_frame
+    from ance_core.retrieval.search import run_frame
 
     _random_encoding(tmp_path / "emb")
     queries = np.random.default_rng(4).standard_normal((5, 16)).astype(np.float32)
@@ -124,7 +125,7 @@ def test_index_key_keeps_the_flat_key_and_separates_the_rest():
 
 def test_streamed_dense_run_equals_the_run_of_all_queries_at_once(checkpoint, tmp_path):
     """write_dense_run in chunks of 3 queries (a parquet row group each) = dense_retrieve_with_positives at once."""
-    from ance_core.search import dense_retrieve_with_positives, write_dense_run
+    from ance_core.retrieval.search import dense_retrieve_with_positives, write_dense_run
 
     emb_dir, idx_dir = tmp_path / "emb", tmp_path / "idx"
     emb_dir.mkdir(), idx_dir.mkdir()

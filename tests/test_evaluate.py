@@ -3,7 +3,7 @@ import math
 import pandas as pd
 import pytest
 
-from ance_core.evaluate import evaluate_run
+from ance_core.retrieval.evaluate import evaluate_run
 
 
 def test_metrics_against_hand_computed_values():

@@ -10,10 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from ance_core.config import EncodeConfig, EvalConfig, ModelConfig
-from ance_core.encode import encode_texts
-from ance_core.export import export_checkpoint
-from ance_core.model import init_model, load_checkpoint, model_files
+from ance_core.export.sentence_transformers import export_checkpoint
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint, model_files
+from ance_core.retrieval.config import EncodeConfig, EvalConfig
+from ance_core.retrieval.encode import encode_texts
 from tests.tiny import random_head_checkpoint
 
 ST_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "1_Pooling/config.json",
@@ -83,12 +84,12 @@ def test_model_card_names_the_model_and_its_settings(exported):
 def test_the_export_evaluates_as_the_checkpoint(tiny_model, tiny_scifact, tmp_path):
     """What `ance evaluate` runs (flows/evaluate.py: encode -> index -> retrieve -> evaluate, at the default
     encoding settings), once on the checkpoint and once on its export."""
-    from ance_core.data import load_dataset
-    from ance_core.encode import encode_corpus
-    from ance_core.evaluate import evaluate_run
-    from ance_core.index import build_index
-    from ance_core.model import checkpoint_digest, read_meta
-    from ance_core.search import dense_retrieve
+    from ance_core.data.dataset import load_dataset
+    from ance_core.modeling.model import checkpoint_digest, read_meta
+    from ance_core.retrieval.encode import encode_corpus
+    from ance_core.retrieval.evaluate import evaluate_run
+    from ance_core.retrieval.index import build_index
+    from ance_core.retrieval.search import dense_retrieve
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     export_checkpoint(checkpoint, tmp_path / "st")
@@ -169,7 +170,7 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
 
 
 def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
-    from ance_core.conae import PROJECTOR_FILE
+    from ance_core.compression.conae import PROJECTOR_FILE
 
     maxp = tmp_path / "maxp"
     init_model(ModelConfig(name=str(tiny_model), document_mode="maxp"), maxp)
@@ -183,7 +184,7 @@ def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
 
 
 def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_model, tmp_path):
-    from ance_core.config import PipelineConfig
+    from ance_core.pipeline.config import PipelineConfig
     from tracking.client import Tracker, flatten
     from tracking.registry import log_checkpoint, register_models
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from ance_core.config import InferencerConfig
 from ance_core.errors import AnceError
+from ance_core.negatives.config import InferencerConfig
 from tasks.inferencer import check_deployment
 from tests.tiny import REPO, tiny_pipeline_config
 

@@ -17,8 +17,10 @@ from prefect.states import Completed, Failed, Running, Scheduled
 
 import tasks.inferencer as inferencer
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, IndexConfig, InferencerConfig, MiningConfig
+from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
+from ance_core.negatives.config import InferencerConfig, MiningConfig
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
 
 
 class FakeServer:

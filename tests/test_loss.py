@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from ance_core.loss import nll_loss
+from ance_core.training.loss import nll_loss
 
 
 def test_nll_matches_hand_computation_without_in_batch():

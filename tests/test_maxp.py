@@ -8,11 +8,12 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from ance_core.config import EncodeConfig, ModelConfig
-from ance_core.encode import encode_corpus, passage_windows
-from ance_core.index import SearchIndex, build_index
-from ance_core.model import init_model, load_checkpoint
-from ance_core.search import dense_retrieve_with_positives, score_pairs
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint
+from ance_core.retrieval.config import EncodeConfig
+from ance_core.retrieval.encode import encode_corpus, passage_windows
+from ance_core.retrieval.index import SearchIndex, build_index
+from ance_core.retrieval.search import dense_retrieve_with_positives, score_pairs
 from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 FILLER = ("The committee met on Tuesday to review the quarterly budget, the parking arrangements and the schedule of "
@@ -106,8 +107,9 @@ def test_the_pipeline_runs_in_maxp_mode(tiny_scifact, tiny_model, tmp_path):
     _, _, meta = load_checkpoint(result["final_checkpoint"])
     assert (meta.document_mode, meta.max_passages) == ("maxp", 2)
     from ance_core.artifacts import ArtifactRef
-    from ance_core.config import CompressConfig, IndexConfig
+    from ance_core.compression.config import CompressConfig
     from ance_core.errors import AnceError
+    from ance_core.retrieval.config import IndexConfig
     from flows.compress import compress_model
 
     with pytest.raises(AnceError, match="compression of a maxp checkpoint .* is not supported"):

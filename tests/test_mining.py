@@ -2,11 +2,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ance_core.config import MiningConfig
 from ance_core.errors import AnceError, AnceWarning
-from ance_core.mining import drop_positives, sample_negatives
-from ance_core.samplers import sample_uniform
-from ance_core.search import run_frame
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.mining import drop_positives, sample_negatives
+from ance_core.negatives.samplers import sample_uniform
+from ance_core.retrieval.search import run_frame
 
 CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
 

@@ -3,8 +3,8 @@ import math
 import torch
 from transformers import AutoTokenizer
 
-from ance_core.config import ModelConfig
-from ance_core.model import BiEncoder, load_checkpoint, pool, read_meta, resolve_model_name
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import BiEncoder, load_checkpoint, pool, read_meta, resolve_model_name
 
 
 def test_pooling_mean_ignores_padding_and_cls_takes_first():
@@ -30,7 +30,7 @@ def test_checkpoint_round_trip(tiny_model, tmp_path):
     """A model saved and loaded again computes exactly what the original did: encoder, head and pooling."""
     from transformers import AutoModel
 
-    from ance_core.model import ModelMeta, init_model, save_checkpoint
+    from ance_core.modeling.model import ModelMeta, init_model, save_checkpoint
 
     init_model(ModelConfig(name=str(tiny_model), pooling="cls", query_max_length=16), tmp_path / "init")
     meta = read_meta(tmp_path / "init")
@@ -65,7 +65,7 @@ def test_minilm_alias_resolves_to_packaged_weights_or_hub_id():
 def test_attention_dropout_override_applies_to_the_modules_not_the_saved_config(tiny_model, tmp_path):
     import json
 
-    from ance_core.model import init_model, save_checkpoint
+    from ance_core.modeling.model import init_model, save_checkpoint
 
     init_model(ModelConfig(name=str(tiny_model)), tmp_path / "init")
     model, tokenizer, meta = load_checkpoint(tmp_path / "init", attention_dropout=0.0)

@@ -4,10 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ance_core.config import MiningConfig, PipelineConfig
 from ance_core.errors import AnceError, AnceWarning
-from ance_core.mining import fallback_stats, filter_candidates, sample_negatives
-from ance_core.samplers import MINED, NAMES, SAMPLERS, simans_probabilities
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.mining import fallback_stats, filter_candidates, sample_negatives
+from ance_core.negatives.samplers import MINED, NAMES, SAMPLERS, simans_probabilities
+from ance_core.pipeline.config import PipelineConfig
 
 CORPUS = [f"d{i}" for i in range(300)]
 POSITIVES = {"q1": {"d0", "d5"}, "q2": {"d7"}, "q3": {"d100", "d101", "d102"}}

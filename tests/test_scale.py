@@ -11,8 +11,11 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from ance_core.artifacts import read_manifest
-from ance_core.config import DataConfig, EncodeConfig, ExecutionConfig, MiningConfig, ModelConfig
-from ance_core.model import init_model
+from ance_core.data.config import DataConfig
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model
+from ance_core.negatives.config import MiningConfig
+from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
 from flows.stages import encode_flow
 
 pytestmark = pytest.mark.slow
@@ -102,7 +105,7 @@ def test_the_rounds_mine_from_an_approximate_index_in_parts_and_evaluation_stays
                                                                                        tmp_path):
     """index: {type: ivf, shards: 2}: the round's mining searches a 2-part IVF index built from the evaluation's
     encoding; every model is evaluated on an exact flat index (one per model, none of them IVF)."""
-    from ance_core.index import SearchIndex
+    from ance_core.retrieval.index import SearchIndex
     from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)

@@ -1,6 +1,6 @@
 """Every registered version is an MLflow model that encodes text (tracking/pyfunc.py): loaded with
 `mlflow.pyfunc.load_model` and served by a real `mlflow models serve` process on 127.0.0.1, run with the README's
-commands. Its embeddings are the pipeline's own (ance_core.encoder.Encoder), compressed versions encode to their
+commands. Its embeddings are the pipeline's own (ance_core.export.encoder.Encoder), compressed versions encode to their
 compressed dimension, and bad requests get a 400 with a message."""
 
 import json
@@ -17,10 +17,10 @@ import httpx
 import numpy as np
 import pytest
 
-from ance_core.conae import Projector
-from ance_core.encoder import Encoder
-from ance_core.model import model_files, write_compressed_checkpoint
-from ance_core.report import DEV_KEY
+from ance_core.compression.conae import Projector
+from ance_core.export.encoder import Encoder
+from ance_core.modeling.model import model_files, write_compressed_checkpoint
+from ance_core.pipeline.report import DEV_KEY
 from tests.tiny import REPO, free_port, random_head_checkpoint, wait_answering
 
 QUERIES = ["does vitamin D lower cancer risk", "a query far longer than the eight tokens a tiny query keeps " * 3]

@@ -3,8 +3,8 @@
 import pytest
 
 from ance_core.artifacts import ArtifactRef
-from ance_core.config import MiningConfig
-from ance_core.report import StageTiming
+from ance_core.negatives.config import MiningConfig
+from ance_core.pipeline.report import StageTiming
 from tasks import common
 from tasks.common import InjectedFault, _content, artifact_paths, inject_fault
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ance_core.config import PipelineConfig
+from ance_core.pipeline.config import PipelineConfig
 from tracking.client import UNDELIVERED, Tracker, configure_mlflow, flatten, metric_key
 from tracking.live import LiveMetrics
 

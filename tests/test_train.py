@@ -5,9 +5,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ance_core.config import ModelConfig, TrainConfig
-from ance_core.model import init_model
-from ance_core.train import false_negative_mask, planned_steps, steps_per_epoch, train
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model
+from ance_core.training.config import TrainConfig
+from ance_core.training.loop import false_negative_mask, planned_steps, steps_per_epoch, train
 from tests.tiny import training_tables
 
 
@@ -76,7 +77,7 @@ def test_steps_per_epoch_counts_whole_accumulation_groups_and_planned_steps_foll
 
 def test_lamb_update_is_adam_rescaled_by_the_trust_ratio():
     """One LAMB step by hand: m̂ = g, v̂ = g² at step 1, update u = m̂ / (sqrt(v̂) + eps) + wd·w, w -= lr·(|w|/|u|)·u."""
-    from ance_core.optim import Lamb
+    from ance_core.training.optim import Lamb
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(5, 3))
@@ -148,7 +149,7 @@ def test_false_negative_mask_hides_other_rows_positives():
 def test_continuous_schedule_spans_stages_and_carries_the_optimizer(setup, tmp_path):
     """Two 2-step stages on one 4-step schedule (1 warm-up step): the learning rates are those of one 4-step run, and
     the second stage starts from the first one's optimizer moments."""
-    from ance_core.train import continuous_schedules
+    from ance_core.training.loop import continuous_schedules
 
     ckpt, *rest = setup
     first, second = continuous_schedules([2, 2], warmup_ratio=0.25)

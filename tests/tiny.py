@@ -132,8 +132,8 @@ WORDS = "cell protein gene cancer patients study risk effect mice treatment bloo
 
 
 def training_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
-    """What `ance_core.train.train` takes after its checkpoint: negatives, corpus, queries and relevant documents.
-    10 queries with 2 negatives each over 30 passages of 8 words."""
+    """What `ance_core.training.loop.train` takes after its checkpoint: negatives, corpus, queries and relevant
+    documents. 10 queries with 2 negatives each over 30 passages of 8 words."""
     corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(30)], "title": "",
                            "text": [" ".join(WORDS[(i + j) % 12] for j in range(8)) for i in range(30)]})
     queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "text": [WORDS[i] for i in range(10)]})
@@ -149,8 +149,8 @@ def random_head_checkpoint(tiny_model: Path, out: Path, **model) -> Path:
     unseen), 8-token queries and 24-token passages."""
     import torch
 
-    from ance_core.config import ModelConfig
-    from ance_core.model import init_model, load_checkpoint, save_checkpoint
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model, load_checkpoint, save_checkpoint
 
     init_model(ModelConfig(name=str(tiny_model), query_max_length=8, passage_max_length=24, **model), out)
     encoder, tokenizer, meta = load_checkpoint(out)

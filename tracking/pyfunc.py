@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from ance_core.artifacts import atomic_folder
-from ance_core.encoder import Encoder
 from ance_core.errors import AnceError
-from ance_core.model import SERVING_FILES, checkpoint_digest
+from ance_core.export.encoder import Encoder
+from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
@@ -94,7 +94,7 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
             unexpected = sorted(p.name for p in tmp.iterdir() if p.name not in SERVING_FILES)
             if unexpected:  # a newer MLflow writing more files: they must not be taken for model files
                 raise AnceError(f"MLflow {mlflow.__version__} wrote {', '.join(unexpected)} to a model folder; add "
-                                "them to ance_core.model.SERVING_FILES")
+                                "them to ance_core.modeling.model.SERVING_FILES")
     return sorted(folder.iterdir())
 
 

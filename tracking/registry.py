@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ance_core.errors import AnceError
-from ance_core.model import model_files
-from ance_core.report import COLUMNS, DEV_KEY
+from ance_core.modeling.model import model_files
+from ance_core.pipeline.report import COLUMNS, DEV_KEY
 from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_lock
 
 if TYPE_CHECKING:
@@ -121,10 +121,10 @@ def download_registered_model(uri: str, dest: str | Path, work_dir: str | Path =
                               tracking_uri: str | None = None) -> tuple[str, dict[str, Any]]:
     """Download a registered version, `models:/<name>@<alias>` or `models:/<name>/<version>`, into `dest`.
 
-    Returns (its checkpoint folder, provenance for the model card of ance_core/export.py): `source`, and what the
-    registry and the run that trained it hold: `label`, `dataset`, `split`, `dev_split`, `metrics` (the version's
-    tags, `register_models`), `params` and `results_markdown` (the pipeline run's parameters and results table).
-    An AnceError when the URI is malformed or the store, the model or the version is not there."""
+    Returns (its checkpoint folder, provenance for the model card of ance_core/export/sentence_transformers.py):
+    `source`, and what the registry and the run that trained it hold: `label`, `dataset`, `split`, `dev_split`,
+    `metrics` (the version's tags, `register_models`), `params` and `results_markdown` (the pipeline run's parameters
+    and results table). An AnceError when the URI is malformed or the store, the model or the version is not there."""
     match = MODEL_URI.fullmatch(uri)
     if match is None:
         raise AnceError(f"{uri}: not a registered model URI; use models:/<name>@<alias> or models:/<name>/<version>")

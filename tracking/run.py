@@ -15,11 +15,10 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from ance_core.analysis import negatives_sample
 from ance_core.artifacts import ArtifactRef
-from ance_core.data import read_tables
-from ance_core.plots import plot_curves, plot_quality_over_time, quality_over_time
-from tasks.analysis import read_stats
+from ance_core.data.dataset import read_tables
+from ance_core.negatives.analysis import negatives_sample, read_stats
+from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
 from tracking.registry import log_checkpoint, model_name, register_models

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ance_core.config import ModelConfig
-from ance_core.model import init_model
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model
 from tests.tiny import training_tables
 
 ON_CPU_ENV = "ANCE_GPU_TESTS_ON_CPU"

@@ -17,10 +17,11 @@ import torch
 
 import tasks.train
 from ance_core.artifacts import NEGATIVES, ArtifactRef
-from ance_core.config import EncodeConfig, IndexConfig, TrainConfig
-from ance_core.encode import encode_corpus, encode_texts
-from ance_core.index import SearchIndex, build_index
-from ance_core.model import load_checkpoint, pick_device
+from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.encode import encode_corpus, encode_texts
+from ance_core.retrieval.index import SearchIndex, build_index
+from ance_core.training.config import TrainConfig
 from tasks.train import AsyncNegatives
 
 GPUS = torch.cuda.device_count()

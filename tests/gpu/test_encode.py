@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from ance_core.config import EncodeConfig, ModelConfig
-from ance_core.data import passage_texts
-from ance_core.encode import encode_corpus, encode_texts, iter_shards, read_docids
-from ance_core.model import init_model, load_checkpoint, resolve_model_name
+from ance_core.data.dataset import passage_texts
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint, resolve_model_name
+from ance_core.retrieval.config import EncodeConfig
+from ance_core.retrieval.encode import encode_corpus, encode_texts, iter_shards, read_docids
 
 TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 5e-3}
 MAX_LENGTH = 64

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ance_core.artifacts import DOCIDS
-from ance_core.config import IndexConfig
-from ance_core.index import GPU_MAX_K, SearchIndex, build_index
+from ance_core.retrieval.config import IndexConfig
+from ance_core.retrieval.index import GPU_MAX_K, SearchIndex, build_index
 
 N, DIM, TIE = 3000, 64, 1e-4
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ance_core.config import TrainConfig
-from ance_core.train import train
+from ance_core.training.config import TrainConfig
+from ance_core.training.loop import train
 
 CFG = TrainConfig(max_steps=6, batch_size=3, learning_rate=1e-3, checkpoint_every=2, warmup_ratio=0.25)
 STOP_AFTER = 5  # the latest checkpoint is step 4's

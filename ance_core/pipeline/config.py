@@ -1,5 +1,5 @@
-"""One pydantic config per stage (ance_core/stage_config.py), composed into the pipeline config and the
-comparison's; `load_config` reads either from YAML or JSON with errors that name the file and the field.
+"""The configs of every stage (each room's config.py), composed into the pipeline config and the comparison's;
+`load_config` reads either from YAML or JSON with errors that name the file and the field.
 
 Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is refused before any work starts.
 The defaults are the demo: SciFact, all-MiniLM-L6-v2, BM25 warm-up then two ANCE rounds on a 2-core CPU.
@@ -11,29 +11,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from ance_core.compression.config import CompressConfig
+from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
-from ance_core.samplers import WITHOUT_MODEL
-from ance_core.stage_config import (  # noqa: F401 (the stage configs are imported from here)
-    AnceTrainConfig,
-    BM25Config,
-    CompressConfig,
-    CompressMethod,
-    DataConfig,
-    EncodeConfig,
-    EvalConfig,
-    ExecutionConfig,
-    IndexConfig,
-    IndexType,
-    InferencerConfig,
-    MiningConfig,
-    ModelConfig,
-    Precision,
-    SamplerName,
-    StageConfig,
-    TrainConfig,
-    WarmupMiningConfig,
-    _ranking_with,
-)
+from ance_core.modeling.config import ModelConfig
+from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
+from ance_core.negatives.samplers import WITHOUT_MODEL
+from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from ance_core.stage_config import StageConfig
+from ance_core.training.config import AnceTrainConfig, TrainConfig
 
 
 class PipelineConfig(StageConfig):
@@ -79,7 +65,7 @@ class PipelineConfig(StageConfig):
     def _async_needs_a_dense_sampler(self) -> "PipelineConfig":
         if self.refresh == "async" and self.rounds and not self.mining.spec.needs_model:
             raise ValueError(f"refresh 'async' refreshes the model's own ANN negatives; mining.sampler "
-                             f"'{self.mining.sampler}' does not use them (use {_ranking_with('dense')}, or refresh: "
+                             f"'{self.mining.sampler}' does not use them (use {ranking_with('dense')}, or refresh: "
                              "sync)")
         return self
 
@@ -111,7 +97,7 @@ class PipelineConfig(StageConfig):
         if self.rounds and self.mining.spec.rankings != ("dense",):
             raise ValueError(f"document_mode maxp: the rounds' sampler '{self.mining.sampler}' mines candidates the "
                              "model did not rank, so it cannot tell each document's best window; use "
-                             f"{_ranking_with('dense', only=True)}")
+                             f"{ranking_with('dense', only=True)}")
         if self.compression is not None:
             raise ValueError("compression of a maxp model (one vector per window) is not supported; unset "
                              "compression or use document_mode firstp")

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ance_core.distributed import Ranks, restore_rng
 from ance_core.errors import AnceError
-from ance_core.model import BiEncoder, ModelMeta, load_checkpoint, save_checkpoint
+from ance_core.modeling.model import BiEncoder, ModelMeta, load_checkpoint, save_checkpoint
+from ance_core.training.ranks import Ranks, restore_rng
 
 CHECKPOINTS = "checkpoints"
 

@@ -12,7 +12,7 @@ Ablations (Table 3): "w/o Decoder" trains with L_KL only (no decoder is built), 
 Baselines: PCA fitted on the document embeddings, and keeping the first L dimensions.
 
 Every method ends as a `Projector`: an affine map per side (query, document), saved as `projector.safetensors`
-beside a checkpoint's weights; encoding with such a checkpoint applies it (ance_core/encode.py).
+beside a checkpoint's weights; encoding with such a checkpoint applies it (ance_core/retrieval/encode.py).
 """
 
 from collections.abc import Callable

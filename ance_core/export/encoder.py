@@ -5,7 +5,7 @@
     d = encoder.encode(passages, kind="passage")              # score = q @ d.T (dot product, as the pipeline)
 
 A query is cut to the checkpoint's `query_max_length` tokens, a passage to its `passage_max_length` (FirstP: the
-pipeline encodes a corpus document as its title and text joined by a space, `ance_core.data.passage_texts`). A
+pipeline encodes a corpus document as its title and text joined by a space, `ance_core.data.dataset.passage_texts`). A
 compressed checkpoint projects queries and passages to its compressed dimension (their two projections differ). A
 MaxP checkpoint scores a document by the best of its windows: encode the windows as passages and take the maximum.
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_core.config import Precision
-from ance_core.encode import encode_texts
 from ance_core.errors import AnceError
-from ance_core.model import autocast_dtype, load_checkpoint, pick_device
+from ance_core.modeling.config import Precision
+from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
+from ance_core.retrieval.encode import encode_texts
 
 KINDS = ("query", "passage")
 

@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS
-from ance_core.config import EncodeConfig
-from ance_core.data import passage_texts
+from ance_core.data.dataset import passage_texts
 from ance_core.faults import fault_point
-from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device
+from ance_core.modeling.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device
+from ance_core.retrieval.config import EncodeConfig
 
 TOKENIZE_CHUNK = 8192
 

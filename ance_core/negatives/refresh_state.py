@@ -150,7 +150,7 @@ class RefreshState:
 
 def rank_refresh(out: Path, spec: dict, main: bool, world: int
                  ) -> tuple[Callable[[int], pd.DataFrame | None], Callable[[int, Callable[[Path], None]], None]]:
-    """A DDP rank's `negatives_update` and `on_snapshot` (ance_core.train.train) for the asynchronous refresh of the
+    """A DDP rank's `negatives_update` and `on_snapshot` (training/loop.py `train`) for the asynchronous refresh of the
     training folder `out`. `spec`: first (the first negatives' folder), restored (those in use when the run was
     interrupted, or None), max_staleness. Rank 0 decides from the task's board and broadcasts the decision, so every
     rank swaps at the same step; it saves each snapshot for the task process to publish."""

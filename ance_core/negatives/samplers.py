@@ -3,7 +3,7 @@
 A mined sampler (`@mined`) declares the rankings it mines (`dense`: the ANN ranking of the model being trained;
 `bm25`: a BM25 ranking; none) and its default depth, and draws one (query, positive) pair's negatives from that pair's
 candidates: each ranking's top-depth minus every labelled-relevant document, after the false-negative controls
-(ance_core/mining.py does the rest for all of them: the seeded generator, the fallback, the table). An in-batch
+(negatives/mining.py does the rest for all of them: the seeded generator, the fallback, the table). An in-batch
 sampler (`@in_batch`) mines nothing and says what it asks of training instead.
 
 Everything else reads this registry: the config's sampler names and their validation (which ones need a trained
@@ -19,7 +19,7 @@ one function here and its test.
 - `ance+bm25`: half from the model's ANN top-k, half from BM25's top-k (default 200 both; an odd one from either, with
   probability 1/2; never one document twice): hard negatives of both kinds, lexical and semantic.
 - `in-batch`: no mined negatives, each query contrasts with the other queries' positives; `nce`: only the hardest of
-  those (the `num_negatives` highest-scoring per query), see ance_core.loss.
+  those (the `num_negatives` highest-scoring per query), see ance_core.training.loss.
 """
 
 from collections.abc import Callable, Mapping

@@ -40,10 +40,10 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from ance_core.artifacts import MANIFEST, RESULTS_JSON, atomic_folder, is_complete, read_manifest
-from ance_core.conae import PROJECTOR_FILE
+from ance_core.compression.conae import PROJECTOR_FILE
 from ance_core.errors import AnceError
-from ance_core.model import HEAD_FILE, MODEL_ALIASES, ModelMeta, load_checkpoint, model_files, read_meta
-from ance_core.report import COLUMNS, DEV_KEY, markdown_table
+from ance_core.modeling.model import HEAD_FILE, MODEL_ALIASES, ModelMeta, load_checkpoint, model_files, read_meta
+from ance_core.pipeline.report import COLUMNS, DEV_KEY, markdown_table
 
 FORMATS = ("sentence-transformers",)
 ST_VERSION = "6.2.0"  # the sentence-transformers release whose folder layout this writes (and the tests load)

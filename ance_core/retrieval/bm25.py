@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import Stemmer
 
-from ance_core.config import BM25Config
-from ance_core.data import passage_texts
-from ance_core.search import run_frame
+from ance_core.data.dataset import passage_texts
+from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.search import run_frame
 
 
 class BM25:

@@ -10,8 +10,8 @@ the search log, the three-seed tables and the paired comparisons).
 
 from typing import Any
 
-from ance_core.config import PipelineConfig
 from ance_core.errors import AnceError
+from ance_core.pipeline.config import PipelineConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
     "demo": {"mining": {"sampler": "simans"}},

@@ -3,7 +3,7 @@
 What runs where:
 - the training task (a Prefect task, one process) starts `torchrun --standalone --nproc-per-node N` (PyTorch's own
   launcher, torch.distributed.run) on this module with a JSON spec of the stage, and waits;
-- each of the N ranks (`gloo` on CPU, `nccl` on CUDA with one GPU per rank) runs `ance_core.train.train` on its
+- each of the N ranks (`gloo` on CPU, `nccl` on CUDA with one GPU per rank) runs `ance_core.training.loop.train` on its
   slice of every global batch; `batch_size` stays the number of queries per optimizer step over all ranks, so a
   run's epochs, steps and learning-rate schedule do not depend on N;
 - in-batch negatives span the ranks: each rank all-gathers the others' query and passage embeddings and puts its own
@@ -15,7 +15,8 @@ What runs where:
 - a task that is stopped or fails stops the ranks; a re-run resumes every rank from the latest checkpoint.
 
 Single node only (one machine, N processes). With `refresh: async` rank 0 reads the task's board of ready negatives
-and broadcasts each swap (ance_core/refresh_state.py).
+and broadcasts each swap (ance_core/negatives/refresh_state.py). The process-group helpers the
+training loop uses (a rank's rows, the gathers, the RNG states) are in training/ranks.py.
 """
 
 import ctypes
@@ -27,88 +28,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
+from ance_core.artifacts import TRAIN_LOG
+from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
+from ance_core.negatives.refresh_state import rank_refresh
+from ance_core.training.config import TrainConfig
+from ance_core.training.loop import Schedule, train
 
 FAULT_HOOK = "ANCE_FAULT_HOOK"  # a module each rank imports first (the pipeline passes tasks.common: ANCE_FAULT)
 SPEC = "distributed.json"
 RESULT = "distributed_result.json"
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place in the training process group (rank 0 of 1 without one)."""
-
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def current_ranks() -> Ranks:
-    if dist.is_available() and dist.is_initialized():
-        return Ranks(dist.get_rank(), dist.get_world_size())
-    return Ranks()
-
-
-def split_sizes(n: int, world: int) -> list[int]:
-    """Rows of an n-row batch on each rank: contiguous, the first n % world ranks one more."""
-    base, extra = divmod(n, world)
-    return [base + (r < extra) for r in range(world)]
-
-
-def rank_rows(n: int, ranks: Ranks) -> slice:
-    """This rank's contiguous slice of an n-row global batch."""
-    sizes = split_sizes(n, ranks.world)
-    start = sum(sizes[: ranks.rank])
-    return slice(start, start + sizes[ranks.rank])
-
-
-def gather_rows(local: torch.Tensor, sizes: Sequence[int], ranks: Ranks) -> torch.Tensor:
-    """Every rank's rows (sizes[r] on rank r) concatenated in rank order; the gradient flows only into this rank's own
-    rows, which are `local` itself (the other ranks' are copies)."""
-    if ranks.world == 1:
-        return local
-    width = max(sizes)
-    padded = local.new_zeros((width, *local.shape[1:]))
-    padded[: len(local)] = local.detach()
-    parts = [torch.empty_like(padded) for _ in range(ranks.world)]
-    dist.all_gather(parts, padded)
-    rows = [part[:size] for part, size in zip(parts, sizes, strict=True)]
-    rows[ranks.rank] = local
-    return torch.cat(rows)
-
-
-def rng_states(ranks: Ranks) -> dict[str, torch.Tensor]:
-    """The RNG states of every rank (a collective: all ranks call it), keyed `torch_cpu`, `cuda_<i>` for rank 0 and
-    with a `_rank<r>` suffix for the others."""
-    own = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        own |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
-    if ranks.world == 1:
-        return own
-    gathered: list = [None] * ranks.world
-    dist.all_gather_object(gathered, own)
-    return {key + (f"_rank{r}" if r else ""): value
-            for r, states in enumerate(gathered) for key, value in states.items()}
-
-
-def restore_rng(saved: dict[str, torch.Tensor], ranks: Ranks) -> None:
-    suffix = f"_rank{ranks.rank}" if ranks.rank else ""
-    mine = {key[: len(key) - len(suffix)]: value for key, value in saved.items()
-            if key.endswith(suffix) and (suffix or "_rank" not in key)}
-    torch.set_rng_state(mine["torch_cpu"])
-    if torch.cuda.is_available():
-        cuda = [mine[k] for k in sorted(mine) if k.startswith("cuda_")]
-        if cuda:
-            torch.cuda.set_rng_state_all(cuda)
 
 
 # ---------------------------------------------------------------- the launcher (the task's side)
@@ -154,13 +89,11 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
 
     A callback that raises stops the ranks and re-raises (the latest checkpoint stays in `out`). `env`: added to the
     ranks' environment."""
-    from ance_core.artifacts import TRAIN_LOG
-
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
     (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-               "-m", "ance_core.distributed", str(out / SPEC)]
+               "-m", "ance_core.training.distributed", str(out / SPEC)]
     proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent, env=os.environ | (env or {}))
     seen = resumed_step
     try:
@@ -190,13 +123,6 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
 
 
 def main(spec_path: str) -> None:
-    import pandas as pd
-
-    from ance_core.config import TrainConfig
-    from ance_core.data import read_tables
-    from ance_core.refresh_state import rank_refresh
-    from ance_core.train import Schedule, train
-
     if hook := os.environ.get(FAULT_HOOK):
         importlib.import_module(hook)  # a drill: the module that installs the fault points' hook
     spec = json.loads(Path(spec_path).read_text())

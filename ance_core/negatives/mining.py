@@ -1,4 +1,4 @@
-"""Negative mining (ANCE eq. 10 and the samplers of ance_core/samplers.py): one row per (query, positive) with
+"""Negative mining (ANCE eq. 10 and the samplers of ance_core/negatives/samplers.py): one row per (query, positive) with
 `num_negatives` negatives, never a labelled-relevant document, never twice, deterministic for (seed, round, query id).
 
 Per query: each ranking the sampler mines is cut to its top-depth minus every relevant document; per pair, the
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ance_core.config import MiningConfig
 from ance_core.errors import AnceError, preview, warn
-from ance_core.samplers import EMPTY_RANKING, Pair, get_sampler
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.samplers import EMPTY_RANKING, Pair, get_sampler
 
 # fallback: how many of the row's negatives the fallback drew; positive_window / negative_windows: the MaxP window each
 # document is trained with (its best under the mining model; 0, the first, when nothing ranked it)

@@ -9,11 +9,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ance_core.config import EncodeConfig, IndexConfig
-from ance_core.encode import encode_queries
 from ance_core.errors import AnceError
-from ance_core.index import SearchIndex
-from ance_core.model import load_checkpoint, pick_device
+from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.retrieval.config import EncodeConfig, IndexConfig
+from ance_core.retrieval.encode import encode_queries
+from ance_core.retrieval.index import SearchIndex
 
 RUN_COLUMNS = ["query_id", "doc_id", "rank", "score"]  # dense runs add `window`: the MaxP window a document scored by
 

@@ -68,7 +68,7 @@ class Dataset:
 
     def positives(self, split: str) -> dict[str, set[str]]:
         """The training positives of each query of the split: relevance >= the split's `min_relevance` (1 unless
-        set for graded qrels, `ance_core.splits.with_training_grades`). Queries without one are left out."""
+        set for graded qrels, `ance_core.data.splits.with_training_grades`). Queries without one are left out."""
         return self._at_least(split, self.min_relevance.get(split, 1))
 
     def relevant(self, split: str) -> dict[str, set[str]]:

@@ -4,7 +4,7 @@ choices), and the lowest relevance grade that counts as a training positive."""
 import hashlib
 from dataclasses import replace
 
-from ance_core.data import Dataset
+from ance_core.data.dataset import Dataset
 from ance_core.errors import AnceError, warn
 
 

@@ -24,10 +24,11 @@ import pandas as pd
 import torch
 
 from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
-from ance_core.config import CompressConfig, IndexConfig, IndexType
-from ance_core.encode import iter_shards
+from ance_core.compression.config import CompressConfig, IndexType
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
+from ance_core.retrieval.config import IndexConfig
+from ance_core.retrieval.encode import iter_shards
 
 SEARCH_PARAMS = "search.json"
 GPU_MAX_K = 2048  # faiss-gpu's limit on k for a flat search

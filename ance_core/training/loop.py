@@ -30,16 +30,16 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ance_core.artifacts import TRAIN_LOG
-from ance_core.config import TrainConfig
-from ance_core.data import passage_texts
-from ance_core.distributed import current_ranks, gather_rows, rank_rows, rng_states, split_sizes
-from ance_core.encode import passage_windows
+from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
-from ance_core.loss import nll_loss
-from ance_core.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
-from ance_core.optim import linear_schedule, make_optimizer
-from ance_core.train_state import (
+from ance_core.modeling.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
+from ance_core.retrieval.encode import passage_windows
+from ance_core.training.config import TrainConfig
+from ance_core.training.loss import nll_loss
+from ance_core.training.optim import linear_schedule, make_optimizer
+from ance_core.training.ranks import current_ranks, gather_rows, rank_rows, rng_states, split_sizes
+from ance_core.training.state import (
     CHECKPOINTS,
     latest_checkpoint,
     load_state,
@@ -135,7 +135,7 @@ def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size
 
 def _passage_lookup(doc_text: dict[str, str], tokenizer, meta: ModelMeta) -> Callable[[str, int], str]:
     """(doc id, window) -> the text a training step encodes: the document (FirstP: truncated by the tokenizer), or
-    with a maxp checkpoint its window, cut as the corpus encoding cuts it (ance_core.encode.passage_windows)."""
+    with a maxp checkpoint its window, cut as the corpus encoding cuts it (retrieval/encode.py `passage_windows`)."""
     if meta.document_mode != "maxp":
         return lambda doc_id, window: doc_text[doc_id]
 
@@ -195,8 +195,8 @@ def train(
     After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
     `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
 
-    In a process group of `cfg.world_size` ranks (started by ance_core.distributed.launch), each rank encodes its
-    slice of every batch and the loss spans the whole batch (ance_core.distributed); rank 0 logs, checkpoints and
+    In a process group of `cfg.world_size` ranks (started by training/distributed.py `launch`), each rank encodes its
+    slice of every batch and the loss spans the whole batch (training/ranks.py); rank 0 logs, checkpoints and
     calls `callbacks`.
     """
     if negatives.empty:
@@ -204,7 +204,7 @@ def train(
     ranks = current_ranks()
     if ranks.world != cfg.world_size:
         raise AnceError(f"world_size {cfg.world_size} but this process group has {ranks.world} process(es): "
-                        "train on several processes with ance_core.distributed.launch (the training task does)")
+                        "train on several processes with ance_core.training.distributed.launch (the task does)")
     device = pick_device()
     if device.type == "cuda" and ranks.world > 1:
         device = torch.device("cuda", torch.cuda.current_device())

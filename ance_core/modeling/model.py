@@ -5,7 +5,7 @@
 A checkpoint folder is a plain Hugging Face model folder (config.json, model.safetensors, tokenizer files)
 plus `head.safetensors` (the projection and LayerNorm) and `ance_model.json` (pooling and encoding lengths),
 so it is self-describing: search, evaluation and the next training round need nothing else. A compressed
-checkpoint (ance_core/conae.py) is a copy of one with `projector.safetensors` added: encoding with it projects
+checkpoint (compression/conae.py) is a copy of one with `projector.safetensors` added: encoding with it projects
 queries and passages to the compressed dimension.
 """
 
@@ -32,9 +32,9 @@ from ance_core.artifacts import (
     file_digest,
     read_manifest,
 )
-from ance_core.conae import PROJECTOR_FILE, Projector
-from ance_core.config import ModelConfig, Precision
+from ance_core.compression.conae import PROJECTOR_FILE, Projector
 from ance_core.errors import AnceError
+from ance_core.modeling.config import ModelConfig, Precision
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 META_FILE = "ance_model.json"

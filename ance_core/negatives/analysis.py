@@ -6,12 +6,15 @@ fixed sample of the training queries. The paper measures ~15% for BM25 negatives
 100% as the model that mines them and the model that is tested become the same.
 """
 
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ance_core.data import passage_texts
+from ance_core.artifacts import STATS, ArtifactRef
+from ance_core.data.dataset import passage_texts
 
 
 def query_sample(query_ids, size: int, seed: int) -> list[str]:
@@ -115,3 +118,8 @@ def ranks_relative_to_positive(negatives: pd.DataFrame, run: pd.DataFrame) -> np
         if positive is not None:
             out += [int(r) - int(positive) for r in row.negative_ranks if r]
     return np.asarray(out, dtype=np.int64)
+
+
+def read_stats(ref: ArtifactRef) -> dict:
+    """What a negative-stats stage measured (`negative_stats` and the rest, written by tasks/analysis.py)."""
+    return json.loads(Path(ref.path, STATS).read_text())

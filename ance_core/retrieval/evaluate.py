@@ -11,7 +11,7 @@ import pandas as pd
 from ir_measures import RR, R, nDCG
 
 from ance_core.artifacts import METRICS, PER_QUERY, RUN_TREC, write_json
-from ance_core.search import write_trec
+from ance_core.retrieval.search import write_trec
 
 MEASURES = {
     "ndcg_at_10": nDCG @ 10,

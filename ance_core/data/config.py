@@ -1,0 +1,46 @@
+"""The data stage's config: which dataset, where it lives, its splits (the carved dev split, the training grades)."""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ance_core.stage_config import StageConfig
+
+
+class DataConfig(StageConfig):
+    """Which dataset, where it lives, and which qrels splits train and evaluate."""
+
+    dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
+    format: Literal["auto", "beir", "msmarco"] = "auto"
+    data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
+    download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
+    train_split: str = "train"
+    eval_split: str = "test"
+    dev_split: str = Field("dev", description="The split that picks the run's result (its best checkpoint) and the "
+                           "champion; recipes are chosen on it, never on eval_split")
+    dev_fraction: float = Field(
+        0.2, ge=0, lt=1, description="When the dataset has no `dev_split`: this share of the train split's queries "
+        "(those with a positive) moves into it, chosen by dev_seed, and is no longer trained on. 0: no dev split, and "
+        "the run's result is its last model")
+    dev_seed: int = Field(0, description="Which train queries become the carved dev split")
+    train_min_relevance: int | Literal["auto"] = Field(
+        "auto", description="Lowest relevance grade of the train split that is a training positive. auto: the top "
+        "grade on graded qrels (two or more positive grades), else 1. Lower grades are never sampled as negatives")
+
+    @model_validator(mode="after")
+    def _grade_is_positive(self) -> "DataConfig":
+        if self.train_min_relevance != "auto" and self.train_min_relevance < 1:
+            raise ValueError(f"train_min_relevance must be 'auto' or a grade >= 1, got {self.train_min_relevance}")
+        return self
+
+    @model_validator(mode="after")
+    def _dev_is_its_own_split(self) -> "DataConfig":
+        if self.dev_split == self.train_split:
+            raise ValueError(f"dev_split and train_split are both '{self.train_split}': model selection on the "
+                             "training queries would always pick the last model")
+        if self.dev_split == self.eval_split:
+            raise ValueError(f"dev_split and eval_split are both '{self.eval_split}': the evaluation split would "
+                             "choose the run's result; name the dev split otherwise (e.g. dev_split: train-dev, carved "
+                             "from the train split when the dataset has no split of that name)")
+        return self
+

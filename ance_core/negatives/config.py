@@ -1,0 +1,77 @@
+"""Which negatives a training stage gets (the sampler registry's names) and where the asynchronous refreshes run."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
+from ance_core.stage_config import StageConfig
+
+SamplerName = Literal[NAMES]  # the registry's (ance_core/negatives/samplers.py)
+
+
+def ranking_with(ranking: str, only: bool = False) -> str:
+    """The samplers that mine `ranking` (only it, with `only`), for messages: "ance or simans"."""
+    return " or ".join(s.name for s in SAMPLERS.values()
+                       if (s.rankings == (ranking,) if only else ranking in s.rankings))
+
+
+def _sampler_options(names: tuple[str, ...]) -> str:
+    return "; ".join(f"{name}: {SAMPLERS[name].about}" for name in names)
+
+
+class MiningConfig(StageConfig):
+    """Which negatives a training stage gets (negatives/samplers.py). `ance` (the paper's): top-k of the current model's
+    ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
+
+    sampler: SamplerName = Field("ance", description=_sampler_options(NAMES))
+    top_k: int | None = Field(None, ge=1, description="Ranked candidates; default: the sampler's (" + ", ".join(
+        f"{s.name} {s.default_depth}" for s in SAMPLERS.values() if s.default_depth) + ")")
+    num_negatives: int = Field(1, ge=1, description="Negatives per (query, positive) pair; the paper uses 1. "
+                               "nce: the in-batch negatives kept per query")
+    seed: int = 42
+    simans_a: float = Field(0.5, gt=0, description="SimANS density a (the paper: 0.5)")
+    simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b (the paper: 0)")
+    skip_top: int = Field(0, ge=0, description="False-negative control: never sample the top r ranks")
+    margin: float | None = Field(
+        None, ge=0, lt=1, description="False-negative control: drop candidates scoring above (1 - m)·s(q,d+). For "
+        "the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
+
+    @property
+    def spec(self) -> Sampler:
+        return SAMPLERS[self.sampler]
+
+    @property
+    def depth(self) -> int | None:
+        """The ranking depth the sampler mines from (None: it mines no ranking)."""
+        return self.spec.depth(self.top_k)
+
+
+class WarmupMiningConfig(MiningConfig):
+    """The warm-up's negatives (`bm25_negatives`): MiningConfig with BM25 as its default sampler, so a config that sets
+    only some of its fields (`bm25_negatives: {num_negatives: 2}`) keeps mining BM25 negatives."""
+
+    sampler: SamplerName = Field("bm25", description="There is no trained model to rank with yet: "
+                                 + _sampler_options(WITHOUT_MODEL))
+
+
+class InferencerConfig(StageConfig):
+    """Where the asynchronous trainer's refreshes run (`refresh: async`; ANCE Fig. 2). Not part of any stage's cache
+    key: the negatives do not depend on it."""
+
+    mode: Literal["thread", "deployment"] = Field(
+        "thread", description="thread: in the trainer's process (one machine; with two GPUs the inferencer takes the "
+        "last one). deployment: each refresh is a flow run of `deployment` on its own work pool (the paper's 1:1 "
+        "trainer/inferencer allocation); needs a Prefect server, the deployment and work_dir on storage both workers "
+        "share")
+    deployment: str = Field("refresh-negatives/refresh-negatives", description="deployment: the inferencer's "
+                            "deployment, '<flow name>/<deployment name>' (prefect.yaml: refresh-negatives on the "
+                            "infer pool)")
+    retries: int = Field(2, ge=0, description="deployment: flow runs started again for a refresh whose flow run "
+                         "failed, crashed or lost its worker")
+    poll_seconds: float = Field(5.0, gt=0, description="deployment: how often the trainer reads its refresh flow runs")
+    timeout_s: float | None = Field(None, gt=0, description="deployment: a refresh flow run not finished this long "
+                                    "after the trainer began to follow it (queue time included; again from zero "
+                                    "when the trainer resumes) is cancelled and started again; unset: no limit (a "
+                                    "lost worker is still noticed from its missed heartbeats)")
+

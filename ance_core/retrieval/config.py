@@ -1,0 +1,72 @@
+"""The inferencer's configs: corpus encoding and where its shards run, the faiss index, BM25, evaluation depth."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from ance_core.modeling.config import Precision
+from ance_core.stage_config import StageConfig
+
+
+class BM25Config(StageConfig):
+    """bm25s with a Snowball stemmer; title and text are indexed together."""
+
+    k1: float = Field(0.9, gt=0)
+    b: float = Field(0.4, ge=0, le=1)
+    method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = "lucene"
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+    top_k: int = Field(1000, ge=1, description="Depth of the evaluation run")
+
+
+class EncodeConfig(StageConfig):
+    """Corpus/query encoding: length-sorted dynamic padding, streamed to .npy shards."""
+
+    batch_size: int = Field(64, ge=1)
+    shard_size: int = Field(50_000, ge=1, description="Documents per shard: each is its own task (on the execution "
+                            "runner) and .npy file (bounds memory); MaxP writes a row per window")
+    precision: Precision = "auto"
+
+
+class ExecutionConfig(StageConfig):
+    """Where the corpus-encoding shard tasks run. Not part of any stage's cache key: the results do not depend on it
+    (tests/test_scale.py checks that Ray's are byte-identical to local ones)."""
+
+    task_runner: Literal["local", "ray"] = Field(
+        "local", description="local: the shards one after another in the flow's process (nothing to start). ray: "
+        "prefect-ray's RayTaskRunner, one Ray task per shard")
+    address: str | None = Field(
+        None, description="An existing Ray cluster (auto, or ray://<head>:10001); unset: start a local Ray of "
+        "`workers` workers in the run's process. A remote cluster's workers need this project installed and work_dir "
+        "on storage they share")
+    workers: int = Field(2, ge=1, description="Shard tasks a local Ray runs at once")
+    threads_per_worker: int = Field(1, ge=1, description="CPU threads of each shard task (Ray num_cpus, torch threads)")
+    gpus_per_task: float = Field(0, ge=0, description="ray: GPUs reserved per shard task (1 on GPU workers)")
+
+
+class IndexConfig(StageConfig):
+    """The faiss index the training rounds mine from: exact IndexFlatIP (the paper's, the default) or an approximate
+    IVF-Flat or HNSW one, in `shards` parts searched together (faiss IndexShards); on the GPU when faiss-gpu and CUDA
+    are present (one part per GPU). Evaluation always searches an exact flat index."""
+
+    type: Literal["flat", "ivf", "hnsw"] = Field(
+        "flat", description="flat: exact inner product (the paper's); ivf: IVF-Flat, nprobe of nlist lists; hnsw: "
+        "HNSW graph (CPU only). Used for mining in the rounds; evaluation searches a flat index")
+    shards: int = Field(1, ge=1, description="Index parts searched together (faiss IndexShards): one per GPU on GPU "
+                        "machines, threads in one process on CPU; a flat index gives the same results")
+    nlist: int | None = Field(None, ge=1, description="ivf: inverted lists; unset: 4 * sqrt(vectors), at least 39 "
+                              "vectors per list")
+    nprobe: int = Field(32, ge=1, description="ivf: lists searched per query")
+    hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")
+    ef_search: int = Field(128, ge=1, description="hnsw: search breadth (at least the k searched for)")
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
+
+    def exact(self) -> "IndexConfig":
+        """The flat index of the same placement (evaluation's)."""
+        return self.model_copy(update={"type": "flat"})
+
+
+class EvalConfig(StageConfig):
+    top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run")
+

@@ -1,0 +1,83 @@
+"""This process's place in a training process group, and the collectives the training loop needs from it: each rank's
+slice of a global batch, every rank's rows gathered (in-batch negatives across ranks), every rank's RNG state.
+
+Without a process group (one process) they are the identity: rank 0 of 1. The launcher that starts the group is
+training/distributed.py.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the training process group (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def current_ranks() -> Ranks:
+    if dist.is_available() and dist.is_initialized():
+        return Ranks(dist.get_rank(), dist.get_world_size())
+    return Ranks()
+
+
+def split_sizes(n: int, world: int) -> list[int]:
+    """Rows of an n-row batch on each rank: contiguous, the first n % world ranks one more."""
+    base, extra = divmod(n, world)
+    return [base + (r < extra) for r in range(world)]
+
+
+def rank_rows(n: int, ranks: Ranks) -> slice:
+    """This rank's contiguous slice of an n-row global batch."""
+    sizes = split_sizes(n, ranks.world)
+    start = sum(sizes[: ranks.rank])
+    return slice(start, start + sizes[ranks.rank])
+
+
+def gather_rows(local: torch.Tensor, sizes: Sequence[int], ranks: Ranks) -> torch.Tensor:
+    """Every rank's rows (sizes[r] on rank r) concatenated in rank order; the gradient flows only into this rank's own
+    rows, which are `local` itself (the other ranks' are copies)."""
+    if ranks.world == 1:
+        return local
+    width = max(sizes)
+    padded = local.new_zeros((width, *local.shape[1:]))
+    padded[: len(local)] = local.detach()
+    parts = [torch.empty_like(padded) for _ in range(ranks.world)]
+    dist.all_gather(parts, padded)
+    rows = [part[:size] for part, size in zip(parts, sizes, strict=True)]
+    rows[ranks.rank] = local
+    return torch.cat(rows)
+
+
+def rng_states(ranks: Ranks) -> dict[str, torch.Tensor]:
+    """The RNG states of every rank (a collective: all ranks call it), keyed `torch_cpu`, `cuda_<i>` for rank 0 and
+    with a `_rank<r>` suffix for the others."""
+    own = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        own |= {f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    if ranks.world == 1:
+        return own
+    gathered: list = [None] * ranks.world
+    dist.all_gather_object(gathered, own)
+    return {key + (f"_rank{r}" if r else ""): value
+            for r, states in enumerate(gathered) for key, value in states.items()}
+
+
+def restore_rng(saved: dict[str, torch.Tensor], ranks: Ranks) -> None:
+    suffix = f"_rank{ranks.rank}" if ranks.rank else ""
+    mine = {key[: len(key) - len(suffix)]: value for key, value in saved.items()
+            if key.endswith(suffix) and (suffix or "_rank" not in key)}
+    torch.set_rng_state(mine["torch_cpu"])
+    if torch.cuda.is_available():
+        cuda = [mine[k] for k in sorted(mine) if k.startswith("cuda_")]
+        if cuda:
+            torch.cuda.set_rng_state_all(cuda)
