@@ -1,6 +1,6 @@
 """Single-purpose flows behind the deployments `bm25-warmup` and `refresh-negatives` (the `evaluate` deployment's
-flow is in flows/evaluate.py), and `encode` (a corpus encoded with a checkpoint; bench/scale.py, tests/test_scale.py).
-Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
+flow is in flows/evaluate.py), and `encode` (a corpus encoded with a checkpoint; bench/scale.py,
+tests/tasks/test_execution.py). Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
 
 from prefect import flow
 

@@ -30,7 +30,7 @@ class EncodeConfig(StageConfig):
 
 class ExecutionConfig(StageConfig):
     """Where the corpus-encoding shard tasks run. Not part of any stage's cache key: the results do not depend on it
-    (tests/test_scale.py checks that Ray's are byte-identical to local ones)."""
+    (tests/tasks/test_execution.py checks that Ray's are byte-identical to local ones)."""
 
     task_runner: Literal["local", "ray"] = Field(
         "local", description="local: the shards one after another in the flow's process (nothing to start). ray: "

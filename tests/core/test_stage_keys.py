@@ -30,4 +30,5 @@ def test_stage_keys_of_the_demo_keep_their_values():
     cfg = recipe_config("demo")
     assert stage_key("model", cfg.model, {}) == "42b34282931b6ba9"
     assert stage_key("encode", cfg.encode, {"checkpoint": "c" * 16, "data": "d" * 16}) == "fa834abd4154b40e"
-    assert stage_key("bm25", {"bm25": cfg.bm25, "split": "test", "top_k": 1000}, {"data": "d" * 16}) == "64ad129c4c407584"
+    bm25 = {"bm25": cfg.bm25, "split": "test", "top_k": 1000}
+    assert stage_key("bm25", bm25, {"data": "d" * 16}) == "64ad129c4c407584"

@@ -75,5 +75,5 @@ def start(tiny_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
     """`train`'s negatives, corpus, queries and relevant documents: 10 queries with 2 negatives each, 30 passages
-    (tests/test_train.py's)."""
+    (tests/core/training/test_loop.py's)."""
     return training_tables()

@@ -1,7 +1,7 @@
 """Data-parallel training over 2 GPUs (DistributedDataParallel, nccl, one GPU per rank;
 ance_core/training/distributed.py): 10 steps with the global batch split over the GPUs reach one GPU's weights, within
 the tolerance of tests/gpu/test_train.py (1% of how far training moved them: CUDA kernels are not bit-reproducible);
-rank 0 alone writes the result. The CPU version (gloo, exact to 1e-4) is tests/test_distributed.py."""
+rank 0 alone writes the result. The CPU version (gloo, exact to 1e-4) is tests/core/training/test_distributed.py."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import launch
-from tests.test_distributed import CFG, _log, _one_process, _spec, no_dropout_checkpoint, stage_inputs  # noqa: F401
+from tests.core.training.test_distributed import CFG, _log, _one_process, _spec, no_dropout_checkpoint, stage_inputs  # noqa: F401
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
                                 reason="DDP with nccl needs 2 CUDA GPUs")

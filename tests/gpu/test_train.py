@@ -1,6 +1,6 @@
 """bf16 and fp16 training on CUDA, interrupted after a step and resumed from its latest checkpoint (as
-tests/test_train.py does on the CPU: a callback raises, then `train` runs again on the same folder); the fp16
-checkpoints keep the GradScaler's state.
+tests/core/training/test_loop.py does on the CPU: a callback raises, then `train` runs again on the same folder); the
+fp16 checkpoints keep the GradScaler's state.
 
 Tolerance: on the CPU (ANCE_GPU_TESTS_ON_CPU=1) the resumed run's weights and losses equal the uninterrupted run's
 exactly. On CUDA some kernels are not bit-reproducible even with deterministic algorithms asked for (attention's

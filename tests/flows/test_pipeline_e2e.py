@@ -239,7 +239,7 @@ def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, 
     for file in ("model.safetensors", "head.safetensors", "ance_model.json", "tokenizer.json"):
         assert Path(folder, file).read_bytes() == Path(result["final_checkpoint"], file).read_bytes(), file
     assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
-    assert Path(folder, "MLmodel").is_file()  # each logged checkpoint is an MLflow model (tests/test_serving.py)
+    assert Path(folder, "MLmodel").is_file()  # each logged checkpoint is an MLflow model (test_pyfunc.py)
     missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
     assert missing is None and "models:/ance-no-such-dataset@champion: not found" in why
 

@@ -14,7 +14,7 @@ from ance_core.pipeline.config import PipelineConfig
 from tracking.client import UNDELIVERED, Tracker, configure_mlflow, flatten, metric_key
 from tracking.live import LiveMetrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_importing_the_tracking_package_changes_no_setting():
