@@ -34,8 +34,9 @@ compress: env  ## the demo pipeline (cached stages reused), then compression of 
 compare: env  ## the compare-negatives flow on SciFact: every negative sampler from one BM25 warm-up (RESULTS.md)
 	$(BIN)/ance compare
 
-test: env system-deps  ## the whole test suite (offline; starts its own Prefect servers on 127.0.0.1)
-	$(BIN)/python -m pytest -q
+TEST_WORKERS ?= 4
+test: env system-deps  ## the whole test suite, on TEST_WORKERS pytest-xdist workers (offline; starts its own Prefect servers on 127.0.0.1)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-gpu: env  ## the CUDA suite (tests/gpu: encoding, faiss-gpu, bf16/fp16 training and resume); skipped without CUDA
 	$(BIN)/python -m pytest -q -m gpu tests/gpu

@@ -17,6 +17,9 @@ how many recovered by Prefect's retry, and whether that run also ends bit-identi
 
     python bench/reliability.py [--random-kills 4] [--seed 0] [--out DIR]
     python bench/reliability.py --smoke          # two kill points and the transient run, for the test suite
+
+Each run starts Prefect's ephemeral server of its own (`make demo`'s mode), unless `--prefect-api-url` names a server
+for all of them (the test suite's).
 """
 
 import argparse
@@ -51,9 +54,13 @@ def command(folder: Path, config: dict) -> list[str]:
     return [sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"]
 
 
+PREFECT_SERVER: dict[str, str] = {}  # --prefect-api-url: {"PREFECT_API_URL": url}
+
+
 def environment(folder: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ANCE_FAULT", "PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
-    return env | {"PREFECT_HOME": str(folder / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | extra
+    return env | {"PREFECT_HOME": str(folder / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | (
+        PREFECT_SERVER | extra)
 
 
 def run(folder: Path, config: dict, **extra_env: str) -> tuple[dict, str, float]:
@@ -113,7 +120,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="keep the work folders here (default: a temporary folder)")
     parser.add_argument("--smoke", action="store_true", help="two kill points and the transient run (test suite)")
+    parser.add_argument("--prefect-api-url", help="a Prefect server for every run (default: each its ephemeral one)")
     args = parser.parse_args()
+    if args.prefect_api_url:
+        PREFECT_SERVER["PREFECT_API_URL"] = args.prefect_api_url
     scifact = shared_scifact()
     if scifact is None:
         sys.exit("SciFact not found: set ANCE_DATA_HOME or put it at ../shared/data/scifact")

@@ -57,7 +57,8 @@ def test_train_bench(tiny_scifact, tiny_model, tmp_path):
 
 
 def test_reliability_bench(tmp_path):
-    out = bench("reliability.py", "--smoke", "--out", str(tmp_path / "out"), tmp_path=tmp_path, timeout=1800)
+    server = ["--prefect-api-url", os.environ["PREFECT_API_URL"]] if "PREFECT_API_URL" in os.environ else []
+    out = bench("reliability.py", "--smoke", "--out", str(tmp_path / "out"), *server, tmp_path=tmp_path, timeout=1800)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["kills"] == 2 and summary["identical"] == 2 and summary["leftovers"] == 0
     assert summary["rebuilt"] == 0 and summary["transient"]["identical"]

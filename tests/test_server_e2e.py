@@ -17,7 +17,7 @@ import pytest
 
 from tests.tiny import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server-e2e")]  # one stack for the module
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("ANCE_TEST_ARTIFACTS", REPO / "artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -1,4 +1,4 @@
-"""Orchestration through the real CLI and Prefect (ephemeral server): content-keyed caching, invalidation of a
+"""Orchestration through the real CLI and Prefect: content-keyed caching, invalidation of a
 deleted artifact, a transient failure recovered by a retry, a killed run resumed, and the asynchronous refresh."""
 
 import json
@@ -10,6 +10,7 @@ import pytest
 from tests.tiny import kill_when_hung, run
 
 pytestmark = pytest.mark.slow
+BASE = pytest.mark.xdist_group("orchestration-base")  # the tests of the `base` fixture's run: on one worker
 TRAIN = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
 
 
@@ -41,6 +42,7 @@ def base(tiny_scifact, tiny_model, tmp_path_factory):
     return root, config, first
 
 
+@BASE
 def test_rerun_recomputes_nothing(base):
     root, config, first = base
     again, _ = run(root, config)
@@ -48,6 +50,7 @@ def test_rerun_recomputes_nothing(base):
     assert again["results"] == first["results"]
 
 
+@BASE
 def test_changed_ance_config_recomputes_only_downstream(base):
     root, config, first = base
     changed = config | {"ance": TRAIN | {"learning_rate": 5e-4}}
@@ -63,6 +66,7 @@ def test_changed_ance_config_recomputes_only_downstream(base):
     assert rows["warmup"] == {r["model"]: r for r in first["results"]}["warmup"]
 
 
+@BASE
 def test_deleted_artifact_is_rebuilt_not_returned_dangling(base):
     root, config, first = base
     zero_shot_encode = next(s for s in first["stages"] if (s["for"], s["stage"]) == ("zero-shot", "encode"))
@@ -75,6 +79,7 @@ def test_deleted_artifact_is_rebuilt_not_returned_dangling(base):
     assert result["results"] == first["results"]
 
 
+@BASE
 def test_transient_failures_are_retried_and_training_resumes(base, tiny_scifact, tmp_path):
     """encode fails once, the warm-up training fails once after its step-2 checkpoint: retries finish the run."""
     _, config, first = base

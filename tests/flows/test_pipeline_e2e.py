@@ -1,5 +1,5 @@
-"""End to end: the `ance run` command (Prefect flow, ephemeral server) on a ~200-document SciFact subset with a
-tiny random BERT; every stage's artifacts are checked, then an identical re-run reuses every stage."""
+"""End to end: the `ance run` command (Prefect flow, ephemeral server: `make demo`'s mode) on a ~200-document SciFact
+subset with a tiny random BERT; every stage's artifacts are checked, then an identical re-run reuses every stage."""
 
 import json
 import os
@@ -14,6 +14,7 @@ import pytest
 from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
+PIPELINE = pytest.mark.xdist_group("pipeline-e2e")  # the tests of the `pipeline` fixture's run: on one worker
 ROUNDS = 2
 DIMS, INDEXES = (16, 8), ("flat", "hnsw", "ivfpq")  # the tiny BERT's h is 32
 
@@ -36,7 +37,8 @@ def pipeline(tiny_scifact, tiny_model, tmp_path_factory):
     }
     path = root / "tiny.yaml"
     path.write_text(json.dumps(config))
-    env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # an ephemeral server, as `make demo`
+    env |= {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
     def run():
         proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
@@ -52,6 +54,7 @@ def _folders(work: Path, stage: str) -> list[Path]:
     return sorted(p for p in (work / stage).iterdir() if not p.name.startswith("."))
 
 
+@PIPELINE
 def test_every_stage_wrote_its_artifacts(pipeline, tiny_scifact):
     work, result, _ = pipeline
     tables = _folders(work, "data")[0]
@@ -93,6 +96,7 @@ def test_every_stage_wrote_its_artifacts(pipeline, tiny_scifact):
     assert not list(work.rglob(".partial-*"))
 
 
+@PIPELINE
 def test_metrics_are_numbers_in_range(pipeline):
     _, result, _ = pipeline
     models = [r["model"] for r in result["results"]]
@@ -117,6 +121,7 @@ def test_metrics_are_numbers_in_range(pipeline):
     assert len({round(r["ndcg_at_10"], 6) for r in dense} | {round(r["recall_at_100"], 6) for r in dense}) > 2
 
 
+@PIPELINE
 def test_identical_rerun_reuses_every_stage(pipeline):
     _, first, run = pipeline
     # the CLI validated and stored the dataset before the flow started; everything else ran in the flow
@@ -127,6 +132,7 @@ def test_identical_rerun_reuses_every_stage(pipeline):
     assert second["final_checkpoint"] == first["final_checkpoint"]
 
 
+@PIPELINE
 def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_scifact, tmp_path):
     work, result, _ = pipeline
     from typer.testing import CliRunner
@@ -158,6 +164,7 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     assert metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"], abs=0.03)
 
 
+@PIPELINE
 def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     from mlflow.tracking import MlflowClient
 
@@ -186,6 +193,7 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     assert result["tracking"]["undelivered_calls"] == 0 and result["tracking"]["kept_in"] is None
 
 
+@PIPELINE
 def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     from mlflow.tracking import MlflowClient
 
@@ -226,6 +234,7 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     # take the alias from the first run's
 
 
+@PIPELINE
 def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, tiny_scifact, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -272,6 +281,7 @@ def test_samplers_are_chosen_per_stage_in_the_config(tiny_scifact, tiny_model, t
         assert len(set(ids)) == 2 and row.positive_id not in ids
 
 
+@PIPELINE
 def test_compression_table_of_the_final_model(pipeline):
     work, result, _ = pipeline
     from ance_core.artifacts import read_manifest
@@ -304,6 +314,7 @@ def test_compression_table_of_the_final_model(pipeline):
     assert len(table) == len(rows) and (files / "compression.md").read_text().startswith("| method | dim |")
 
 
+@PIPELINE
 def test_a_compressed_checkpoint_works_with_search_and_evaluate(pipeline, tiny_scifact, tmp_path):
     _, result, _ = pipeline
     from typer.testing import CliRunner
@@ -334,6 +345,7 @@ def test_a_compressed_checkpoint_works_with_search_and_evaluate(pipeline, tiny_s
     assert metrics["recall_at_100"] == pytest.approx(row["recall_at_100"], abs=0.03)
 
 
+@PIPELINE
 def test_compression_is_in_mlflow_with_projectors_and_registered_models(pipeline):
     from mlflow.tracking import MlflowClient
 
