@@ -4,10 +4,10 @@ subset in BEIR layout. Everything offline. And a real Prefect server on 127.0.0.
 Parallel runs (`make test`: pytest-xdist, `-n`): the controller starts one `prefect server` for the whole session and
 every worker's flows report to it (PREFECT_API_URL), instead of each `ance run` starting an ephemeral server of its
 own (about 14 s of CPU each); tests that need a server of their own start one, and the tests that check the
-ephemeral mode unset PREFECT_API_URL. Tests that share an expensive module fixture carry an `xdist_group` mark, so
-they run on one worker; the units (groups and single tests) start longest first, by `tests/durations.json`
-(`pytest --store-durations` rewrites it). A plain `pytest` run (no `-n`) starts nothing: every flow runs on its own
-ephemeral server, and a test that needs a server starts one for its module.
+ephemeral mode unset PREFECT_API_URL. Each process runs torch on one thread (OMP_NUM_THREADS). Tests that share an
+expensive fixture carry an `xdist_group` mark, so they run on one worker; the units (groups and single tests) start
+longest first, by `tests/durations.json` (`pytest --store-durations` rewrites it). A plain `pytest` run (no `-n`)
+starts nothing: every flow runs on its own ephemeral server, and a test that needs a server starts one for its module.
 """
 
 import json
@@ -24,7 +24,14 @@ import httpx
 import pytest
 import transformers
 
-from tests.tiny import build_tiny_model, build_tiny_scifact, free_port, shared_scifact, wait_answering
+from tests.tiny import (
+    TinyPipeline,
+    build_tiny_model,
+    build_tiny_scifact,
+    free_port,
+    shared_scifact,
+    wait_answering,
+)
 
 # Prefect's ephemeral server gets 20 s to start by default: not enough on a busy machine (as ance_cli.main sets it).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -77,6 +84,9 @@ def pytest_configure(config):
     server, api, log = start_prefect_server(root)
     config.stash[_server] = (server, root)
     os.environ |= {SHARED_SERVER: api, SHARED_LOG: str(log), "PREFECT_API_URL": api}  # inherited by the workers
+    # one torch thread per process: the workers' processes share 2 cores, and OpenMP threads of several processes
+    # spin against each other (more CPU for the same work)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_unconfigure(config):
@@ -130,6 +140,12 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"))
 
 
+@pytest.fixture(scope="session")
+def tiny_pipeline(tiny_scifact, tiny_model, tmp_path_factory) -> TinyPipeline:
+    """The tiny pipeline, run once (ephemeral server): the tests that use it carry xdist_group("tiny-pipeline")."""
+    return TinyPipeline.start(tiny_scifact, tiny_model, tmp_path_factory.mktemp("tiny-pipeline"))
+
+
 @pytest.fixture(scope="module")
 def prefect_server(shared_prefect_server, tmp_path_factory):
     """A real `prefect server` on 127.0.0.1 (its API URL): the session's, or one started for the test module."""
@@ -154,20 +170,33 @@ def ephemeral_prefect(monkeypatch):
 # ---------------------------------------------------------------- scheduling: longest units first
 
 
+def _test_id(nodeid: str) -> str:
+    """A nodeid without the `@group` suffix that pytest-xdist's loadgroup gives a grouped test (not a parameter's
+    `@`)."""
+    return nodeid[: nodeid.rfind("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
 def _unit(item) -> str:
     """What pytest-xdist (--dist loadgroup) schedules as one unit: the test's xdist_group, else the test."""
     mark = item.get_closest_marker("xdist_group")
-    return mark.kwargs.get("name", mark.args[0] if mark.args else "") if mark else item.nodeid
+    return mark.kwargs.get("name", mark.args[0] if mark.args else "") if mark else _test_id(item.nodeid)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which marks the grouped tests' nodeids
 def pytest_collection_modifyitems(config, items):
     """Order the units longest first (by tests/durations.json), so that no long test starts last; a unit's tests stay
-    in their own order."""
+    in their own order. On an xdist worker, refuse to run when the groups did not reach the scheduler (each test of a
+    group would build the group's fixture again on its own worker)."""
+    if getattr(config.option, "loadgroup", False):
+        lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and _test_id(i.nodeid) == i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not mark {len(lost)} grouped tests (first: "
+                                    f"{lost[0]}): this pytest and pytest-xdist do not work together (pyproject.toml)")
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     units: dict[str, list] = {}
     for item in items:
         units.setdefault(_unit(item), []).append(item)
-    cost = {unit: sum(known.get(i.nodeid, DEFAULT_SECONDS) for i in tests) for unit, tests in units.items()}
+    cost = {unit: sum(known.get(_test_id(i.nodeid), DEFAULT_SECONDS) for i in tests) for unit, tests in units.items()}
     items[:] = [i for unit in sorted(units, key=lambda u: -cost[u]) for i in units[unit]]
 
 
@@ -179,7 +208,8 @@ class DurationRecorder:
         self.seconds: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report) -> None:
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        test = _test_id(report.nodeid)
+        self.seconds[test] = self.seconds.get(test, 0.0) + report.duration
 
     def pytest_sessionfinish(self) -> None:
         DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")

@@ -319,11 +319,13 @@ def test_prefect_ui_shows_the_completed_run(stack, trained):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page() as page:
         page.goto(f"{stack['ui']}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
-        page.get_by_text(run["name"], exact=True).first.wait_for(timeout=30_000)
+        page.get_by_text(run["name"], exact=True).first.wait_for(timeout=60_000)
+        for text in ("Completed", "ance-train"):  # the state badge and the flow's name load after the run's name
+            page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
         header = page.inner_text("body")
         assert "Completed" in header and "ance-train" in header
         page.get_by_text("Task Runs", exact=True).first.click()
-        page.get_by_text("train-", exact=False).first.wait_for(timeout=30_000)
+        page.get_by_text("train-", exact=False).first.wait_for(timeout=60_000)
         page.wait_for_load_state("networkidle")
         body = page.inner_text("body")
         page.screenshot(path=str(ARTIFACTS / "prefect-ui-flow-run.png"), full_page=True)

@@ -4,11 +4,13 @@
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -101,6 +103,48 @@ def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, s
     return {"data": {"dataset": str(data)}, "model": {"name": str(model), "passage_max_length": 48},
             "warmup": train, "ance": train, "mining": {"top_k": 50}, "encode": {"batch_size": 32, "shard_size": 64},
             "rounds": rounds, "work_dir": str(work)}
+
+
+TINY_COMPRESSION = {"dims": [16, 8], "index_types": ["flat", "hnsw", "ivfpq"], "epochs": 5}  # the tiny BERT's h: 32
+RUN_RECORDS = ("mlflow.db", "mlartifacts", "mlflow-models", "latest.json", "champion", "plots", ".locks")
+
+
+@dataclass
+class TinyPipeline:
+    """One run of the tiny pipeline (2 rounds and the compression of its final model) on Prefect's ephemeral server,
+    as `make demo` runs: the tests that read a finished run's stages share it (tests/conftest.py `tiny_pipeline`)."""
+
+    root: Path
+    config: dict
+    first: dict  # the run's JSON result
+    env: dict
+
+    @property
+    def work(self) -> Path:
+        return Path(self.config["work_dir"])
+
+    def run(self) -> dict:
+        """`ance run` again with the same config and Prefect home."""
+        proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(self.root / "tiny.json"),
+                               "--json"], capture_output=True, text=True, env=self.env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    @classmethod
+    def start(cls, data: Path, model: Path, root: Path) -> "TinyPipeline":
+        config = tiny_pipeline_config(data, model, root / "work") | {"compression": TINY_COMPRESSION}
+        (root / "tiny.json").write_text(json.dumps(config))
+        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ANCE_FAULT")}  # ephemeral
+        env |= {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        pipeline = cls(root, config, {}, env)
+        pipeline.first = pipeline.run()
+        return pipeline
+
+    def copy_stages(self, work: Path) -> None:
+        """The run's stage folders into another work folder (not its MLflow store nor its run records): a run there
+        finds every stage built, under the same keys."""
+        shutil.copytree(self.work, work, ignore=lambda folder, names: [n for n in names if n in RUN_RECORDS]
+                        if Path(folder) == self.work else [])
 
 
 def build_graded_dataset(scifact: Path, folder: Path, train_queries: int = 60, test_queries: int = 20,

@@ -4,8 +4,9 @@ many weak positives (tests/tiny.py: build_graded_dataset), with the real all-Min
 - trained on every grade (`train_min_relevance: 1`) the negatives statistics flag that most training negatives
   outscore their positive. At the default learning rate the random grade-1 links cost this small dev split only
   0.002-0.01 nDCG@10 (within its noise), so the run that must be caught is made plainly harmful with a learning
-  rate 50x the default (a misconfigured run): its warm-up scores worse on the dev split than the model it started
-  from, the run's result is that starting model, and the run warns (closing lines, --json, MLflow);
+  rate 50x the default (a misconfigured run; 12 steps of it are plenty): its warm-up scores worse on the dev split
+  than the model it started from, the run's result is that starting model, and the run warns (closing lines,
+  --json, MLflow);
 - with the default (`auto`: the top grade on graded qrels) it trains on the grade-2 positives only, says what it
   left out, and does not make the model worse."""
 
@@ -31,7 +32,7 @@ def run_pipeline(data, tmp_path, min_relevance, **train) -> tuple[dict, str]:
 
 
 def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
-    result, out = run_pipeline(graded, tmp_path, 1, learning_rate=1e-3)
+    result, out = run_pipeline(graded, tmp_path, 1, learning_rate=1e-3, max_steps=12)  # harm shows in a few steps
     dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
     assert dev["warmup"] < dev["zero-shot"] - 0.02, dev  # the failure, reproduced
     assert result["selected"] == "zero-shot" and result["final_checkpoint"].split("/")[-2] == "model"

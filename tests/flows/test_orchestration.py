@@ -1,5 +1,9 @@
-"""Orchestration through the real CLI and Prefect: content-keyed caching, invalidation of a
-deleted artifact, a transient failure recovered by a retry, a killed run resumed, and the asynchronous refresh."""
+"""Orchestration through the real CLI and Prefect: content-keyed caching, invalidation of a deleted artifact, a
+transient failure recovered by a retry, a killed run resumed, and the asynchronous refresh.
+
+The `base` run is the tiny pipeline's (tests/conftest.py `tiny_pipeline`: the same stages, without compression) in a
+work folder of its own that starts with a copy of that run's stage folders; the tests that change or break it work on
+that copy."""
 
 import json
 import shutil
@@ -10,7 +14,7 @@ import pytest
 from tests.tiny import kill_when_hung, run
 
 pytestmark = pytest.mark.slow
-BASE = pytest.mark.xdist_group("orchestration-base")  # the tests of the `base` fixture's run: on one worker
+BASE = pytest.mark.xdist_group("tiny-pipeline")  # the tests of the one tiny pipeline run: on one worker
 TRAIN = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
 
 
@@ -35,10 +39,14 @@ def by_stage(result: dict) -> dict[tuple[str, str], bool]:
 
 
 @pytest.fixture(scope="module")
-def base(tiny_scifact, tiny_model, tmp_path_factory):
+def base(tiny_pipeline, tiny_scifact, tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("orchestration")
+    tiny_pipeline.copy_stages(root / "work")
     config = tiny_config(tiny_scifact, root / "work", model={"name": str(tiny_model)})
     first, _ = run(root, config)
+    stages = by_stage(first)
+    assert all(stages.values()), stages  # the same stage keys as the tiny pipeline's: every stage found built
+    assert first["results"] == tiny_pipeline.first["results"]
     return root, config, first
 
 
@@ -94,22 +102,22 @@ def test_transient_failures_are_retried_and_training_resumes(base, tiny_scifact,
     assert result["results"] == first["results"]  # same metrics as the run that never failed
 
 
-def test_killed_run_resumes_from_completed_stages_and_last_checkpoint(tiny_scifact, tiny_model, tmp_path):
-    """SIGKILL the whole process group in the middle of ANCE round 1 (after its step-4 checkpoint), run again."""
-    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
-                         ance=TRAIN | {"max_steps": 6})  # the warm-up has 3 steps, so step 5 is in ANCE round 1
-    (tmp_path / "ref").mkdir()
-    reference, _ = run(tmp_path / "ref", config | {"work_dir": str(tmp_path / "ref-work")})
-    kill_when_hung(tmp_path, config, "train@5")
-    partial = list((tmp_path / "work" / "train").glob(".partial-*/checkpoints/step-000004"))
-    assert len(partial) == 1  # killed mid-round, with its step-4 checkpoint on disk
+@BASE
+def test_killed_run_resumes_from_completed_stages_and_last_checkpoint(base, tmp_path):
+    """SIGKILL the whole process group in the middle of ANCE round 1 (its step 3, after its step-2 checkpoint), run
+    again: the same metrics as the uninterrupted `base` run."""
+    _, config, reference = base
+    config = config | {"work_dir": str(tmp_path / "work")}
+    kill_when_hung(tmp_path, config, "train@3#2")  # step 3 of the second training stage: the warm-up's is the first
+    partial = list((tmp_path / "work" / "train").glob(".partial-*/checkpoints/step-000002"))
+    assert len(partial) == 1  # killed mid-round, with its step-2 checkpoint on disk
 
     resumed, _ = run(tmp_path, config)
     stages = by_stage(resumed)
     assert stages[("warmup", "train")] and stages[("zero-shot", "encode")]  # completed before the kill
     assert not stages[("ANCE round 1", "train")]
     round1 = next(s for s in resumed["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "train"))
-    assert json.loads(Path(round1["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 4
+    assert json.loads(Path(round1["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 2
     assert resumed["results"] == reference["results"]  # the same metrics as the uninterrupted run
 
 

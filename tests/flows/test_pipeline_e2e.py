@@ -11,43 +11,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.tiny import run_pipeline_cli, tiny_pipeline_config
+from tests.tiny import TINY_COMPRESSION, run_pipeline_cli, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
-PIPELINE = pytest.mark.xdist_group("pipeline-e2e")  # the tests of the `pipeline` fixture's run: on one worker
+PIPELINE = pytest.mark.xdist_group("tiny-pipeline")  # the tests of the one tiny pipeline run: on one worker
 ROUNDS = 2
-DIMS, INDEXES = (16, 8), ("flat", "hnsw", "ivfpq")  # the tiny BERT's h is 32
+DIMS, INDEXES = tuple(TINY_COMPRESSION["dims"]), tuple(TINY_COMPRESSION["index_types"])  # the tiny BERT's h is 32
 
 
 @pytest.fixture(scope="module")
-def pipeline(tiny_scifact, tiny_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    work = root / "work"
-    train = {"max_steps": 3, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3, "checkpoint_every": 2}
-    config = {
-        "data": {"dataset": str(tiny_scifact)},
-        "model": {"name": str(tiny_model), "passage_max_length": 48},
-        "warmup": train,
-        "ance": train,
-        "mining": {"top_k": 50},
-        "encode": {"batch_size": 32, "shard_size": 64},
-        "rounds": ROUNDS,
-        "work_dir": str(work),
-        "compression": {"dims": list(DIMS), "index_types": list(INDEXES), "epochs": 5},
-    }
-    path = root / "tiny.yaml"
-    path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # an ephemeral server, as `make demo`
-    env |= {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-    def run():
-        proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
-                              capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    first = run()
-    return work, first, run
+def pipeline(tiny_pipeline):
+    """The tiny pipeline's run (tests/tiny.py `TinyPipeline`): its work folder, its result, and a re-run."""
+    return tiny_pipeline.work, tiny_pipeline.first, tiny_pipeline.run
 
 
 def _folders(work: Path, stage: str) -> list[Path]:

@@ -106,18 +106,18 @@ def test_controls_that_leave_too_few_candidates_fall_back_to_random_documents(sa
 
 
 def test_simans_frequencies_follow_its_formula():
-    """One query, one positive scored 8.0, 100 candidates: empirical single-draw frequencies over many seeds match
-    eq. 4, and the mode sits at the candidate whose score is closest to s⁺ + b."""
-    positives = {"q": {"pos"}}
-    scores = np.linspace(10.0, 5.05, 100)  # rank 1..100
-    run = pd.DataFrame({"query_id": "q", "doc_id": [f"c{i}" for i in range(100)], "rank": np.arange(1, 101),
-                        "score": scores})
+    """4000 queries, each with one positive scored 8.0 and the same 100 candidates: the empirical frequencies of their
+    single draws (each query its own seeded generator) match eq. 4, and the mode sits at the candidate whose score is
+    closest to s⁺ + b."""
+    queries, scores = [f"q{i}" for i in range(4000)], np.linspace(10.0, 5.05, 100)  # rank 1..100
+    positives = {q: {"pos"} for q in queries}
+    run = pd.DataFrame({"query_id": np.repeat(queries, 100), "doc_id": np.tile([f"c{i}" for i in range(100)], 4000),
+                        "rank": np.tile(np.arange(1, 101), 4000), "score": np.tile(scores, 4000)})
+    positive_scores = {(q, "pos"): 8.0 for q in queries}
     for b in (0.0, -1.0):
-        counts = np.zeros(100)
-        for seed in range(4000):
-            table = negatives("simans", positives, 1, seed, 0, {"dense": run}, positive_scores={("q", "pos"): 8.0},
-                              simans_a=2.0, simans_b=b, corpus_ids=["pos", *run["doc_id"]])
-            counts[table["negative_ranks"][0][0] - 1] += 1
+        table = negatives("simans", positives, 1, 0, 0, {"dense": run}, positive_scores=positive_scores, simans_a=2.0,
+                          simans_b=b, corpus_ids=["pos", *run["doc_id"][:100]])
+        counts = np.bincount([ranks[0] - 1 for ranks in table["negative_ranks"]], minlength=100)
         expected = simans_probabilities(scores, 8.0, 2.0, b)
         assert np.abs(counts / counts.sum() - expected).max() < 0.02
         assert abs(scores[np.argmax(expected)] - (8.0 + b)) < 0.05

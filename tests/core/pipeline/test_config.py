@@ -85,13 +85,15 @@ def test_recipes_are_valid_pipeline_configs():
         assert recipe_config(name, work_dir="elsewhere").work_dir == "elsewhere"
 
 
-def test_a_deployment_inferencer_needs_the_async_refresh_and_a_server(monkeypatch):
+def test_a_deployment_inferencer_needs_the_async_refresh_and_a_server():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from tasks.inferencer import check_deployment
 
     with pytest.raises(ValidationError, match="inferencer.mode 'deployment' runs the refreshes of refresh: async"):
         PipelineConfig(inferencer={"mode": "deployment"})
     config = PipelineConfig(refresh="async", inferencer={"mode": "deployment", "deployment": "refresh-negatives/x"})
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    with pytest.raises(AnceError, match="PREFECT_API_URL is unset"):  # an `ance run` on the ephemeral server
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(AnceError, match="PREFECT_API_URL is "
+                                                                                 "unset"):  # an ephemeral server
         check_deployment(config.inferencer)
     check_deployment(PipelineConfig(refresh="async").inferencer)  # the thread needs nothing
