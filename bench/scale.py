@@ -179,6 +179,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=20_000)
     parser.add_argument("--depth", type=int, default=200)
     parser.add_argument("--index-type", default="flat")
+    parser.add_argument("--runners", nargs="+", choices=[name for name, _ in RUNS], default=[name for name, _ in RUNS],
+                        help="which runners encode the corpus (local always: the others are compared with it)")
     parser.add_argument("--stage", help=argparse.SUPPRESS)  # a memory-bench child process
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -189,6 +191,8 @@ def main() -> None:
         memory_bench(args)
         return
 
+    if "local" not in args.runners:
+        parser.error("--runners: local is the baseline the others are compared with; name it too")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = DataConfig(dataset=str(subset(resolve_dataset(args.dataset), args.documents, tmp / "data")))
@@ -197,7 +201,7 @@ def main() -> None:
         encode = EncodeConfig(shard_size=-(-args.documents // args.shards), batch_size=args.batch_size)
         encode_flow(str(checkpoint), data, encode, str(tmp / "warm-up"), ExecutionConfig())  # Prefect's server
         rows, files = [], {}
-        for name, execution in RUNS:
+        for name, execution in [(name, execution) for name, execution in RUNS if name in args.runners]:
             startup = ray_startup(execution) if execution.task_runner == "ray" else 0.0
             started = time.perf_counter()
             result = encode_flow(str(checkpoint), data, encode, str(tmp / name.replace(" ", "-")), execution)

@@ -96,7 +96,9 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     print(result["markdown"])
     reused = [s for s in log.timings if s.ref.cached]
     print(f"{len(reused)} of {len(log.timings)} stages reused from earlier runs")
-    stages = [s | {"cached": t.ref.cached} for s, t in zip(result["stages"], log.timings, strict=True)]
+    # the report may be reused from a work folder that was since moved or copied: the folders are this run's
+    stages = [s | {"path": t.ref.path, "cached": t.ref.cached}
+              for s, t in zip(result["stages"], log.timings, strict=True)]
     final = run.models[chosen]
     record_latest(c.work_dir, final["checkpoint"], chosen, next(r for r in result["results"] if r["model"] == chosen))
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies

@@ -31,7 +31,7 @@ def test_encode_bench(tiny_scifact, tiny_model, tmp_path):
 
 
 def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
-    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=1, steps=2)
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0, steps=2)
     (tmp_path / "tiny.json").write_text(json.dumps(config))
     out = bench("orchestration.py", "--config", str(tmp_path / "tiny.json"), "--out", str(tmp_path / "out"),
                 tmp_path=tmp_path)
@@ -60,19 +60,19 @@ def test_reliability_bench(tmp_path):
     server = ["--prefect-api-url", os.environ["PREFECT_API_URL"]] if "PREFECT_API_URL" in os.environ else []
     out = bench("reliability.py", "--smoke", "--out", str(tmp_path / "out"), *server, tmp_path=tmp_path, timeout=1800)
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["kills"] == 2 and summary["identical"] == 2 and summary["leftovers"] == 0
+    assert summary["kills"] == 1 and summary["identical"] == 1 and summary["leftovers"] == 0
     assert summary["rebuilt"] == 0 and summary["transient"]["identical"]
     assert summary["transient"]["injected"] == summary["transient"]["task_kinds"]
 
 
 def test_scale_bench(tiny_scifact, tiny_model, tmp_path):
     out = bench("scale.py", "--dataset", str(tiny_scifact), "--model", str(tiny_model), "--documents", "64",
-                "--max-length", "32", "--shards", "2", tmp_path=tmp_path, timeout=1800)
+                "--max-length", "32", "--shards", "2", "--runners", "local", "ray 2x1", tmp_path=tmp_path, timeout=1800)
     rows = {m[1]: m for m in re.finditer(r"^(local|ray 1x2|ray 2x1) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x  (.+)$",
                                          out, re.M)}
-    assert set(rows) == {"local", "ray 1x2", "ray 2x1"}, out
+    assert set(rows) == {"local", "ray 2x1"}, out  # (one Ray: tests/tasks/test_execution.py runs Ray's own checks)
     assert len(rows["ray 2x1"][6].split()) >= 1 and float(rows["local"][5]) == 1.0
-    assert "embeddings identical to local: ray 1x2 True, ray 2x1 True" in out
+    assert "embeddings identical to local: ray 2x1 True" in out
 
 
 def test_memory_bench(tmp_path):

@@ -46,6 +46,8 @@ def base(tiny_pipeline, tiny_scifact, tiny_model, tmp_path_factory):
     first, _ = run(root, config)
     stages = by_stage(first)
     assert all(stages.values()), stages  # the same stage keys as the tiny pipeline's: every stage found built
+    outside = [s["path"] for s in first["stages"] if not s["path"].startswith(str(root / "work"))]
+    assert not outside, outside
     assert first["results"] == tiny_pipeline.first["results"]
     return root, config, first
 
