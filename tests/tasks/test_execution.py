@@ -4,6 +4,7 @@ a shard whose worker is killed or whose task fails once retried, and a deleted s
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,22 @@ def _files(folder) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != "manifest.json"}
 
 
-def _shard_task_runs(flow_run_id) -> list:
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+def _task_runs(flow_run_id, done, timeout: float = 120) -> list:
+    """The flow run's task runs, once `done(runs)` holds (the server records them from the runs' events: later on a
+    busy machine), or what it has at the deadline."""
+    deadline = time.time() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        if done(runs) or time.time() > deadline:
+            return runs
+        time.sleep(1)
+
+
+def _shard_task_runs(flow_run_id, shards: int = 4) -> list:
+    """The shard task runs of a flow run, once all of them are recorded in a final state."""
+    runs = _task_runs(flow_run_id, lambda runs: sum(r.name.startswith("encode-shard-") and r.state.is_final()
+                                                    for r in runs) == shards)
     return sorted((r for r in runs if r.name.startswith("encode-shard-")), key=lambda r: r.name)
 
 
@@ -157,9 +171,8 @@ def test_a_shard_that_keeps_failing_is_retried_alone_and_fails_the_encoding_once
     state = encode_flow(str(broken), DataConfig(dataset=str(tiny_scifact)), EncodeConfig(shard_size=SHARD_SIZE),
                         str(tmp_path / "work"), ExecutionConfig(), return_state=True)
     assert state.is_failed()
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
-            any_=[state.state_details.flow_run_id])))
+    runs = _task_runs(state.state_details.flow_run_id, lambda runs: any(
+        r.name.startswith("encode-corpus") and r.state.is_final() for r in runs))
     attempts = {r.name: r.run_count for r in runs if r.name.startswith(("encode-shard", "encode-corpus"))}
     assert attempts.pop("encode-shard-0") == 3 and set(attempts) == {next(n for n in attempts if "corpus" in n)}
     assert list(attempts.values()) == [1]
