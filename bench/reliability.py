@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="keep the work folders here (default: a temporary folder)")
     parser.add_argument("--smoke", action="store_true", help="one kill point (mid-encoding) and the transient run, on "
-                        "a one-round pipeline (the test suite)")
+                        "the warm-up alone (no ANCE round: every task kind still runs; the test suite)")
     parser.add_argument("--prefect-api-url", help="a Prefect server for every run (default: each its ephemeral one)")
     args = parser.parse_args()
     if args.prefect_api_url:
@@ -133,8 +133,8 @@ def main() -> None:
     data = build_tiny_scifact(scifact, out / "data" / "scifact-tiny")
     model = build_tiny_model(out / "tiny-bert")
 
-    def config_for(folder: Path) -> dict:  # the smoke: one round of 3 steps
-        return tiny_pipeline_config(data, model, folder / "work", rounds=1 if args.smoke else 2,
+    def config_for(folder: Path) -> dict:  # the smoke: the warm-up alone (3 steps), where every task kind runs
+        return tiny_pipeline_config(data, model, folder / "work", rounds=0 if args.smoke else 2,
                                     steps=3 if args.smoke else 4)
 
     ref_dir = out / "reference"
