@@ -155,7 +155,7 @@ def test_two_ranks_compute_the_loss_and_gradients_of_the_whole_batch(no_dropout_
 def test_ten_steps_on_two_ranks_reach_the_weights_of_one_process_with_the_whole_batch(
         no_dropout_checkpoint, stage_inputs, tmp_path):
     """The training task's path (torchrun, 2 gloo ranks, batch 4 = 2 x 2) against one process with batch 4: same
-    step-1 loss and gradient norm (1e-5), weights after 10 AdamW steps within 1e-4."""
+    step-1 loss and gradient norm (1e-5, or 1e-6 relative), weights after 10 AdamW steps within 1e-4."""
     one = _one_process(no_dropout_checkpoint, TrainConfig(**CFG, max_steps=10), tmp_path / "one")
     records = []
     two = launch(_spec(no_dropout_checkpoint, stage_inputs, TrainConfig(**CFG, max_steps=10, world_size=2)),
@@ -165,7 +165,7 @@ def test_ten_steps_on_two_ranks_reach_the_weights_of_one_process_with_the_whole_
     log_one, log_two = _log(tmp_path / "one"), _log(tmp_path / "two")
     assert log_two == records
     for key in ("loss", "grad_norm", "grad_norm_bottom", "grad_norm_top"):
-        assert log_two[0][key] == pytest.approx(log_one[0][key], abs=1e-5), key
+        assert log_two[0][key] == pytest.approx(log_one[0][key], rel=1e-6, abs=1e-5), key  # (float32 sums)
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     start = load_file(no_dropout_checkpoint / "model.safetensors")
     moved = max(float((a[k] - start[k]).abs().max()) for k in a)

@@ -111,7 +111,9 @@ def test_gradient_accumulation_equals_one_larger_batch(setup, no_dropout, tmp_pa
     train(no_dropout, *rest, TrainConfig(batch_size=2, grad_accumulation=2, **base), tmp_path / "accumulated")
     train(no_dropout, *rest, TrainConfig(batch_size=4, grad_accumulation=1, **base), tmp_path / "one-batch")
     a, b, start = _weights(tmp_path / "accumulated"), _weights(tmp_path / "one-batch"), _weights(no_dropout)
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    for k in a:  # within 1% of the step (lr 1e-3): AdamW's first step is ~lr * g / |g|, so a gradient near 0 summed
+        # in another order can move its weight by ~1e-6; a lost or doubled micro-batch moves many by ~1e-3
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     assert any(not torch.equal(a[k], start[k]) for k in a)
     logs = [json.loads((tmp_path / f / "train_log.jsonl").read_text()) for f in ("accumulated", "one-batch")]
     assert logs[0]["loss"] == pytest.approx(logs[1]["loss"], rel=1e-5)
