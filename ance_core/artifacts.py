@@ -197,11 +197,16 @@ def atomic_folder(final: str | Path) -> Iterator[Path]:
 def write_json(path: str | Path, obj: Any) -> None:
     """Write JSON through a temporary file of its own and rename, so readers never see half a file (also when
     several runs write the same file at once: the last rename wins, whole)."""
+    write_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Replace a file's content at once (a temporary file and a rename: a new file, never half of one)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(obj, indent=2, default=str))
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

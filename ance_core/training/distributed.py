@@ -68,18 +68,30 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _records_after(log_path: Path, step: int) -> list[dict]:
-    if not log_path.is_file():
-        return []
-    records = []
-    for line in log_path.read_text().splitlines():
+class LogTail:
+    """The records appended to a training log since the last read: reads from where it stopped (a poll costs the
+    new lines, not the whole log), complete lines only. A log replaced or shrunk (rank 0 cuts it back to its
+    checkpoint on a resume) is read again from its start; records at or before a step already seen are skipped."""
+
+    def __init__(self, path: Path, seen: int = 0):
+        self.path, self.seen, self.offset, self.inode = path, seen, 0, None
+
+    def records(self) -> list[dict]:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line being written
-            break
-        if record["step"] > step:
-            records.append(record)
-    return records
+            with open(self.path, "rb") as log:
+                inode = os.fstat(log.fileno()).st_ino
+                if inode != self.inode or log.seek(0, os.SEEK_END) < self.offset:
+                    self.offset, self.inode = 0, inode  # a new log (rewritten on a resume) or one cut back
+                log.seek(self.offset)
+                data = log.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written waits for the next poll
+        self.offset += len(complete)
+        records = [r for r in map(json.loads, complete.splitlines()) if r["step"] > self.seen]
+        if records:
+            self.seen = records[-1]["step"]
+        return records
 
 
 def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[[dict], None]] = (),
@@ -95,12 +107,11 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
                "-m", "ance_core.training.distributed", str(out / SPEC)]
     proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent, env=os.environ | (env or {}))
-    seen = resumed_step
+    tail = LogTail(out / TRAIN_LOG, seen=resumed_step)
     try:
         while True:
             finished = proc.poll() is not None
-            for record in _records_after(out / TRAIN_LOG, seen):
-                seen = record["step"]
+            for record in tail.records():
                 for callback in callbacks:
                     callback(record)
             if finished:

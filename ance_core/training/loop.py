@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from ance_core.artifacts import TRAIN_LOG
+from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
@@ -258,7 +258,7 @@ def train(
     log_path = out / TRAIN_LOG
     if ranks.main:
         kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
-        log_path.write_text("".join(ln + "\n" for ln in kept))
+        write_text(log_path, "".join(ln + "\n" for ln in kept))  # a new file: a reader tailing the old one sees it
     encoder = PairEncoder(model)
     if ranks.world > 1:
         encoder = torch.nn.parallel.DistributedDataParallel(

@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ance_core.artifacts import write_text
 from ance_core.errors import AnceError
 from ance_core.training.config import TrainConfig
-from ance_core.training.distributed import launch
+from ance_core.training.distributed import LogTail, launch
 from ance_core.training.loop import train
 from ance_core.training.ranks import gather_rows, rank_rows, split_sizes
 from tests.tiny import (
@@ -229,6 +230,24 @@ def test_a_sigkilled_rank_resumes_to_the_weights_of_an_uninterrupted_run(tiny_mo
     assert {"torch_cpu", "torch_cpu_rank1"} <= set(rng) and not torch.equal(rng["torch_cpu"], rng["torch_cpu_rank1"])
     losses = lambda folder: [r["loss"] for r in _log(folder)]  # noqa: E731
     assert losses(out) == losses(tmp_path / "whole")
+
+
+def test_the_launcher_tails_the_log_from_where_it_stopped(tmp_path):
+    """Each poll reads what was appended since the last (not the whole log), a half-written line waits for the next
+    poll, and a log rewritten on a resume (cut back to its checkpoint, a new file) is read again from its start."""
+    log = tmp_path / "train_log.jsonl"
+    tail = LogTail(log, seen=1)
+    assert tail.records() == []  # not there yet
+    log.write_text('{"step": 1}\n{"step": 2}\n{"st')
+    assert [r["step"] for r in tail.records()] == [2]  # step 1 was seen before; the third line is half written
+    offset = tail.offset
+    with open(log, "a") as f:
+        f.write('ep": 3}\n')
+    assert [r["step"] for r in tail.records()] == [3] and tail.offset > offset
+    assert tail.records() == []
+    resumed = "".join(json.dumps({"step": k, "loss": 0.5}) + "\n" for k in range(1, 6))  # a new file, longer
+    write_text(log, resumed)
+    assert [r["step"] for r in tail.records()] == [4, 5]
 
 
 def test_world_size_is_checked():
