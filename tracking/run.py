@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from ance_core.artifacts import ArtifactRef
 from ance_core.data.dataset import read_tables
 from ance_core.negatives.analysis import negatives_sample, read_stats
+from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
@@ -163,8 +164,7 @@ class PipelineTracking:
                 done = self.delivered.get((run, t.label), set())
                 tracker.log_history(run, [r for r in records if r["step"] not in done], keys, global_step)
             curve += [r | {"step": r["step"] + global_step, "stage": t.label} for r in records]
-            if async_refresh is not None and Path(t.ref.path, "async_state.json").is_file():
-                state = json.loads(Path(t.ref.path, "async_state.json").read_text())
+            if async_refresh is not None and (state := read_refresh_state(Path(t.ref.path)))["staleness"]:
                 # recorded before each step (0-based, as the trainer asks for negatives); logged at the step it trained
                 tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
                                     ["staleness"], global_step)

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokeniz
 from ance_core.artifacts import (
     ASYNC_REFRESH,
     ASYNC_STATE,
+    ASYNC_STATE_V1,
     MANIFEST,
     TRAIN_LOG,
     ArtifactRef,
@@ -41,7 +42,7 @@ META_FILE = "ance_model.json"
 HEAD_FILE = "head.safetensors"
 # what a training stage keeps beside the model files (to resume), and what is not part of the model
 TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", TRAIN_LOG, MANIFEST, ASYNC_STATE,
-                  ASYNC_REFRESH}
+                  ASYNC_STATE_V1, ASYNC_REFRESH}
 # what a logged or registered copy of a checkpoint carries to be an MLflow model (tracking/pyfunc.py), not part of it
 SERVING_FILES = {"MLmodel", "conda.yaml", "python_env.yaml", "requirements.txt", "input_example.json",
                  "serving_input_example.json"}

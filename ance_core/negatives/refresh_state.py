@@ -1,5 +1,6 @@
 """The asynchronous trainer's side of the refresh (ANCE Fig. 2): which negatives it trains on, when it swaps in newer
-ones, when it waits for them, and the staleness of every step, kept in `async_state.json` of its training folder.
+ones, when it waits for them, and the staleness of every step, kept in `async_state.jsonl` of its training folder
+(one line per event, appended: a step costs a line, not a rewrite of the whole history).
 
 The inferencer (tasks/train.py) publishes each snapshot's negatives on a board: in the trainer's own process (one
 training process) or, for DDP ranks started by torchrun, a file the task process writes (`FileBoard`) that rank 0
@@ -16,7 +17,7 @@ from typing import Protocol
 import pandas as pd
 import torch.distributed as dist
 
-from ance_core.artifacts import ASYNC_STATE, NEGATIVES, atomic_folder, write_json
+from ance_core.artifacts import ASYNC_STATE, ASYNC_STATE_V1, NEGATIVES, atomic_folder, write_json, write_text
 
 READY_FILE = "async_ready.json"  # DDP: the task process's board (snapshot steps, ready negatives, errors)
 SNAPSHOTS = "snapshots"  # DDP: rank 0 saves the model of each snapshot step here (step-N), for the task to publish
@@ -88,20 +89,57 @@ class FileBoard:
         time.sleep(min(seconds, 0.5))
 
 
+def read_refresh_state(out: Path, first: str = "") -> dict:
+    """The refresh state of the asynchronous trainer in training folder `out`: the negatives in use (`first` until a
+    swap), swaps, waits and per-step staleness ([step, staleness]), folded from its event log. A line cut short by a
+    kill ends the log there; a folder written before the log keeps its one JSON document (`async_state.json`)."""
+    state = {"in_use": {"checkpoint_step": 0, "negatives": first}, "swaps": [], "waits": [], "staleness": []}
+    log = out / ASYNC_STATE
+    if not log.is_file():
+        return json.loads((out / ASYNC_STATE_V1).read_text()) if (out / ASYNC_STATE_V1).is_file() else state
+    for line in log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        _apply(state, event)
+    return state
+
+
+def _apply(state: dict, event: dict) -> None:
+    if "staleness" in event:
+        state["staleness"].append(event["staleness"])
+    elif "swap" in event:
+        state["swaps"].append(event["swap"])
+        state["in_use"] = {"checkpoint_step": event["swap"]["checkpoint_step"], "negatives": event["swap"]["negatives"]}
+    elif "wait" in event:
+        state["waits"].append(event["wait"])
+
+
+def _events(state: dict) -> list[dict]:
+    """The event log that folds to `state` (in step order: a wait and a swap come before their step's staleness)."""
+    timed = [(w["step"], 0, {"wait": w}) for w in state["waits"]]
+    timed += [(s["swapped_at_step"], 1, {"swap": s}) for s in state["swaps"]]
+    timed += [(step, 2, {"staleness": [step, n]}) for step, n in state["staleness"]]
+    return [event for *_, event in sorted(timed, key=lambda t: t[:2])]
+
+
 class RefreshState:
-    """The negatives in use, the swaps, waits and per-step staleness of an asynchronous trainer (`async_state.json`
-    in its training folder: it survives a kill)."""
+    """The negatives in use, the swaps, waits and per-step staleness of an asynchronous trainer (`async_state.jsonl`
+    in its training folder, appended each step: it survives a kill)."""
 
     def __init__(self, out: Path, first: str, max_staleness: int | None):
         self.out, self.first, self.max_staleness = out, first, max_staleness
-        state_file = out / ASYNC_STATE
-        self.state = json.loads(state_file.read_text()) if state_file.is_file() else {
-            "in_use": {"checkpoint_step": 0, "negatives": first},
-            "swaps": [], "waits": [], "staleness": [],
-        }
+        self.state = read_refresh_state(out, first)
+
+    def _append(self, events: list[dict]) -> None:
+        with open(self.out / ASYNC_STATE, "a") as log:
+            log.write("".join(json.dumps(e) + "\n" for e in events))
 
     def save(self) -> None:
-        write_json(self.out / ASYNC_STATE, self.state)
+        """The whole log anew (after a resume cut it back), as a new file."""
+        write_text(self.out / ASYNC_STATE, "".join(json.dumps(e) + "\n" for e in _events(self.state)))
+        (self.out / ASYNC_STATE_V1).unlink(missing_ok=True)
 
     def _newest_ready(self, ready: dict[int, tuple[str, float]]) -> int | None:
         newer = [s for s in ready if s > self.state["in_use"]["checkpoint_step"]]
@@ -110,6 +148,7 @@ class RefreshState:
     def update(self, step: int, board: Board) -> str | None:
         """Before training step `step`: the folder of newer negatives to swap in (None: keep those in use). Waits
         when `max_staleness` is exceeded and a refresh is still pending; records the step's staleness."""
+        events = []
         ready, snapshots, errors = board.read()
         in_use = self.state["in_use"]["checkpoint_step"]
         pending = [s for s in snapshots if s > in_use and s not in ready]
@@ -119,16 +158,18 @@ class RefreshState:
             while self._newest_ready(ready) is None and len(errors) + len(ready) < len(snapshots):
                 board.wait(1.0)
                 ready, snapshots, errors = board.read()
-            self.state["waits"].append({"step": step, "seconds": round(time.time() - started, 3)})
+            events.append({"wait": {"step": step, "seconds": round(time.time() - started, 3)}})
         newest = self._newest_ready(ready)
         swapped = None
         if newest is not None:
             swapped, ready_after = ready[newest]
-            self.state["swaps"].append({"checkpoint_step": newest, "swapped_at_step": step,
-                                        "ready_after_s": round(ready_after, 2), "negatives": swapped})
-            self.state["in_use"] = {"checkpoint_step": newest, "negatives": swapped}
-        self.state["staleness"].append([step, step - self.state["in_use"]["checkpoint_step"]])
-        self.save()
+            events.append({"swap": {"checkpoint_step": newest, "swapped_at_step": step,
+                                    "ready_after_s": round(ready_after, 2), "negatives": swapped}})
+        for event in events:
+            _apply(self.state, event)
+        events.append({"staleness": [step, step - self.state["in_use"]["checkpoint_step"]]})
+        _apply(self.state, events[-1])
+        self._append(events)
         return swapped
 
     def resume(self, resumed_step: int) -> str | None:
@@ -145,7 +186,7 @@ class RefreshState:
 
     def reload(self) -> None:
         """What another process (rank 0) recorded."""
-        self.state = json.loads((self.out / ASYNC_STATE).read_text())
+        self.state = read_refresh_state(self.out, self.first)
 
 
 def rank_refresh(out: Path, spec: dict, main: bool, world: int

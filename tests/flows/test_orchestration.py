@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ance_core.negatives.refresh_state import read_refresh_state
 from tests.tiny import kill_when_hung, run
 
 pytestmark = pytest.mark.slow
@@ -172,7 +173,7 @@ def test_async_trainer_killed_after_its_snapshot_resumes(tiny_scifact, tiny_mode
     refresh = result["async_refresh"]
     trainer = next(s for s in result["stages"] if s["stage"] == "train" and s["for"] == "ANCE (async)")
     assert json.loads(Path(trainer["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 8
-    steps = [step for step, _ in json.loads(Path(trainer["path"], "async_state.json").read_text())["staleness"]]
+    steps = [step for step, _ in read_refresh_state(Path(trainer["path"]))["staleness"]]
     assert steps == list(range(12))
     assert refresh["rounds"][0] == {"round": 1, "mean_staleness": 2.5, "max_staleness": 5}
     assert [s["checkpoint_step"] for s in refresh["swaps"]] in ([], [6]) and not refresh["refresh_errors"]

@@ -17,6 +17,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig
+from ance_core.negatives.refresh_state import read_refresh_state
 from tasks.inferencer import check_deployment
 from tests.tiny import REPO, tiny_pipeline_config
 
@@ -148,7 +149,7 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
     assert [(s["checkpoint_step"], s["swapped_at_step"], s["negatives"]) for s in refresh["swaps"]] == [(6, 8, mined)]
     assert Path(mined, "manifest.json").is_file() and not refresh["refresh_errors"]
     assert [w["step"] for w in refresh["waits"]] == [8]  # max_staleness 7: the step-8 wait outlasted the lost worker
-    staleness = json.loads((folder / "async_state.json").read_text())["staleness"]
+    staleness = read_refresh_state(folder)["staleness"]
     assert staleness == [[s, s] for s in range(8)] + [[s, s - 6] for s in range(8, 12)]
     assert refresh["rounds"] == [{"round": 1, "mean_staleness": 2.5, "max_staleness": 5},
                                  {"round": 2, "mean_staleness": 4.5, "max_staleness": 7}]

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from ance_core.artifacts import write_text
 from ance_core.errors import AnceError
+from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import LogTail, launch
 from ance_core.training.loop import train
@@ -305,7 +306,7 @@ def test_the_async_trainer_on_two_ranks_killed_after_its_snapshot_resumes(tiny_s
     refresh = result["async_refresh"]
     trainer = Path(next(s["path"] for s in result["stages"] if s["for"] == "ANCE (async)" and s["stage"] == "train"))
     assert json.loads((trainer / "manifest.json").read_text())["summary"]["resumed_from_step"] == 8
-    steps = [step for step, _ in json.loads((trainer / "async_state.json").read_text())["staleness"]]
+    steps = [step for step, _ in read_refresh_state(trainer)["staleness"]]
     assert steps == list(range(12))
     assert [(s["checkpoint_step"], s["swapped_at_step"]) for s in refresh["swaps"]] == [(6, 6)]
     assert refresh["rounds"][1] == {"round": 2, "mean_staleness": 2.5, "max_staleness": 5}
