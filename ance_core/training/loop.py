@@ -166,6 +166,25 @@ class PairEncoder(torch.nn.Module):
 
 
 
+def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss_of: Callable[[object], torch.Tensor],
+                         accumulation: int, world: int, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """Forward and backward of the micro-batches of one optimizer step; returns the step's loss (a tensor on the
+    device: reading it is the caller's one device sync per step).
+
+    Under DDP (`world` > 1) the gradient is all-reduced once, in the last micro-batch's backward: the others run
+    forward and backward inside `no_sync()`, since DDP decides at forward time whether the backward all-reduces.
+    Each rank's loss is the whole batch's (ranks.py), so its gradient is scaled by `world` for DDP's average."""
+    total = None
+    for b, batch in enumerate(micro_batches):
+        last = b == len(micro_batches) - 1
+        with encoder.no_sync() if world > 1 and not last else nullcontext():
+            loss = loss_of(batch) / accumulation
+            scaled = loss * world
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total if total is not None else torch.zeros(())  # (an epoch's last rows may not go round the ranks)
+
+
 def train(
     init_checkpoint: str | Path,
     negatives: pd.DataFrame,
@@ -299,19 +318,12 @@ def train(
             order = epoch_order(len(pairs), cfg.seed, epoch)
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss_value, examples = 0.0, 0
             batches = [order[m * cfg.batch_size : (m + 1) * cfg.batch_size]
                        for m in range(k * cfg.grad_accumulation, (k + 1) * cfg.grad_accumulation)]
             batches = [idx for idx in batches if len(idx) >= ranks.world]  # an epoch's last rows may not go round
-            for b, idx in enumerate(batches):
-                loss = micro_batch_loss(pairs.iloc[idx]) / cfg.grad_accumulation
-                # the gradient is averaged over ranks once per step; each rank's loss is the whole batch's
-                sync = encoder.no_sync() if ranks.world > 1 and b < len(batches) - 1 else nullcontext()
-                with sync:
-                    scaled = loss * ranks.world
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                loss_value += loss.item()
-                examples += len(idx)
+            step_loss = accumulate_gradients(encoder, [pairs.iloc[idx] for idx in batches], micro_batch_loss,
+                                             cfg.grad_accumulation, ranks.world, scaler)
+            loss_value, examples = float(step_loss), sum(len(idx) for idx in batches)  # read once per step
             if scaler is not None:
                 scaler.unscale_(optimizer)
             layer_norms = group_grad_norms(thirds)

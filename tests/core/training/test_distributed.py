@@ -18,7 +18,7 @@ from ance_core.errors import AnceError
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import LogTail, launch
-from ance_core.training.loop import train
+from ance_core.training.loop import accumulate_gradients, train
 from ance_core.training.ranks import gather_rows, rank_rows, split_sizes
 from tests.tiny import (
     kill_when_hung,
@@ -311,3 +311,43 @@ def test_the_async_trainer_on_two_ranks_killed_after_its_snapshot_resumes(tiny_s
     assert [(s["checkpoint_step"], s["swapped_at_step"]) for s in refresh["swaps"]] == [(6, 6)]
     assert refresh["rounds"][1] == {"round": 2, "mean_staleness": 2.5, "max_staleness": 5}
     assert not refresh["refresh_errors"] and [r["step"] for r in _log(trainer)] == list(range(1, 13))
+
+
+def _count_all_reduces(rank: int, world: int, init_file: str, counts) -> None:
+    """A rank of a 2-process gloo group: one optimizer step of 3 micro-batches through `accumulate_gradients` on a
+    DDP-wrapped model whose communication hook counts the gradient all-reduces."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        calls = []
+
+        def hook(state, bucket):
+            calls.append(1)
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(dist.group.WORLD, hook)
+        batches = [torch.full((2, 4), float(rank + m)) for m in range(3)]
+        loss = accumulate_gradients(model, batches, lambda x: model(x).sum(), 3, world)
+        counts[rank] = (len(calls), float(loss), model.module.weight.grad.clone())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gradient_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
+    """3 micro-batches on 2 ranks: the gradient is all-reduced once (the forward of the first two inside no_sync:
+    DDP decides at forward time), and it is the average of what the ranks accumulated."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        counts = manager.dict()
+        mp.spawn(_count_all_reduces, args=(2, str(tmp_path / "init"), counts), nprocs=2, join=True)
+        counts = dict(counts)
+    assert [counts[r][0] for r in (0, 1)] == [1, 1]
+    # rank r's micro-batch m is all (r + m): d(sum of Linear)/dW over 2 rows, /3 micro-batches, x world 2, averaged
+    expected = torch.full((1, 4), sum(2 * (r + m) for r in (0, 1) for m in range(3)) / 3 * 2 / 2)
+    for r in (0, 1):
+        torch.testing.assert_close(counts[r][2], expected)
