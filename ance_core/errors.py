@@ -23,6 +23,11 @@ class DataError(AnceError):
         super().__init__(f"{where}: {problem}")
 
 
+class OutOfMemory(AnceError):
+    """The accelerator ran out of memory. The same batch runs out of memory the same way again, so it is not retried;
+    the message names the batch and what to change."""
+
+
 class AnceWarning(UserWarning):
     """Something the user should know about that the run survives; stages record these in their manifest."""
 

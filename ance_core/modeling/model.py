@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from ance_core.artifacts import (
     read_manifest,
 )
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, OutOfMemory
 from ance_core.modeling.config import ModelConfig, Precision
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -236,6 +238,17 @@ def pick_device(prefer: str = "auto") -> torch.device:
     if prefer in ("auto", "cuda", "gpu") and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+@contextmanager
+def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
+    """An accelerator out-of-memory error inside becomes `OutOfMemory`, one line naming what was `doing` (the batch)
+    and what to change (`advice`): not retried, since the same batch runs out of memory the same way."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        raise OutOfMemory(f"out of GPU memory {doing}: {advice} ({first})") from None
 
 
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:

@@ -27,7 +27,14 @@ from transformers import PreTrainedTokenizerBase
 from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS
 from ance_core.data.dataset import passage_texts
 from ance_core.faults import fault_point
-from ance_core.modeling.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device
+from ance_core.modeling.model import (
+    BiEncoder,
+    ModelMeta,
+    autocast_dtype,
+    load_checkpoint,
+    out_of_memory_advice,
+    pick_device,
+)
 from ance_core.retrieval.config import EncodeConfig
 
 TOKENIZE_CHUNK = 8192
@@ -53,7 +60,9 @@ def encode_texts(
     out = np.empty((len(texts), model.dim), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
     model.eval()
-    with torch.inference_mode(), autocast:
+    oom = out_of_memory_advice(f"encoding batches of {batch_size} texts of up to {max_length} tokens",
+                               "lower encode.batch_size (or the model's max length)")
+    with torch.inference_mode(), autocast, oom:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = tokenizer.pad({"input_ids": [features[i] for i in idx]}, return_tensors="pt")

@@ -33,7 +33,15 @@ from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
-from ance_core.modeling.model import BiEncoder, ModelMeta, autocast_dtype, load_checkpoint, pick_device, save_checkpoint
+from ance_core.modeling.model import (
+    BiEncoder,
+    ModelMeta,
+    autocast_dtype,
+    load_checkpoint,
+    out_of_memory_advice,
+    pick_device,
+    save_checkpoint,
+)
 from ance_core.retrieval.encode import passage_windows
 from ance_core.training.config import TrainConfig
 from ance_core.training.loss import nll_loss
@@ -310,7 +318,12 @@ def train(
     model.train()
     thirds = layer_groups(model)
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=not ranks.main)
-    with open(log_path, "a") if ranks.main else nullcontext() as log:
+    per_rank = -(-cfg.batch_size // ranks.world)
+    oom = out_of_memory_advice(
+        f"training a batch of {cfg.batch_size} queries ({per_rank} per rank) with {group} passages each at "
+        f"{passage_length} tokens", f"lower batch_size and raise grad_accumulation to keep the batch of "
+        f"{cfg.batch_size * cfg.grad_accumulation}, lower passage_max_length, or train in bf16")
+    with open(log_path, "a") if ranks.main else nullcontext() as log, oom:
         while step < total:
             if negatives_update is not None and (table := negatives_update(step)) is not None:
                 swap_negatives(table)

@@ -37,6 +37,21 @@ def test_corpus_shards_keep_order_and_match_single_encoding(checkpoint, tmp_path
     np.testing.assert_allclose(np.concatenate(shards), one, atol=1e-4)  # sorting and padding change nothing
 
 
+def test_out_of_gpu_memory_while_encoding_names_the_batch(checkpoint, monkeypatch):
+    import torch
+
+    from ance_core.errors import OutOfMemory
+
+    model, tok, meta = load_checkpoint(checkpoint)
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+
+    monkeypatch.setattr(model, "forward", oom)
+    with pytest.raises(OutOfMemory, match=r"encoding batches of 8 texts of up to 32 tokens: lower encode.batch_size"):
+        encode_texts(model, tok, ["a text"] * 3, 32, 8, None)
+
+
 def test_flat_index_is_exact_and_batched_search_agrees(checkpoint, tmp_path):
     emb_dir, idx_dir = tmp_path / "emb", tmp_path / "idx"
     emb_dir.mkdir(), idx_dir.mkdir()

@@ -169,3 +169,26 @@ def test_continuous_schedule_spans_stages_and_carries_the_optimizer(setup, tmp_p
         "optimizer_param_groups"][0]["lr"] == 0.0  # reaches zero only at the end of the last stage
     two, fresh = _weights(tmp_path / "two"), _weights(tmp_path / "fresh")
     assert any(not torch.allclose(two[k], fresh[k]) for k in two)  # the carried moments changed the updates
+
+
+def test_out_of_gpu_memory_names_the_batch_and_is_not_retried(setup, tmp_path, monkeypatch):
+    """A CUDA out-of-memory error while training becomes one line naming the batch and what to change, an AnceError:
+    the stage tasks do not retry it (it would run out of memory the same way)."""
+    from prefect.states import Failed
+
+    import ance_core.training.loop as loop
+    from ance_core.errors import OutOfMemory
+    from tasks.common import retry_unless_user_error
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)\nmore")
+
+    monkeypatch.setattr(loop, "accumulate_gradients", oom)
+    with pytest.raises(OutOfMemory) as caught:
+        train(*setup, CFG, tmp_path / "out")
+    message = str(caught.value)
+    assert "training a batch of 3 queries (3 per rank) with 3 passages each" in message
+    assert "lower batch_size and raise grad_accumulation" in message and "Tried to allocate 2.00 GiB" in message
+    assert "\n" not in message
+    assert retry_unless_user_error(None, None, Failed(data=caught.value)) is False
+    assert retry_unless_user_error(None, None, Failed(data=RuntimeError("connection reset"))) is True
