@@ -124,6 +124,10 @@ def _events(state: dict) -> list[dict]:
     return [event for *_, event in sorted(timed, key=lambda t: t[:2])]
 
 
+def _lines(events: list[dict]) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
 class RefreshState:
     """The negatives in use, the swaps, waits and per-step staleness of an asynchronous trainer (`async_state.jsonl`
     in its training folder, appended each step: it survives a kill)."""
@@ -134,11 +138,11 @@ class RefreshState:
 
     def _append(self, events: list[dict]) -> None:
         with open(self.out / ASYNC_STATE, "a") as log:
-            log.write("".join(json.dumps(e) + "\n" for e in events))
+            log.write(_lines(events))
 
     def save(self) -> None:
         """The whole log anew (after a resume cut it back), as a new file."""
-        write_text(self.out / ASYNC_STATE, "".join(json.dumps(e) + "\n" for e in _events(self.state)))
+        write_text(self.out / ASYNC_STATE, _lines(_events(self.state)))
         (self.out / ASYNC_STATE_V1).unlink(missing_ok=True)
 
     def _newest_ready(self, ready: dict[int, tuple[str, float]]) -> int | None:
