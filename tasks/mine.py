@@ -5,7 +5,7 @@ import pandas as pd
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.mining import fallback_stats, sample_negatives, warn_fallback
+from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.retrieval.search import score_pairs
 from tasks.common import stage_task
 
@@ -23,7 +23,7 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         positives, relevant = tables.positives(split), tables.relevant(split)
-        corpus_ids = tables.corpus["doc_id"].tolist()
+        corpus_ids = sorted_ids(tables.corpus["doc_id"].tolist())  # once for all the parts
         query_ids = sorted(positives)
         parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
         mined = []
@@ -57,7 +57,7 @@ def ranking_rows(path: Path, query_ids: list[str] | None) -> pd.DataFrame:
 
 
 def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
-                 tables, relevant: dict[str, set[str]], corpus_ids: list[str], scorer: dict[str, ArtifactRef] | None,
+                 tables, relevant: dict[str, set[str]], corpus_ids: SortedIds, scorer: dict[str, ArtifactRef] | None,
                  query_ids: list[str] | None) -> pd.DataFrame:
     """The negatives of some queries' pairs (`query_ids`; None: all of them) from the rankings' rows of those
     queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts."""

@@ -75,3 +75,20 @@ def test_too_few_candidates_fall_back_to_random_documents_with_one_warning():
     assert sum(r > 0 for r in rows["q0"].negative_ranks) == 3 and rows["q9"].negative_ranks == [0, 0, 0, 0]
     with pytest.raises(AnceError, match="needs the corpus ids"):
         ance_negatives(run, {"q0": {"d-x"}}, top_k=3, n=1, seed=0, round_=0, corpus_ids=None)
+
+
+def test_ids_sorted_once_mine_the_same_negatives(monkeypatch):
+    """`sorted_ids` sorts the corpus once for a caller that mines in parts; sample_negatives then sorts nothing and
+    draws the same negatives as from the unsorted list."""
+    import ance_core.negatives.mining as mining
+
+    corpus = [f"d{i}" for i in range(60)][::-1]
+    run = pd.DataFrame({"query_id": ["q1"] * 3, "doc_id": ["d1", "d2", "d3"], "rank": [1, 2, 3],
+                        "score": [3.0, 2.0, 1.0]})
+    cfg = MiningConfig(sampler="ance", num_negatives=6, top_k=3)  # 3 from the ranking, 3 random (the fallback)
+    unsorted = sample_negatives(cfg, {"q1": {"d0"}}, 1, {"dense": run}, corpus, warn_short=False)
+    once = mining.sorted_ids(corpus)
+    monkeypatch.setattr(mining, "sorted_ids", lambda ids: pytest.fail("sorted again"))
+    again = sample_negatives(cfg, {"q1": {"d0"}}, 1, {"dense": run}, once, warn_short=False)
+    assert again["negative_ids"].tolist() == unsorted["negative_ids"].tolist()
+    assert len(set(again["negative_ids"][0])) == 6
