@@ -247,20 +247,21 @@ def evaluate(
 def search(
     query: Annotated[str, typer.Argument(help="Query text")],
     model: Annotated[Path, typer.Option(help="Checkpoint folder")],
-    index: Annotated[Path, typer.Option(help="Index folder (with `index` and `docid`)")],
+    index: Annotated[Path, typer.Option(help="Index folder (an index stage's: `docid` and the index)")],
     top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
 ):
     """Print the top hits of a query."""
-    from ance_core.artifacts import INDEX
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
+    from ance_core.retrieval.index import is_index_folder
     from ance_core.retrieval.search import search_text
 
     def body():
         read_meta(model)
-        if not (index / INDEX).is_file():
-            raise AnceError(f"{index}: not an index folder (no '{INDEX}' file)")
+        if not is_index_folder(index):
+            raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
+                            "'flat.json' with its emb_*.npy shards)")
         hits = search_text(model, index, query, top_k)
         texts = _corpus_titles(dataset) if dataset else {}
         for rank, hit in enumerate(hits, 1):

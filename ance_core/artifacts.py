@@ -201,6 +201,15 @@ def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, default=str))
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """`dst` as a hard link to `src` (no second copy on disk: a stage that hands on another's large files), or a copy
+    where the file system cannot link (another device, no hard links)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Replace a file's content at once (a temporary file and a rename: a new file, never half of one)."""
     path = Path(path)

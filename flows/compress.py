@@ -64,18 +64,19 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
         for method in c.methods:
             ref = run_task(compress, checkpoint, embeddings, train_queries, data, train_split, method, dim, c, work_dir)
             variants.append((method, dim, ref, compressed_model(ref), ref))
+    searched = index.model_copy(update={"nprobe": c.ivf_nprobe, "ef_search": c.hnsw_ef_search})  # the table's
     rows = []
     for method, dim, folder, model, vectors in variants:
         for kind in c.index_types:
             built = (run_task(build_index, vectors, work_dir) if kind == "flat"
                      else run_task(ann_index, vectors, kind, c, work_dir))
-            run = run_task(dense_run, model, built, data, eval_split, DEPTH, encode, index, work_dir)
+            run = run_task(dense_run, model, built, data, eval_split, DEPTH, encode, searched, work_dir)
             evaluation = run_task(evaluate, run, data, eval_split, work_dir)
             rows.append({"method": method, "dim": dim, "index": kind, "compress": folder, "checkpoint": model,
                          "index_ref": built, "evaluation": evaluation} | read_metrics(evaluation))
     eval_queries = run_task(encode_split_queries, checkpoint, data, eval_split, encode, work_dir)
     measured = measure_latency([(r["index_ref"], r["compress"]) for r in rows], eval_queries, DEPTH, c.latency_batch,
-                               index)
+                               searched)
     for row, figures in zip(rows, measured, strict=True):
         row |= figures
     table = compression_table(rows, c.latency_batch)

@@ -13,14 +13,14 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ance_core.artifacts import DOCIDS, EMBEDDINGS, INDEX, TRAIN_LOG, ArtifactRef, run_stage
+from ance_core.artifacts import DOCIDS, EMBEDDINGS, TRAIN_LOG, ArtifactRef, run_stage
 from ance_core.compression.conae import Projector, teacher_from, train_conae
 from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
 from ance_core.data.dataset import read_tables
 from ance_core.modeling.model import load_checkpoint, pick_device, write_compressed_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_queries, iter_shards, read_docids
-from ance_core.retrieval.index import SearchIndex, build_ann_index, search_latency
+from ance_core.retrieval.index import SearchIndex, build_ann_index, index_bytes, search_latency
 from tasks.common import stage_task
 
 QUERY_EMBEDDINGS, QUERY_IDS = "queries.npy", "query_ids.txt"
@@ -116,5 +116,5 @@ def measure_latency(indexes: list[tuple[ArtifactRef, ArtifactRef | None]], eval_
     pairs = [(SearchIndex(index_ref.path, index_cfg), queries if projector is None
               else projector_of(projector).queries(queries)) for index_ref, projector in indexes]
     latencies = search_latency(pairs, top_k, batch)
-    return [{"index_bytes": (Path(index_ref.path) / INDEX).stat().st_size} | latency
+    return [{"index_bytes": index_bytes(index_ref.path)} | latency
             for (index_ref, _), latency in zip(indexes, latencies, strict=True)]

@@ -5,6 +5,13 @@ from ance_core.retrieval.search import write_dense_run
 from tasks.common import stage_task
 
 
+def search_key(cfg: IndexConfig) -> dict:
+    """What of the index config changes a run's results: the query-time parameters of an approximate index (not where
+    it is searched; nothing for a flat one, whose key stays what it was)."""
+    params = {"ivf": {"nprobe": cfg.nprobe}, "hnsw": {"ef_search": cfg.ef_search}, "flat": {}}[cfg.type]
+    return {"search": params} if params else {}
+
+
 @stage_task("dense-run")
 def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
               encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
@@ -18,6 +25,6 @@ def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, sp
                         out / POSITIVE_SCORES, encode_cfg, index_cfg)
         return {"queries": len(queries), "depth": top_k}
 
-    config = {"split": split, "top_k": top_k, "encode": encode_cfg}  # index placement does not change results
+    config = {"split": split, "top_k": top_k, "encode": encode_cfg} | search_key(index_cfg)
     inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}
     return run_stage(work_dir, "retrieve", config, inputs, build)

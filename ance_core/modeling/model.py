@@ -12,8 +12,6 @@ queries and passages to the compressed dimension.
 import json
 import logging
 import math
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ from ance_core.artifacts import (
     ArtifactRef,
     digest_of,
     file_digest,
+    link_or_copy,
     read_manifest,
 )
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
@@ -190,10 +189,7 @@ def write_compressed_checkpoint(teacher: str | Path, projector: Projector, out: 
     for src in model_files(teacher):
         if src.name == PROJECTOR_FILE:
             raise AnceError(f"{teacher}: already a compressed checkpoint; compress its teacher instead")
-        try:
-            os.link(src, out / src.name)
-        except OSError:
-            shutil.copy2(src, out / src.name)
+        link_or_copy(src, out / src.name)
     projector.save(out)
 
 

@@ -2,7 +2,8 @@
 
 Output folder of `encode_corpus` (and of the encode stage, which encodes each shard in its own task, `encode_shard`,
 and puts them together with `assemble_shards`):
-  emb_00000.npy ...   float32, one file per `shard_size` documents: their rows (one per document, or per MaxP window)
+  emb_00000.npy ...   `encode.dtype` (float16 by default), one file per `shard_size` documents: their rows (one per
+                      document, or per MaxP window); readers compute in float32 (`iter_shards`)
   docids.txt          one doc id per line, same order as the concatenated shards
   windows.txt         maxp checkpoints only: the window number of each row (a document has one row per window)
 
@@ -11,7 +12,6 @@ tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 """
 
 import os
-import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -24,8 +24,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS
+from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS, link_or_copy
 from ance_core.data.dataset import passage_texts
+from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.modeling.model import (
     BiEncoder,
@@ -131,7 +132,7 @@ def encode_corpus(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfi
         for shard, (start, stop) in enumerate(ranges):
             emb, shard_ids, shard_windows = encode_documents(model, tokenizer, meta, corpus.iloc[start:stop], cfg)
             bar.update(stop - start)
-            np.save(out / EMBEDDINGS.format(shard), emb)
+            np.save(out / EMBEDDINGS.format(shard), stored(emb, cfg, shard_ids))
             ids += shard_ids
             windows += shard_windows
             fault_point("encode-corpus", shard + 1)
@@ -145,6 +146,17 @@ _loaded: dict[tuple[str, int], tuple[BiEncoder, PreTrainedTokenizerBase, ModelMe
 _loading = threading.Lock()  # the async trainer's inferencer threads encode at the same time
 
 
+def stored(emb: np.ndarray, cfg: EncodeConfig, ids: list[str]) -> np.ndarray:
+    """The rows as the shards keep them (`encode.dtype`). float16 holds up to 65504: a model whose embeddings exceed it
+    (unnormalised, large norms) is refused with the first document that does, rather than indexed as inf."""
+    out = emb.astype(cfg.dtype)
+    if cfg.dtype == "float16" and not np.isfinite(out).all():
+        row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
+        raise AnceError(f"document '{ids[row]}': its embedding has values beyond float16's range (max |x| "
+                        f"{float(np.abs(emb[row]).max()):.4g} > 65504); set encode.dtype: float32")
+    return out
+
+
 def encode_shard(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig, out: Path,
                  label: str = "encode shard") -> dict:
     """One shard of a corpus (a slice of documents) into an encode-shard folder. The checkpoint stays loaded in this
@@ -153,7 +165,7 @@ def encode_shard(checkpoint: str | Path, corpus: pd.DataFrame, cfg: EncodeConfig
     total = None if meta.document_mode == "maxp" else len(corpus)  # MaxP: windows, counted as they are encoded
     with tqdm(total=total, desc=label, unit="psg", dynamic_ncols=True) as bar:
         emb, ids, windows = encode_documents(model, tokenizer, meta, corpus, cfg, progress=bar)
-    np.save(out / SHARD_EMBEDDINGS, emb)
+    np.save(out / SHARD_EMBEDDINGS, stored(emb, cfg, ids))
     return write_doc_order(out, ids, windows, meta.document_mode == "maxp") | {
         "documents": len(corpus), "dim": emb.shape[1], "device": str(next(model.parameters()).device),
         "pid": os.getpid(), "host": socket.gethostname()}
@@ -180,10 +192,7 @@ def assemble_shards(shards: list[str | Path], out: Path) -> dict:
     ids: list[str] = []
     windows: list[int] = []
     for k, shard in enumerate(map(Path, shards)):
-        try:
-            os.link(shard / SHARD_EMBEDDINGS, out / EMBEDDINGS.format(k))
-        except OSError:
-            shutil.copy2(shard / SHARD_EMBEDDINGS, out / EMBEDDINGS.format(k))
+        link_or_copy(shard / SHARD_EMBEDDINGS, out / EMBEDDINGS.format(k))
         ids += read_docids(shard)
         if (shard / WINDOWS).is_file():
             windows += [int(x) for x in (shard / WINDOWS).read_text().split()]
@@ -208,8 +217,9 @@ def encode_queries(
 
 
 def iter_shards(folder: str | Path) -> Iterator[np.ndarray]:
+    """Each shard's rows in order, as float32 (whatever `encode.dtype` stored)."""
     for path in sorted(Path(folder).glob(EMBEDDING_SHARDS)):
-        yield np.load(path)
+        yield np.load(path).astype(np.float32, copy=False)
 
 
 def read_docids(folder: str | Path) -> list[str]:

@@ -2,13 +2,16 @@
 the approximate IVF-Flat and HNSW indexes the training rounds may mine from (`index.type`), and the HNSW and IVF-PQ
 indexes the compression table compares against it.
 
-An index folder holds `index` (faiss) and `docid` (one id per line, index row order), as in pyserini, and for the
-approximate types `search.json`: the search-time parameters (HNSW efSearch, IVF nprobe) applied on loading. An index
-of `index.shards` K > 1 parts holds `index-part-0000` .. instead of `index`: part k the k-th contiguous slice of the
-rows, searched together as one faiss IndexShards (an IVF index's parts share one trained quantizer, so they answer as
-one index would). Building streams the encoded shards: memory holds the index and one encoded shard. A MaxP
-index (a `maxp` checkpoint's windows) also holds `window` (the window number of each row): a document has several
-rows, and a search returns documents, each scored by its best window (MaxP). `SearchIndex` loads any of them.
+An index folder holds `docid` (one id per line, index row order), as in pyserini, and the index: a flat one as the
+encoding's `emb_*.npy` shards (hard links, no second copy on disk) with `flat.json`, from which `SearchIndex` builds
+the IndexFlatIP when it loads; an IVF, HNSW or IVF-PQ one as the faiss file `index`. An index of `index.shards` K > 1
+parts is searched as K contiguous slices of the rows together (faiss IndexShards; an IVF index's parts share one
+trained quantizer, so they answer as one index would): a flat one is cut so when loaded, an IVF or HNSW one is
+written as `index-part-0000` .. Query-time parameters (IVF nprobe, HNSW efSearch) are the IndexConfig's, applied when
+the index is loaded, not frozen at build time. Building streams the encoded shards: memory holds the index and one
+encoded shard. A MaxP index (a `maxp` checkpoint's windows) also holds `window` (the window number of each row): a
+document has several rows, and a search returns documents, each scored by its best window (MaxP). `SearchIndex`
+loads any of them.
 """
 
 import functools
@@ -16,6 +19,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -23,14 +27,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, INDEX, INDEX_DOCIDS, INDEX_WINDOWS, WINDOWS
+from ance_core.artifacts import (
+    DOCIDS,
+    EMBEDDING_SHARDS,
+    INDEX,
+    INDEX_DOCIDS,
+    INDEX_WINDOWS,
+    WINDOWS,
+    link_or_copy,
+)
 from ance_core.compression.config import CompressConfig, IndexType
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.retrieval.config import IndexConfig
 from ance_core.retrieval.encode import iter_shards
 
-SEARCH_PARAMS = "search.json"
+SEARCH_PARAMS = "search.json"  # build_ann_index: the search parameters the compression table used (a record)
+FLAT = "flat.json"  # build_index, type flat: {"parts": K}; the vectors are the folder's emb_*.npy shards
 GPU_MAX_K = 2048  # faiss-gpu's limit on k for a flat search
 
 
@@ -76,43 +89,54 @@ def _training_sample(embeddings_dir: str | Path, n: int, size: int) -> np.ndarra
 
 
 def _empty_index(cfg: IndexConfig, embeddings_dir: str | Path, n: int, d: int) -> tuple[faiss.Index, dict]:
-    """A ready-to-fill index of `cfg.type` (an IVF one trained on a sample) and its search parameters."""
-    if cfg.type == "flat":
-        return faiss.IndexFlatIP(d), {}
+    """A ready-to-fill IVF (trained on a sample) or HNSW index of `cfg.type`, and its build parameters."""
     if cfg.type == "hnsw":
         index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = max(40, 2 * cfg.hnsw_m)
-        return index, {"efSearch": cfg.ef_search}
+        return index, {"M": cfg.hnsw_m}
     nlist = min(cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39)), n)
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.min_points_per_centroid = 1  # small collections: no warning per list
     index.train(_training_sample(embeddings_dir, n, IVF_TRAIN_PER_LIST * nlist))
-    return index, {"nprobe": min(cfg.nprobe, nlist), "nlist": nlist}
+    return index, {"nlist": nlist}
 
 
-def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexConfig()) -> dict:
-    """The index of `cfg` (default: one exact IndexFlatIP) over an encoding, its parts filled shard by shard."""
-    n, d = _shape(embeddings_dir)
-    empty, params = _empty_index(cfg, embeddings_dir, n, d)
-    k = min(cfg.shards, n)
-    bounds = [n * i // k for i in range(k + 1)]  # part i holds rows bounds[i] .. bounds[i+1]
-    parts = [empty] + [faiss.clone_index(empty) for _ in range(k - 1)]
+def _fill(empty: faiss.Index, parts: int, n: int, shards: Iterator[np.ndarray]) -> list[faiss.Index]:
+    """`parts` copies of an empty index, part i filled with the i-th contiguous slice of the n rows, streamed shard
+    by shard (memory: the index and one shard)."""
+    bounds = [n * i // parts for i in range(parts + 1)]  # part i holds rows bounds[i] .. bounds[i+1]
+    out = [empty] + [faiss.clone_index(empty) for _ in range(parts - 1)]
     start = 0
-    for shard in iter_shards(embeddings_dir):
+    for shard in shards:
         shard = np.ascontiguousarray(shard, dtype=np.float32)
-        for i, part in enumerate(parts):
+        for i, part in enumerate(out):
             lo, hi = max(bounds[i], start), min(bounds[i + 1], start + len(shard))
             if lo < hi:
                 part.add(shard[lo - start : hi - start])
         start += len(shard)
-    for i, part in enumerate(parts):
+    return out
+
+
+def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexConfig()) -> dict:
+    """The index of `cfg` (default: one exact IndexFlatIP) over an encoding. A flat index is its vectors and nothing
+    else: the folder keeps the encoding's shards (hard links: no second copy on disk) and `SearchIndex` builds the
+    IndexFlatIP from them when it loads. IVF and HNSW indexes are built here, their parts filled shard by shard."""
+    n, d = _shape(embeddings_dir)
+    k = min(cfg.shards, n)
+    summary = {"vectors": n, "dim": d, "type": FAISS_TYPES[cfg.type]} | ({"shards": k} if k > 1 else {})
+    if cfg.type == "flat":
+        for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
+            link_or_copy(path, out / path.name)
+        (out / FLAT).write_text(json.dumps({"parts": k}))
+        fault_point("build-index", 1)  # the index written, its doc ids not yet
+        _copy_row_ids(embeddings_dir, out)
+        return summary | {"stored": "shards"}
+    empty, params = _empty_index(cfg, embeddings_dir, n, d)
+    for i, part in enumerate(_fill(empty, k, n, iter_shards(embeddings_dir))):
         faiss.write_index(part, str(out / (INDEX if k == 1 else PART.format(i))))
     fault_point("build-index", 1)  # the index written, its doc ids not yet
-    search = {key: value for key, value in params.items() if key in ("efSearch", "nprobe")}
-    if search:
-        (out / SEARCH_PARAMS).write_text(json.dumps(search))
     _copy_row_ids(embeddings_dir, out)
-    return {"vectors": n, "dim": d, "type": FAISS_TYPES[cfg.type]} | ({"shards": k} if k > 1 else {}) | params
+    return summary | params
 
 
 def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg: CompressConfig) -> dict:
@@ -151,11 +175,27 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
     return summary | {"vectors": index.ntotal, "dim": d, "bytes": (out / INDEX).stat().st_size} | search
 
 
+def is_index_folder(folder: str | Path) -> bool:
+    """Whether a folder holds an index `SearchIndex` loads: a faiss file, its parts, or a flat index's shards."""
+    folder = Path(folder)
+    return ((folder / INDEX).is_file() or any(folder.glob(PART.format(0)[:-4] + "*"))
+            or ((folder / FLAT).is_file() and any(folder.glob(EMBEDDING_SHARDS))))
+
+
+def index_bytes(folder: str | Path) -> int:
+    """The size of an index: its faiss file(s), or for a flat one the float32 IndexFlatIP its shards load into."""
+    folder = Path(folder)
+    if (folder / FLAT).is_file():
+        n, d = _shape(folder)
+        return 4 * n * d
+    return sum(path.stat().st_size for path in [*folder.glob(INDEX), *folder.glob(PART.format(0)[:-4] + "*")])
+
+
 def _set_search_params(index: faiss.Index, params: dict[str, int]) -> None:
-    if "efSearch" in params:
-        faiss.downcast_index(index).hnsw.efSearch = params["efSearch"]
-    if "nprobe" in params:
-        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
+    if "efSearch" in params and isinstance(hnsw := faiss.downcast_index(index), faiss.IndexHNSW):
+        hnsw.hnsw.efSearch = params["efSearch"]
+    if "nprobe" in params and (ivf := faiss.try_extract_index_ivf(index)) is not None:
+        ivf.nprobe = min(params["nprobe"], ivf.nlist)
 
 
 def _together(parts: list[faiss.Index]) -> faiss.Index:
@@ -168,35 +208,83 @@ def _together(parts: list[faiss.Index]) -> faiss.Index:
     return shards
 
 
+class ShardRows:
+    """The rows of an encoding's .npy shards through memory maps: any rows as float32, without loading the rest (a
+    flat index's exact vectors, from the files it was built from)."""
+
+    def __init__(self, folder: Path):
+        self.shards = [np.load(path, mmap_mode="r") for path in sorted(folder.glob(EMBEDDING_SHARDS))]
+        self.offsets = np.cumsum([0, *(len(shard) for shard in self.shards)])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (np.asarray(shard, dtype=np.float32) for shard in self.shards)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.shards[0].shape[1]), dtype=np.float32)
+        owner = np.searchsorted(self.offsets, rows, side="right") - 1
+        for i in np.unique(owner):
+            mine = owner == i
+            out[mine] = self.shards[i][rows[mine] - self.offsets[i]]
+        return out
+
+
+def gpu_cloner_options(cfg: IndexConfig):
+    """How faiss copies an index to a GPU: float16 storage when `index.gpu_float16` (half the GPU memory of a flat or
+    IVF index; scores computed from float16 vectors, as the shards store them by default)."""
+    options = faiss.GpuClonerOptions()
+    options.useFloat16 = cfg.gpu_float16
+    return options
+
+
 class SearchIndex:
-    """An index folder loaded for search, whatever its type (`build_index`'s flat one, or `build_ann_index`'s HNSW or
-    IVF-PQ one with its search parameters): `search` returns (scores, doc ids) for a matrix of query vectors."""
+    """An index folder loaded for search, whatever its type (`build_index`'s flat, IVF or HNSW one, or
+    `build_ann_index`'s HNSW or IVF-PQ one): `search` returns (scores, doc ids) for a matrix of query vectors.
+
+    Query-time parameters are the config's, applied at load whatever the index was built with: `cfg.nprobe` for IVF
+    indexes, `cfg.ef_search` for HNSW ones (a folder's `search.json`, written by `build_ann_index`, is only a record of
+    what the compression table searched with). A flat index folder (`flat.json`) holds its vectors as the encoding's
+    shards: the IndexFlatIP is built from them here, and exact vectors are read back from them (memory maps), so a GPU
+    copy needs no second copy in host memory."""
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
-        paths = [folder / INDEX] if (folder / INDEX).is_file() else sorted(folder.glob(PART.format(0)[:-4] + "*"))
-        if not paths:
-            raise AnceError(f"{folder}: no faiss index (neither '{INDEX}' nor '{PART.format(0)}' ..)")
-        parts = [faiss.read_index(str(path)) for path in paths]
-        self._search_params = json.loads((folder / SEARCH_PARAMS).read_text()) if (folder / SEARCH_PARAMS).is_file() \
-            else {}
+        self._rows: ShardRows | None = None
+        if (folder / FLAT).is_file():
+            self._rows = ShardRows(folder)
+            if not len(self._rows):
+                raise AnceError(f"{folder}: a flat index without its vectors (no {EMBEDDING_SHARDS} shards)")
+            parts_wanted = json.loads((folder / FLAT).read_text())["parts"]
+            d = self._rows.shards[0].shape[1]
+            parts = _fill(faiss.IndexFlatIP(d), parts_wanted, len(self._rows), iter(self._rows))
+        else:
+            paths = [folder / INDEX] if (folder / INDEX).is_file() else sorted(folder.glob(PART.format(0)[:-4] + "*"))
+            if not paths:
+                raise AnceError(f"{folder}: no faiss index (neither '{INDEX}', '{PART.format(0)}' .. nor '{FLAT}' "
+                                "with its shards)")
+            parts = [faiss.read_index(str(path)) for path in paths]
+        self._search_params = {"nprobe": cfg.nprobe, "efSearch": cfg.ef_search}
         for part in parts:
             _set_search_params(part, self._search_params)
+        self._is_hnsw = isinstance(faiss.downcast_index(parts[0]), faiss.IndexHNSW)
         # HNSW has no GPU implementation: it stays on the CPU
-        self.on_gpu = cfg.device != "cpu" and gpu_available() and not isinstance(faiss.downcast_index(parts[0]),
-                                                                                  faiss.IndexHNSW)
+        self.on_gpu = cfg.device != "cpu" and gpu_available() and not self._is_hnsw
         if cfg.device == "gpu" and not self.on_gpu:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
-        self._cpu_parts = parts  # faiss's GPU search returns at most GPU_MAX_K results per query
         self._offsets = np.cumsum([0, *(part.ntotal for part in parts)])
-        self._cpu_index = _together(parts)
+        self._cpu_parts: list[faiss.Index] | None = parts  # faiss's GPU search returns at most GPU_MAX_K per query
         if self.on_gpu:
             self._resources = faiss.StandardGpuResources()
             # one part: the calling thread's current CUDA device (the async inferencer uses its own GPU); several: one
             # GPU each, in turn
             first = torch.cuda.current_device() if torch.cuda.is_available() else 0
-            gpus = faiss.get_num_gpus()
-            parts = [faiss.index_cpu_to_gpu(self._resources, (first + i) % gpus, part) for i, part in enumerate(parts)]
+            gpus, options = faiss.get_num_gpus(), gpu_cloner_options(cfg)
+            parts = [faiss.index_cpu_to_gpu(self._resources, (first + i) % gpus, part, options)
+                     for i, part in enumerate(parts)]
+            if self._rows is not None:
+                self._cpu_parts = None  # rebuilt from the shards only if a search goes deeper than the GPU's limit
         self._parts = parts
         self.index = _together(parts)
         self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
@@ -206,6 +294,13 @@ class SearchIndex:
         self.documents = len(set(self.docids)) if window_file.is_file() else len(self.docids)
         self.max_windows = int(self.windows.max()) + 1 if len(self.windows) else 1
         self.batch_size = cfg.search_batch_size
+
+    @functools.cached_property
+    def _cpu_index(self) -> faiss.Index:
+        if self._cpu_parts is None:  # a flat index on the GPU: its CPU copy, built again from the shards
+            self._cpu_parts = _fill(faiss.IndexFlatIP(self.index.d), len(self._parts), len(self._rows),
+                                    iter(self._rows))
+        return _together(self._cpu_parts)
 
     def __len__(self) -> int:
         """Documents in the index (not rows: a MaxP document has one row per window)."""
@@ -228,8 +323,10 @@ class SearchIndex:
         return [range(bounds[p], bounds[p + 1]) for p in position]
 
     def _reconstruct(self, rows: list[int]) -> np.ndarray:
-        out = np.zeros((len(rows), self.index.d), dtype=np.float32)
         rows = np.asarray(rows, dtype=np.int64)
+        if self._rows is not None:  # a flat index: its vectors are the shards'
+            return self._rows.rows(rows)
+        out = np.zeros((len(rows), self.index.d), dtype=np.float32)
         owner = np.searchsorted(self._offsets, rows, side="right") - 1  # the part holding each row
         for i, part in enumerate(self._cpu_parts):
             if not (mine := owner == i).any():
@@ -273,7 +370,7 @@ class SearchIndex:
         k = min(k, len(self))
         depth = min(k * self.max_windows, self.index.ntotal)
         index = self.index if not self.on_gpu or depth <= GPU_MAX_K else self._cpu_index
-        if "efSearch" in self._search_params:  # HNSW searches at least as broadly as the results it returns
+        if self._is_hnsw:  # HNSW searches at least as broadly as the results it returns
             for part in self._cpu_parts:
                 faiss.downcast_index(part).hnsw.efSearch = max(self._search_params["efSearch"], depth)
         scores = np.empty((len(queries), depth), dtype=np.float32)

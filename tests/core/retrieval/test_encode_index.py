@@ -6,7 +6,7 @@ from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model, load_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_corpus, encode_texts, iter_shards, read_docids
-from ance_core.retrieval.index import SearchIndex, build_index
+from ance_core.retrieval.index import SearchIndex, build_index, index_bytes, is_index_folder
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,8 @@ def _corpus(n=23):
 
 def test_corpus_shards_keep_order_and_match_single_encoding(checkpoint, tmp_path):
     corpus = _corpus()
-    summary = encode_corpus(checkpoint, corpus, EncodeConfig(batch_size=4, shard_size=7, precision="fp32"), tmp_path)
+    cfg = EncodeConfig(batch_size=4, shard_size=7, precision="fp32", dtype="float32")
+    summary = encode_corpus(checkpoint, corpus, cfg, tmp_path)
     shards = list(iter_shards(tmp_path))
     assert summary["shards"] == 4 and [len(s) for s in shards] == [7, 7, 7, 2]
     assert read_docids(tmp_path) == corpus["doc_id"].tolist()
@@ -96,8 +97,14 @@ def test_index_types_and_parts_search_as_one_index(tmp_path, shards):
         out.mkdir()
         summary = build_index(tmp_path / "emb", out, cfg)
         assert summary["vectors"] == 600 and summary.get("shards", 1) == shards
-        files = sorted(p.name for p in out.iterdir() if p.name.startswith("index"))
-        assert files == (["index"] if shards == 1 else [f"index-part-{k:04d}" for k in range(shards)])
+        files = sorted(p.name for p in out.iterdir() if p.name.startswith(("index", "emb_", "flat")))
+        if kind == "flat":  # its vectors are the encoding's shards, hard links: no second copy on disk
+            assert files == ["emb_00000.npy", "emb_00001.npy", "emb_00002.npy", "emb_00003.npy", "emb_00004.npy",
+                             "flat.json"]
+            assert (out / "emb_00002.npy").stat().st_ino == (tmp_path / "emb" / "emb_00002.npy").stat().st_ino
+        else:
+            assert files == (["index"] if shards == 1 else [f"index-part-{k:04d}" for k in range(shards)])
+        assert is_index_folder(out)
         index = SearchIndex(out, cfg)
         scores, ids = index.search(queries, 10)
         found = np.vectorize(lambda d: int(d[1:]))(ids)
@@ -128,6 +135,69 @@ def test_an_ivf_index_that_finds_fewer_than_asked_leaves_places_empty(tmp_path):
     run = run_frame([f"q{i}" for i in range(5)], ids, scores, windows)
     assert len(run) == (~empty).sum() and not run.duplicated(["query_id", "doc_id"]).any()
     assert (run.groupby("query_id")["rank"].max() == run.groupby("query_id").size()).all()
+
+
+def test_query_time_parameters_apply_when_searched_not_when_built(tmp_path):
+    """nprobe and ef_search are not in the index's key: the same built index searched with another config uses the
+    config's values (before, the values it was built with were frozen into search.json). The dense run's key holds
+    them for an approximate index, and nothing for a flat one (its key unchanged)."""
+    from tasks.retrieve import search_key
+
+    vectors = _random_encoding(tmp_path / "emb")
+    queries = np.random.default_rng(4).standard_normal((20, 16)).astype(np.float32)
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+
+    def recall(index):
+        found = np.vectorize(lambda d: int(d[1:]))(index.search(queries, 10)[1])
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)])
+
+    for kind, narrow, broad in (("ivf", {"nlist": 16, "nprobe": 1}, {"nlist": 16, "nprobe": 16}),
+                                ("hnsw", {"hnsw_m": 4, "ef_search": 1}, {"hnsw_m": 4, "ef_search": 600})):
+        out = tmp_path / kind
+        out.mkdir()
+        build_index(tmp_path / "emb", out, IndexConfig(type=kind, device="cpu", **narrow))
+        assert not (out / "search.json").exists()
+        assert recall(SearchIndex(out, IndexConfig(type=kind, device="cpu", **broad))) == 1.0
+        assert recall(SearchIndex(out, IndexConfig(type=kind, device="cpu", **narrow))) < 1.0
+        assert search_key(IndexConfig(type=kind, **narrow)) != search_key(IndexConfig(type=kind, **broad))
+    assert search_key(IndexConfig(nprobe=1, ef_search=1)) == search_key(IndexConfig()) == {}
+
+
+def test_index_folders_are_recognised_whatever_their_layout(tmp_path):
+    _random_encoding(tmp_path / "emb")
+    assert not is_index_folder(tmp_path / "emb")  # shards without flat.json: an encoding, not an index
+    for kind, shards in (("flat", 1), ("flat", 2), ("ivf", 1), ("ivf", 2)):
+        out = tmp_path / f"{kind}{shards}"
+        out.mkdir()
+        build_index(tmp_path / "emb", out, IndexConfig(type=kind, shards=shards, nlist=4))
+        assert is_index_folder(out)
+    assert index_bytes(tmp_path / "flat1") == 600 * 16 * 4  # the float32 IndexFlatIP it loads into
+
+
+def test_shards_store_float16_by_default_and_read_back_as_float32(checkpoint, tmp_path):
+    """encode.dtype: float16 halves the shards; readers get float32 (the rounding of float16: ~1e-3 relative); the
+    index built from them scores in float32 from the float16 values."""
+    corpus = _corpus()
+    for dtype in ("float16", "float32"):
+        (tmp_path / dtype).mkdir()
+        encode_corpus(checkpoint, corpus, EncodeConfig(shard_size=10, precision="fp32", dtype=dtype), tmp_path / dtype)
+        assert np.load(tmp_path / dtype / "emb_00000.npy").dtype == np.dtype(dtype)
+    half, full = (np.concatenate(list(iter_shards(tmp_path / d))) for d in ("float16", "float32"))
+    assert half.dtype == np.float32
+    np.testing.assert_allclose(half, full, rtol=2e-3, atol=1e-3)
+    assert (tmp_path / "float16" / "emb_00000.npy").stat().st_size < 0.6 * (
+        tmp_path / "float32" / "emb_00000.npy").stat().st_size
+
+
+def test_an_embedding_beyond_float16s_range_is_refused_with_its_document():
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.encode import stored
+
+    emb = np.ones((3, 4), dtype=np.float32)
+    emb[1, 2] = 1e6
+    with pytest.raises(AnceError, match="document 'b'.*encode.dtype: float32"):
+        stored(emb, EncodeConfig(), ["a", "b", "c"])
+    assert stored(emb, EncodeConfig(dtype="float32"), ["a", "b", "c"]).dtype == np.float32
 
 
 def test_index_key_keeps_the_flat_key_and_separates_the_rest():
