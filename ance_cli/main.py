@@ -305,6 +305,33 @@ def export_command(
     _guard(body)
 
 
+@app.command()
+def gc(
+    work_dir: Annotated[str, typer.Option(help="The work folder to clean")] = "work",
+    keep_runs: Annotated[int, typer.Option(min=1, help="Keep the stages of the last N runs (and what they were "
+                                           "built from)")] = 3,
+    keep_refreshes: Annotated[int, typer.Option(min=1, help="Of each kept run, keep the encodings and indexes of "
+                                                "its last N refreshes")] = 2,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")] = False,
+):
+    """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
+    latest.json names, partial folders, the MLflow store (registered versions) and the champion (README: Disk)."""
+    from ance_core.errors import AnceError
+    from ance_core.retention import RetentionConfig, collect
+
+    def body():
+        if not Path(work_dir).is_dir():
+            raise AnceError(f"{work_dir}: no such work folder")
+        plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes), dry_run)
+        verb = "would remove" if dry_run else "removed"
+        for folder in plan.remove:
+            typer.echo(f"{verb}  {folder.stage}/{folder.key}")
+        typer.echo(f"{verb} {len(plan.remove)} stage folders ({plan.freed_bytes / 2**30:.2f} GiB); kept "
+                   f"{len(plan.keep)}")
+
+    _guard(body)
+
+
 def _corpus_titles(dataset: str) -> dict[str, str]:
     from ance_core.data.dataset import load_dataset, passage_texts, resolve_dataset
 

@@ -99,6 +99,11 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
     return json.loads((Path(folder) / MANIFEST).read_text())
 
 
+# called with (stage, ref) for every stage folder `run_stage` hands out, built or reused: the live runs' records of the
+# stages they use (ance_core/retention.py), which garbage collection never removes
+stage_observers: list[Callable[[str, "ArtifactRef"], None]] = []
+
+
 def run_stage(
     work_dir: str | Path,
     stage: str,
@@ -115,19 +120,24 @@ def run_stage(
     key = stage_key(stage, config, inputs)
     final = Path(work_dir) / stage / key
     if is_complete(final):
-        return ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
-    locks = Path(work_dir) / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(locks / f"{stage}-{key}.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})", flush=True)
-        lock.acquire()
-    try:
-        return _build_stage(final, stage, key, config, inputs, build, resumable)
-    finally:
-        lock.release()
+        ref = ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
+    else:
+        locks = Path(work_dir) / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(locks / f"{stage}-{key}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})",
+                  flush=True)
+            lock.acquire()
+        try:
+            ref = _build_stage(final, stage, key, config, inputs, build, resumable)
+        finally:
+            lock.release()
+    for observe in list(stage_observers):
+        observe(stage, ref)
+    return ref
 
 
 def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping[str, str],

@@ -19,6 +19,7 @@ from ance_core.modeling.model import checkpoint_digest
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import StageTiming
+from ance_core.retention import RetentionConfig, collect, live_run
 from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
@@ -29,7 +30,12 @@ from tasks.train import SchedulePlan, train_async
 
 @flow(name="ance-train", log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
-    c = config
+    with live_run(config.work_dir, "ance-train"):  # the stages it uses, which garbage collection leaves
+        result = train_and_evaluate(config)
+    return result | retain(config.work_dir, config.retention)
+
+
+def train_and_evaluate(c: PipelineConfig) -> dict:
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining)
@@ -61,6 +67,16 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
             label = f"ANCE round {k}"
     run.evaluate(label, checkpoint)
     return finish(run, label, checkpoint, async_refresh)
+
+
+def retain(work_dir: str, retention: RetentionConfig) -> dict:
+    """The retention policy applied to the work folder once the run has ended (nothing when it is unset)."""
+    if not retention.active:
+        return {}
+    plan = collect(work_dir, retention)
+    print(f"retention ({retention.keep_runs or 'all'} runs, {retention.keep_refreshes or 'all'} refreshes each): "
+          f"removed {len(plan.remove)} stage folders, {plan.freed_bytes / 2**30:.2f} GiB freed")
+    return {"retention": plan.summary()}
 
 
 def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tuple[str, ArtifactRef, dict]:

@@ -14,6 +14,7 @@ from ance_core.negatives.analysis import ranks_relative_to_positive, read_stats
 from ance_core.negatives.samplers import get_sampler, train_config_for
 from ance_core.pipeline.config import CompareConfig
 from ance_core.pipeline.report import COLUMNS, StageTiming, markdown_table
+from ance_core.retention import live_run
 from flows.book import RunBook
 from tasks.analysis import score_profile_task
 from tasks.common import run_task
@@ -27,7 +28,12 @@ WARMUP = "BM25 warm-up"
 
 @flow(name="compare-negatives", log_prints=True)
 def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
-    c, wd, eval_split = config, config.work_dir, config.data.eval_split
+    with live_run(config.work_dir, "compare-negatives"):  # the stages it uses, which garbage collection leaves
+        return compare(config)
+
+
+def compare(c: CompareConfig) -> dict:
+    wd, eval_split = c.work_dir, c.data.eval_split
     run = RunBook(c, "compare-negatives", dev=False)
     data = run.prepare_data()
     start = run_task(init_checkpoint, c.model, wd)

@@ -12,6 +12,7 @@ import yaml
 from prefect.flows import load_flow_from_entrypoint
 
 from ance_core.negatives.samplers import NAMES
+from ance_core.pipeline.config import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +38,9 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
     assert [s["cron"] for s in deployments["retrain"]["schedules"]] == ["0 3 * * 1"]
+    # the weekly retrain keeps the work folder bounded (a partial config: the rest are PipelineConfig's defaults)
+    retrain = PipelineConfig.model_validate(deployments["retrain"]["parameters"]["config"]).retention
+    assert retrain.keep_runs and retrain.keep_refreshes
 
 
 def test_compose_file_validates():

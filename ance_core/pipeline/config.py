@@ -17,6 +17,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.config import ModelConfig
 from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
 from ance_core.negatives.samplers import WITHOUT_MODEL
+from ance_core.retention import RetentionConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.stage_config import StageConfig
 from ance_core.training.config import AnceTrainConfig, TrainConfig
@@ -60,6 +61,9 @@ class PipelineConfig(StageConfig):
         None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
     compression: CompressConfig | None = Field(
         None, description="Compress the final model's embeddings at the end (ConAE, PCA, truncation; unset = skip)")
+    retention: RetentionConfig = Field(RetentionConfig(), description="What the work folder keeps after the run: "
+                                       "the last N runs' stages, the last N refreshes' encodings and indexes (unset: "
+                                       "everything; `ance gc` applies the same rules)")
 
     @model_validator(mode="after")
     def _async_needs_a_dense_sampler(self) -> "PipelineConfig":

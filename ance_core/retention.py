@@ -1,0 +1,265 @@
+"""What a work folder keeps: the record of each run's stages, and the garbage collection that removes the rest.
+
+Every stage folder a run uses (built or reused) is recorded as the run goes, in `<work_dir>/.live/<id>.json`, beside
+a lock the run holds (`live_run`); at its end the record moves to `<work_dir>/runs/<time>-<id>.json`. A record whose
+lock nobody holds (the run was killed) counts as an ended run.
+
+`plan_gc` decides, from the records and the stage manifests (each names its inputs' digests), what may go:
+
+- **kept runs**: the stage folders the last `keep_runs` runs used (every run's when unset): what a re-run of them
+  reuses from the cache (a run records every stage it uses, built or reused, so their inputs are among them);
+- **refreshes**: of each kept run, only the corpus encodings of its last `keep_refreshes` checkpoints (every one when
+  unset) keep their big files: the `encode` folder, its `encode-shard` folders and the indexes built on it. Older
+  refreshes go even though a kept run used them (its runs, negatives, evaluations and checkpoints stay);
+- **never removed**: the stages of a live run (its lock is held), the model `latest.json` names, a stage folder no
+  run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
+  refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
+  or a killed training that resumes from them), and everything that is not a stage folder: the MLflow store
+  (`mlflow.db`, `mlartifacts/`: registered model versions are copies there), the champion downloaded for
+  retraining, plots, locks.
+
+`collect` removes what the plan names, each folder under its stage's lock (a stage being built is skipped) and moved
+aside before it is deleted, so no reader sees half a folder.
+"""
+
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+from pydantic import Field
+
+from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_json
+from ance_core.stage_config import StageConfig
+
+RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
+REFRESH_STAGES = ("encode", "encode-shard", "index")  # a refresh's big files: the embeddings and their index
+
+
+class RetentionConfig(StageConfig):
+    """What a work folder keeps after each run (`ance gc` applies the same rules to a whole work folder). Unset keeps
+    everything: every stage stays cached for re-runs. Scheduled retraining (the `retrain` deployment) sets both."""
+
+    keep_runs: int | None = Field(None, ge=1, description="Keep the stage folders of the last N runs of the work "
+                                  "folder (and what they were built from); older runs' stages are removed. Unset: "
+                                  "every run's")
+    keep_refreshes: int | None = Field(
+        None, ge=1, description="Of each kept run, keep the corpus encodings and indexes of its last N refreshes "
+        "(one per checkpoint it encoded: the largest files of a work folder); the older ones are removed, the run's "
+        "other stages stay. Unset: every refresh's")
+
+    @property
+    def active(self) -> bool:
+        return self.keep_runs is not None or self.keep_refreshes is not None
+
+
+# ---------------------------------------------------------------- the record of a run's stages
+
+
+class LiveRun:
+    """The stages a run uses, recorded as it goes (`artifacts.run_stage` tells every live run of its work folder)."""
+
+    def __init__(self, work_dir: str | Path, name: str):
+        self.work_dir = Path(work_dir).resolve()
+        self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        (self.work_dir / LIVE).mkdir(parents=True, exist_ok=True)
+        self.path = self.work_dir / LIVE / f"{self.id}.json"
+        self.lock = FileLock(self.work_dir / LIVE / f"{self.id}.lock")
+        self.record = {"id": self.id, "name": name, "pid": os.getpid(), "started": time.time(), "stages": []}
+        self._mutex = threading.Lock()  # stage tasks run in threads of the flow's process
+
+    def add(self, stage: str, ref: ArtifactRef) -> None:
+        if not Path(ref.path).resolve().is_relative_to(self.work_dir):
+            return
+        with self._mutex:
+            entry = {"stage": stage, "key": ref.digest}
+            if entry not in self.record["stages"]:
+                self.record["stages"].append(entry)
+                write_json(self.path, self.record)
+
+    def finish(self) -> Path:
+        """Move the record to runs/ (an ended run's)."""
+        with self._mutex:
+            self.record["finished"] = time.time()
+            final = self.work_dir / RUNS / f"{self.id}.json"
+            final.parent.mkdir(exist_ok=True)
+            write_json(final, self.record)
+            self.path.unlink(missing_ok=True)
+        return final
+
+
+@contextmanager
+def live_run(work_dir: str | Path, name: str) -> Iterator[LiveRun]:
+    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails."""
+    run = LiveRun(work_dir, name)
+    run.lock.acquire()
+    write_json(run.path, run.record)
+
+    def observe(stage: str, ref: ArtifactRef) -> None:
+        run.add(stage, ref)
+
+    stage_observers.append(observe)
+    try:
+        yield run
+        run.finish()
+    finally:
+        stage_observers.remove(observe)
+        run.lock.release()
+        Path(run.lock.lock_file).unlink(missing_ok=True)
+
+
+def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(ended runs oldest first, live runs): a `.live` record whose lock is free belongs to a run that was killed."""
+    ended = [json.loads(p.read_text()) for p in sorted((work_dir / RUNS).glob("*.json"))]
+    live = []
+    for path in sorted((work_dir / LIVE).glob("*.json")):
+        lock = FileLock(path.with_suffix(".lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            live.append(json.loads(path.read_text()))
+            continue
+        lock.release()
+        ended.append(json.loads(path.read_text()))
+    ended.sort(key=lambda r: r["started"])
+    return ended, live
+
+
+# ---------------------------------------------------------------- garbage collection
+
+
+@dataclass(frozen=True)
+class StageFolder:
+    stage: str
+    key: str
+    path: Path
+    inputs: dict[str, str]
+
+
+@dataclass
+class GcPlan:
+    remove: list[StageFolder] = field(default_factory=list)
+    keep: list[StageFolder] = field(default_factory=list)
+    freed_bytes: int = 0  # what removing them frees (files hard-linked from a kept folder free nothing)
+
+    def summary(self) -> dict:
+        return {"removed": len(self.remove), "kept": len(self.keep), "freed_bytes": self.freed_bytes,
+                "removed_by_stage": {s: sum(f.stage == s for f in self.remove)
+                                     for s in sorted({f.stage for f in self.remove})}}
+
+
+def stage_folders(work_dir: str | Path) -> dict[str, StageFolder]:
+    """Every complete stage folder of a work folder, by key (its manifest names its stage and inputs)."""
+    out = {}
+    for manifest in Path(work_dir).glob(f"*/*/{MANIFEST}"):
+        folder = manifest.parent
+        if folder.name.startswith("."):
+            continue
+        try:
+            m = json.loads(manifest.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if m.get("key") == folder.name and m.get("stage") == folder.parent.name:
+            out[folder.name] = StageFolder(m["stage"], folder.name, folder, dict(m.get("inputs") or {}))
+    return out
+
+
+def _refresh_of(folders: dict[str, StageFolder], encode_key: str) -> set[str]:
+    """An encode folder, its shards' folders (same checkpoint and data) and the indexes built on it."""
+    encode = folders[encode_key]
+    return {encode_key} | {
+        f.key for f in folders.values()
+        if (f.stage == "encode-shard" and f.inputs.get("checkpoint") == encode.inputs.get("checkpoint")
+            and f.inputs.get("data") == encode.inputs.get("data"))
+        or (f.stage == "index" and f.inputs.get("embeddings") == encode_key)}
+
+
+def _latest_key(work_dir: Path) -> str | None:
+    try:
+        return Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).name
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+GRACE_SECONDS = 3600  # a stage folder no run has recorded is kept this long: another process's (an inferencer
+# deployment's refresh, a Ray worker's shard) that a live run has not read yet
+
+
+def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None) -> GcPlan:
+    """What `collect` would remove under `cfg` (see the module docstring), and what it frees."""
+    work_dir = Path(work_dir).resolve()
+    folders = stage_folders(work_dir)
+    ended, live = _runs(work_dir)
+    kept_runs = ended if cfg.keep_runs is None else ended[-cfg.keep_runs:]
+    recorded = {s["key"] for r in [*ended, *live] for s in r["stages"]}
+    now = time.time() if now is None else now
+    keep = {k for k, f in folders.items()  # not recorded by any run: an older work folder's, or just built elsewhere
+            if k not in recorded and (cfg.keep_runs is None or now - _built_at(f) < GRACE_SECONDS)}
+    keep |= {s["key"] for r in kept_runs for s in r["stages"] if s["key"] in folders}
+    keep |= {_latest_key(work_dir)} & set(folders)
+    for run in kept_runs:
+        encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
+        for k, encode in enumerate(encodes):
+            recent = cfg.keep_refreshes is None or k >= len(encodes) - cfg.keep_refreshes
+            keep = keep | _refresh_of(folders, encode) if recent else keep - _refresh_of(folders, encode)
+    for run in kept_runs:  # an encoding that is one of a kept run's last refreshes stays, whatever another run says
+        encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
+        for encode in encodes[-cfg.keep_refreshes:] if cfg.keep_refreshes else encodes:
+            keep |= _refresh_of(folders, encode)
+    live_keys = {s["key"] for r in live for s in r["stages"] if s["key"] in folders}
+    keep |= live_keys | {k for key in live_keys if folders[key].stage == "encode" for k in _refresh_of(folders, key)}
+    plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),
+                  keep=[f for k, f in folders.items() if k in keep])
+    plan.freed_bytes = _freed_bytes([f.path for f in plan.remove])
+    return plan
+
+
+def _built_at(folder: StageFolder) -> float:
+    return (folder.path / MANIFEST).stat().st_mtime
+
+
+def _freed_bytes(paths: list[Path]) -> int:
+    """Bytes the file system gets back when the folders go: a file counts once its every hard link is among them."""
+    links: dict[tuple[int, int], list] = {}
+    for folder in paths:
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                st = path.stat()
+                entry = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
+                entry[0] += 1
+    return sum(size for seen, nlink, size in links.values() if seen >= nlink)
+
+
+def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -> GcPlan:
+    """Remove the stage folders `plan_gc` names (unless `dry_run`); a folder whose stage is being built is skipped."""
+    plan = plan_gc(work_dir, cfg)
+    if dry_run:
+        return plan
+    locks = Path(work_dir) / ".locks"
+    removed = []
+    for folder in plan.remove:
+        lock_file = locks / f"{folder.stage}-{folder.key}.lock"
+        lock = FileLock(lock_file)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.replace(folder.path, aside)  # no reader sees a stage folder without its files
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            lock.release()  # (the lock file stays: a run waiting on it holds its inode)
+    plan.remove = removed
+    return plan

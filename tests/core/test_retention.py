@@ -1,0 +1,123 @@
+"""The work folder's retention: run records, and garbage collection that keeps what the policy and live runs need."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ance_core.artifacts import link_or_copy, run_stage
+from ance_core.retention import GRACE_SECONDS, LIVE, RUNS, RetentionConfig, collect, live_run, plan_gc, stage_folders
+
+
+def _stage(work, stage, name, inputs, size=1000, link_from=None):
+    """A stage folder holding one file of `size` bytes (or hard links to another folder's files)."""
+    def build(out):
+        if link_from is not None:
+            for path in sorted(link_from.glob("*.npy")):
+                link_or_copy(path, out / path.name)
+        else:
+            np.save(out / "emb_00000.npy", np.zeros(size // 2, dtype=np.float16))
+        (out / "name.txt").write_text(name)
+
+    return run_stage(work, stage, {"name": name}, inputs, build)
+
+
+def _retrain(work, k, start):
+    """One retrain: encode its start checkpoint, index, mine, train; then encode and index the result (evaluation)."""
+    data = _stage(work, "prepare", "data", {})
+    enc = _stage(work, "encode", f"enc{k}a", {"checkpoint": start.digest, "data": data.digest})
+    idx = _stage(work, "index", f"idx{k}a", {"embeddings": enc.digest}, link_from=Path(enc.path))
+    neg = _stage(work, "mine", f"mine{k}", {"index": idx.digest, "data": data.digest}, size=10)
+    ckpt = _stage(work, "train", f"train{k}", {"checkpoint": start.digest, "negatives": neg.digest}, size=100)
+    enc2 = _stage(work, "encode", f"enc{k}b", {"checkpoint": ckpt.digest, "data": data.digest})
+    _stage(work, "index", f"idx{k}b", {"embeddings": enc2.digest})
+    return ckpt
+
+
+def _names(folders):
+    return sorted((f.path / "name.txt").read_text() for f in folders)
+
+
+def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
+    work = tmp_path / "work"
+    with live_run(work, "first"):
+        start = _stage(work, "init", "pretrained", {})
+    for k in range(5):
+        with live_run(work, "retrain"):
+            start = _retrain(work, k, start)
+    assert len(list((work / RUNS).glob("*.json"))) == 6 and not list((work / LIVE).glob("*.json"))
+    (work / "mlflow.db").write_text("x")
+    (work / "champion").mkdir()
+    (work / "train" / ".partial-abc").mkdir()
+
+    plan = plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1))
+    kept = _names(plan.keep)
+    # the stages the last two runs used, but of each run's two encodings only the last (with its index)
+    assert kept == ["data", "enc3b", "enc4b", "idx3b", "idx4b", "mine3", "mine4", "train3", "train4"]
+    dry = plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1))
+    assert _names(dry.remove) == _names(plan.remove) and len(stage_folders(work)) == len(kept) + len(plan.remove)
+
+    removed = collect(work, RetentionConfig(keep_runs=2, keep_refreshes=1))
+    assert _names(stage_folders(work).values()) == kept
+    assert removed.freed_bytes > 0 and len(removed.remove) == len(plan.remove)
+    assert (work / "mlflow.db").is_file() and (work / "champion").is_dir()
+    assert (work / "train" / ".partial-abc").is_dir()
+    assert not [p for p in work.glob("*/.gc-*")]
+
+
+def test_hard_linked_files_free_nothing_until_their_last_link_goes(tmp_path):
+    work = tmp_path / "work"
+    with live_run(work, "r1"):
+        enc = _stage(work, "encode", "enc", {}, size=100_000)
+        _stage(work, "index", "idx", {"embeddings": enc.digest}, link_from=Path(enc.path))
+    (work / RUNS / next(iter(os.listdir(work / RUNS)))).unlink()  # no run keeps them: both may go
+    plan = plan_gc(work, RetentionConfig(keep_runs=1), now=time.time() + 2 * GRACE_SECONDS)
+    assert _names(plan.remove) == ["enc", "idx"] and plan.freed_bytes >= 100_000
+    only_encode = [f for f in plan.remove if f.stage == "encode"]
+    from ance_core.retention import _freed_bytes
+
+    assert _freed_bytes([f.path for f in only_encode]) < 1000  # its shard lives on as the index's
+
+
+def test_a_live_runs_stages_are_never_removed_and_a_killed_run_counts_as_ended(tmp_path):
+    work = tmp_path / "work"
+    for k in range(3):
+        with live_run(work, "old"):
+            _stage(work, "train", f"old{k}", {})
+    started, finish = threading.Event(), threading.Event()
+
+    def running():
+        with live_run(work, "running"):
+            _stage(work, "train", "old0", {})  # reused from the cache: in use
+            started.set()
+            finish.wait(30)
+
+    thread = threading.Thread(target=running)
+    thread.start()
+    started.wait(30)
+    try:
+        plan = plan_gc(work, RetentionConfig(keep_runs=1))
+        assert _names(plan.remove) == ["old1"]  # old2: the last ended run's; old0: the live run's
+        assert len(collect(work, RetentionConfig(keep_runs=1)).remove) == 1
+    finally:
+        finish.set()
+        thread.join()
+    # a run killed without a chance to end: its record stays in .live, its lock is free -> an ended run
+    record = {"id": "k", "name": "killed", "pid": 0, "started": 1e12, "stages": [
+        {"stage": "train", "key": next(f.key for f in stage_folders(work).values() if _names([f]) == ["old2"])}]}
+    (work / LIVE / "k.json").write_text(json.dumps(record))
+    assert _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep) == ["old2"]
+
+
+def test_unset_retention_keeps_everything_and_unrecorded_folders_get_an_hour(tmp_path):
+    work = tmp_path / "work"
+    _stage(work, "encode", "unrecorded", {})
+    with live_run(work, "r"):
+        _stage(work, "encode", "recorded", {})
+    assert not RetentionConfig().active and plan_gc(work, RetentionConfig()).remove == []
+    assert plan_gc(work, RetentionConfig(keep_runs=1)).remove == []  # built a moment ago (another process's?)
+    later = plan_gc(work, RetentionConfig(keep_runs=1), now=time.time() + 2 * GRACE_SECONDS)
+    assert _names(later.remove) == ["unrecorded"]
