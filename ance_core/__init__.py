@@ -2,7 +2,8 @@
 
 Its rooms, each a subpackage that imports only the foundation and rooms below it (tests/test_layering.py):
 
-  foundation    errors.py, faults.py, artifacts.py (stage folders), stage_config.py (the base of every config)
+  foundation    errors.py, faults.py, artifacts.py (stage folders), stage_config.py (the base of every config),
+                retention.py (what a work folder keeps)
   data/         the collection, validated; the dev split
   compression/  ConAE, PCA and truncation projectors
   modeling/     the BERT-Siamese model and its checkpoints

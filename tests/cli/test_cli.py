@@ -60,3 +60,23 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
 def test_unknown_recipe_is_refused(tmp_path):
     code, out = _invoke(["demo", "--recipe", "fastest", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "unknown recipe 'fastest'; choose one of demo, full" in out and "Traceback" not in out
+
+
+def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
+    from ance_core.artifacts import run_stage
+    from ance_core.retention import live_run
+
+    def shard(out):
+        (out / "emb_00000.npy").write_bytes(b"x" * 4096)
+
+    work = tmp_path / "work"
+    for k in range(3):
+        with live_run(work, "run"):
+            run_stage(work, "encode", {"k": k}, {}, shard)
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1", "--dry-run"])
+    assert code == 0 and out.count("would remove  encode/") == 2 and "would remove 2 stage folders" in out
+    assert len(list((work / "encode").iterdir())) == 3
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"])
+    assert code == 0 and "removed 2 stage folders" in out and len(list((work / "encode").iterdir())) == 1
+    code, out = _invoke(["gc", "--work-dir", str(tmp_path / "nowhere")])
+    assert code == 2 and "no such work folder" in out and "Traceback" not in out
