@@ -240,6 +240,7 @@ def mean_and_scatter(chunks: Iterable[np.ndarray]) -> tuple[int, np.ndarray, np.
             scatter += x.T @ x + np.outer(delta, delta) * (n * c / (n + c))
             mean = mean + delta * (c / (n + c))
         n += c
+        del x  # before the next chunk's copy is made: one chunk in float64 at a time
     if n == 0:
         raise ValueError("document embeddings: no rows to fit PCA on")
     if not np.isfinite(scatter).all():
