@@ -14,12 +14,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ance_core.artifacts import DOCIDS, EMBEDDINGS, TRAIN_LOG, ArtifactRef, run_stage
-from ance_core.compression.conae import Projector, teacher_from, train_conae
+from ance_core.compression.conae import Projector, fit_pca, row_chunks, teacher_from, train_conae
 from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
 from ance_core.data.dataset import read_tables
 from ance_core.modeling.model import load_checkpoint, pick_device, write_compressed_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
-from ance_core.retrieval.encode import encode_queries, iter_shards, read_docids
+from ance_core.retrieval.encode import encode_queries, iter_shards, map_shards, read_docids
 from ance_core.retrieval.index import SearchIndex, build_ann_index, index_bytes, search_latency
 from tasks.common import stage_task
 
@@ -52,16 +52,19 @@ def read_query_embeddings(ref: ArtifactRef) -> tuple[np.ndarray, list[str]]:
 @stage_task("compress")
 def compress(checkpoint: ArtifactRef, embeddings: ArtifactRef, train_queries: ArtifactRef, data: ArtifactRef,
              split: str, method: CompressMethod, dim: int, cfg: CompressConfig, work_dir: str) -> ArtifactRef:
-    """Fit one (method, L) projector on the teacher's frozen embeddings; write the compressed corpus shards and the
-    compressed checkpoint (`model/`). ConAE also keeps its full model with the decoder and its training curve."""
+    """Fit one (method, L) projector on the teacher's frozen embeddings; write the compressed corpus shards (one per
+    teacher shard) and the compressed checkpoint (`model/`). ConAE also keeps its full model with the decoder and its
+    training curve. PCA and truncation read the shards through memory maps and never hold the corpus; ConAE loads it
+    whole (its teacher top-k is an exact search over it, and its batches draw documents from anywhere in it)."""
 
     def build(out: Path) -> dict:
-        docs = np.concatenate(list(iter_shards(embeddings.path)))
         doc_ids = read_docids(embeddings.path)
-        if dim >= docs.shape[1]:
-            raise ValueError(f"compression dimension {dim} is not below the model's {docs.shape[1]}")
-        summary: dict = {"method": method, "dim": dim, "from_dim": docs.shape[1]}
+        h = embedding_dim(embeddings.path)
+        if dim >= h:
+            raise ValueError(f"compression dimension {dim} is not below the model's {h}")
+        summary: dict = {"method": method, "dim": dim, "from_dim": h}
         if method == "conae":
+            docs = np.concatenate(list(iter_shards(embeddings.path)))
             queries, query_ids = read_query_embeddings(train_queries)
             teacher = teacher_from(docs, doc_ids, queries, query_ids, read_tables(data.path).positives(split),
                                    cfg.top_k)
@@ -72,10 +75,13 @@ def compress(checkpoint: ArtifactRef, embeddings: ArtifactRef, train_queries: Ar
             projector = Projector.from_conae(model)
             summary |= {"train_queries": len(teacher.queries), "steps": sum(1 for _ in open(out / TRAIN_LOG))}
         elif method == "pca":
-            projector = Projector.pca(docs, dim)
+            fit = fit_pca(row_chunks(map_shards(embeddings.path)), dim)  # streamed: O(h^2 + chunk x h) memory
+            projector = Projector.from_pca(fit)
+            summary["explained_variance"] = round(float(fit.explained.sum()), 6)
         else:
-            projector = Projector.truncation(docs.shape[1], dim)
-        np.save(out / EMBEDDINGS.format(0), projector.docs(docs))
+            projector = Projector.truncation(h, dim)
+        for k, shard in enumerate(map_shards(embeddings.path)):  # (rows, h) -> (rows, L) float32, a shard at a time
+            np.save(out / EMBEDDINGS.format(k), projector.docs(shard))
         (out / DOCIDS).write_text("\n".join(doc_ids) + "\n", encoding="utf-8")
         write_compressed_checkpoint(checkpoint.path, projector, out / "model")
         return summary
@@ -86,6 +92,14 @@ def compress(checkpoint: ArtifactRef, embeddings: ArtifactRef, train_queries: Ar
         config |= {k: getattr(cfg, k) for k in TRAIN_FIELDS}
         inputs |= {"train_queries": train_queries.digest, "data": data.digest}
     return run_stage(work_dir, "compress", config, inputs, build)
+
+
+def embedding_dim(folder: str) -> int:
+    """h of an encode folder's embeddings, from its first shard's header."""
+    first = next(map_shards(folder), None)
+    if first is None:
+        raise ValueError(f"{folder}: no embedding shards (emb_*.npy) to compress")
+    return first.shape[1]
 
 
 def compressed_model(ref: ArtifactRef) -> ArtifactRef:

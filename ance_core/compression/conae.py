@@ -9,13 +9,16 @@ Loss (eq. 7) = L_KL + λ (L_q + L_d):
                 labelled one, the negative one sampled from the teacher's top-k.
 Ablations (Table 3): "w/o Decoder" trains with L_KL only (no decoder is built), "w/o KL" with L_q + L_d only.
 
-Baselines: PCA fitted on the document embeddings, and keeping the first L dimensions.
+Baselines: PCA fitted on the document embeddings, and keeping the first L dimensions. PCA streams: the mean and the
+h x h scatter matrix are accumulated chunk by chunk in float64 (from float32 or float16 rows), then the h x h covariance
+is eigendecomposed, so its memory is O(h^2 + chunk x h) whatever the corpus size (an SVD of the centred N x h matrix
+holds several N x h float64 arrays, the cast, the centred copy and U, 54 GB each at MS MARCO's 8.8M x 768).
 
 Every method ends as a `Projector`: an affine map per side (query, document), saved as `projector.safetensors`
 beside a checkpoint's weights; encoding with such a checkpoint applies it (ance_core/retrieval/encode.py).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from torch import nn
 
 PROJECTOR_FILE = "projector.safetensors"
 CONAE_FILE = "conae.safetensors"
+PCA_CHUNK_ROWS = 8192  # rows per float64 chunk of the PCA's pass: 8192 x 768 x 8 B = 50 MB at BERT-base
 
 
 class ConAE(nn.Module):
@@ -180,12 +184,16 @@ class Projector:
                    w["doc_encoder.bias"])
 
     @classmethod
-    def pca(cls, docs: np.ndarray, dim: int) -> "Projector":
-        """PCA fitted on document embeddings (the paper's baseline); queries and documents share the map
-        x -> (x - mean) C = x C - mean C."""
-        mean, components = fit_pca(docs, dim)
-        bias = -(mean @ components)
-        return cls("pca", components.T, bias, components.T, bias)
+    def pca(cls, docs: np.ndarray | Iterable[np.ndarray], dim: int) -> "Projector":
+        """PCA fitted on document embeddings (the paper's baseline): an (N, h) array or its rows in (n_i, h) chunks,
+        streamed (`fit_pca`)."""
+        return cls.from_pca(fit_pca(docs, dim))
+
+    @classmethod
+    def from_pca(cls, fit: "PcaFit") -> "Projector":
+        """Queries and documents share the map x -> (x - mean) C = x C - mean C."""
+        bias = -(fit.mean @ fit.components)
+        return cls("pca", fit.components.T, bias, fit.components.T, bias)
 
     @classmethod
     def truncation(cls, h: int, dim: int) -> "Projector":
@@ -194,12 +202,71 @@ class Projector:
         return cls("truncate", weight, np.zeros(dim, np.float32), weight, np.zeros(dim, np.float32))
 
 
-def fit_pca(docs: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(mean (h,), components (h, L)) of the rows of `docs`, leading directions first."""
-    docs = docs.astype(np.float64)
-    mean = docs.mean(axis=0)
-    _, _, vt = np.linalg.svd(docs - mean, full_matrices=False)
-    return mean.astype(np.float32), vt[:dim].T.astype(np.float32)
+@dataclass(frozen=True)
+class PcaFit:
+    """A PCA of document embeddings, what `Projector.from_pca` turns into the shared query / document map."""
+
+    mean: np.ndarray  # (h,) float32
+    components: np.ndarray  # (h, L) float32, orthonormal columns, leading direction first
+    explained: np.ndarray  # (L,) float64: the share of the total variance along each component
+
+
+def row_chunks(arrays: Iterable[np.ndarray], rows: int = PCA_CHUNK_ROWS) -> Iterator[np.ndarray]:
+    """The rows of each (n_i, h) array (an in-memory array or a shard's memory map), `rows` at a time, as views."""
+    for array in arrays:
+        for start in range(0, len(array), rows):
+            yield array[start:start + rows]
+
+
+def mean_and_scatter(chunks: Iterable[np.ndarray]) -> tuple[int, np.ndarray, np.ndarray]:
+    """(N, mean (h,), scatter (h, h) = sum of (x - mean)(x - mean)^T) of the rows of the chunks, in one pass in float64.
+
+    Each chunk is centred on its own mean and merged pairwise (Chan, Golub & LeVeque), not summed as x x^T and
+    corrected by N mean mean^T at the end: no cancellation when the mean is large against the spread, and the result
+    does not depend on how the rows are chunked beyond rounding. Memory: two (h, h) and one chunk in float64."""
+    n, mean, scatter = 0, np.zeros(0), np.zeros((0, 0))
+    for chunk in chunks:
+        if chunk.ndim != 2 or (n and chunk.shape[1] != len(mean)):
+            raise ValueError(f"document embeddings: a chunk of shape {chunk.shape} after {n} rows of {len(mean)} dims")
+        if not len(chunk):
+            continue
+        x = np.array(chunk, dtype=np.float64)  # (c, h): a copy, whatever the shard's dtype (float32, float16)
+        c, chunk_mean = len(x), x.mean(axis=0)
+        x -= chunk_mean
+        if n == 0:
+            mean, scatter = chunk_mean, x.T @ x
+        else:
+            delta = chunk_mean - mean  # (h,)
+            scatter += x.T @ x + np.outer(delta, delta) * (n * c / (n + c))
+            mean = mean + delta * (c / (n + c))
+        n += c
+        del x  # before the next chunk's copy is made: one chunk in float64 at a time
+    if n == 0:
+        raise ValueError("document embeddings: no rows to fit PCA on")
+    if not np.isfinite(scatter).all():
+        raise ValueError("document embeddings hold NaN or infinite values: PCA cannot be fitted")
+    return n, mean, scatter
+
+
+def fit_pca(docs: np.ndarray | Iterable[np.ndarray], dim: int) -> PcaFit:
+    """PCA of the rows of `docs`, an (N, h) array or an iterable of (n_i, h) chunks (read once, never joined): the
+    eigenvectors of the h x h covariance with the `dim` largest eigenvalues.
+
+    Each component's sign is fixed (its largest-magnitude entry positive) so that a refit on the same rows, chunked
+    otherwise, gives the same map. With fewer independent rows than `dim` (N - 1 < dim) the components past the data's
+    span have zero variance and are an arbitrary orthonormal completion."""
+    chunks = row_chunks([docs]) if isinstance(docs, np.ndarray) else docs
+    n, mean, scatter = mean_and_scatter(chunks)
+    h = len(mean)
+    if not 1 <= dim <= h:
+        raise ValueError(f"PCA dimension {dim} is not between 1 and the embeddings' {h}")
+    eigenvalues, vectors = np.linalg.eigh(scatter / max(n - 1, 1))  # ascending
+    eigenvalues, vectors = np.clip(eigenvalues[::-1][:dim], 0, None), vectors[:, ::-1][:, :dim]  # (L,), (h, L)
+    lead = np.abs(vectors).argmax(axis=0)
+    vectors = vectors * np.where(vectors[lead, np.arange(dim)] < 0, -1.0, 1.0)
+    total = float(np.trace(scatter)) / max(n - 1, 1)
+    explained = eigenvalues / total if total > 0 else np.zeros(dim)
+    return PcaFit(mean.astype(np.float32), vectors.astype(np.float32), explained)
 
 
 def teacher_from(docs: np.ndarray, doc_ids: list[str], queries: np.ndarray, query_ids: list[str],

@@ -17,8 +17,10 @@ class CompressConfig(StageConfig):
 
     ConAE: a linear encoder per side (h -> L) and one decoder (L -> h), trained on the training queries with
     KL(teacher softmax over its top-k || compressed softmax) + lam (L_q + L_d) (eq. 3, 5-7). PCA is fitted on the
-    document embeddings; `truncate` keeps the first L dimensions. Each (method, L) is indexed with every
-    `index_types` entry and evaluated; the teacher's own vectors are indexed the same way for the full-dimension rows.
+    document embeddings, streamed over the encode shards (a float64 mean and h x h covariance, then its
+    eigendecomposition: O(h^2) memory, not the corpus); `truncate` keeps the first L dimensions. Each (method, L) is
+    indexed with every `index_types` entry and evaluated; the teacher's own vectors are indexed the same way for the
+    full-dimension rows.
     """
 
     methods: list[CompressMethod] = Field(["conae", "pca", "truncate"], min_length=1)

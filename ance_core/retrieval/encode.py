@@ -224,3 +224,10 @@ def iter_shards(folder: str | Path) -> Iterator[np.ndarray]:
 
 def read_docids(folder: str | Path) -> list[str]:
     return (Path(folder) / DOCIDS).read_text(encoding="utf-8").splitlines()
+
+
+def map_shards(folder: str | Path) -> Iterator[np.ndarray]:
+    """An encode folder's shards in order as read-only memory maps (rows, h) in the dtype they were saved in: a
+    caller holds what it slices out, not the corpus (compression's PCA reads them a chunk of rows at a time)."""
+    for path in sorted(Path(folder).glob(EMBEDDING_SHARDS)):
+        yield np.load(path, mmap_mode="r")

@@ -76,11 +76,11 @@ def test_the_model_and_the_projector_round_trip(tmp_path):
 def test_pca_and_truncation_projectors():
     rng = np.random.default_rng(0)
     docs = (rng.normal(size=(500, 8)) * np.array([10, 5, 1, 0.1, 0.1, 0.1, 0.1, 0.1])).astype(np.float32)
-    mean, components = fit_pca(docs, 2)
-    assert components.shape == (8, 2)
-    assert np.allclose(np.abs(components[:2]), np.eye(2), atol=0.05)  # the two high-variance axes
+    fit = fit_pca(docs, 2)
+    assert fit.components.shape == (8, 2)
+    assert np.allclose(fit.components[:2], np.eye(2), atol=0.05)  # the two high-variance axes, signs made positive
     pca = Projector.pca(docs, 2)
-    assert np.allclose(pca.docs(docs), (docs - mean) @ components, atol=1e-4)
+    assert np.allclose(pca.docs(docs), (docs - fit.mean) @ fit.components, atol=1e-4)
     assert np.allclose(pca.queries(docs[:3]), pca.docs(docs[:3]))  # one map for both sides
     cut = Projector.truncation(8, 3)
     assert np.array_equal(cut.docs(docs), docs[:, :3]) and cut.method == "truncate"
