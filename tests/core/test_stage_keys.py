@@ -4,7 +4,7 @@ folder's stages would be built again. A change that alters them on purpose updat
 
 Changed on purpose (issue 28): `encode` (float16 shards by default: `encode.dtype`) and `index` (`gpu_float16`, a
 placement option, but the whole index section is in the async trainer's key) — every encoding is written again, the
-data, BM25 and warm-up stages are reused."""
+data, BM25 and warm-up stages are reused. The whole pipeline config also gained `retention` (in no stage key)."""
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_the_demo_recipes_stage_configs_keep_their_digests():
     assert {name: digest_of(getattr(cfg, name)) for name in SECTIONS} == SECTIONS
 
 
-@pytest.mark.parametrize("recipe, whole", [("full", "94f7cef849e36d27")])
+@pytest.mark.parametrize("recipe, whole", [("full", "f1835d4c215bbfe6")])
 def test_a_whole_pipeline_config_keeps_its_digest(recipe, whole):
     assert digest_of(recipe_config(recipe)) == whole
     assert digest_of(CompareConfig()) == "e9775efb4ab2de6c"
