@@ -68,7 +68,8 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         chosen = next(r for r in result["results"] if r["model"] == result["selected"])
         summary = {k: v for k, v in chosen.items() if k != "model"}
         keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
-                "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression")
+                "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
+                "retention")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 

@@ -31,6 +31,7 @@ from ance_core.data.dataset import resolve_dataset
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
+from ance_core.retrieval.index import index_bytes
 from flows.stages import encode_flow
 from tasks.execution import start_ray
 
@@ -146,8 +147,9 @@ def memory_bench(args) -> None:
                 if out.returncode:
                     raise SystemExit(f"{stage} at {passages} passages failed:\n{out.stderr[-3000:]}")
                 row = json.loads(out.stdout.strip().splitlines()[-1]) | {"passages": passages}
-                index_files = list((work / "stages" / "index").glob("*/index*")) if stage == "index" else []
-                row["index_mb"] = sum(p.stat().st_size for p in index_files) / 2**20 if index_files else None
+                index_dirs = [p for p in (work / "stages" / "index").glob("*") if p.name[0] != "."] \
+                    if stage == "index" else []
+                row["index_mb"] = index_bytes(index_dirs[0]) / 2**20 if index_dirs else None  # its size in memory
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             shutil.rmtree(work)
@@ -156,14 +158,14 @@ def memory_bench(args) -> None:
     print(f"{'passages':>9} {'stage':9} {'seconds':>8} {'µs/passage':>11} {'peak RSS MB':>12}")
     for r in rows:
         print(f"{r['passages']:9d} {r['stage']:9} {r['seconds']:8.1f} {1e6 * r['seconds'] / r['passages']:11.1f} "
-              f"{r['peak_rss_mb']:12.0f}" + (f"   (index file {r['index_mb']:.0f} MB)" if r["index_mb"] else ""))
+              f"{r['peak_rss_mb']:12.0f}" + (f"   (index {r['index_mb']:.0f} MB)" if r["index_mb"] else ""))
     first, last = args.memory[0], args.memory[-1]
     peak = {n: max(r["peak_rss_mb"] for r in rows if r["passages"] == n) for n in (first, last)}
     per = {n: sum(r["seconds"] for r in rows if r["passages"] == n) / n for n in (first, last)}
     index = {n: next(r["index_mb"] for r in rows if r["passages"] == n and r["stage"] == "index")
              for n in (first, last)}
     print(f"peak RSS {last} ÷ {first}: {peak[last] / peak[first]:.2f}x ({peak[last]:.0f} vs {peak[first]:.0f} MB; "
-          f"index files {index[last]:.0f} vs {index[first]:.0f} MB); time per passage {last} ÷ {first}: "
+          f"indexes {index[last]:.0f} vs {index[first]:.0f} MB); time per passage {last} ÷ {first}: "
           f"{per[last] / per[first]:.2f}x")
 
 

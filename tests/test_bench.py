@@ -83,3 +83,18 @@ def test_memory_bench(tmp_path):
                                                            for s in ("data", "encode", "index", "retrieve", "mine")]
     assert all(int(rss) > 100 for *_, rss in rows)
     assert re.search(r"peak RSS 600 ÷ 300: [\d.]+x", out), out
+
+
+def test_rehearsal_bench(tiny_model, tmp_path):
+    """bench/rehearsal.py: the pipeline flow (sync rounds) on a tiny synthetic collection of MS MARCO's shape, a row per
+    stage with its peak RSS and disk, and the work folder against the retention bound."""
+    out = bench("rehearsal.py", "--passages", "400", "--queries", "300", "--dev-queries", "30", "--warmup-steps", "2",
+                "--round-steps", "2", "--runs", "sync", "--model", str(tiny_model), "--json",
+                str(tmp_path / "rows.json"), tmp_path=tmp_path)
+    rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +([\d.]*)$", out, re.M)
+    built = {stage: int(count) for stage, count, *_ in rows}
+    assert built["train"] == 3 and built["mine"] == 3 and built["encode"] >= 3, out  # warm-up and two rounds
+    assert any(rss != "-" and int(rss) > 100 for *_, rss, _ in rows)
+    summary = json.loads((tmp_path / "rows.json").read_text())[0]["summary"]
+    assert summary["encodings_kept"] <= 2 * 2 and 50 <= summary["mean_words"] <= 70  # the retention's bound
+    assert re.search(r"400 passages \(mean [\d.]+ words\): work folder \d+ MB", out), out

@@ -1,0 +1,281 @@
+"""A paper-shaped rehearsal (issue 28): the real pipeline flow (`ance run`) on a synthetic collection of MS MARCO's
+shape, with the tests' tiny model, at each corpus size given: data, BM25, zero-shot, the BM25 warm-up, two sync ANCE
+rounds (encode, index, retrieve, mine, train), then the same rounds as one async run (the warm-up reused). Per stage:
+wall time, peak RSS and disk written; the work folder at the end, after `ance gc` with the retention policy, against
+the policy's bound.
+
+    python bench/rehearsal.py --passages 100000 2000000 [--queries 500000] [--warmup-steps 300] [--round-steps 100]
+
+The collection: passages of log-normal length (mean ≈ 60 words, median ≈ 54, 1 in 2,000 of 300-2,000 words: MS
+MARCO's long tail), words drawn Zipf-like from a 30,000-word vocabulary; `--queries` training queries with one
+positive each (6 of its positive's words plus 2 random ones), 200 test queries, a dev split of `--dev-queries` carved
+from the training queries.
+
+How it measures: the `ance run` process is sampled every 0.2 s from outside (/proc: VmRSS, and VmHWM, the kernel's
+own peak); a stage's window is its folder's build time (manifest `seconds`, ending at the manifest's write), and its
+peak RSS the highest sample in the window, or the process's peak when that rose inside it. Stages nested in another's
+window (the encode shards in encode, the async inferencer's stages in train-async) share its samples. Disk: each stage
+folder's files, a hard-linked file counted once, for the folder that wrote it first. Only the flow's process is
+sampled (not Prefect's ephemeral server).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ance_core.retention import RetentionConfig, collect
+
+ROOT = Path(__file__).resolve().parents[1]
+MEAN_WORDS, SIGMA = 60, 0.45  # log-normal passage length: mean exp(mu + sigma^2 / 2) = 60 words
+LONG_EVERY, VOCABULARY = 2000, 30_000
+
+
+def vocabulary(size: int, rng: np.random.Generator) -> np.ndarray:
+    """`size` distinct pseudo-words of 2-4 syllables."""
+    syllables = np.array([c + v for c in "bcdfghklmnprstvz" for v in ("a", "e", "i", "o", "u", "ai", "ou")])
+    words: dict[str, None] = {}
+    while len(words) < size:
+        n = rng.integers(2, 5)
+        words["".join(rng.choice(syllables, n))] = None
+    return np.array(list(words), dtype=object)
+
+
+def synthetic_msmarco(folder: Path, passages: int, queries: int, dev_queries: int, seed: int = 0) -> dict:
+    """A BEIR folder of MS MARCO's shape (see the module docstring), written a block of passages at a time."""
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(VOCABULARY, rng)
+    zipf = 1 / np.arange(1, len(vocab) + 1) ** 1.05
+    zipf /= zipf.sum()
+    (folder / "qrels").mkdir(parents=True)
+    mu = np.log(MEAN_WORDS) - SIGMA ** 2 / 2
+    positives = rng.integers(0, passages, queries + 200)
+    wanted = np.zeros(passages, dtype=bool)
+    wanted[positives] = True
+    words_of: dict[int, np.ndarray] = {}  # the positives' words, for their queries
+    lengths_total = 0
+    with open(folder / "corpus.jsonl", "w") as f:
+        for start in range(0, passages, 100_000):
+            n = min(100_000, passages - start)
+            lengths = np.maximum(5, rng.lognormal(mu, SIGMA, n).astype(np.int64))
+            long = rng.random(n) < 1 / LONG_EVERY
+            lengths[long] = rng.integers(300, 2001, long.sum())
+            lengths_total += int(lengths.sum())
+            ids = rng.choice(len(vocab), size=int(lengths.sum()), p=zipf)
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            lines = []
+            for i in range(n):
+                words = ids[bounds[i]:bounds[i + 1]]
+                if wanted[start + i]:
+                    words_of[start + i] = words
+                lines.append(json.dumps({"_id": f"d{start + i}", "title": "", "text": " ".join(vocab[words])}))
+            f.write("\n".join(lines) + "\n")
+    with open(folder / "queries.jsonl", "w") as f, open(folder / "qrels" / "train.tsv", "w") as train, \
+            open(folder / "qrels" / "test.tsv", "w") as test:
+        train.write("query-id\tcorpus-id\tscore\n")
+        test.write("query-id\tcorpus-id\tscore\n")
+        for i, doc in enumerate(positives):
+            words = words_of[int(doc)]
+            text = " ".join(vocab[np.concatenate([rng.choice(words, min(6, len(words)), replace=False),
+                                                  rng.integers(0, len(vocab), 2)])])
+            f.write(json.dumps({"_id": f"q{i}", "text": text}) + "\n")
+            (train if i < queries else test).write(f"q{i}\td{doc}\t1\n")
+    return {"passages": passages, "mean_words": lengths_total / passages, "queries": queries,
+            "dev_fraction": dev_queries / queries}
+
+
+class Sampler(threading.Thread):
+    """(time, VmRSS MB, VmHWM MB) of a process every `every` seconds until it ends."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.samples = pid, every, []
+
+    def run(self) -> None:
+        status = Path(f"/proc/{self.pid}/status")
+        while True:
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except (OSError, ValueError):
+                return
+            rss, hwm = (int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")) if "VmRSS" in fields \
+                else (0.0, 0.0)
+            if not rss:
+                return  # a zombie
+            self.samples.append((time.time(), rss, hwm))
+            time.sleep(self.every)
+
+
+def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, float]:
+    """`ance run` on a config, sampled; (its JSON result, the samples, start time, wall seconds)."""
+    path = root / f"{label}.json"
+    path.write_text(json.dumps(config))
+    env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "TQDM_DISABLE": "1",
+                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    started = time.time()
+    with open(root / f"{label}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        out, _ = proc.communicate()
+    sampler.join(5)
+    if proc.returncode:
+        raise SystemExit(f"{label}: ance run failed (exit {proc.returncode}); log: {root / f'{label}.log'}\n"
+                         f"{(root / f'{label}.log').read_text()[-3000:]}")
+    (root / f"{label}.out").write_text(out)
+    return json.loads(out.strip().splitlines()[-1]), sampler.samples, started, time.time() - started
+
+
+def stage_rows(work: Path, samples: list, since: float, owned: dict) -> list[dict]:
+    """A row per stage folder built since `since`: its window, peak RSS in it, disk it wrote first."""
+    rows = []
+    for manifest in sorted(work.glob("*/*/manifest.json"), key=lambda p: p.stat().st_mtime):
+        end = manifest.stat().st_mtime
+        m = json.loads(manifest.read_text())
+        if end < since or m.get("key") != manifest.parent.name:
+            continue
+        begin = end - m["seconds"]
+        inside = [s for s in samples if begin <= s[0] <= end]
+        before = [s for s in samples if s[0] < begin]
+        peak = max((s[1] for s in inside), default=0.0)
+        if inside and inside[-1][2] > (before[-1][2] if before else 0):  # the process's own peak rose in the window
+            peak = max(peak, inside[-1][2])
+        written = 0
+        for path in manifest.parent.rglob("*"):
+            if path.is_file() and (st := path.stat()).st_ino not in owned:
+                owned[st.st_ino] = manifest.parent
+                written += st.st_size
+        rows.append({"stage": m["stage"], "seconds": m["seconds"], "peak_rss_mb": peak, "disk_mb": written / 2**20,
+                     "begin": begin})
+    return rows
+
+
+def disk_mb(folder: Path) -> float:
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        if path.is_file() and (st := path.stat()).st_ino not in seen:
+            seen.add(st.st_ino)
+            total += st.st_size
+    return total / 2**20
+
+
+def rehearse(passages: int, args, model: Path, tmp: Path) -> dict:
+    root = tmp / f"n{passages}"
+    root.mkdir()
+    began = time.time()
+    shape = synthetic_msmarco(root / "beir", passages, args.queries, args.dev_queries)
+    generated = time.time() - began
+    train = {"batch_size": 32, "passage_max_length": 64, "learning_rate": 1e-3}
+    config = {"data": {"dataset": str(root / "beir"), "dev_fraction": shape["dev_fraction"]},
+              "model": {"name": str(model), "passage_max_length": 64},
+              "warmup": train | {"max_steps": args.warmup_steps}, "ance": train | {"max_steps": args.round_steps},
+              "mining": {"top_k": 200}, "encode": {"batch_size": 256, "shard_size": 250_000},
+              "eval": {"top_k": 100}, "rounds": 2, "refresh": "sync", "work_dir": str(root / "work")}
+    rows, owned = [], {}
+    for label in args.runs:  # the refresh mode
+        result, samples, since, wall = run_flow(config | {"refresh": label}, root, label)
+        for row in stage_rows(root / "work", samples, since, owned):
+            rows.append(row | {"run": label, "passages": passages})
+        rows.append({"run": label, "passages": passages, "stage": "(whole run)", "seconds": wall,
+                     "peak_rss_mb": max((s[2] for s in samples), default=0.0), "disk_mb": None, "begin": since})
+        print(f"{passages} {label}: {wall:.0f} s", flush=True)
+    work = root / "work"
+    before = disk_mb(work)
+    plan = collect(work, RetentionConfig(keep_runs=args.keep_runs, keep_refreshes=args.keep_refreshes))  # ance gc
+    encodes = [p for p in (work / "encode").iterdir() if p.name[0] != "."]
+    checkpoints = [p for p in (work / "train").iterdir() if p.name[0] != "."] + \
+        [p for p in (work / "train-async").glob("*") if p.name[0] != "."]
+    # the bound: the kept refreshes' float16 shards (the encode folders still there) plus the kept checkpoints
+    shards = sum(disk_mb(p) for p in encodes)
+    bound = shards + sum(disk_mb(p) for p in checkpoints)
+    summary = {"passages": passages, "generate_seconds": generated, "mean_words": shape["mean_words"],
+               "work_mb_before_gc": before, "gc_removed": len(plan.remove), "work_mb": disk_mb(work),
+               "encodings_kept": len(encodes), "encodings_mb": shards,
+               "checkpoints_mb": bound - shards,
+               "other_mb": {d.name: disk_mb(d) for d in sorted(work.iterdir()) if d.is_dir() and d.name not in
+                            ("encode", "encode-shard", "index", "train", "train-async")}}
+    shutil.rmtree(root / "beir")
+    if not args.keep:
+        shutil.rmtree(root)
+    return {"rows": rows, "summary": summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--passages", type=int, nargs="+", default=[100_000, 2_000_000])
+    parser.add_argument("--queries", type=int, default=500_000)
+    parser.add_argument("--dev-queries", type=int, default=2_000)
+    parser.add_argument("--warmup-steps", type=int, default=300)
+    parser.add_argument("--round-steps", type=int, default=100)
+    parser.add_argument("--keep-runs", type=int, default=2)
+    parser.add_argument("--keep-refreshes", type=int, default=2)
+    parser.add_argument("--model", help="a model folder; default: the tests' tiny BERT, built here")
+    parser.add_argument("--tmp", help="where the collections and work folders go (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folders")
+    parser.add_argument("--runs", nargs="+", choices=["sync", "async"], default=["sync", "async"])
+    parser.add_argument("--json", help="write every row and summary here")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from tests.tiny import build_tiny_model
+
+    results = []
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        tmp = Path(tmp)
+        model = Path(args.model) if args.model else build_tiny_model(tmp / "tiny-model")
+        for passages in args.passages:
+            results.append(rehearse(passages, args, model, tmp))
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"\n{args.queries} training queries (one positive each), top-200, tiny model (32-d), warm-up "
+          f"{args.warmup_steps} steps, rounds {args.round_steps} steps, {os.cpu_count()} cores")
+    print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'disk MB':>9}")
+    for result in results:
+        for (passages, run, stage), r in aggregate(result["rows"]).items():
+            disk = "" if r["disk_mb"] is None else f"{r['disk_mb']:9.1f}"
+            peak = f"{r['peak_rss_mb']:12.0f}" if r["peak_rss_mb"] else f"{'-':>12}"  # shorter than one sample
+            print(f"{passages:9d} {run:6} {stage:16} {r['count']:5d} {r['seconds']:8.1f} {peak} {disk}")
+    for result in results:
+        s = result["summary"]
+        print(f"{s['passages']} passages (mean {s['mean_words']:.1f} words): work folder "
+              f"{s['work_mb_before_gc']:.0f} MB "
+              f"after the runs; `ance gc --keep-runs {args.keep_runs} --keep-refreshes {args.keep_refreshes}` removed "
+              f"{s['gc_removed']} stage folders: {s['work_mb']:.0f} MB = "
+              f"{s['encodings_kept']} kept encodings {s['encodings_mb']:.0f} MB + checkpoints "
+              f"{s['checkpoints_mb']:.0f} MB + " + ", ".join(f"{k} {v:.0f}" for k, v in s["other_mb"].items()
+                                                               if v >= 0.5))
+    if len(results) > 1:
+        small, large = (aggregate(r["rows"]) for r in (results[0], results[-1]))
+        n0, n1 = results[0]["summary"]["passages"], results[-1]["summary"]["passages"]
+        print(f"\npeak RSS per stage, {n1} ÷ {n0} passages:")
+        for (_, run, stage), r in large.items():
+            if (before := small.get((n0, run, stage))) and before["peak_rss_mb"] and r["peak_rss_mb"]:
+                print(f"  {run:6} {stage:16} {r['peak_rss_mb']:8.0f} / {before['peak_rss_mb']:6.0f} MB = "
+                      f"{r['peak_rss_mb'] / before['peak_rss_mb']:.2f}x")
+
+
+def aggregate(rows: list[dict]) -> dict[tuple, dict]:
+    """The stage folders of a (size, run, stage) together, in the order they first ran: how many were built, their
+    seconds and disk summed, the highest peak RSS."""
+    out: dict[tuple, dict] = {}
+    for r in sorted(rows, key=lambda r: (r["run"] == "async", r["begin"])):
+        a = out.setdefault((r["passages"], r["run"], r["stage"]),
+                           {"count": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "disk_mb": None})
+        a["count"] += 1
+        a["seconds"] += r["seconds"]
+        a["peak_rss_mb"] = max(a["peak_rss_mb"], r["peak_rss_mb"])
+        if r["disk_mb"] is not None:
+            a["disk_mb"] = (a["disk_mb"] or 0.0) + r["disk_mb"]
+    return out
+
+if __name__ == "__main__":
+    main()
