@@ -17,6 +17,9 @@ import typer
 EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_TIMEOUT_DEFAULT = "180"
 
+SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
+             "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train dense retrievers with ANCE, orchestrated by Prefect.")
 
@@ -102,6 +105,7 @@ def demo(
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
                                            "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
     from ance_core.compression.config import CompressConfig
@@ -111,7 +115,8 @@ def demo(
 
     def body():
         overrides = {"work_dir": work_dir, "compression": compression}
-        _run_pipeline(recipe_config(recipe, **overrides | ({"rounds": rounds} if rounds is not None else {})), as_json)
+        config = recipe_config(recipe, sets or (), **overrides | ({"rounds": rounds} if rounds is not None else {}))
+        _run_pipeline(config, as_json)
 
     _guard(body)
 
@@ -120,17 +125,19 @@ def demo(
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="YAML or JSON pipeline config")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
 ):
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
     from ance_core.pipeline.config import load_config
 
-    _guard(lambda: _run_pipeline(load_config(config), as_json))
+    _guard(lambda: _run_pipeline(load_config(config, sets=sets or ()), as_json))
 
 
 @app.command()
 def compare(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompareConfig")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
 ):
     """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
     from ance_core.pipeline.config import CompareConfig, load_config
@@ -138,7 +145,7 @@ def compare(
     def body():
         from flows.compare import compare_negatives
 
-        c = load_config(config, CompareConfig) if config else CompareConfig()
+        c = load_config(config, CompareConfig, sets or ())
         _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split))
         result = compare_negatives(c)
         _print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",

@@ -5,6 +5,8 @@ Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is ref
 The defaults are the demo: SciFact, all-MiniLM-L6-v2, BM25 warm-up then two ANCE rounds on a 2-core CPU.
 """
 
+import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -159,21 +161,54 @@ class CompareConfig(StageConfig):
         return PipelineConfig(**fields, rounds=0)
 
 
-def load_config(path: str | Path, schema: type[StageConfig] = PipelineConfig) -> Any:
-    """Read a YAML or JSON config (a pipeline's by default); errors name the file and the offending field."""
-    path = Path(path)
-    if not path.is_file():
-        raise AnceError(f"{path}: config file not found")
-    try:
-        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineConfig, sets: Sequence[str] = (),
+                base: dict | None = None) -> Any:
+    """Read a YAML or JSON config (a pipeline's by default; without a path, `base` or the defaults), with `--set`
+    overrides (`apply_sets`) on top; errors name the file, the offending field or the override."""
+    raw: Any = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise AnceError(f"{path}: config file not found")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+    raw = apply_sets(raw, sets)
     try:
         return schema.model_validate(raw)
     except ValidationError as e:
-        raise AnceError(f"{path}: invalid config:\n{format_validation_error(e)}") from None
+        where = f"{path}: " if path is not None else ""
+        also = f" (with {' '.join(f'--set {s}' for s in sets)})" if sets else ""
+        raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
+
+
+def apply_sets(raw: dict, sets: Sequence[str]) -> dict:
+    """`key.sub=value` overrides on a config mapping (a copy): dotted keys into its sections, each value read as a YAML
+    scalar or flow list/mapping (`3e-5`, `true`, `null`, `[ance, bm25]`) and typed by the config model when validated
+    (an unknown key is refused there, by name)."""
+    out = copy.deepcopy(raw)
+    for item in sets:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise AnceError(f"--set {item}: expected key=value with a dotted key, e.g. --set ance.learning_rate=3e-5")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as e:
+            raise AnceError(f"--set {item}: the value is not valid YAML: {e}") from None
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise AnceError(f"--set {item}: '{'.'.join(parts[:depth + 1])}' is a value ({child!r}), not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
 
 
 def format_validation_error(e: ValidationError) -> str:

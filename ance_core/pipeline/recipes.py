@@ -8,10 +8,11 @@ the search log, the three-seed tables and the paired comparisons).
 - `full` (`make quality`, `ance demo --recipe full`): 2 SimANS rounds, 2 epochs per stage (dev search run s6).
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from ance_core.errors import AnceError
-from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.config import PipelineConfig, load_config
 
 RECIPES: dict[str, dict[str, Any]] = {
     "demo": {"mining": {"sampler": "simans"}},
@@ -19,8 +20,9 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe_config(name: str, **overrides: Any) -> PipelineConfig:
-    """The pipeline config of a recipe, with top-level `overrides` (e.g. work_dir) on top."""
+def recipe_config(name: str, sets: Sequence[str] = (), **overrides: Any) -> PipelineConfig:
+    """The pipeline config of a recipe, with top-level `overrides` (e.g. work_dir) and then `--set` overrides
+    (`key.sub=value`, pipeline/config.py `apply_sets`) on top."""
     if name not in RECIPES:
         raise AnceError(f"unknown recipe '{name}'; choose one of {', '.join(RECIPES)}")
-    return PipelineConfig.model_validate(RECIPES[name] | overrides)
+    return load_config(None, PipelineConfig, sets, base=RECIPES[name] | overrides)

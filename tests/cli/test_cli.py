@@ -80,3 +80,12 @@ def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     assert code == 0 and "removed 2 stage folders" in out and len(list((work / "encode").iterdir())) == 1
     code, out = _invoke(["gc", "--work-dir", str(tmp_path / "nowhere")])
     assert code == 2 and "no such work folder" in out and "Traceback" not in out
+
+
+def test_set_overrides_a_config_and_a_wrong_key_is_one_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rounds: 1\n")
+    code, out = _invoke(["run", "--config", str(cfg), "--set", "ance.learning_rat=3e-5"])
+    assert code == 2 and "ance.learning_rat" in out and "--set ance.learning_rat=3e-5" in out and "Traceback" not in out
+    code, out = _invoke(["demo", "--set", "rounds=two", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "rounds" in out and not (tmp_path / "w").exists()

@@ -97,3 +97,24 @@ def test_a_deployment_inferencer_needs_the_async_refresh_and_a_server():
                                                                                  "unset"):  # an ephemeral server
         check_deployment(config.inferencer)
     check_deployment(PipelineConfig(refresh="async").inferencer)  # the thread needs nothing
+
+
+def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_path):
+    import re
+
+    from ance_core.pipeline.config import CompareConfig
+    from ance_core.pipeline.recipes import recipe_config
+
+    path = tmp_path / "x.yaml"
+    path.write_text("rounds: 1\nance: {batch_size: 8}\n")
+    cfg = load_config(path, sets=["ance.learning_rate=3e-5", "rounds=2", "mining.sampler=simans",
+                                  "data.train_min_relevance=2", "compression.dims=[32, 16]", "index.nlist=null"])
+    assert cfg.rounds == 2 and cfg.ance.learning_rate == 3e-5 and cfg.ance.batch_size == 8  # the file's kept
+    assert cfg.mining.sampler == "simans" and cfg.data.train_min_relevance == 2 and cfg.compression.dims == [32, 16]
+    assert recipe_config("full", ["ance.epochs=3"]).ance.epochs == 3 and recipe_config("full").rounds == 2
+    assert load_config(None, CompareConfig, ["samplers=[ance, bm25]"]).samplers == ["ance", "bm25"]
+    for sets, named in ((["ance.learning_rat=3e-5"], "ance.learning_rat"), (["rounds=two"], "rounds"),
+                        (["rounds.x=1"], "'rounds' is a value"), (["ance"], "expected key=value"),
+                        (["ance..lr=1"], "expected key=value")):
+        with pytest.raises(AnceError, match=re.escape(named)):
+            load_config(path, sets=sets)
