@@ -215,17 +215,26 @@ def bm25(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
     """Evaluate the BM25 baseline (top-1000) on a split."""
-    from ance_core.data.config import DataConfig
     from ance_core.retrieval.config import BM25Config
     from flows.evaluate import bm25_baseline
 
     def body():
-        data = DataConfig(dataset=dataset, eval_split=split)
+        data = _evaluation_data(dataset, split)
         _preflight(data, work_dir, (split,))
         metrics = bm25_baseline(data, BM25Config(), work_dir)
         _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
     _guard(body)
+
+
+def _evaluation_data(dataset: str, split: str):
+    """The data of a command that only evaluates `split`: the pipeline's (its data stage reused), or, when the split is
+    the one a pipeline would choose its result on (MS MARCO's dev), none carved or needed."""
+    from ance_core.data.config import DataConfig
+
+    if split == DataConfig.model_fields["dev_split"].default:
+        return DataConfig(dataset=dataset, eval_split=split, dev_split=None)
+    return DataConfig(dataset=dataset, eval_split=split)
 
 
 @app.command()
@@ -237,13 +246,12 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
     """Encode the corpus with a checkpoint, index it and evaluate it on a split."""
-    from ance_core.data.config import DataConfig
     from ance_core.modeling.model import read_meta
     from flows.evaluate import evaluate_checkpoint
 
     def body():
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
-        data = DataConfig(dataset=dataset, eval_split=split)
+        data = _evaluation_data(dataset, split)
         _preflight(data, work_dir, (split,))
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
         _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)

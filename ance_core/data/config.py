@@ -16,8 +16,9 @@ class DataConfig(StageConfig):
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
     train_split: str = "train"
     eval_split: str = "test"
-    dev_split: str = Field("dev", description="The split that picks the run's result (its best checkpoint) and the "
-                           "champion; recipes are chosen on it, never on eval_split")
+    dev_split: str | None = Field("dev", description="The split that picks the run's result (its best checkpoint) "
+                                  "and the champion; recipes are chosen on it, never on eval_split. null: none (the "
+                                  "run's result is its last model)")
     dev_fraction: float = Field(
         0.2, ge=0, lt=1, description="When the dataset has no `dev_split`: this share of the train split's queries "
         "(those with a positive) moves into it, chosen by dev_seed, and is no longer trained on. 0: no dev split, and "
@@ -35,6 +36,8 @@ class DataConfig(StageConfig):
 
     @model_validator(mode="after")
     def _dev_is_its_own_split(self) -> "DataConfig":
+        if self.dev_split is None:
+            return self
         if self.dev_split == self.train_split:
             raise ValueError(f"dev_split and train_split are both '{self.train_split}': model selection on the "
                              "training queries would always pick the last model")

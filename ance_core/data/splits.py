@@ -8,7 +8,7 @@ from ance_core.data.dataset import Dataset
 from ance_core.errors import AnceError, warn
 
 
-def with_dev_split(dataset: Dataset, train_split: str, dev_split: str, fraction: float, seed: int) -> Dataset:
+def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fraction: float, seed: int) -> Dataset:
     """The dataset with a dev split for model selection and recipe choices.
 
     A dataset that has a split named `dev_split` keeps it. Otherwise about `fraction` of the train split's queries that
@@ -17,7 +17,7 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str, fraction:
     depends on nothing else, so adding queries to a dataset never moves the others, and seeds give independent splits.
     """
     splits = set(dataset.qrels["split"])
-    if dev_split in splits or fraction <= 0 or train_split not in splits:
+    if dev_split is None or dev_split in splits or fraction <= 0 or train_split not in splits:
         return dataset
     train = dataset.split_qrels(train_split)
     candidates = sorted(set(train.loc[train["relevance"] > 0, "query_id"]))

@@ -89,3 +89,22 @@ def test_set_overrides_a_config_and_a_wrong_key_is_one_line(tmp_path):
     assert code == 2 and "ance.learning_rat" in out and "--set ance.learning_rat=3e-5" in out and "Traceback" not in out
     code, out = _invoke(["demo", "--set", "rounds=two", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "rounds" in out and not (tmp_path / "w").exists()
+
+
+def test_bm25_evaluates_a_dev_split_without_needing_a_dev_split_of_its_own(tmp_path):
+    """MS MARCO's evaluation split is dev: `ance bm25 --split dev` evaluates it (before: "dev_split and eval_split are
+    both 'dev'"). A real run of the bm25 flow, in its own process with Prefect's ephemeral server."""
+    import os
+    import subprocess
+    import sys
+
+    docs = [{"_id": f"d{i}", "text": text} for i, text in enumerate(
+        ["vitamin d lowers cancer risk", "protein folding in cells", "gene expression in mice", "blood pressure"])]
+    queries = [{"_id": "q1", "text": "vitamin d cancer"}, {"_id": "q2", "text": "mice gene"}]
+    ds = write_beir(tmp_path / "ds", docs, queries, {"train": [("q2", "d2", 1)], "dev": [("q1", "d0", 1)]})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "p")}
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "bm25", "--dataset", str(ds), "--split", "dev",
+                           "--work-dir", str(tmp_path / "w"), "--json"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ndcg_at_10"] == 1.0
