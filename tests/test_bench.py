@@ -83,3 +83,12 @@ def test_memory_bench(tmp_path):
                                                            for s in ("data", "encode", "index", "retrieve", "mine")]
     assert all(int(rss) > 100 for *_, rss in rows)
     assert re.search(r"peak RSS 600 ÷ 300: [\d.]+x", out), out
+
+
+def test_mining_bench(tmp_path):
+    """bench/mining.py on a toy run (300 queries x 20), both layouts: every pair mined, none from the fallback."""
+    for layout in ([], ["--old-layout"]):
+        out = bench("mining.py", "--queries", "300", "--depth", "20", "--corpus", "2000", *layout, tmp_path=tmp_path)
+        rows = re.findall(r"^(ance|simans) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)% +(\d+) +(\d+)$", out, re.M)
+        assert [r[0] for r in rows] == ["ance", "simans"], out
+        assert all(float(r[2]) > 0 and int(r[5]) == 300 and int(r[6]) == 0 for r in rows), out
