@@ -77,6 +77,7 @@ bench: env  ## speed and reliability measurements recorded in BENCHMARKS.md (lon
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/reliability.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/mining.py
 	$(BIN)/python bench/rehearsal.py  # hours: 100k and 2M passages, 500k queries
 
 clean:

@@ -2,6 +2,7 @@ from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
 from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.search import write_run
 from tasks.common import stage_task
 
 
@@ -11,8 +12,9 @@ def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_di
 
     def build(out):
         tables = read_tables(data.path)
-        run = BM25(tables.corpus, cfg).search(tables.split_queries(split), top_k)
-        run.to_parquet(out / RUN, index=False)
+        queries = tables.split_queries(split).sort_values("query_id", kind="stable")  # the run in query-id order
+        run = BM25(tables.corpus, cfg).search(queries, top_k)
+        write_run(run, out / RUN)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
     return run_stage(work_dir, "bm25", {"bm25": cfg, "split": split, "top_k": top_k}, {"data": data.digest}, build)

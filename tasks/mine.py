@@ -1,6 +1,8 @@
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
@@ -49,25 +51,52 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     return run_stage(work_dir, "mine", config, inputs, build)
 
 
-def ranking_rows(path: Path, query_ids: list[str] | None) -> pd.DataFrame:
-    """A ranking's (or positive-score table's) rows, of the given queries only when they are given."""
+def ranking_rows(path: Path, query_ids: list[str] | None) -> pa.Table:
+    """A ranking's (or positive-score table's) rows: all of them, or those of the range of query ids from the first of
+    `query_ids` (sorted) to the last, and perhaps some of other queries. A file in query-id order (its row groups'
+    statistics say so: ance_core/retrieval/search.py `RunWriter` writes runs so) is read by the row groups that hold
+    the range, query_id as an Arrow dictionary; any other (a run written before) by a scan of the whole file that keeps
+    the range's rows."""
     if query_ids is None:
-        return pd.read_parquet(path)
-    return pd.read_parquet(path, filters=[("query_id", "in", query_ids)])
+        return pq.read_table(path)
+    if not query_ids:
+        return pq.read_schema(path).empty_table()
+    with pq.ParquetFile(path, read_dictionary=["query_id"]) as file:
+        if (groups := row_groups_between(file.metadata, query_ids[0], query_ids[-1])) is not None:
+            return file.read_row_groups(groups)
+    return pq.read_table(path, filters=[("query_id", ">=", query_ids[0]), ("query_id", "<=", query_ids[-1])])
+
+
+def row_groups_between(meta: pq.FileMetaData, first: str, last: str) -> list[int] | None:
+    """The row groups that may hold query ids from `first` to `last`; None when the row groups are not in query-id
+    order (or have no statistics)."""
+    column = meta.schema.to_arrow_schema().get_field_index("query_id")
+    bounds = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        bounds.append((stats.min, stats.max))
+    if any(low < previous_high for (_, previous_high), (low, _) in zip(bounds, bounds[1:], strict=False)):
+        return None
+    return [i for i, (low, high) in enumerate(bounds) if low <= last and high >= first]
 
 
 def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
                  tables, relevant: dict[str, set[str]], corpus_ids: SortedIds, scorer: dict[str, ArtifactRef] | None,
                  query_ids: list[str] | None) -> pd.DataFrame:
-    """The negatives of some queries' pairs (`query_ids`; None: all of them) from the rankings' rows of those
-    queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts."""
+    """The negatives of some queries' pairs (`query_ids`, sorted; None: all of them) from the rankings' rows of those
+    queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts. `tables`
+    (the dataset) serves only the scorer."""
     frames = {name: ranking_rows(Path(ref.path, RUN), query_ids) for name, ref in rankings.items()}
     scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
     table = None
     if "dense" in rankings and Path(rankings["dense"].path, POSITIVE_SCORES).is_file():
-        table = ranking_rows(Path(rankings["dense"].path, POSITIVE_SCORES), query_ids)
+        table = ranking_rows(Path(rankings["dense"].path, POSITIVE_SCORES), query_ids).to_pydict()
     elif scorer is not None:  # a BM25 ranking (or none), scored by the starting model
-        top, table = dense_scores(frames.get("bm25"), tables, positives, cfg.depth, scorer)
+        bm25 = frames["bm25"].to_pandas() if "bm25" in frames else None
+        bm25 = bm25[bm25["query_id"].isin(positives)] if bm25 is not None else None  # not its neighbours' rows
+        top, table = dense_scores(bm25, tables, positives, cfg.depth, scorer)
         if top is not None:
             frames["bm25"] = top
     if table is not None:

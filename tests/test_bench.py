@@ -98,3 +98,12 @@ def test_rehearsal_bench(tiny_model, tmp_path):
     summary = json.loads((tmp_path / "rows.json").read_text())[0]["summary"]
     assert summary["encodings_kept"] <= 2 * 2 and 50 <= summary["mean_words"] <= 70  # the retention's bound
     assert re.search(r"400 passages \(mean [\d.]+ words\): work folder \d+ MB", out), out
+
+
+def test_mining_bench(tmp_path):
+    """bench/mining.py on a toy run (300 queries x 20), both layouts: every pair mined, none from the fallback."""
+    for layout in ([], ["--old-layout"]):
+        out = bench("mining.py", "--queries", "300", "--depth", "20", "--corpus", "2000", *layout, tmp_path=tmp_path)
+        rows = re.findall(r"^(ance|simans) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)% +(\d+) +(\d+)$", out, re.M)
+        assert [r[0] for r in rows] == ["ance", "simans"], out
+        assert all(float(r[2]) > 0 and int(r[5]) == 300 and int(r[6]) == 0 for r in rows), out

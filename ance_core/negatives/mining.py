@@ -3,64 +3,34 @@
 
 Per query: each ranking the sampler mines is cut to its top-depth minus every relevant document; per pair, the
 false-negative controls (`skip_top`: drop the top r ranks; `margin` m: drop candidates scoring above
-(1 - m)·s(q, d⁺)) leave the candidates the sampler draws from.
+(1 - m)·s(q, d⁺)) leave the candidates the sampler draws from. All the pairs are mined at once, as arrays over pairs ×
+candidates (negatives/candidates.py), with counter-based random numbers (negatives/randomness.py): each random number
+is a hash of (seed, round, query id, the positive's place among the query's, what it is for, the draw's number), so
+mining the queries in parts, or in another order, gives the same negatives. (Since issue 28; before, each query had a
+numpy generator seeded with (seed, round, crc32(query id)): the same laws, other draws for the same seed.)
 
 Fallback: a pair whose candidates are fewer than the sampler wants (BM25 found nothing for the query, or the controls
-left too few) gets its missing negatives uniformly from the corpus minus the query's relevant documents, from the same
-seeded generator. One warning names how many queries and which; the table's `fallback` column counts them per row.
+left too few) gets its missing negatives uniformly from the corpus minus the query's relevant documents and the pair's
+other negatives: the first acceptable of its hashed draws of corpus positions. One warning names how many queries and
+which; the table's `fallback` column counts them per row.
 """
 
-import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ance_core.errors import AnceError, preview, warn
+from ance_core.negatives.candidates import Candidates, pair_candidates, read_ranking
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.samplers import EMPTY_RANKING, Pair, get_sampler
+from ance_core.negatives.randomness import pair_keys, uniforms
+from ance_core.negatives.samplers import Drawn, Pairs, Sampler, get_sampler
 
 # fallback: how many of the row's negatives the fallback drew; positive_window / negative_windows: the MaxP window each
 # document is trained with (its best under the mining model; 0, the first, when nothing ranked it)
 COLUMNS = ["query_id", "positive_id", "negative_ids", "negative_ranks", "negative_scores", "fallback",
            "positive_window", "negative_windows"]
-
-
-def drop_positives(ranked: pd.DataFrame, positives: set[str], top_k: int) -> pd.DataFrame:
-    """The top-k rows of one query's ranked list (doc_id, rank, score) whose doc is not a labelled positive."""
-    top = ranked[ranked["rank"] <= top_k].sort_values("rank", kind="stable")
-    return top[~top["doc_id"].isin(positives)]
-
-
-def query_rng(seed: int, round_: int, query_id: str) -> np.random.Generator:
-    return np.random.default_rng([seed, round_, zlib.crc32(query_id.encode())])
-
-
-def filter_candidates(candidates: pd.DataFrame, skip_top: int, margin: float | None,
-                      positive_score: float | None) -> pd.DataFrame:
-    """The false-negative controls: drop the top `skip_top` ranks, and scores above (1 - margin)·s(q, d⁺)."""
-    if skip_top:
-        candidates = candidates[candidates["rank"] > skip_top]
-    if margin is not None:
-        if positive_score is None:
-            raise AnceError("mining.margin needs the positives' scores, which this ranking does not have")
-        candidates = candidates[candidates["score"] <= (1 - margin) * positive_score]
-    return candidates
-
-
-def random_docs(doc_ids: np.ndarray, exclude: set[str], n: int, rng: np.random.Generator) -> list[str]:
-    """n distinct documents uniformly from the corpus minus `exclude`."""
-    if len(doc_ids) - len(exclude) < n:
-        raise AnceError(f"the corpus has fewer than {n} documents that are not positives")
-    out: list[str] = []
-    while len(out) < n:
-        for i in rng.choice(len(doc_ids), size=2 * n, replace=False if len(doc_ids) >= 2 * n else True):
-            d = doc_ids[i]
-            if d not in exclude and d not in out:
-                out.append(d)
-                if len(out) == n:
-                    break
-    return out
 
 
 class SortedIds(np.ndarray):
@@ -72,11 +42,84 @@ def sorted_ids(corpus_ids: Sequence[str]) -> SortedIds:
     return np.asarray(sorted(corpus_ids), dtype=object).view(SortedIds)
 
 
+def pairs_of(positives: dict[str, set[str]], query_ids: list[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """The (query, positive) pairs in (query, positive) order: (P,) each one's query index, its positive, and the
+    positive's place among its query's (sorted) positives."""
+    pair_query, positive_ids, ordinals = [], [], []
+    for q, query_id in enumerate(query_ids):
+        ids = sorted(positives[query_id])
+        pair_query += [q] * len(ids)
+        positive_ids += ids
+        ordinals += range(len(ids))
+    return np.asarray(pair_query, dtype=np.int64), positive_ids, np.asarray(ordinals, dtype=np.int64)
+
+
+def excluded_documents(query_ids: list[str], positives: dict[str, set[str]],
+                       relevant: dict[str, set[str]]) -> list[list[str]]:
+    """Per query: the documents never a negative (its labelled-relevant ones and its positives), sorted."""
+    return [sorted(relevant.get(q, set()) | positives[q]) for q in query_ids]
+
+
+def pair_positive_scores(sampler: Sampler, query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str],
+                         positive_scores: dict[tuple[str, str], float] | None, keys: np.ndarray) -> np.ndarray:
+    """(P,) s(q, d⁺) of each pair (NaN: unknown): its own positive's, or for SimANS a positive of the query drawn at
+    random per pair (SimANS §4.1), which must have a score."""
+    scores = positive_scores or {}
+    if not sampler.needs_positive_score:
+        return np.array([scores.get((query_ids[q], d), np.nan) for q, d in zip(pair_query, positive_ids, strict=True)],
+                        dtype=np.float64)
+    starts = np.searchsorted(pair_query, np.arange(len(query_ids) + 1))  # a query's pairs are contiguous
+    sizes = (starts[1:] - starts[:-1])[pair_query]
+    picks = starts[pair_query] + (uniforms(keys, "positive", np.zeros(len(keys))) * sizes).astype(np.int64)
+    out = np.empty(len(pair_query), dtype=np.float64)
+    for i, (q, pick) in enumerate(zip(pair_query, picks, strict=True)):
+        drawn = positive_ids[pick]
+        if (score := scores.get((query_ids[q], drawn))) is None:
+            raise AnceError(f"no score for positive '{drawn}' of query '{query_ids[q]}'")
+        out[i] = score
+    return out
+
+
+def first_in_row(values: np.ndarray) -> np.ndarray:
+    """(F, B) bool: whether each value is the first of its row equal to it."""
+    order = np.argsort(values, axis=1, kind="stable")
+    ordered = np.take_along_axis(values, order, 1)
+    first = np.ones(values.shape, dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    out = np.empty_like(first)
+    np.put_along_axis(out, order, first, 1)
+    return out
+
+
+def random_docs(docs: SortedIds, keys: np.ndarray, need: np.ndarray, banned: list[list[str]]) -> list[list[str]]:
+    """need[i] distinct documents uniformly from the corpus minus banned[i], for each row i (keys[i] its random key):
+    the first acceptable (not banned, not drawn before) of its hashed draws 0, 1, 2, ... of corpus positions, so the
+    same whatever other rows are drawn with it."""
+    size, owners = len(docs), np.repeat(np.arange(len(banned)), [len(b) for b in banned])
+    flat = np.asarray([d for b in banned for d in b], dtype=object)
+    at = np.minimum(np.searchsorted(docs, flat), max(size - 1, 0)) if len(flat) else np.zeros(0, dtype=np.int64)
+    known = np.asarray(docs[at] == flat, dtype=bool) if len(flat) else np.zeros(0, dtype=bool)
+    banned_keys = np.unique(owners[known] * size + at[known])  # (row, corpus position) pairs
+    if (size - np.bincount(banned_keys // max(size, 1), minlength=len(need)) < need).any():
+        raise AnceError(f"the corpus has fewer than {int(need.max())} documents that are not positives")
+    out: list[list[str]] = [[] for _ in need]
+    todo, block = np.flatnonzero(need > 0), 2 * int(need.max(initial=0)) + 8
+    while len(todo):  # the first `block` draws of each row left; rows still short draw more, from draw 0 again
+        drawn = np.minimum((uniforms(keys[todo], "fallback", np.arange(block)[None]) * size).astype(np.int64), size - 1)
+        fresh = first_in_row(drawn) & ~np.isin(todo[:, None] * size + drawn, banned_keys)
+        take = fresh & (np.cumsum(fresh, axis=1) <= need[todo, None])
+        done = take.sum(axis=1) == need[todo]
+        for row, positions, chosen in zip(todo[done], drawn[done], take[done], strict=True):
+            out[row] = docs[positions[chosen]].tolist()
+        todo, block = todo[~done], 4 * block
+    return out
+
+
 def sample_negatives(
     cfg: MiningConfig,
     positives: dict[str, set[str]],
     round_: int,
-    rankings: Mapping[str, pd.DataFrame] | None = None,
+    rankings: Mapping[str, pd.DataFrame | pa.Table] | None = None,
     corpus_ids: Sequence[str] | None = None,
     positive_scores: dict[tuple[str, str], float] | None = None,
     relevant: dict[str, set[str]] | None = None,
@@ -88,50 +131,102 @@ def sample_negatives(
 
     `corpus_ids`: the corpus's document ids (random documents, the fallback), sorted here unless `sorted_ids` did it
     once for a caller that mines the queries in parts. `rankings`: each ranking the sampler mines (`dense`, `bm25`:
-    query_id, doc_id, rank, score). `positives`: the training positives; `relevant` (default: the positives) every
-    labelled-relevant document of a query, none of which is ever a negative (graded qrels may train on the top
-    grades only). `positive_scores`: s(q, d⁺) (SimANS, margin). `positive_windows`: the MaxP window of each (query,
-    positive) under the mining model (default 0). `warn_short`: warn about the queries given fallback negatives
-    (`warn_fallback`); off for a caller that mines the queries in parts and warns once for all of them."""
+    query_id, doc_id, rank, score[, window]; a DataFrame or an Arrow table; rows of other queries are ignored).
+    `positives`: the training positives; `relevant` (default: the positives) every labelled-relevant document of a
+    query, none of which is ever a negative (graded qrels may train on the top grades only). `positive_scores`:
+    s(q, d⁺) (SimANS, margin). `positive_windows`: the MaxP window of each (query, positive) under the mining model
+    (default 0). `warn_short`: warn about the queries given fallback negatives (`warn_fallback`); off for a caller
+    that mines the queries in parts and warns once for all of them. The list columns hold numpy arrays, as the table
+    reads back from parquet."""
     sampler, n, depth = get_sampler(cfg.sampler), cfg.num_negatives, cfg.depth
-    positive_windows = positive_windows or {}
+    query_ids = sorted(positives)
+    pair_query, positive_ids, ordinals = pairs_of(positives, query_ids)
+    windows = np.array([(positive_windows or {}).get((query_ids[q], d), 0)
+                        for q, d in zip(pair_query, positive_ids, strict=True)], dtype=np.int64)
     if not sampler.mines:
-        return pd.DataFrame([(q, d, [], [], [], 0, positive_windows.get((q, d), 0), [])
-                             for q in sorted(positives) for d in sorted(positives[q])], columns=COLUMNS)
-    relevant = relevant or positives
+        return negatives_table(query_ids, pair_query, positive_ids, windows, [], np.zeros(len(pair_query), np.int64))
+    check_inputs(sampler, rankings, corpus_ids, positive_scores)
+    docs = corpus_ids if isinstance(corpus_ids, SortedIds) else sorted_ids(corpus_ids)
+    keys = pair_keys(cfg.seed, round_, query_ids, pair_query, ordinals)  # (P,)
+    s_pos = pair_positive_scores(sampler, query_ids, pair_query, positive_ids, positive_scores, keys)
+    if cfg.margin is not None and sampler.rankings and np.isnan(s_pos).any():
+        i = int(np.flatnonzero(np.isnan(s_pos))[0])
+        raise AnceError(f"mining.margin needs the positives' scores, which this ranking does not have (none for "
+                        f"positive '{positive_ids[i]}' of query '{query_ids[pair_query[i]]}')")
+    excluded = excluded_documents(query_ids, positives, relevant or positives)
+    by_query = (np.repeat(np.arange(len(query_ids)), [len(e) for e in excluded]), [d for e in excluded for d in e])
+    candidates = {r: pair_candidates(read_ranking(rankings[r], query_ids, depth, by_query), pair_query, cfg.skip_top,
+                                     cfg.margin, s_pos) for r in sampler.rankings}
+    drawn, wanted = sampler.draw(Pairs(candidates, s_pos, cfg.simans_a, cfg.simans_b, keys), n)
+    parts = [drawn_negatives(candidates[d.ranking], d) for d in drawn]
+    got = sum((d.count for d in drawn), np.zeros(len(keys), dtype=np.int64))
+    if len(short := np.flatnonzero(got < n)):  # the fallback (and bm25+random's random half)
+        banned = [excluded[pair_query[i]] + given for i, given in zip(short, given_to(parts, short), strict=True)]
+        parts.append(random_negatives(short, random_docs(docs, keys[short], n - got[short], banned)))
+    table = negatives_table(query_ids, pair_query, positive_ids, windows, parts,
+                            np.broadcast_to(wanted, len(keys)) - got)
+    if warn_short:
+        warn_fallback(cfg, table)
+    return table
+
+
+def check_inputs(sampler: Sampler, rankings: Mapping | None, corpus_ids: Sequence[str] | None,
+                 positive_scores: dict | None) -> None:
+    """What a mined sampler cannot do without: the corpus ids, its rankings, the positives' scores (SimANS)."""
     if corpus_ids is None:
         raise AnceError(f"sampler '{sampler.name}' needs the corpus ids (random documents, and the fallback)")
     if missing := [r for r in sampler.rankings if (rankings or {}).get(r) is None]:
         raise AnceError(f"sampler '{sampler.name}' needs a {' and a '.join(missing)} ranking to mine from")
     if sampler.needs_positive_score and positive_scores is None:
         raise AnceError(f"sampler '{sampler.name}' needs the positives' scores (a dense retrieval stage writes them)")
-    docs = corpus_ids if isinstance(corpus_ids, SortedIds) else sorted_ids(corpus_ids)
-    grouped = {r: dict(tuple(rankings[r].groupby("query_id", sort=False))) for r in sampler.rankings}
-    rows = []
-    for query_id in sorted(positives):
-        rng = query_rng(cfg.seed, round_, query_id)
-        exclude = relevant.get(query_id, set()) | positives[query_id]
-        ranked = {r: drop_positives(grouped[r].get(query_id, EMPTY_RANKING), exclude, depth) for r in grouped}
-        for positive_id in sorted(positives[query_id]):
-            if sampler.needs_positive_score:  # s(q, d⁺) of a positive drawn at random (SimANS §4.1)
-                drawn = sorted(positives[query_id])[rng.integers(len(positives[query_id]))]
-                s_pos = positive_scores.get((query_id, drawn))
-                if s_pos is None:
-                    raise AnceError(f"no score for positive '{drawn}' of query '{query_id}'")
-            else:
-                s_pos = (positive_scores or {}).get((query_id, positive_id))
-            candidates = {r: filter_candidates(c, cfg.skip_top, cfg.margin, s_pos) for r, c in ranked.items()}
-            neg, wanted = sampler.draw(Pair(query_id, candidates, s_pos, cfg.simans_a, cfg.simans_b), n, rng)
-            ids, ranks, scores = neg["doc_id"].tolist(), neg["rank"].astype(int).tolist(), neg["score"].tolist()
-            windows = neg["window"].fillna(0).astype(int).tolist() if "window" in neg else [0] * len(ids)
-            extra = random_docs(docs, exclude | set(ids), n - len(ids), rng) if n > len(ids) else []
-            rows.append((query_id, positive_id, ids + extra, ranks + [0] * len(extra),
-                         [float(s) for s in scores] + [float("nan")] * len(extra), wanted - len(ids),
-                         positive_windows.get((query_id, positive_id), 0), windows + [0] * len(extra)))
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    if warn_short:
-        warn_fallback(cfg, table)
-    return table
+
+
+# what some pairs were given: (pair index, doc ids, ranks, scores, MaxP windows), one entry per negative
+Negatives = tuple[np.ndarray, pa.Array, np.ndarray, np.ndarray, np.ndarray]
+
+
+def drawn_negatives(candidates: Candidates, drawn: Drawn) -> Negatives:
+    """The negatives a sampler drew from one ranking, pair by pair, each pair's in rank order."""
+    pair, slot = np.nonzero(drawn.position >= 0)
+    rows, ranking = candidates.rows(pair, drawn.position[pair, slot]), candidates.ranking
+    window = ranking.window[rows] if ranking.window is not None else np.zeros(len(rows), dtype=np.int64)
+    return pair, ranking.doc_ids(rows), ranking.rank[rows], ranking.score[rows].astype(np.float64), window
+
+
+def given_to(parts: list[Negatives], pairs: np.ndarray) -> list[list[str]]:
+    """The documents `parts` gave each of some pairs."""
+    out: dict[int, list[str]] = {int(i): [] for i in pairs}
+    for pair, doc_ids, *_ in parts:
+        mine = np.isin(pair, pairs)
+        for i, doc_id in zip(pair[mine].tolist(), doc_ids.filter(pa.array(mine)).to_pylist(), strict=True):
+            out[i].append(doc_id)
+    return [out[int(i)] for i in pairs]
+
+
+def random_negatives(pairs: np.ndarray, docs: list[list[str]]) -> Negatives:
+    """Random documents given to some pairs: rank 0, score NaN, window 0."""
+    size = sum(len(d) for d in docs)
+    return (np.repeat(pairs, [len(d) for d in docs]), pa.array([d for ds in docs for d in ds], type=pa.string()),
+            np.zeros(size, dtype=np.int64), np.full(size, np.nan), np.zeros(size, dtype=np.int64))
+
+
+def negatives_table(query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str], positive_windows: np.ndarray,
+                    parts: list[Negatives], fallback: np.ndarray) -> pd.DataFrame:
+    """The mined table (COLUMNS): a pair's negatives are those of `parts` in their order; the list columns hold numpy
+    arrays, as a parquet file of the table reads back (built as Arrow lists: no Python list per pair)."""
+    parts = parts or [(np.zeros(0, dtype=np.int64), pa.array([], type=pa.string()), np.zeros(0, dtype=np.int64),
+                       np.zeros(0), np.zeros(0, dtype=np.int64))]
+    pair = np.concatenate([part[0] for part in parts])
+    order = np.argsort(pair, kind="stable")  # by pair; within one, in the order of the parts
+    offsets = pa.array(np.searchsorted(pair[order], np.arange(len(pair_query) + 1)), type=pa.int32())
+    doc_ids = pa.concat_arrays([part[1].cast(pa.string()) for part in parts]).take(pa.array(order))
+    columns = [doc_ids] + [pa.array(np.concatenate([part[k] for part in parts])[order]) for k in (2, 3, 4)]
+    ids, ranks, scores, windows = (pa.ListArray.from_arrays(offsets, values).to_numpy(zero_copy_only=False)
+                                   for values in columns)
+    return pd.DataFrame({"query_id": [query_ids[q] for q in pair_query], "positive_id": positive_ids,
+                         "negative_ids": ids, "negative_ranks": ranks, "negative_scores": scores,
+                         "fallback": np.asarray(fallback, dtype=np.int64), "positive_window": positive_windows,
+                         "negative_windows": windows}, columns=COLUMNS)
 
 
 def warn_fallback(cfg: MiningConfig, table: pd.DataFrame) -> None:

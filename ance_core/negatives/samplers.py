@@ -1,10 +1,12 @@
 """The negative samplers, as a registry: one small function per sampler, registered by name with what it needs.
 
 A mined sampler (`@mined`) declares the rankings it mines (`dense`: the ANN ranking of the model being trained;
-`bm25`: a BM25 ranking; none) and its default depth, and draws one (query, positive) pair's negatives from that pair's
-candidates: each ranking's top-depth minus every labelled-relevant document, after the false-negative controls
-(negatives/mining.py does the rest for all of them: the seeded generator, the fallback, the table). An in-batch
-sampler (`@in_batch`) mines nothing and says what it asks of training instead.
+`bm25`: a BM25 ranking; none) and its default depth, and draws the negatives of all the (query, positive) pairs at
+once (`Pairs`: arrays over pairs × candidates) from each pair's candidates: each ranking's top-depth minus every
+labelled-relevant document, after the false-negative controls (negatives/mining.py does the rest for all of them: the
+pairs, their random keys, the fallback, the table). `Pairs.draw` samples without replacement, uniformly or with
+probabilities, from counter-based random numbers (negatives/randomness.py). An in-batch sampler (`@in_batch`) mines
+nothing and says what it asks of training instead.
 
 Everything else reads this registry: the config's sampler names and their validation (which ones need a trained
 model, which mine BM25 candidates), the stages each sampler runs (tasks/refresh.py), its depth. Adding a sampler is
@@ -23,35 +25,74 @@ one function here and its test.
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ance_core.errors import AnceError
+from ance_core.negatives.candidates import Candidates, pairs_in
+from ance_core.negatives.randomness import draw_sequentially, uniforms
 
 RANKINGS = ("dense", "bm25")
-EMPTY_RANKING = pd.DataFrame({"doc_id": pd.Series(dtype=object), "rank": pd.Series(dtype=np.int64),
-                              "score": pd.Series(dtype=np.float32)})
 
 
 @dataclass(frozen=True)
-class Pair:
-    """What a mined sampler draws from for one (query, positive) pair: each ranking's candidates in rank order
-    (doc_id, rank, score, and window for MaxP rankings), the positive's score s(q, d⁺) when known, and the SimANS
-    options."""
+class Drawn:
+    """What a sampler drew from one ranking: (P, m) columns of each pair's candidate matrices, in rank order, -1
+    after them."""
 
-    query_id: str
-    candidates: Mapping[str, pd.DataFrame]
-    positive_score: float | None
+    ranking: str
+    position: np.ndarray
+
+    @property
+    def count(self) -> np.ndarray:
+        """(P,) how many each pair got."""
+        return (self.position >= 0).sum(axis=1)
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The P (query, positive) pairs being mined and what a mined sampler draws from: each ranking's candidates per
+    pair ((P, D) matrices in rank order: the top-depth minus every labelled-relevant document, after the false-negative
+    controls), the positive's score s(q, d⁺) per pair (NaN when unknown), the SimANS options, and each pair's random
+    key (ance_core/negatives/randomness.py)."""
+
+    candidates: Mapping[str, Candidates]
+    positive_score: np.ndarray
     simans_a: float
     simans_b: float
+    keys: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def coin(self) -> np.ndarray:
+        """(P,) one uniform in (0, 1) per pair."""
+        return uniforms(self.keys, "coin", np.zeros(len(self.keys), dtype=np.int64))
+
+    def draw(self, ranking: str, n: int | np.ndarray, p: np.ndarray | None = None) -> Drawn:
+        """Up to n (per pair) distinct candidates of `ranking` without replacement, uniformly or with probabilities p
+        ((P, D)); fewer where fewer can be drawn (those of probability 0 cannot)."""
+        c = self.candidates[ranking]
+        weights = c.valid.astype(np.float64) if p is None else np.where(c.valid, p, 0.0)
+        return Drawn(ranking, draw_sequentially(weights, n, self.keys, ranking))
+
+    def without(self, ranking: str, drawn: Drawn) -> "Pairs":
+        """These pairs with the documents `drawn` (from any ranking) no longer candidates of `ranking`."""
+        c, source = self.candidates[ranking], self.candidates[drawn.ranking]
+        pair, slot = np.nonzero(drawn.position >= 0)
+        taken = source.ranking.doc_ids(source.rows(pair, drawn.position[pair, slot]))
+        p, j = np.nonzero(c.valid)
+        same = pairs_in(p, c.ranking.doc_ids(c.rows(p, j)), pair, taken)
+        valid = c.valid.copy()
+        valid[p[same], j[same]] = False
+        return replace(self, candidates={**self.candidates, ranking: replace(c, valid=valid)})
 
 
-# (pair, n, rng) -> (the negatives drawn, how many the sampler wanted from its rankings): wanted - drawn come from the
-# fallback (counted); n - wanted are random documents by design (bm25+random)
-Draw = Callable[[Pair, int, np.random.Generator], tuple[pd.DataFrame, int]]
+# (pairs, n) -> (the negatives drawn from each ranking, how many each pair wanted from its rankings: (P,) or one for
+# all): wanted - drawn come from the fallback (counted); n - wanted are random documents by design (bm25+random)
+Draw = Callable[[Pairs, int], tuple[list[Drawn], np.ndarray | int]]
 
 
 @dataclass(frozen=True)
@@ -122,71 +163,57 @@ def train_config_for(mining: Any, train: Any) -> Any:
     return train.model_copy(update=training(train, mining)) if training else train
 
 
-def simans_probabilities(scores: np.ndarray, positive_score: float, a: float, b: float) -> np.ndarray:
-    """SimANS eq. 4 over candidate scores, normalised (computed in log space: no underflow for large a)."""
+def simans_probabilities(scores: np.ndarray, positive_score: float | np.ndarray, a: float, b: float,
+                         drawable: np.ndarray | None = None) -> np.ndarray:
+    """SimANS eq. 4 over candidate scores (the last axis), normalised (computed in log space: no underflow for large
+    a); 0 where not `drawable`. `positive_score` broadcasts: (P, 1) against (P, D) scores."""
     logits = -a * (np.asarray(scores, dtype=np.float64) - positive_score - b) ** 2
-    weights = np.exp(logits - logits.max())
-    return weights / weights.sum()
+    if drawable is not None:
+        logits = np.where(drawable, logits, -np.inf)
+    top = logits.max(axis=-1, keepdims=True, initial=-np.inf)
+    weights = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
+    total = weights.sum(axis=-1, keepdims=True)
+    return weights / np.where(total > 0, total, 1.0)
 
 
-def sample_uniform(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
-                   p: np.ndarray | None = None) -> pd.DataFrame:
-    """n distinct candidates without replacement, uniformly (or with probabilities `p`), kept in rank order."""
-    if len(candidates) < n:
-        raise AnceError(f"only {len(candidates)} negative candidates but {n} requested")
-    picked = np.sort(rng.choice(len(candidates), size=n, replace=False, p=p))
-    return candidates.iloc[picked]
-
-
-def draw_at_most(candidates: pd.DataFrame, n: int, rng: np.random.Generator,
-                 p: np.ndarray | None = None) -> pd.DataFrame:
-    """Up to n of the candidates (fewer when fewer can be drawn: those of probability 0 cannot); the generator is not
-    touched when none can."""
-    take = min(n, len(candidates) if p is None else int((p > 0).sum()))
-    return sample_uniform(candidates, take, rng, p) if take else EMPTY_RANKING
-
-
-def half(n: int, rng: np.random.Generator) -> int:
-    """1:1 in expectation: an odd one goes either way with p = 1/2."""
-    return n // 2 + (int(rng.random() < 0.5) if n % 2 else 0)
+def half(n: int, coin: np.ndarray) -> np.ndarray:
+    """1:1 in expectation: an odd one goes either way with p = 1/2 ((P,) coins in (0, 1))."""
+    return n // 2 + (n % 2) * (coin < 0.5)
 
 
 @mined("ance", "uniform from the model's ANN top-k minus all positives (ANCE eq. 10)", ("dense",), 200)
-def ance(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    return draw_at_most(pair.candidates["dense"], n, rng), n
+def ance(pairs: Pairs, n: int) -> tuple[list[Drawn], int]:
+    return [pairs.draw("dense", n)], n
 
 
 @mined("simans", "ambiguous negatives around the positive's score, p ∝ exp(-a (s - s⁺ - b)²) (SimANS eq. 4)",
        ("dense",), 100, needs_positive_score=True)
-def simans(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    candidates = pair.candidates["dense"]
-    p = (simans_probabilities(candidates["score"].to_numpy(), pair.positive_score, pair.simans_a, pair.simans_b)
-         if len(candidates) else None)
-    return draw_at_most(candidates, n, rng, p), n  # weights far from s⁺ can underflow to 0: not drawable
+def simans(pairs: Pairs, n: int) -> tuple[list[Drawn], int]:
+    c = pairs.candidates["dense"]
+    p = simans_probabilities(c.score, pairs.positive_score[:, None], pairs.simans_a, pairs.simans_b, c.valid)
+    return [pairs.draw("dense", n, p)], n  # weights far from s⁺ can underflow to 0: not drawable
 
 
 @mined("bm25", "uniform from BM25's top-k minus positives", ("bm25",), 100)
-def bm25(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    return draw_at_most(pair.candidates["bm25"], n, rng), n
+def bm25(pairs: Pairs, n: int) -> tuple[list[Drawn], int]:
+    return [pairs.draw("bm25", n)], n
 
 
 @mined("random", "uniform from the corpus minus positives")
-def random_documents(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    return EMPTY_RANKING, 0
+def random_documents(pairs: Pairs, n: int) -> tuple[list[Drawn], int]:
+    return [], 0
 
 
 @mined("bm25+random", "half from bm25, half random (ANCE's BM25 + Rand Neg)", ("bm25",), 100)
-def bm25_random(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    wanted = half(n, rng)
-    return draw_at_most(pair.candidates["bm25"], wanted, rng), wanted
+def bm25_random(pairs: Pairs, n: int) -> tuple[list[Drawn], np.ndarray]:
+    wanted = half(n, pairs.coin())
+    return [pairs.draw("bm25", wanted)], wanted
 
 
 @mined("ance+bm25", "half from the model's ANN top-k (ance), half from BM25's top-k (bm25)", ("dense", "bm25"), 200)
-def ance_bm25(pair: Pair, n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, int]:
-    dense = draw_at_most(pair.candidates["dense"], half(n, rng), rng)
-    lexical = pair.candidates["bm25"]
-    lexical = draw_at_most(lexical[~lexical["doc_id"].isin(dense["doc_id"])], n - len(dense), rng)
-    return pd.concat([dense, lexical], ignore_index=True) if len(lexical) else dense, n
+def ance_bm25(pairs: Pairs, n: int) -> tuple[list[Drawn], int]:
+    dense = pairs.draw("dense", half(n, pairs.coin()))
+    return [dense, pairs.without("bm25", dense).draw("bm25", n - dense.count)], n
 
 
 @in_batch("in-batch", "none mined: each query contrasts with the other queries' positives in its batch")

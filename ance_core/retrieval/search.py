@@ -41,6 +41,42 @@ def run_frame(query_ids: list[str], doc_ids: np.ndarray, scores: np.ndarray,
 
 
 QUERY_CHUNK = 50_000  # queries encoded and searched at a time by `write_dense_run`
+# Run files are written in query-id order in row groups of this many rows (~1,300 queries at depth 200): mining reads
+# the rows of a range of query ids, and the row groups' statistics let it skip the others (tasks/mine.py)
+RUN_ROW_GROUP = 2**18
+
+
+class RunWriter:
+    """A run (or a positive-score table) written to parquet a part at a time, the parts in query-id order, in row
+    groups of RUN_ROW_GROUP rows. A context manager: the file is complete once it closes."""
+
+    def __init__(self, path: Path):
+        self.path, self.writer = path, None
+
+    def write(self, part: pd.DataFrame | pa.Table) -> None:
+        table = part if isinstance(part, pa.Table) else pa.Table.from_pandas(
+            part, schema=self.writer.schema if self.writer else None, preserve_index=False)
+        if self.writer is None:  # an empty first part has columns of no type: they hold strings
+            table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f
+                                          for f in table.schema], metadata=table.schema.metadata))
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(table, row_group_size=RUN_ROW_GROUP)
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def write_run(run: pd.DataFrame, path: Path) -> None:
+    """A whole run table to parquet (RunWriter's layout), sorted by query id first unless it is (a stable sort: each
+    query's rows keep their rank order)."""
+    if not run["query_id"].is_monotonic_increasing:
+        run = run.sort_values("query_id", kind="stable")
+    with RunWriter(path) as writer:
+        writer.write(run)
 
 
 def _search_chunks(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int,
@@ -101,29 +137,16 @@ def write_dense_run(checkpoint: str | Path, index_dir: str | Path, queries: pd.D
                     positives: dict[str, set[str]], run_path: Path, positives_path: Path,
                     encode_cfg: EncodeConfig = EncodeConfig(), index_cfg: IndexConfig = IndexConfig(),
                     chunk: int = QUERY_CHUNK) -> None:
-    """`dense_retrieve_with_positives` streamed to two parquet files, `chunk` queries at a time (a row group each):
-    neither the run nor a score matrix of all the queries is ever held."""
-    writers: dict[Path, pq.ParquetWriter] = {}
-
-    def write(path: Path, frame: pd.DataFrame) -> None:
-        if path in writers:
-            table = pa.Table.from_pandas(frame, schema=writers[path].schema, preserve_index=False)
-        else:  # an empty first chunk has columns of no type: they hold strings
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f
-                                          for f in table.schema], metadata=table.schema.metadata))
-            writers[path] = pq.ParquetWriter(path, table.schema)
-        writers[path].write_table(table)
-
-    try:
+    """`dense_retrieve_with_positives` streamed to two parquet files, `chunk` queries at a time: neither the run nor a
+    score matrix of all the queries is ever held. The queries are searched in id order, so both files are in query-id
+    order (`RunWriter`)."""
+    queries = queries.sort_values("query_id", kind="stable").reset_index(drop=True)
+    with RunWriter(run_path) as runs, RunWriter(positives_path) as scores:
         for part, run, q, index in _search_chunks(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg,
                                                   chunk):
             pairs = [(query_id, d) for query_id in part["query_id"] for d in sorted(positives.get(query_id, ()))]
-            write(run_path, run)
-            write(positives_path, _pair_scores(q, part["query_id"].tolist(), index, pairs))
-    finally:
-        for writer in writers.values():
-            writer.close()
+            runs.write(run)
+            scores.write(_pair_scores(q, part["query_id"].tolist(), index, pairs))
 
 
 def _pair_scores(q: np.ndarray, query_ids: list[str], index: SearchIndex, pairs: list[tuple[str, str]]

@@ -138,11 +138,14 @@ def test_the_rounds_mine_from_an_approximate_index_in_parts_and_evaluation_stays
 @pytest.mark.parametrize("sampler", ["simans", "ance+bm25"])
 def test_mining_the_queries_in_parts_gives_the_table_of_all_at_once(checkpoint, tiny_scifact, tmp_path, monkeypatch,
                                                                     sampler):
-    """tasks/mine.py mines MINE_CHUNK queries at a time (their rankings' rows only): the same negatives, in the same
-    order, as mining every query at once."""
+    """tasks/mine.py mines MINE_CHUNK queries at a time (the row groups of their rankings' rows only: the runs are
+    written in query-id order, here in row groups of 64 rows): the same negatives, in the same order, as mining every
+    query at once."""
     import pandas as pd
+    import pyarrow.parquet as pq
 
-    from ance_core.artifacts import NEGATIVES
+    from ance_core.artifacts import NEGATIVES, RUN
+    from ance_core.retrieval import search
     from flows.stages import refresh_negatives_flow
     from tasks import mine
 
@@ -152,14 +155,21 @@ def test_mining_the_queries_in_parts_gives_the_table_of_all_at_once(checkpoint, 
                                      work_dir=str(work))
         return pd.read_parquet(Path(out["mine"], NEGATIVES))
 
+    monkeypatch.setattr(search, "RUN_ROW_GROUP", 64)
     whole = negatives(tmp_path / "whole")
     monkeypatch.setattr(mine, "MINE_CHUNK", 7)
     read, ranking_rows = [], mine.ranking_rows
-    monkeypatch.setattr(mine, "ranking_rows", lambda path, ids: read.append(ranking_rows(path, ids)) or read[-1])
+
+    def counted(path, ids):
+        read.append((path, ranking_rows(path, ids)))
+        return read[-1][1]
+
+    monkeypatch.setattr(mine, "ranking_rows", counted)
     parts = negatives(tmp_path / "parts")
     assert whole["query_id"].nunique() > 3 * 7  # several parts
     pd.testing.assert_frame_equal(parts, whole)
-    assert len(read) >= 3 * 2 and max(rows["query_id"].nunique() for rows in read) <= 7  # a part's rows at a time
+    runs = [(len(rows), pq.read_metadata(path).num_rows) for path, rows in read if path.name == RUN]
+    assert len(runs) >= 3 and all(rows < total / 2 for rows, total in runs), runs  # a part's row groups at a time
 
 
 def test_a_shard_that_keeps_failing_is_retried_alone_and_fails_the_encoding_once(checkpoint, tiny_scifact, tmp_path):

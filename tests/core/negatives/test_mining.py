@@ -4,8 +4,8 @@ import pytest
 
 from ance_core.errors import AnceError, AnceWarning
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.mining import drop_positives, sample_negatives
-from ance_core.negatives.samplers import sample_uniform
+from ance_core.negatives.mining import sample_negatives
+from ance_core.negatives.samplers import MINED
 from ance_core.retrieval.search import run_frame
 
 CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
@@ -38,7 +38,7 @@ def test_never_returns_a_positive_and_respects_top_k():
         assert not set(row.negative_ids) & positives[row.query_id]
         assert len(set(row.negative_ids)) == 4  # no duplicates
         assert all(r <= 20 for r in row.negative_ranks)
-        assert row.negative_ranks == sorted(row.negative_ranks)
+        assert list(row.negative_ranks) == sorted(row.negative_ranks)
 
 
 def test_deterministic_for_seed_round_and_query():
@@ -48,17 +48,60 @@ def test_deterministic_for_seed_round_and_query():
     b = ance_negatives(run.sample(frac=1, random_state=3), positives, 30, 3, seed=7, round_=2, corpus_ids=CORPUS)
     pd.testing.assert_frame_equal(a, b)
     c = ance_negatives(run, positives, 30, 3, seed=7, round_=3, corpus_ids=CORPUS)
-    assert a["negative_ids"].tolist() != c["negative_ids"].tolist()
+    assert [list(x) for x in a["negative_ids"]] != [list(x) for x in c["negative_ids"]]
+
+
+@pytest.mark.parametrize("sampler", MINED)
+def test_a_query_gets_the_same_negatives_whichever_queries_are_mined_with_it(sampler):
+    """Counter-based draws: mining the queries one at a time, or in another grouping, gives the table of all at once
+    (the fallback's random documents included: skip_top leaves some pairs short)."""
+    run = _run(n_queries=6)
+    positives = _positives(run) | {"q-unranked": {"d3"}}  # nothing retrieved: all from the fallback
+    cfg = MiningConfig(sampler=sampler, top_k=8, num_negatives=5, seed=3, skip_top=2)
+    rankings = {"dense": run, "bm25": run.sample(frac=1, random_state=1)}
+    scores = {(q, d): 0.5 for q, ds in positives.items() for d in ds}
+
+    def mined(queries):
+        return sample_negatives(cfg, {q: positives[q] for q in queries}, 4, rankings, CORPUS, scores,
+                                warn_short=False)
+
+    whole = mined(sorted(positives))
+    assert any((ranks == 0).any() for ranks in whole["negative_ranks"])  # some random documents
+    pd.testing.assert_frame_equal(pd.concat([mined([q]) for q in sorted(positives)], ignore_index=True), whole)
+    halves = [sorted(positives)[::2], sorted(positives)[1::2]]
+    regrouped = pd.concat([mined(h) for h in halves]).sort_values(["query_id", "positive_id"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(regrouped, whole)
+
+
+def test_the_draws_of_a_fixed_seed_are_pinned():
+    """The baseline of the counter-based draws (issue 28): the same seed, round and rankings give these negatives on
+    every machine and version. A change here changes every mined table: bump nothing silently."""
+    run = _run(n_queries=3, depth=30, seed=5)
+    positives = {"q0": {"d1", "d2"}, "q1": {"d3"}, "q2": {"d4"}}
+    scores = {(q, d): 0.6 for q, ds in positives.items() for d in ds}
+    got = {}
+    for sampler in ("ance", "simans"):
+        cfg = MiningConfig(sampler=sampler, top_k=30, num_negatives=2, seed=42, simans_a=20.0)
+        table = sample_negatives(cfg, positives, 1, {"dense": run}, CORPUS, scores)
+        got[sampler] = [list(ids) for ids in table["negative_ids"]]
+    assert got == PINNED
+
+
+PINNED = {"ance": [["d9", "d55"], ["d89", "d54"], ["d27", "d7"], ["d73", "d54"]],
+          "simans": [["d87", "d89"], ["d97", "d59"], ["d26", "d74"], ["d89", "d73"]]}
 
 
 def test_sampling_is_uniform_over_candidates():
-    ranked = pd.DataFrame({"doc_id": [f"d{i}" for i in range(10)], "rank": range(1, 11), "score": range(10)})
-    candidates = drop_positives(ranked, {"d0", "d5"}, top_k=10)
-    assert candidates["doc_id"].tolist() == ["d1", "d2", "d3", "d4", "d6", "d7", "d8", "d9"]
-    rng = np.random.default_rng(0)
-    counts = pd.Series([d for _ in range(4000) for d in sample_uniform(candidates, 2, rng)["doc_id"]]).value_counts()
-    assert set(counts.index) == set(candidates["doc_id"])
-    assert counts.max() / counts.min() < 1.2  # each of 8 candidates drawn ~1000 times
+    """Each pair draws 2 of the 8 candidates left (10 ranked minus 2 positives) without replacement: over 4000 pairs
+    every candidate is drawn ~1000 times, no positive ever."""
+    queries = [f"q{i}" for i in range(4000)]
+    run = pd.DataFrame({"query_id": np.repeat(queries, 10), "doc_id": np.tile([f"d{i}" for i in range(10)], 4000),
+                        "rank": np.tile(np.arange(1, 11), 4000), "score": np.tile(np.arange(10.0), 4000)})
+    table = ance_negatives(run, {q: {"d0", "d5"} for q in queries}, 10, 2, seed=0, round_=0, corpus_ids=CORPUS)
+    table = table[table["positive_id"] == "d0"]
+    counts = pd.Series(np.concatenate(table["negative_ids"].to_numpy())).value_counts()
+    assert set(counts.index) == {"d1", "d2", "d3", "d4", "d6", "d7", "d8", "d9"}
+    assert counts.sum() == 8000 and counts.max() / counts.min() < 1.2
 
 
 def test_too_few_candidates_fall_back_to_random_documents_with_one_warning():
@@ -72,7 +115,7 @@ def test_too_few_candidates_fall_back_to_random_documents_with_one_warning():
     assert rows["q0"].fallback == 1 and rows["q9"].fallback == 4
     for row in rows.values():
         assert len(set(row.negative_ids)) == 4 and not set(row.negative_ids) & {"d-x", "d1"}
-    assert sum(r > 0 for r in rows["q0"].negative_ranks) == 3 and rows["q9"].negative_ranks == [0, 0, 0, 0]
+    assert sum(r > 0 for r in rows["q0"].negative_ranks) == 3 and list(rows["q9"].negative_ranks) == [0, 0, 0, 0]
     with pytest.raises(AnceError, match="needs the corpus ids"):
         ance_negatives(run, {"q0": {"d-x"}}, top_k=3, n=1, seed=0, round_=0, corpus_ids=None)
 
@@ -90,5 +133,5 @@ def test_ids_sorted_once_mine_the_same_negatives(monkeypatch):
     once = mining.sorted_ids(corpus)
     monkeypatch.setattr(mining, "sorted_ids", lambda ids: pytest.fail("sorted again"))
     again = sample_negatives(cfg, {"q1": {"d0"}}, 1, {"dense": run}, once, warn_short=False)
-    assert again["negative_ids"].tolist() == unsorted["negative_ids"].tolist()
+    assert list(again["negative_ids"][0]) == list(unsorted["negative_ids"][0])
     assert len(set(again["negative_ids"][0])) == 6

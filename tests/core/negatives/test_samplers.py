@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 
 from ance_core.errors import AnceError, AnceWarning
+from ance_core.negatives.candidates import false_negative_controls
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.mining import fallback_stats, filter_candidates, sample_negatives
+from ance_core.negatives.mining import fallback_stats, sample_negatives
 from ance_core.negatives.samplers import MINED, NAMES, SAMPLERS, simans_probabilities
 from ance_core.pipeline.config import PipelineConfig
 
@@ -83,9 +84,10 @@ def test_in_batch_samplers_mine_nothing():
 
 def test_false_negative_controls():
     ranked = RUN[RUN["query_id"] == "q1"]
-    assert filter_candidates(ranked, 5, None, None)["rank"].min() == 6
-    kept = filter_candidates(ranked, 0, 0.1, 8.0)  # scores above 0.9 * 8.0 = 7.2 are dropped
-    assert kept["score"].max() <= 7.2 and len(kept) == (ranked["score"] <= 7.2).sum()
+    rank, score = ranked["rank"].to_numpy(), ranked["score"].to_numpy()
+    assert rank[false_negative_controls(rank, score, 5, None, np.nan)].min() == 6
+    kept = false_negative_controls(rank, score, 0, 0.1, 8.0)  # scores above 0.9 * 8.0 = 7.2 are dropped
+    assert score[kept].max() <= 7.2 and kept.sum() == (score <= 7.2).sum()
     table = mine("ance", skip_top=30, margin=0.1)
     assert min(r for ranks in table["negative_ranks"] for r in ranks) > 30
     assert max(s for scores in table["negative_scores"] for s in scores) <= 7.2
@@ -107,8 +109,8 @@ def test_controls_that_leave_too_few_candidates_fall_back_to_random_documents(sa
 
 def test_simans_frequencies_follow_its_formula():
     """4000 queries, each with one positive scored 8.0 and the same 100 candidates: the empirical frequencies of their
-    single draws (each query its own seeded generator) match eq. 4, and the mode sits at the candidate whose score is
-    closest to s⁺ + b."""
+    single draws (each pair its own counter-based random numbers) match eq. 4, and the mode sits at the candidate
+    whose score is closest to s⁺ + b."""
     queries, scores = [f"q{i}" for i in range(4000)], np.linspace(10.0, 5.05, 100)  # rank 1..100
     positives = {q: {"pos"} for q in queries}
     run = pd.DataFrame({"query_id": np.repeat(queries, 100), "doc_id": np.tile([f"c{i}" for i in range(100)], 4000),
@@ -179,3 +181,21 @@ def test_ance_plus_bm25_mixes_both_rankings_half_and_half():
     by_dense = {(q, d) for q, d in zip(dense["query_id"], dense["doc_id"], strict=True)}
     share = sum((r.query_id, r.negative_ids[0]) in by_dense for r in table.itertuples()) / len(table)
     assert 0.4 < share < 0.65  # (a BM25 pick can also sit in the dense top-20 by chance)
+
+
+def test_maxp_windows_and_positive_windows_are_carried():
+    """A MaxP ranking's `window` column gives each drawn negative its window (0 for random documents); the positives'
+    windows come from `positive_windows`."""
+    run = RUN.assign(window=RUN["rank"] % 3)
+    windows = {("q1", "d0"): 2}
+    table = negatives("ance", POSITIVES, 3, rankings={"dense": run}, top_k=50, positive_windows=windows)
+    by_pair = dict(zip(zip(run["query_id"], run["doc_id"], strict=True), run["window"], strict=True))
+    for row in table.itertuples():
+        assert list(row.negative_windows) == [by_pair[(row.query_id, d)] for d in row.negative_ids]
+        assert row.positive_window == windows.get((row.query_id, row.positive_id), 0)
+    assert any(w > 0 for ws in table["negative_windows"] for w in ws)
+
+
+def test_margin_without_the_positives_scores_names_the_pair():
+    with pytest.raises(AnceError, match="mining.margin needs the positives' scores.*of query 'q1'"):
+        negatives("ance", POSITIVES, rankings={"dense": RUN}, margin=0.1)

@@ -1,0 +1,83 @@
+"""Mining a part of the queries reads only their rows of a run in query-id order, and a run written before issue 28
+(another order, big row groups) still mines the same negatives."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef
+from ance_core.negatives.config import MiningConfig
+from ance_core.negatives.mining import sorted_ids
+from ance_core.retrieval import search
+from ance_core.retrieval.search import run_frame, write_run
+from tasks.mine import mine_queries, ranking_rows
+
+CORPUS = [f"d{i}" for i in range(500)]
+QUERIES = sorted(f"q{i}" for i in range(60))
+
+
+def _run(depth=20) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
+    """A run of QUERIES x depth, its positives' scores, the positives (one per query, half of them ranked)."""
+    rng = np.random.default_rng(0)
+    ids = np.array([rng.choice(CORPUS, depth, replace=False) for _ in QUERIES], dtype=object)
+    run = run_frame(QUERIES, ids, -np.sort(-rng.random((len(QUERIES), depth)), axis=1))
+    positives = {q: {ids[i, 3] if i % 2 else f"d{400 + i}"} for i, q in enumerate(QUERIES)}
+    scores = pd.DataFrame([(q, d, 0.5) for q, ds in positives.items() for d in ds],
+                          columns=["query_id", "doc_id", "score"])
+    return run, scores, positives
+
+
+def _folder(path, run, scores, old: bool) -> ArtifactRef:
+    path.mkdir()
+    if old:  # as before: the split's order (here: shuffled), each query's rows in rank order, big row groups
+        order = np.random.default_rng(1).permutation(QUERIES)
+        pd.concat([run[run["query_id"] == q] for q in order]).to_parquet(path / RUN, index=False, row_group_size=300)
+        scores.sample(frac=1, random_state=0).to_parquet(path / POSITIVE_SCORES, index=False, row_group_size=20)
+    else:
+        write_run(run, path / RUN)
+        write_run(scores, path / POSITIVE_SCORES)
+    return ArtifactRef(str(path), path.name)
+
+
+@pytest.fixture
+def small_row_groups(monkeypatch):
+    monkeypatch.setattr(search, "RUN_ROW_GROUP", 100)  # 5 queries of 20 rows
+
+
+def test_a_part_reads_only_the_row_groups_of_its_queries(tmp_path, small_row_groups):
+    run, scores, _ = _run()
+    ref = _folder(tmp_path / "new", run, scores, old=False)
+    assert pq.ParquetFile(tmp_path / "new" / RUN).metadata.num_row_groups == 12
+    part = QUERIES[12:19]
+    rows = ranking_rows(tmp_path / "new" / RUN, part)
+    got = set(rows["query_id"].to_pylist())
+    assert set(part) <= got and len(rows) <= 200 + 2 * 100  # its 7 queries' rows, at most a row group each side
+    expected = run[run["query_id"].isin(part)]
+    read = rows.to_pandas().astype({"query_id": str})
+    pd.testing.assert_frame_equal(read[read["query_id"].isin(part)].reset_index(drop=True),
+                                  expected.reset_index(drop=True), check_dtype=False)
+    assert ranking_rows(tmp_path / "new" / RUN, []).num_rows == 0
+    assert ranking_rows(ref.path + "/" + RUN, None).num_rows == len(run)
+
+
+def test_a_run_written_before_is_scanned_and_mines_the_same(tmp_path, small_row_groups):
+    run, scores, positives = _run()
+    new, old = (_folder(tmp_path / name, run, scores, old=name == "old") for name in ("new", "old"))
+    part = QUERIES[12:19]
+    rows = ranking_rows(tmp_path / "old" / RUN, part)  # the scan keeps the range's rows only
+    assert sorted(set(rows["query_id"].to_pylist())) == part and len(rows) == 7 * 20
+    ids = sorted_ids(CORPUS)
+    for sampler in ("ance", "simans"):
+        cfg = MiningConfig(sampler=sampler, top_k=15, num_negatives=3, skip_top=1)
+        tables = {}
+        for name, ref in (("new", new), ("old", old)):
+            parts = [QUERIES[i:i + 7] for i in range(0, len(QUERIES), 7)]
+            tables[name] = pd.concat([mine_queries(cfg, {q: positives[q] for q in p}, 2, {"dense": ref}, None,
+                                                   positives, ids, None, p) for p in parts], ignore_index=True)
+        pd.testing.assert_frame_equal(tables["old"], tables["new"])
+        assert len(tables["new"]) == len(QUERIES) and (tables["new"]["fallback"] == 0).all()
+        assert all(pos not in ids_ for pos, ids_ in zip(tables["new"]["positive_id"], tables["new"]["negative_ids"],
+                                                          strict=True))
+    assert isinstance(rows, pa.Table)
