@@ -41,7 +41,9 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
                 "mean_negative_rank": float(ranks[ranks > 0].mean()) if (ranks > 0).any() else None,
                 **fallback_stats(negatives)}
 
-    config = {"mining": cfg, "split": split, "round": round_}
+    # draws 2: the counter-based draws (ance_core/negatives/randomness.py) that replaced the per-query generators
+    # (issue 28); other negatives for the same config, so a folder mined before is not reused as if it were these
+    config = {"mining": cfg, "split": split, "round": round_, "draws": 2}
     # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)
     names = [name for name in cfg.spec.rankings if name in rankings]
     inputs = {"run": rankings[names[0]].digest if names else None, "data": data.digest}
