@@ -91,8 +91,12 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:
 
 
 def _run_pipeline(config, as_json: bool) -> None:
+    from ance_core.modeling.model import pick_device
+    from ance_core.training.loop import check_precision
     from flows.ance_pipeline import ance_pipeline
 
+    for name in ("warmup", "ance"):
+        check_precision(getattr(config, name).precision, pick_device(), f"{name}.precision")
     _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split))
     _print_pipeline(ance_pipeline(config), as_json)
 

@@ -15,11 +15,12 @@ from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.errors import AnceError
-from ance_core.modeling.model import checkpoint_digest
+from ance_core.modeling.model import checkpoint_digest, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import StageTiming
 from ance_core.retention import RetentionConfig, collect, live_run
+from ance_core.training.loop import check_precision
 from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
@@ -36,6 +37,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
 
 
 def train_and_evaluate(c: PipelineConfig) -> dict:
+    for name in ("warmup", "ance"):  # before any work: fp16 on a CPU is refused here, not in the first training
+        check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining)

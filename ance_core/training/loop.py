@@ -61,6 +61,14 @@ NegativesUpdate = Callable[[int], pd.DataFrame | None]
 SnapshotHook = Callable[[int, Callable[[Path], None]], None]
 
 
+def check_precision(precision: str, device: torch.device, where: str = "precision") -> None:
+    """fp16 training needs a loss scaler, which exists for CUDA only: on a CPU (or MPS) it is refused, not run
+    unscaled (gradients underflow to zero)."""
+    if precision == "fp16" and device.type != "cuda":
+        raise AnceError(f"{where}: fp16 training needs a CUDA GPU (its loss scaler); this process trains on "
+                        f"{device.type}. Use bf16 (or auto, bf16 here)")
+
+
 def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
     """Optimizer steps in one pass over `pairs` (query, positive) rows: whole groups of `cfg.grad_accumulation`
     batches (a last incomplete group is left out of the epoch), at least one."""
@@ -235,6 +243,7 @@ def train(
     device = pick_device()
     if device.type == "cuda" and ranks.world > 1:
         device = torch.device("cuda", torch.cuda.current_device())
+    check_precision(cfg.precision, device)
     dtype = autocast_dtype(cfg.precision, device)
     torch.manual_seed(cfg.seed + ranks.rank)
     model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout)

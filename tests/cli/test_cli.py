@@ -108,3 +108,11 @@ def test_bm25_evaluates_a_dev_split_without_needing_a_dev_split_of_its_own(tmp_p
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["ndcg_at_10"] == 1.0
+
+
+def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"ance": {"precision": "fp16"}, "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and "ance.precision: fp16 training needs a CUDA GPU" in out and "bf16" in out
+    assert not (tmp_path / "w").exists()

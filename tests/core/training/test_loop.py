@@ -192,3 +192,14 @@ def test_out_of_gpu_memory_names_the_batch_and_is_not_retried(setup, tmp_path, m
     assert "\n" not in message
     assert retry_unless_user_error(None, None, Failed(data=caught.value)) is False
     assert retry_unless_user_error(None, None, Failed(data=RuntimeError("connection reset"))) is True
+
+
+def test_fp16_training_is_refused_off_cuda_and_bf16_is_named():
+    from ance_core.errors import AnceError
+    from ance_core.training.loop import check_precision
+
+    with pytest.raises(AnceError, match="warmup.precision: fp16 training needs a CUDA GPU.*bf16"):
+        check_precision("fp16", torch.device("cpu"), "warmup.precision")
+    check_precision("fp16", torch.device("cuda"))  # the scaler exists there
+    for ok in ("bf16", "auto", "fp32"):
+        check_precision(ok, torch.device("cpu"))
