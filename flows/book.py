@@ -72,7 +72,7 @@ class RunBook:
             run = self.log.run("BM25", "bm25" if split == self.eval_split else "bm25-dev", bm25_run, self.data,
                                self.c.bm25, split, self.c.bm25.top_k, self.wd)
             ref = self.log.run("BM25", "evaluate" if split == self.eval_split else "evaluate-dev", evaluate, run,
-                               self.data, split, self.wd)
+                               self.data, split, self.wd, self.c.eval)
             self._record_evaluation("BM25", split, ref)
 
     def mine(self, label: str, model: str | None, checkpoint: ArtifactRef | None, mining: MiningConfig, round_: int,
@@ -114,7 +114,7 @@ class RunBook:
         negatives)."""
         c, built = self.c, built or {}
         exact = built.get("index") if c.index.type == "flat" else None  # an approximate mining index is not reused
-        refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval.top_k, c.encode, c.index, self.wd,
+        refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval, c.encode, c.index, self.wd,
                                exact, self.dev_split, c.execution)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],

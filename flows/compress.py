@@ -29,7 +29,7 @@ from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_ref, read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
-from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from flows.book import flow_tags
 from flows.start import trained_checkpoint
 from tasks.common import run_task
@@ -48,7 +48,8 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 
 
 def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: ArtifactRef, c: CompressConfig,
-                   train_split: str, eval_split: str, encode: EncodeConfig, index: IndexConfig, work_dir: str) -> dict:
+                   train_split: str, eval_split: str, encode: EncodeConfig, index: IndexConfig, work_dir: str,
+                   evaluation: EvalConfig = EvalConfig()) -> dict:
     """The compression table of one checkpoint: a row per (method, L, index type), the teacher's own first."""
     if read_meta(checkpoint.path).document_mode == "maxp":
         raise AnceError(f"{checkpoint.path}: compression of a maxp checkpoint (one vector per window) is not "
@@ -71,9 +72,9 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
             built = (run_task(build_index, vectors, work_dir) if kind == "flat"
                      else run_task(ann_index, vectors, kind, c, work_dir))
             run = run_task(dense_run, model, built, data, eval_split, DEPTH, encode, searched, work_dir)
-            evaluation = run_task(evaluate, run, data, eval_split, work_dir)
+            evaluated = run_task(evaluate, run, data, eval_split, work_dir, evaluation)
             rows.append({"method": method, "dim": dim, "index": kind, "compress": folder, "checkpoint": model,
-                         "index_ref": built, "evaluation": evaluation} | read_metrics(evaluation))
+                         "index_ref": built, "evaluation": evaluated} | read_metrics(evaluated))
     eval_queries = run_task(encode_split_queries, checkpoint, data, eval_split, encode, work_dir)
     measured = measure_latency([(r["index_ref"], r["compress"]) for r in rows], eval_queries, DEPTH, c.latency_batch,
                                searched)
@@ -135,7 +136,8 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
 @flow(name="compress", log_prints=True)
 def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                   index: IndexConfig = IndexConfig(), compression: CompressConfig = CompressConfig(),
-                  work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
+                  work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
+                  evaluation: EvalConfig = EvalConfig()) -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
     else the newest model of the work folder (<work_dir>/latest.json)."""
     path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
@@ -147,7 +149,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     tables = run_task(prepare_data, data, work_dir)
     embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
     result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode, index,
-                            work_dir)
+                            work_dir, evaluation)
     tracker = Tracker(work_dir, "compress")
     tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}

@@ -15,10 +15,11 @@ from tasks.refresh import evaluate_stages
 
 
 @flow(name="bm25-baseline")
-def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work") -> dict:
+def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work",
+                  evaluation: EvalConfig = EvalConfig()) -> dict:
     tables = prepare_data(data, work_dir)
     run = bm25_run(tables, bm25, data.eval_split, bm25.top_k, work_dir)
-    return read_metrics(evaluate(run, tables, data.eval_split, work_dir))
+    return read_metrics(evaluate(run, tables, data.eval_split, work_dir, evaluation))
 
 
 @flow(name="evaluate")
@@ -27,6 +28,6 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
                         work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     ref = checkpoint_ref(checkpoint)
     tables = prepare_data(data, work_dir)
-    refs = evaluate_stages(ref, tables, data.eval_split, evaluation.top_k, encode, index, work_dir,
+    refs = evaluate_stages(ref, tables, data.eval_split, evaluation, encode, index, work_dir,
                            execution=execution)
     return read_metrics(refs["evaluate"])

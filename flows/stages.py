@@ -30,7 +30,7 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
                                   execution=c.execution)["mine"]
     checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split,
                           train_config_for(c.bm25_negatives, c.warmup), wd)
-    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval.top_k, c.encode, c.index, wd,
+    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval, c.encode, c.index, wd,
                            execution=c.execution)
     metrics = read_metrics(refs["evaluate"])
     print(f"warm-up checkpoint {checkpoint.path}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -4,16 +4,25 @@ import pandas as pd
 
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
+from ance_core.retrieval.config import EvalConfig
 from ance_core.retrieval.evaluate import write_evaluation
 from tasks.common import stage_task
 
 
 @stage_task("evaluate")
-def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str) -> ArtifactRef:
-    """nDCG@10, MRR@10, R@100, R@1000 of a run on a split; per-query values and the TREC file are kept."""
+def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str, cfg: EvalConfig = EvalConfig()
+             ) -> ArtifactRef:
+    """nDCG@10, MRR@10, R@100, R@1000 of a run on a split (hits whose document is the query dropped first, unless
+    `cfg.ignore_identical_ids` is off); per-query values and the TREC file are kept."""
 
     def build(out):
         qrels = read_tables(data.path).split_qrels(split)
-        return write_evaluation(pd.read_parquet(Path(run.path, RUN)), qrels, out, tag=run.digest)
+        return write_evaluation(pd.read_parquet(Path(run.path, RUN)), qrels, out, tag=run.digest,
+                                ignore_identical_ids=cfg.ignore_identical_ids)
 
-    return run_stage(work_dir, "evaluate", {"split": split}, {"run": run.digest, "data": data.digest}, build)
+    return run_stage(work_dir, "evaluate", evaluate_key(split, cfg), {"run": run.digest, "data": data.digest}, build)
+
+
+def evaluate_key(split: str, cfg: EvalConfig) -> dict:
+    """The evaluate stage's config: identical ids dropped (the default) is a new key; kept, the key from before."""
+    return {"split": split} | ({"ignore_identical_ids": True} if cfg.ignore_identical_ids else {})

@@ -9,7 +9,7 @@ from ance_core.artifacts import ArtifactRef
 from ance_core.errors import AnceError
 from ance_core.modeling.model import read_meta
 from ance_core.negatives.config import MiningConfig
-from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.encode import encode_corpus
@@ -51,8 +51,8 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
     return refs
 
 
-def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_k: int, encode: EncodeConfig,
-                    index: IndexConfig, work_dir: str, built: ArtifactRef | None = None,
+def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, evaluation: EvalConfig,
+                    encode: EncodeConfig, index: IndexConfig, work_dir: str, built: ArtifactRef | None = None,
                     dev_split: str | None = None, execution: ExecutionConfig = ExecutionConfig()
                     ) -> dict[str, ArtifactRef]:
     """encode -> index -> retrieve -> evaluate; `built` reuses an index already made from this checkpoint. With
@@ -61,9 +61,10 @@ def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, top_
     if built is None:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
         built = refs["index"] = run_task(build_index, refs["encode"], work_dir, index.exact())
+    top_k = evaluation.top_k
     refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
-    refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir)
+    refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir, evaluation)
     if dev_split is not None and dev_split != split:
         refs["retrieve-dev"] = run_task(dense_run, checkpoint, built, data, dev_split, top_k, encode, index, work_dir)
-        refs["evaluate-dev"] = run_task(evaluate, refs["retrieve-dev"], data, dev_split, work_dir)
+        refs["evaluate-dev"] = run_task(evaluate, refs["retrieve-dev"], data, dev_split, work_dir, evaluation)
     return refs

@@ -77,4 +77,8 @@ class IndexConfig(StageConfig):
 
 class EvalConfig(StageConfig):
     top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run")
+    ignore_identical_ids: bool = Field(
+        True, description="Drop a hit whose document id is the query's id before scoring, as BEIR's evaluator does "
+        "(ArguAna and Quora put each query in the corpus: kept, it ranks first and counts as non-relevant). Applied "
+        "to every model's run and to BM25's")
 

@@ -45,8 +45,18 @@ def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame) -> tuple[dict[str, floa
     return aggregate(per_query), per_query
 
 
-def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str) -> dict[str, float]:
-    """metrics.json, per_query.parquet and the TREC run file of one evaluation, into folder `out`."""
+def without_identical_ids(run: pd.DataFrame) -> pd.DataFrame:
+    """The run without hits whose document id is the query's id (BEIR's `ignore_identical_ids`): the ranks of the
+    hits below move up."""
+    same = run["query_id"].astype(str) == run["doc_id"].astype(str)
+    return run[~same].reset_index(drop=True) if same.any() else run
+
+
+def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str,
+                     ignore_identical_ids: bool = False) -> dict[str, float]:
+    """metrics.json, per_query.parquet and the TREC run file (the run evaluated) of one evaluation, into `out`."""
+    if ignore_identical_ids:
+        run = without_identical_ids(run)
     metrics, per_query = evaluate_run(run, qrels)
     per_query.to_parquet(out / PER_QUERY, index=False)
     write_trec(run, out / RUN_TREC, tag)

@@ -18,3 +18,28 @@ def test_metrics_against_hand_computed_values():
     assert metrics["mrr_at_10"] == pytest.approx((0.5 + 0 + 1) / 3)
     assert metrics["recall_at_100"] == pytest.approx((1 + 0 + 1) / 3)
     assert len(per_query) == 3
+
+
+def test_a_hit_whose_document_is_the_query_is_dropped_before_scoring_as_beir_does(tmp_path):
+    """ArguAna / Quora shape: each query is also a corpus document and ranks itself first. BEIR's evaluator drops it
+    (ignore_identical_ids); kept, it pushes the relevant document down."""
+    from ance_core.retrieval.evaluate import without_identical_ids, write_evaluation
+
+    run = pd.DataFrame({"query_id": ["q1", "q1", "q1", "q2", "q2"], "doc_id": ["q1", "d1", "d2", "d3", "q2"],
+                        "rank": [1, 2, 3, 1, 2], "score": [9.0, 5.0, 4.0, 8.0, 7.0]})
+    qrels = pd.DataFrame({"query_id": ["q1", "q2"], "doc_id": ["d1", "d3"], "relevance": [1, 1]})
+    assert without_identical_ids(run)["doc_id"].tolist() == ["d1", "d2", "d3"]
+    (tmp_path / "kept").mkdir(), (tmp_path / "dropped").mkdir()
+    kept = write_evaluation(run, qrels, tmp_path / "kept", "t")
+    dropped = write_evaluation(run, qrels, tmp_path / "dropped", "t", ignore_identical_ids=True)
+    assert dropped["mrr_at_10"] == 1.0 and kept["mrr_at_10"] == 0.75  # q1's answer back at rank 1
+    assert "q1 Q0 q1" not in (tmp_path / "dropped" / "run.trec").read_text()  # the run evaluated is the run kept
+
+
+def test_the_evaluate_stage_key_is_unchanged_when_identical_ids_are_kept():
+    from ance_core.retrieval.config import EvalConfig
+    from tasks.evaluate import evaluate_key
+
+    assert EvalConfig().ignore_identical_ids  # on by default, like BEIR: a new key (other metrics)
+    assert evaluate_key("test", EvalConfig(ignore_identical_ids=False)) == {"split": "test"}  # the key from before
+    assert evaluate_key("test", EvalConfig()) != {"split": "test"}
