@@ -1,11 +1,15 @@
 """A corpus read by row: what the training stage gathers of it (the passages its negatives reference), never the whole
 text column.
 
-`ParquetCorpus` reads a data folder's corpus.parquet (dataset.py `save_tables`, row groups of CORPUS_ROW_GROUP)
-through a memory map: its doc-id column alone maps ids to rows (every DDP rank derives the same rows from the file,
+`ParquetCorpus` reads a data folder's corpus.parquet (dataset.py `save_tables`, row groups of CORPUS_ROW_GROUP):
+its doc-id column alone, through a memory map, maps ids to rows (every DDP rank derives the same rows from the file,
 no text read), and `passages(rows)` decodes only the row groups that hold those rows, one batch of
 CORPUS_ROW_GROUP rows at a time, keeping just the wanted ones. Data folders written before the row groups (one
 large group) are read the same way. `FrameCorpus` is the same over a DataFrame already in memory (tests, scripts).
+
+The texts are read with buffered reads, not through a memory map: a mapping keeps every page of the file it touched
+resident in the process until it is closed, and the negatives' documents are spread over the whole file (measured,
+20,000 rows gathered from 1M passages, a 271 MB file: peak RSS 490 MB mapped, 254 MB buffered).
 """
 
 from abc import ABC, abstractmethod
@@ -40,7 +44,7 @@ class CorpusRows(ABC):
 
 
 class ParquetCorpus(CorpusRows):
-    """A data folder's corpus.parquet, memory-mapped; nothing is held between calls but its path and row count."""
+    """A data folder's corpus.parquet, read by row; nothing is held between calls but its path and row count."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -63,7 +67,7 @@ class ParquetCorpus(CorpusRows):
         return pc.index_in(wanted, value_set=ids).fill_null(-1).to_numpy().astype(np.int64)
 
     def passages(self, rows: np.ndarray) -> Iterator[tuple[np.ndarray, list[str]]]:
-        table = pq.ParquetFile(self.path, memory_map=True)
+        table = pq.ParquetFile(self.path)  # buffered reads, a row group's bytes at a time (module docstring)
         columns = ["title", "text"]
         start = 0
         for group in range(table.metadata.num_row_groups):
