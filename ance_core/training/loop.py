@@ -189,11 +189,12 @@ def train(
     `relevant`: every labelled-relevant document per query, masked out where it would be another query's in-batch
     negative.
 
-    Only what the rows name is held: the texts of their queries (from `queries`) and of their positives and negatives,
-    read from `corpus` by row (data/corpus.py: `ParquetCorpus` reads a data folder's corpus.parquet through a memory
-    map; a DataFrame is read in place) and tokenized once (training/tokens.py); a DataLoader of `cfg.loader_workers`
-    workers pads each step's micro-batches from those token ids (training/batches.py), the same tensors, in the same
-    order, as tokenizing each micro-batch's texts would give.
+    Only what the rows name is held, as token ids: their queries (from `queries`) and their positives and negatives,
+    read from `corpus` by row (data/corpus.py: `ParquetCorpus` decodes only the row groups of a data folder's
+    corpus.parquet that hold them; a DataFrame is read in place), tokenized once (training/tokens.py); the documents of
+    newer negatives are read when `negatives_update` swaps them in. A DataLoader of `cfg.loader_workers` workers pads
+    each step's micro-batches from those ids (training/batches.py): the tensors, in the order, that tokenizing each
+    micro-batch's texts gives.
 
     `schedule` places the stage in a learning-rate schedule shared with other stages (default: its own, warm-up over
     `cfg.warmup_ratio` of its steps, then linear decay to zero).
