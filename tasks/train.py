@@ -17,6 +17,7 @@ from prefect.exceptions import MissingContextError
 
 from ance_core.artifacts import ASYNC_REFRESH, NEGATIVES, ArtifactRef, is_complete, read_manifest, run_stage, stage_key
 from ance_core.data.config import DataConfig
+from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig, MiningConfig
@@ -66,10 +67,10 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                     "schedule": dataclasses.asdict(schedule) if schedule is not None else None}
             return launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
                           env={FAULT_HOOK: "tasks.common"})
-        tables = read_tables(data.path)
+        tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
-        return train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split), cfg, out,
-                     callbacks=callbacks, schedule=schedule)
+        return train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
+                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
@@ -254,7 +255,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     report: dict = {}
 
     def build(out: Path):
-        tables = read_tables(data.path)
+        tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
@@ -293,8 +294,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                 restored.clear()
                 return table
 
-            summary = train(checkpoint.path, pairs, tables.corpus, tables.queries, tables.relevant(split),
-                            train_cfg, out, callbacks=callbacks, negatives_update=update,
+            summary = train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
+                            tables.relevant(split), train_cfg, out, callbacks=callbacks, negatives_update=update,
                             snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
         report.update(async_negatives.finish(rounds))
         (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))

@@ -355,7 +355,8 @@ def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
 
 
 def read_tables(folder: str | Path, corpus_columns: list[str] | None = None) -> Dataset:
-    """The stored tables; `corpus_columns` reads only those of the corpus (["doc_id"]: not its text)."""
+    """The stored tables; `corpus_columns` reads only those of the corpus (["doc_id"]: not its text; []: none of it,
+    for a stage that reads passages by row: data/corpus.py)."""
     folder = Path(folder)
     grades = folder / TRAINING_GRADES
     return Dataset(

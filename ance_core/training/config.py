@@ -38,6 +38,10 @@ class TrainConfig(StageConfig):
         1, ge=1, description="Training processes (torch.distributed DDP, started by torchrun on this machine: gloo on "
         "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "
         "negatives span them, so N processes train the objective of one")
+    loader_workers: int = Field(
+        0, ge=0, repr=False, description="DataLoader worker processes that pad each step's micro-batches from the "
+        "pre-tokenized texts (0: the training thread does it; 1-2 on a GPU keep the next steps ready). Not part of "
+        "the stage's cache key: any number trains the same weights")
 
     @model_validator(mode="after")
     def _a_query_per_process(self):
@@ -50,10 +54,14 @@ class TrainConfig(StageConfig):
     @model_serializer(mode="wrap")
     def _one_process_unsaid(self, handler):
         """world_size 1 is left out of the dump: the cache keys of one-process stages stay those they had before it
-        existed (N > 1 is in them: the same objective, other rounding)."""
+        existed (N > 1 is in them: the same objective, other rounding). So is loader_workers 0 (and loader_workers
+        is left out of the repr, which the stage folder's key is taken over): it changes how batches are built, not
+        what is trained."""
         data = handler(self)
         if data.get("world_size") == 1:
             del data["world_size"]
+        if data.get("loader_workers") == 0:
+            del data["loader_workers"]
         return data
 
 

@@ -6,6 +6,8 @@ What runs where:
 - each of the N ranks (`gloo` on CPU, `nccl` on CUDA with one GPU per rank) runs `ance_core.training.loop.train` on its
   slice of every global batch; `batch_size` stays the number of queries per optimizer step over all ranks, so a
   run's epochs, steps and learning-rate schedule do not depend on N;
+- each rank reads only what it trains on: the passages its negatives name, from the data folder's corpus.parquet by
+  row (ance_core/data/corpus.py; every rank derives the same rows from the id column), tokenized once per stage;
 - in-batch negatives span the ranks: each rank all-gathers the others' query and passage embeddings and puts its own
   in their place with their gradient (DPR, tevatron), computes the loss of the whole batch and scales it by N for
   DDP's gradient average: N ranks x b queries train the objective of one process with N*b;
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ance_core.artifacts import TRAIN_LOG
+from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
 from ance_core.negatives.refresh_state import rank_refresh
@@ -141,7 +144,7 @@ def main(spec_path: str) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        tables = read_tables(spec["data"])
+        tables = read_tables(spec["data"], corpus_columns=[])  # the passages are read by row, as needed
         pairs = pd.read_parquet(spec["negatives"])
         schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
         out = Path(spec["out"])
@@ -150,7 +153,8 @@ def main(spec_path: str) -> None:
             update, on_snapshot = rank_refresh(out, spec["async"], dist.get_rank() == 0, dist.get_world_size())
             hooks = {"negatives_update": update, "on_snapshot": on_snapshot,
                      "snapshot_steps": set(spec["async"]["snapshot_steps"])}
-        summary = train(spec["checkpoint"], pairs, tables.corpus, tables.queries, tables.relevant(spec["split"]),
+        summary = train(spec["checkpoint"], pairs, ParquetCorpus.of_folder(spec["data"]),
+                        tables.split_queries(spec["split"]), tables.relevant(spec["split"]),
                         TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, **hooks)
         if dist.get_rank() == 0:
             (out / RESULT).write_text(json.dumps(summary))

@@ -12,7 +12,6 @@ scheduler state, RNG state and data position, so the result equals an uninterrup
 No pickle: tensors in safetensors, everything else in JSON.
 """
 
-import functools
 import json
 import math
 import re
@@ -30,23 +29,22 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ance_core.artifacts import TRAIN_LOG, write_text
-from ance_core.data.dataset import passage_texts
+from ance_core.data.corpus import CorpusRows, FrameCorpus
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.modeling.model import (
     BiEncoder,
-    ModelMeta,
     autocast_dtype,
     load_checkpoint,
     out_of_memory_advice,
     pick_device,
     save_checkpoint,
 )
-from ance_core.retrieval.encode import passage_windows
+from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.config import TrainConfig
 from ance_core.training.loss import nll_loss
 from ance_core.training.optim import linear_schedule, make_optimizer
-from ance_core.training.ranks import current_ranks, gather_rows, rank_rows, rng_states, split_sizes
+from ance_core.training.ranks import current_ranks, gather_rows, rng_states, split_sizes
 from ance_core.training.state import (
     CHECKPOINTS,
     latest_checkpoint,
@@ -55,6 +53,7 @@ from ance_core.training.state import (
     save_state,
     write_checkpoint,
 )
+from ance_core.training.tokens import pad_settings
 
 StepCallback = Callable[[dict], None]
 NegativesUpdate = Callable[[int], pd.DataFrame | None]
@@ -101,11 +100,6 @@ def continuous_schedules(steps: Sequence[int], warmup_ratio: float, resume_first
             for k, offset in enumerate(offsets)]
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The shuffled order of the n training pairs in an epoch: a pure function of (seed, epoch)."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
 LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
 
 
@@ -137,33 +131,17 @@ def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, f
     return out
 
 
-def false_negative_mask(query_ids: list[str], passage_ids: list[str], group_size: int,
-                        positives: dict[str, set[str]]) -> torch.Tensor:
-    """(B, B*G) True where passage j is a labelled positive of query i but not i's own positive column."""
-    mask = torch.zeros(len(query_ids), len(passage_ids), dtype=torch.bool)
-    for i, q in enumerate(query_ids):
-        pos = positives.get(q, set())
-        for j, d in enumerate(passage_ids):
-            if d in pos and j != i * group_size:
-                mask[i, j] = True
-    return mask
-
-
-def _passage_lookup(doc_text: dict[str, str], tokenizer, meta: ModelMeta) -> Callable[[str, int], str]:
-    """(doc id, window) -> the text a training step encodes: the document (FirstP: truncated by the tokenizer), or
-    with a maxp checkpoint its window, cut as the corpus encoding cuts it (retrieval/encode.py `passage_windows`)."""
-    if meta.document_mode != "maxp":
-        return lambda doc_id, window: doc_text[doc_id]
-
-    @functools.lru_cache(maxsize=20_000)  # bounded: a large corpus's windows are cut again when needed
-    def windows_of(doc_id: str) -> list[str]:
-        return passage_windows(tokenizer, doc_text[doc_id], meta.passage_max_length, meta.max_passages)
-
-    def passage(doc_id: str, window: int) -> str:
-        windows = windows_of(doc_id)
-        return windows[min(int(window), len(windows) - 1)]
-
-    return passage
+def aligned_negatives(pairs: pd.DataFrame, table: pd.DataFrame, group: int) -> pd.DataFrame:
+    """`pairs` with the negatives (and MaxP windows) of `table`, a refreshed table of the same (query, positive) rows:
+    aligned on them, so the data order is untouched."""
+    key = ["query_id", "positive_id"]
+    columns = [c for c in ("negative_ids", "negative_windows", "positive_window") if c in table]
+    merged = pairs[key].merge(table[[*key, *columns]], on=key, how="left", validate="one_to_one")
+    if merged["negative_ids"].isna().any() or len(table) != len(pairs):
+        raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
+    if {len(n) for n in merged["negative_ids"]} != {group - 1}:
+        raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
+    return pairs.assign(**{column: merged[column].to_numpy() for column in columns})
 
 
 # ---------------------------------------------------------------- the loop
@@ -204,7 +182,7 @@ def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss
 def train(
     init_checkpoint: str | Path,
     negatives: pd.DataFrame,
-    corpus: pd.DataFrame,
+    corpus: CorpusRows | pd.DataFrame,
     queries: pd.DataFrame,
     relevant: dict[str, set[str]],
     cfg: TrainConfig,
@@ -218,6 +196,13 @@ def train(
     """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`.
     `relevant`: every labelled-relevant document per query, masked out where it would be another query's in-batch
     negative.
+
+    Only what the rows name is held, as token ids: their queries (from `queries`) and their positives and negatives,
+    read from `corpus` by row (data/corpus.py: `ParquetCorpus` decodes only the row groups of a data folder's
+    corpus.parquet that hold them; a DataFrame is read in place), tokenized once (training/tokens.py); the documents of
+    newer negatives are read when `negatives_update` swaps them in. A DataLoader of `cfg.loader_workers` workers pads
+    each step's micro-batches from those ids (training/batches.py): the tensors, in the order, that tokenizing each
+    micro-batch's texts gives.
 
     `schedule` places the stage in a learning-rate schedule shared with other stages (default: its own, warm-up over
     `cfg.warmup_ratio` of its steps, then linear decay to zero).
@@ -252,26 +237,15 @@ def train(
     if model.projector is not None:
         raise AnceError(f"{init_checkpoint}: a compressed checkpoint (it has a projector); train its teacher and "
                         "compress again")
-    doc_text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
-    passage = _passage_lookup(doc_text, tokenizer, meta)
-    query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
     pairs = negatives.reset_index(drop=True)
     group = 1 + len(pairs["negative_ids"].iloc[0])
     if group == 1 and not cfg.in_batch_negatives:
         raise ValueError("the training pairs have no mined negatives (sampler in-batch or nce) and "
                          "in_batch_negatives is off: there would be nothing to contrast with")
 
-    def swap_negatives(table: pd.DataFrame) -> None:
-        """Same rows, newer negatives: aligned on (query_id, positive_id), so the data order is untouched."""
-        key = ["query_id", "positive_id"]
-        columns = [c for c in ("negative_ids", "negative_windows", "positive_window") if c in table]
-        merged = pairs[key].merge(table[[*key, *columns]], on=key, how="left", validate="one_to_one")
-        if merged["negative_ids"].isna().any() or len(table) != len(pairs):
-            raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
-        if {len(n) for n in merged["negative_ids"]} != {group - 1}:
-            raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
-        for column in columns:
-            pairs[column] = merged[column].to_numpy()
+    source = PassageSource(corpus if isinstance(corpus, CorpusRows) else FrameCorpus(corpus), tokenizer, meta,
+                           passage_length)
+    tokens = PairTokens.build(pairs, source, queries, relevant, query_length)  # the texts the rows name, tokenized
 
     per_epoch = steps_per_epoch(len(pairs), cfg)
     total = planned_steps(len(pairs), cfg)
@@ -300,24 +274,13 @@ def train(
         encoder = torch.nn.parallel.DistributedDataParallel(
             encoder, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def tokenize(texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
-        enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
-
-    def micro_batch_loss(rows: pd.DataFrame) -> torch.Tensor:
-        """The loss of a global micro-batch; this rank encodes its slice of `rows` (all of them on one rank)."""
-        qids = rows["query_id"].tolist()
-        pids = [d for pos, negs in zip(rows["positive_id"], rows["negative_ids"], strict=True) for d in [pos, *negs]]
-        windows = ([w for pos, negs in zip(rows["positive_window"], rows["negative_windows"], strict=True)
-                    for w in [pos, *negs]] if "negative_windows" in rows else [0] * len(pids))
-        mask = false_negative_mask(qids, pids, group, relevant).to(device) if cfg.in_batch_negatives else None
-        mine = rank_rows(len(rows), ranks)
-        own = slice(mine.start * group, mine.stop * group)
+    def micro_batch_loss(batch: dict) -> torch.Tensor:
+        """The loss of a global micro-batch of batch["rows"] pairs; this rank encodes its slice (StepBatches)."""
+        on_device = lambda inputs: {k: v.to(device, non_blocking=True) for k, v in inputs.items()}  # noqa: E731
+        mask = batch["mask"].to(device, non_blocking=True) if "mask" in batch else None  # (B, B*G)
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
-            q, p = encoder(tokenize([query_text[x] for x in qids[mine]], query_length),  # (b, h), (b*G, h)
-                           tokenize([passage(d, w) for d, w in zip(pids[own], windows[own], strict=True)],
-                                    passage_length))
-        sizes = split_sizes(len(rows), ranks.world)
+            q, p = encoder(on_device(batch["queries"]), on_device(batch["passages"]))  # (b, h), (b*G, h)
+        sizes = split_sizes(batch["rows"], ranks.world)
         q = gather_rows(q.float(), sizes, ranks)  # (B, h)
         p = gather_rows(p.float(), [n * group for n in sizes], ranks)  # (B*G, h)
         return nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
@@ -332,20 +295,21 @@ def train(
         f"training a batch of {cfg.batch_size} queries ({per_rank} per rank) with {group} passages each at "
         f"{passage_length} tokens", f"lower batch_size and raise grad_accumulation to keep the batch of "
         f"{cfg.batch_size * cfg.grad_accumulation}, lower passage_max_length, or train in bf16")
-    with open(log_path, "a") if ranks.main else nullcontext() as log, oom:
+    plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, cfg.seed, cfg.in_batch_negatives)
+    feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", cfg.seed)
+    feed.reset(tokens)
+    with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed:
         while step < total:
             if negatives_update is not None and (table := negatives_update(step)) is not None:
-                swap_negatives(table)
-            epoch, k = divmod(step, per_epoch)
-            order = epoch_order(len(pairs), cfg.seed, epoch)
+                pairs = aligned_negatives(pairs, table, group)
+                feed.reset(tokens := tokens.swapped(pairs, source))  # the new documents read and tokenized now
+            epoch = step // per_epoch
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            batches = [order[m * cfg.batch_size : (m + 1) * cfg.batch_size]
-                       for m in range(k * cfg.grad_accumulation, (k + 1) * cfg.grad_accumulation)]
-            batches = [idx for idx in batches if len(idx) >= ranks.world]  # an epoch's last rows may not go round
-            step_loss = accumulate_gradients(encoder, [pairs.iloc[idx] for idx in batches], micro_batch_loss,
-                                             cfg.grad_accumulation, ranks.world, scaler)
-            loss_value, examples = float(step_loss), sum(len(idx) for idx in batches)  # read once per step
+            micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader
+            step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, cfg.grad_accumulation,
+                                             ranks.world, scaler)
+            loss_value, examples = float(step_loss), sum(b["rows"] for b in micro_batches)  # read once per step
             if scaler is not None:
                 scaler.unscale_(optimizer)
             layer_norms = group_grad_norms(thirds)

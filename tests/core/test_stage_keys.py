@@ -38,3 +38,17 @@ def test_stage_keys_of_the_demo_keep_their_values():
     assert stage_key("encode", cfg.encode, {"checkpoint": "c" * 16, "data": "d" * 16}) == "c2dc4bdea06b813a"
     bm25 = {"bm25": cfg.bm25, "split": "test", "top_k": 1000}
     assert stage_key("bm25", bm25, {"data": "d" * 16}) == "64ad129c4c407584"
+
+
+def test_loader_workers_are_in_no_training_key_and_survive_a_dump():
+    """loader_workers changes how batches are built, not what is trained: neither the stage folder's key (taken over
+    the config's repr inside a dict) nor the section's dump (the task cache key) moves with it at its default, and the
+    stage folder's key not at any value; a set value survives a dump (the DDP ranks' spec, Prefect parameters)."""
+    from ance_core.training.config import TrainConfig
+
+    warmup = recipe_config("demo").warmup
+    two = warmup.model_copy(update={"loader_workers": 2})
+    key = lambda c: stage_key("train", {"train": c, "split": "train"}, {"checkpoint": "c" * 16})  # noqa: E731
+    assert key(two) == key(warmup)
+    assert digest_of(warmup) == SECTIONS["warmup"] and "loader_workers" not in warmup.model_dump()
+    assert TrainConfig.model_validate(two.model_dump(mode="json")).loader_workers == 2

@@ -30,6 +30,8 @@ def test_beir_loads_tables(beir, tmp_path):
     save_tables(ds, out)
     again = read_tables(out)
     pd.testing.assert_frame_equal(again.qrels, ds.qrels)
+    labels_only = read_tables(out, corpus_columns=[])  # what training reads: its passages come by row (corpus.py)
+    assert labels_only.corpus.empty and labels_only.relevant("train") == ds.relevant("train")
 
 
 def test_unknown_split_names_available(beir):

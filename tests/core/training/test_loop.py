@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import false_negative_mask, planned_steps, steps_per_epoch, train
+from ance_core.training.loop import planned_steps, steps_per_epoch, train
 from tests.tiny import training_tables
 
 
@@ -143,11 +143,6 @@ def test_lamb_trains_with_accumulation_and_bf16(setup, tmp_path):
     assert any(not torch.allclose(lamb[k], adamw[k]) for k in lamb)  # the optimizer setting took effect
 
 
-def test_false_negative_mask_hides_other_rows_positives():
-    mask = false_negative_mask(["q1", "q2"], ["a", "x", "b", "a"], 2, {"q1": {"a"}, "q2": {"b", "a"}})
-    assert mask.tolist() == [[False, False, False, True], [True, False, False, True]]
-
-
 def test_continuous_schedule_spans_stages_and_carries_the_optimizer(setup, tmp_path):
     """Two 2-step stages on one 4-step schedule (1 warm-up step): the learning rates are those of one 4-step run, and
     the second stage starts from the first one's optimizer moments."""
@@ -203,3 +198,73 @@ def test_fp16_training_is_refused_off_cuda_and_bf16_is_named():
     check_precision("fp16", torch.device("cuda"))  # the scaler exists there
     for ok in ("bf16", "auto", "fp32"):
         check_precision(ok, torch.device("cpu"))
+
+
+def _losses(folder):
+    return [json.loads(x)["loss"] for x in (folder / "train_log.jsonl").read_text().splitlines()]
+
+
+def _same_training(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa) and _losses(a) == _losses(b)
+
+
+def test_a_corpus_mostly_never_referenced_is_read_only_where_the_negatives_point(setup, tmp_path, monkeypatch):
+    """The 30 documents the pairs name among 3,000 others (one of them 4 MB) in a corpus.parquet of row groups of 100:
+    training reads the id column and the row groups holding the 30 only, and trains the weights and log of the same
+    corpus held whole in memory."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from ance_core.data.corpus import ParquetCorpus
+
+    ckpt, negatives, small, queries, relevant = setup
+    others = pd.DataFrame({"doc_id": [f"x{i}" for i in range(3000)], "title": "unread",
+                           "text": [f"risk effect {i}" for i in range(3000)]})
+    others.loc[2999, "text"] = "cell " * 800_000  # its own row group (2,900-2,999 come after the 30)
+    corpus = pd.concat([others.iloc[:1000], small, others.iloc[1000:]], ignore_index=True)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    corpus.to_parquet(folder / "corpus.parquet", index=False, row_group_size=100)
+    decoded, whole_reads = [], []
+    iter_batches, read_table = pq.ParquetFile.iter_batches, pq.read_table
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, *a, row_groups=None, **k: decoded.extend(
+        row_groups) or iter_batches(self, *a, row_groups=row_groups, **k))
+    monkeypatch.setattr(pq, "read_table", lambda *a, columns=None, **k: whole_reads.append(columns) or read_table(
+        *a, columns=columns, **k))
+    cfg = CFG.model_copy(update={"checkpoint_every": 0})
+    train(ckpt, negatives, ParquetCorpus.of_folder(folder), queries, relevant, cfg, tmp_path / "mapped")
+    assert decoded == [10]  # rows 1,000-1,029: group 10 (with 1,000-1,069 of the others), never the 4 MB one
+    assert whole_reads and all(columns == ["doc_id"] for columns in whole_reads)  # whole reads: the id column
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "in-memory")
+    train(ckpt, negatives, small, queries, relevant, cfg, tmp_path / "small")
+    _same_training(tmp_path / "mapped", tmp_path / "in-memory")
+    _same_training(tmp_path / "mapped", tmp_path / "small")
+
+
+def _swap(at: int, table):
+    return lambda step: table if step == at else None
+
+
+def test_loader_workers_train_the_weights_of_none_across_a_swap_to_new_documents(setup, tmp_path):
+    """Dropout on, negatives swapped at step 2 for ones naming documents the first table did not: a loader with a
+    worker (its steps prepared ahead, its seed from its own generator) trains what the training thread alone does;
+    a swap at step 0 trains what starting from the new table does, and the swap changed the training."""
+    import pandas as pd
+
+    ckpt, negatives, corpus, queries, relevant = setup
+    extra = pd.DataFrame({"doc_id": [f"n{i}" for i in range(5)], "title": "",
+                          "text": [f"mice blood disease {i}" for i in range(5)]})
+    corpus = pd.concat([corpus, extra], ignore_index=True)
+    newer = negatives.assign(negative_ids=[[f"n{i % 5}", f"d{(i + 15) % 30}"] for i in range(len(negatives))])
+    cfg = CFG.model_copy(update={"checkpoint_every": 0, "max_steps": 5, "attention_dropout": 0.1})
+    for workers in (0, 1):
+        train(ckpt, negatives, corpus, queries, relevant, cfg.model_copy(update={"loader_workers": workers}),
+              tmp_path / f"swap-{workers}", negatives_update=_swap(2, newer))
+    _same_training(tmp_path / "swap-0", tmp_path / "swap-1")
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "kept")
+    assert _losses(tmp_path / "kept")[:2] == _losses(tmp_path / "swap-0")[:2]
+    assert _losses(tmp_path / "kept")[2:] != _losses(tmp_path / "swap-0")[2:]
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "swap-at-0", negatives_update=_swap(0, newer))
+    train(ckpt, newer, corpus, queries, relevant, cfg, tmp_path / "newer")
+    _same_training(tmp_path / "swap-at-0", tmp_path / "newer")

@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from ance_core.training.tokens import TokenTable, pad_settings, token_dtype, tokenize
+
+TEXTS = ["cell protein", "", "gene cancer patients study risk effect mice treatment blood disease cell protein gene",
+         "mice", "risk effect"]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_selection_is_what_the_tokenizer_gives_those_texts(tiny_model, side):
+    """Texts tokenized once, then any selection padded: the tensors of tokenizer(texts, padding=True, truncation=True,
+    max_length) for the selected texts, on either padding side."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.padding_side = side
+    table = tokenize(tokenizer, TEXTS, 8, token_dtype(tokenizer))
+    assert len(table) == len(TEXTS) and table.values.dtype == np.uint16
+    for positions in ([0, 1, 2, 3, 4], [3, 0], [2, 2, 4], [1]):
+        expected = tokenizer([TEXTS[p] for p in positions], padding=True, truncation=True, max_length=8,
+                             return_tensors="pt")
+        padded = table.pad(np.array(positions), *pad_settings(tokenizer))
+        for key in ("input_ids", "attention_mask"):
+            assert padded[key].dtype == torch.int64
+            assert torch.equal(padded[key], expected[key]), (positions, key)
+
+
+def test_take_and_concat_keep_each_texts_ids(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    dtype = token_dtype(tokenizer)
+    first, second = tokenize(tokenizer, TEXTS[:2], 8, dtype), tokenize(tokenizer, TEXTS[2:], 8, dtype)
+    both = TokenTable.concat([first, second], dtype)
+    whole = tokenize(tokenizer, TEXTS, 8, dtype)
+    assert np.array_equal(both.values, whole.values) and np.array_equal(both.offsets, whole.offsets)
+    picked = whole.take(np.array([4, 0, 2]))
+    again = tokenize(tokenizer, [TEXTS[4], TEXTS[0], TEXTS[2]], 8, dtype)
+    assert np.array_equal(picked.values, again.values) and np.array_equal(picked.offsets, again.offsets)
+    assert len(whole.take(np.array([], np.int64))) == 0
