@@ -45,6 +45,7 @@ from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
+from ance_core.stage_config import KEY_DUMP
 
 FAULT_ENV = "ANCE_FAULT"
 FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"
@@ -134,7 +135,7 @@ def _content(value: Any) -> Any:
     if isinstance(value, ArtifactRef):
         return value.digest
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json", context=KEY_DUMP)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _content(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):

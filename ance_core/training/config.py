@@ -2,10 +2,13 @@
 
 from typing import Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, SerializationInfo, model_serializer, model_validator
 
 from ance_core.modeling.config import Precision
-from ance_core.stage_config import StageConfig
+from ance_core.stage_config import KEY_DUMP, StageConfig
+
+# when checkpoints are taken: not what the stage computes (a resumed run ends with the weights of an uninterrupted one)
+CADENCE = ("checkpoint_every",)
 
 
 class TrainConfig(StageConfig):
@@ -33,7 +36,8 @@ class TrainConfig(StageConfig):
         "every attention matrix")
     precision: Precision = "auto"
     seed: int = 42
-    checkpoint_every: int = Field(50, ge=0, description="Optimizer steps between resumable checkpoints; 0 = end only")
+    checkpoint_every: int = Field(50, ge=0, repr=False, description="Optimizer steps between resumable checkpoints; "
+                                  "0 = end only. Not in the stage's cache key")
     world_size: int = Field(
         1, ge=1, description="Training processes (torch.distributed DDP, started by torchrun on this machine: gloo on "
         "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "
@@ -48,12 +52,17 @@ class TrainConfig(StageConfig):
         return self
 
     @model_serializer(mode="wrap")
-    def _one_process_unsaid(self, handler):
+    def _one_process_unsaid(self, handler, info: SerializationInfo):
         """world_size 1 is left out of the dump: the cache keys of one-process stages stay those they had before it
-        existed (N > 1 is in them: the same objective, other rounding)."""
+        existed (N > 1 is in them: the same objective, other rounding). The checkpoint cadence is left out of the dump
+        a cache key is made of (KEY_DUMP): it does not change the result. (The pydantic repr, which a stage key holds
+        when the config is nested in a dict, leaves it out too: `repr=False`.)"""
         data = handler(self)
         if data.get("world_size") == 1:
             del data["world_size"]
+        if info.context == KEY_DUMP:
+            for name in CADENCE:
+                data.pop(name, None)
         return data
 
 
