@@ -97,7 +97,13 @@ def inject_fault(task_name: str, step: int | None = None) -> None:
                             + (f" at step {step}" if step is not None else ""))
 
 
-set_fault_hook(inject_fault)  # the fault points inside the core's long work (ance_core/faults.py)
+def _drill_asked() -> bool:
+    """Whether ANCE_FAULT asks for any drill here (the training then writes each checkpoint before its step's drill
+    can stop the process: `train@N` fires after step N and its checkpoint)."""
+    return bool(os.environ.get(FAULT_ENV, "").strip()) and not _SUSPENDED.get()
+
+
+set_fault_hook(inject_fault, armed=_drill_asked)  # the fault points inside the core's long work (ance_core/faults.py)
 
 
 def _exit_once(spec: str) -> None:

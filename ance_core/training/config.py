@@ -8,7 +8,7 @@ from ance_core.modeling.config import Precision
 from ance_core.stage_config import KEY_DUMP, StageConfig
 
 # when checkpoints are taken: not what the stage computes (a resumed run ends with the weights of an uninterrupted one)
-CADENCE = ("checkpoint_every",)
+CADENCE = ("checkpoint_seconds", "checkpoint_every")
 
 
 class TrainConfig(StageConfig):
@@ -36,8 +36,15 @@ class TrainConfig(StageConfig):
         "every attention matrix")
     precision: Precision = "auto"
     seed: int = 42
-    checkpoint_every: int = Field(50, ge=0, repr=False, description="Optimizer steps between resumable checkpoints; "
-                                  "0 = end only. Not in the stage's cache key")
+    checkpoint_seconds: float = Field(
+        600, ge=0, repr=False, description="Seconds of training between resumable checkpoints (0: none by time). The "
+        "training pauses only to copy the state to CPU memory (BERT-base with its Adam moments: 1.3 GB), which a "
+        "background thread writes while training goes on; every 10 minutes, a crash loses at most 10 minutes of work "
+        "and the pauses cost under 1% (2-4 s a copy on a 2-core CPU machine). Under DDP rank 0 reads the clock and "
+        "every rank checkpoints at the same step. Not in the stage's cache key")
+    checkpoint_every: int = Field(
+        0, ge=0, repr=False, description="Optimizer steps between resumable checkpoints (0: none by steps); with "
+        "checkpoint_seconds too, whichever comes first. Not in the stage's cache key")
     world_size: int = Field(
         1, ge=1, description="Training processes (torch.distributed DDP, started by torchrun on this machine: gloo on "
         "CPU, nccl with one GPU per process). batch_size stays the queries per step over all of them, and in-batch "

@@ -2,7 +2,7 @@
 core moved into rooms (issue 27) and must not change unless a stage's config really changes: every existing work
 folder's stages would be built again. A change that alters them on purpose updates them here and says so.
 
-Changed on purpose (issue 28): the checkpoint cadence (`checkpoint_every`) left the dump a key is
+Changed on purpose (issue 28): the checkpoint cadence (`checkpoint_every`, `checkpoint_seconds`) left the dump a key is
 made of (KEY_DUMP): the warmup and ance sections and the whole configs lost their `"checkpoint_every": 50`, nothing
 else (the train stage's key holds the section's repr, which leaves the cadence out too: `repr=False`)."""
 
@@ -44,7 +44,7 @@ def test_the_checkpoint_cadence_is_in_no_stage_key():
     train stage's key (the section nested in a dict: its repr) depends on it. The config's own dump keeps it (the DDP
     ranks, the Prefect form and the MLflow params read that)."""
     cfg = recipe_config("demo").warmup
-    other = cfg.model_copy(update={"checkpoint_every": 7})
+    other = cfg.model_copy(update={"checkpoint_every": 7, "checkpoint_seconds": 30})
     assert digest_of(other) == digest_of(cfg) != digest_of(cfg.model_copy(update={"seed": 1}))
     train_key = lambda c: stage_key("train", {"train": c, "split": "train"}, {"checkpoint": "c" * 16})  # noqa: E731
     assert train_key(other) == train_key(cfg) == "1b7986eadb98bba4"
