@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 import ance_core
 from ance_core.errors import collect_warnings
+from ance_core.stage_config import KEY_DUMP
 
 MANIFEST = "manifest.json"
 
@@ -71,7 +72,7 @@ class ArtifactRef:
 
 def canonical_json(obj: Any) -> str:
     if isinstance(obj, BaseModel):
-        obj = obj.model_dump(mode="json")
+        obj = obj.model_dump(mode="json", context=KEY_DUMP)
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 

@@ -7,6 +7,10 @@ Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is ref
 
 from pydantic import BaseModel, ConfigDict
 
+# `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
+# do not change its stage's result (training/config.py: the checkpoint cadence)
+KEY_DUMP = {"dump": "cache key"}
+
 
 class StageConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

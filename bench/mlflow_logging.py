@@ -73,7 +73,7 @@ def main() -> None:
     negatives = mine_negatives.fn({"bm25": candidates}, data, c.data.train_split, c.bm25_negatives, 0, wd)
     tables = read_tables(data.path)
     pairs = pd.read_parquet(f"{negatives.path}/negatives.parquet")
-    cfg = c.warmup.model_copy(update={"max_steps": args.steps, "checkpoint_every": 0})
+    cfg = c.warmup.model_copy(update={"max_steps": args.steps, "checkpoint_every": 0, "checkpoint_seconds": 0})
     server, url = start_server(root / "mlflow-server")
     trackers = {"embedded SQLite": Tracker(root / "embedded", "bench"), "mlflow server": Tracker(root, "bench", url)}
     seconds: dict[str, list[float]] = {"no tracking": [], **{k: [] for k in trackers}}

@@ -42,8 +42,8 @@ def main() -> None:
     relevant = tables.relevant(split)
 
     def seconds_per_step(length: int, dropout: float | None, steps: int, k: int) -> float:
-        cfg = c.warmup.model_copy(update={"max_steps": steps, "checkpoint_every": 0, "passage_max_length": length,
-                                          "attention_dropout": dropout})
+        cfg = c.warmup.model_copy(update={"max_steps": steps, "checkpoint_every": 0, "checkpoint_seconds": 0,
+                                          "passage_max_length": length, "attention_dropout": dropout})
         started = time.perf_counter()
         train(checkpoint.path, pairs, tables.corpus, tables.queries, relevant, cfg, root / f"run-{k}")
         return (time.perf_counter() - started) / steps

@@ -45,6 +45,7 @@ from ance_core.artifacts import ArtifactRef, digest_of, is_complete
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
+from ance_core.stage_config import KEY_DUMP
 
 FAULT_ENV = "ANCE_FAULT"
 FAULT_SIGNAL_ENV = "ANCE_FAULT_SIGNAL"
@@ -96,7 +97,13 @@ def inject_fault(task_name: str, step: int | None = None) -> None:
                             + (f" at step {step}" if step is not None else ""))
 
 
-set_fault_hook(inject_fault)  # the fault points inside the core's long work (ance_core/faults.py)
+def _drill_asked() -> bool:
+    """Whether ANCE_FAULT asks for any drill here (the training then writes each checkpoint before its step's drill
+    can stop the process: `train@N` fires after step N and its checkpoint)."""
+    return bool(os.environ.get(FAULT_ENV, "").strip()) and not _SUSPENDED.get()
+
+
+set_fault_hook(inject_fault, armed=_drill_asked)  # the fault points inside the core's long work (ance_core/faults.py)
 
 
 def _exit_once(spec: str) -> None:
@@ -134,7 +141,7 @@ def _content(value: Any) -> Any:
     if isinstance(value, ArtifactRef):
         return value.digest
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json", context=KEY_DUMP)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _content(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):

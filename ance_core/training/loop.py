@@ -5,7 +5,9 @@ Output folder (a checkpoint once finished):
   optimizer.safetensors, trainer_state.json, rng.safetensors                          the training state
   train_log.jsonl        one line per step: loss, lr, pre-clip gradient norm overall and per third of the layers
                          (grad_norm_bottom/middle/top, ANCE ICLR Fig. 4), examples/s
-  checkpoints/step-NNNNNN/   the latest intermediate checkpoint (model + training state); removed at the end
+  checkpoints/step-NNNNNN/   the latest intermediate checkpoint (model + training state); removed at the end. Taken
+                         every `checkpoint_seconds` and/or `checkpoint_every` steps and at the async refresh's
+                         snapshot steps, written by a background thread (training/checkpointing.py)
 
 `train` started again on the same folder resumes from its latest checkpoint: same weights, optimizer and
 scheduler state, RNG state and data position, so the result equals an uninterrupted run (CPU, same seed).
@@ -31,7 +33,7 @@ from tqdm.auto import tqdm
 from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.corpus import CorpusRows, FrameCorpus
 from ance_core.errors import AnceError
-from ance_core.faults import fault_point
+from ance_core.faults import drills_armed, fault_point
 from ance_core.modeling.model import (
     BiEncoder,
     autocast_dtype,
@@ -41,17 +43,18 @@ from ance_core.modeling.model import (
     save_checkpoint,
 )
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
+from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
 from ance_core.training.loss import nll_loss
 from ance_core.training.optim import linear_schedule, make_optimizer
 from ance_core.training.ranks import current_ranks, gather_rows, rng_states, split_sizes
 from ance_core.training.state import (
     CHECKPOINTS,
+    capture_state,
     latest_checkpoint,
     load_state,
     resume_optimizer,
     save_state,
-    write_checkpoint,
 )
 from ance_core.training.tokens import pad_settings
 
@@ -215,6 +218,10 @@ def train(
     After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
     `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
 
+    Other resumable checkpoints follow `cfg.checkpoint_seconds` / `cfg.checkpoint_every` (training/checkpointing.py);
+    they are written in the background, and each is on disk before `train` returns or raises, before a snapshot
+    step's `on_snapshot`, and, with a drill armed (ance_core/faults.py), before its step's callbacks.
+
     In a process group of `cfg.world_size` ranks (started by training/distributed.py `launch`), each rank encodes its
     slice of every batch and the loss spans the whole batch (training/ranks.py); rank 0 logs, checkpoints and
     calls `callbacks`.
@@ -298,7 +305,8 @@ def train(
     plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, cfg.seed, cfg.in_batch_negatives)
     feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", cfg.seed)
     feed.reset(tokens)
-    with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed:
+    cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
+    with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer:
         while step < total:
             if negatives_update is not None and (table := negatives_update(step)) is not None:
                 pairs = aligned_negatives(pairs, table, group)
@@ -331,10 +339,14 @@ def train(
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
             snapshot = step in snapshot_steps and step < total
-            if (snapshot or cfg.checkpoint_every and step % cfg.checkpoint_every == 0) and step < total:
+            due = step < total and cadence.due(step)  # (on every rank: a collective with the seconds cadence)
+            if snapshot or due:
                 rng = rng_states(ranks)  # every rank's: a collective
+                cadence.taken()
                 if ranks.main:
-                    write_checkpoint(out, step, rng=rng, **state)
+                    writer.write(capture_state(step=step, rng=rng, **state))  # copied here, written in the background
+            if ranks.main and (snapshot or drills_armed()):
+                writer.wait()  # on disk before on_snapshot publishes the step, or a drill below stops the process
             if ranks.world > 1:
                 fault_point(f"train-rank{ranks.rank}", step)  # a drill stops one rank here (tests)
             if not ranks.main:

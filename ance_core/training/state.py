@@ -1,14 +1,22 @@
 """A training stage's resumable state, without pickle: the model (a checkpoint), the optimizer's moments and param
-groups, the scheduler and loss scaler, and every rank's RNG state, written atomically as checkpoints/step-N."""
+groups, the scheduler and loss scaler, and every rank's RNG state, written atomically as checkpoints/step-N.
 
+Taking the state (`capture_state`: copies in CPU memory, on the training thread) is apart from writing it
+(`write_state`), so a checkpoint can be written by another thread while training goes on (training/checkpointing.py).
+"""
+
+import copy
+import itertools
 import json
 import os
 import shutil
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedTokenizerBase
 
 from ance_core.errors import AnceError
 from ance_core.modeling.model import BiEncoder, ModelMeta, load_checkpoint, save_checkpoint
@@ -17,16 +25,42 @@ from ance_core.training.ranks import Ranks, restore_rng
 CHECKPOINTS = "checkpoints"
 
 
-def save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler,
-                step: int, epoch: int, rng: dict[str, torch.Tensor]) -> None:
-    save_checkpoint(model, tokenizer, meta, folder)
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
+@dataclass(frozen=True)
+class TrainingState:
+    """A training stage's resumable state at one step, in CPU memory and apart from the objects training goes on
+    changing: what `write_state` writes."""
+
+    step: int
+    model: BiEncoder  # a CPU copy of the trained model
+    tokenizer: PreTrainedTokenizerBase  # a copy (the training thread keeps tokenizing with its own)
+    meta: ModelMeta
+    moments: dict[str, torch.Tensor]  # "<param id>.<name>": the optimizer's per-parameter tensors (AdamW: exp_avg, ...)
+    trainer_state: str  # JSON: step, epoch, optimizer param groups and scalars, scheduler, loss scaler
+    rng: dict[str, torch.Tensor]  # every rank's RNG state (ranks.py `rng_states`)
+
+
+def cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose parameters and buffers are copies in CPU memory, made without a second copy on the
+    accelerator (a plain deepcopy clones each tensor on its own device first); tied parameters stay tied."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        cpu = tensor.detach().to("cpu", copy=True)
+        is_parameter = isinstance(tensor, torch.nn.Parameter)
+        memo[id(tensor)] = torch.nn.Parameter(cpu, requires_grad=False) if is_parameter else cpu
+    return copy.deepcopy(model, memo)
+
+
+def capture_state(model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler, step: int, epoch: int,
+                  rng: dict[str, torch.Tensor]) -> TrainingState:
+    """The state of the training at `step`, copied: the live objects may change as soon as this returns."""
+    state = optimizer.state_dict()  # its tensors are the optimizer's own: copied below
+    moments, scalars = {}, {}
     for pid, entries in state["state"].items():
         for name, value in entries.items():
-            (tensors if torch.is_tensor(value) else scalars)[f"{pid}.{name}"] = value
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, folder / "optimizer.safetensors")
-    save_file(rng, folder / "rng.safetensors")
+            if torch.is_tensor(value):
+                moments[f"{pid}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
     trainer_state = {
         "step": step,
         "epoch": epoch,
@@ -35,7 +69,23 @@ def save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optim
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
     }
-    (folder / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, default=float))
+    return TrainingState(step, cpu_copy(model), copy.deepcopy(tokenizer), meta, moments,
+                         json.dumps(trainer_state, indent=1, default=float),
+                         {k: v.detach().to("cpu", copy=True) for k, v in rng.items()})
+
+
+def write_state(folder: Path, state: TrainingState) -> None:
+    """Write a captured state into `folder`: the checkpoint's model files and the training state beside them."""
+    save_checkpoint(state.model, state.tokenizer, state.meta, folder)
+    save_file(state.moments, folder / "optimizer.safetensors")
+    save_file(state.rng, folder / "rng.safetensors")
+    (folder / "trainer_state.json").write_text(state.trainer_state)
+
+
+def save_state(folder: Path, model: BiEncoder, tokenizer, meta: ModelMeta, optimizer, scheduler, scaler,
+               step: int, epoch: int, rng: dict[str, torch.Tensor]) -> None:
+    """Write the training's state at `step` into `folder`, now (the end of a stage)."""
+    write_state(folder, capture_state(model, tokenizer, meta, optimizer, scheduler, scaler, step, epoch, rng))
 
 
 def _optimizer_moments(folder: Path, device: torch.device) -> dict[int, dict]:
@@ -86,14 +136,15 @@ def checkpoint_step(out: Path) -> int:
     return int(latest.name[5:]) if latest is not None else 0
 
 
-def write_checkpoint(out: Path, step: int, **state) -> None:
-    """Write checkpoints/step-N atomically, then drop older ones."""
-    final = out / CHECKPOINTS / f"step-{step:06d}"
-    tmp = out / CHECKPOINTS / f".tmp-step-{step:06d}"
+def write_checkpoint(out: Path, state: TrainingState) -> Path:
+    """Write checkpoints/step-N atomically (a temporary folder renamed into place), then drop older ones."""
+    final = out / CHECKPOINTS / f"step-{state.step:06d}"
+    tmp = out / CHECKPOINTS / f".tmp-step-{state.step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_state(tmp, step=step, **state)
+    write_state(tmp, state)
     os.replace(tmp, final)
     for old in (out / CHECKPOINTS).glob("step-*"):
         if old != final:
             shutil.rmtree(old)
+    return final

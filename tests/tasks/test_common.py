@@ -3,8 +3,10 @@
 import pytest
 
 from ance_core.artifacts import ArtifactRef
+from ance_core.faults import drills_armed
 from ance_core.negatives.config import MiningConfig
 from ance_core.pipeline.report import StageTiming
+from ance_core.training.config import TrainConfig
 from tasks import common
 from tasks.common import InjectedFault, _content, artifact_paths, inject_fault
 
@@ -39,4 +41,17 @@ def test_cache_key_content_uses_digests_not_paths_or_timings():
     assert _content(a) == _content(b) == "abc"
     assert _content([StageTiming("warmup", "train", a)]) == _content([StageTiming("warmup", "train", b)])
     assert _content(MiningConfig(top_k=5)) != _content(MiningConfig(top_k=6))
+    cadence = TrainConfig(checkpoint_every=7, checkpoint_seconds=30)  # when checkpoints are taken changes no result
+    assert _content(cadence) == _content(TrainConfig()) != _content(TrainConfig(seed=1))
     assert artifact_paths({"checkpoint": a, "snapshots": [b], "refresh": {"x": 1}}) == [a.path, b.path]
+
+
+def test_drills_are_armed_only_while_ance_fault_asks_for_one(monkeypatch):
+    """The training writes each checkpoint before its step's drill may fire only when one is asked for (else in the
+    background, training/checkpointing.py)."""
+    monkeypatch.delenv("ANCE_FAULT", raising=False)
+    assert not drills_armed()
+    monkeypatch.setenv("ANCE_FAULT", "train@3")
+    assert drills_armed()
+    with common.faults_off():
+        assert not drills_armed()
