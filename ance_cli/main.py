@@ -76,18 +76,21 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
-def _preflight(data, work_dir: str, splits: tuple[str, ...]) -> None:
-    """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run.
+def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False) -> None:
+    """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
+    train split must have positives).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.data.dataset import read_tables
+    from ance_core.data.dataset import check_trainable, read_tables, resolve_dataset
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
     with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
-        tables = read_tables(prepare_data.fn(data, work_dir).path)
+        tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[])
     for split in splits:
         tables.split_qrels(split)
+    if trains:
+        check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split)
 
 
 def _run_pipeline(config, as_json: bool) -> None:
@@ -97,7 +100,7 @@ def _run_pipeline(config, as_json: bool) -> None:
 
     for name in ("warmup", "ance"):
         check_precision(getattr(config, name).precision, pick_device(), f"{name}.precision")
-    _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split))
+    _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True)
     _print_pipeline(ance_pipeline(config), as_json)
 
 
@@ -150,7 +153,7 @@ def compare(
         from flows.compare import compare_negatives
 
         c = load_config(config, CompareConfig, sets or ())
-        _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split))
+        _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split), trains=True)
         result = compare_negatives(c)
         _print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
                      ("results", "train_seconds", "tracking", "table") if as_json else ())

@@ -16,6 +16,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
+from ance_core.data.dataset import check_trainable, read_tables, resolve_dataset
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
@@ -57,6 +58,9 @@ class RunBook:
 
     def prepare_data(self) -> ArtifactRef:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
+        cfg = self.c.data  # a run that would find nothing to train on stops here, before any other work
+        folder = resolve_dataset(cfg.dataset, cfg.data_home, download=False)
+        check_trainable(read_tables(self.data.path, corpus_columns=[]), folder, cfg.train_split)
         summary = read_manifest(self.data.path)["summary"]
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split

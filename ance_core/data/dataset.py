@@ -234,14 +234,54 @@ def _relevance(path: Path, number: int, value: str) -> int:
     return int(grade)
 
 
-def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str):
+def _read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
+    """(line, query id, document id, grade) of a qrels file: BEIR's TSV (query-id, corpus-id, score; a header line)
+    or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
+    ir_datasets' format), told apart line by line from the content."""
+    rows: list[tuple[int, str, str, int]] = []
+    for number, line in _lines(path):
+        parts = line.split("\t")
+        if len(parts) != 3:
+            parts = line.split()
+            if len(parts) == 4:  # TREC: qid iteration docid relevance
+                parts = [parts[0], parts[2], parts[3]]
+            elif len(parts) != 3:
+                raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
+                                f"(query-id iteration doc-id relevance), got {len(parts)}", number)
+        parts = [p.strip() for p in parts]
+        if not rows and parts[2].lower() in {"score", "relevance", "rel"}:
+            continue  # header
+        rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
+    return rows
+
+
+def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str
+                 ) -> list[tuple[int, str, str, int]]:
+    """The usable qrels of a split: a query missing from the queries file is an error; a document missing from the
+    corpus is left out with one warning (real collections have such rows; BEIR's loader, ir_datasets and trec_eval
+    skip them), unless the split loses every row."""
     if not rows:
         raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
-    for number, qid, did, _ in rows:
+    for number, qid, _, _ in rows:
         if qid not in query_ids:
             raise DataError(path, f"query '{qid}' is not in the queries file", number)
-        if did not in doc_ids:
-            raise DataError(path, f"document '{did}' is not in the corpus", number)
+    missing = [row for row in rows if row[2] not in doc_ids]
+    if len(missing) == len(rows):
+        raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names a document of the corpus "
+                        f"(first: '{missing[0][2]}'); is this the corpus they were made for?", missing[0][0])
+    if missing:
+        warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name documents that are not in the "
+             f"corpus; they are left out: {preview([f'{d} (line {n})' for n, _, d, _ in missing])}")
+        rows = [row for row in rows if row[2] in doc_ids]
+    return rows
+
+
+def _check_texts(corpus: pd.DataFrame, path: Path) -> None:
+    """A corpus whose every title and text is empty has nothing to index or train on (BM25 cannot even build its
+    vocabulary): refused before any work."""
+    titles = corpus["title"].fillna("").astype(str).str.strip() if "title" in corpus else ""
+    if ((corpus["text"].astype(str).str.strip() == "") & (titles == "")).all():
+        raise DataError(path, f"all {len(corpus)} documents have an empty title and text: nothing to index")
 
 
 def _load_beir(folder: Path) -> Dataset:
@@ -249,6 +289,7 @@ def _load_beir(folder: Path) -> Dataset:
     if corpus.empty:
         raise DataError(folder / "corpus.jsonl", "empty corpus")
     corpus = corpus.rename(columns={"id": "doc_id"})[["doc_id", "title", "text"]]
+    _check_texts(corpus, folder / "corpus.jsonl")
     queries = _read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
     qrels_dir = folder / "qrels"
     files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
@@ -257,12 +298,7 @@ def _load_beir(folder: Path) -> Dataset:
     query_ids, doc_ids = set(queries["query_id"]), set(corpus["doc_id"])
     frames = []
     for path in files:
-        rows: list[tuple[int, str, str, int]] = []
-        for number, parts in _read_tsv(path, 3, "query-id, corpus-id, score"):
-            if number == 1 and parts[2].strip().lower() in {"score", "relevance"}:
-                continue  # header
-            rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
-        _check_qrels(path, rows, query_ids, doc_ids, path.stem)
+        rows = _check_qrels(path, _read_qrels(path), query_ids, doc_ids, path.stem)
         frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=path.stem))
     return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
@@ -281,6 +317,7 @@ def _load_msmarco(folder: Path) -> Dataset:
     if not docs:
         raise DataError(path, "empty corpus")
     corpus = pd.DataFrame(docs, columns=["doc_id", "title", "text"])
+    _check_texts(corpus, path)
     query_frames, qrel_frames = [], []
     qrel_files = sorted(folder.glob("qrels.*.tsv"))
     if not qrel_files:
@@ -292,17 +329,7 @@ def _load_msmarco(folder: Path) -> Dataset:
         first: dict[str, int] = {}
         for qid, _, number in qs:
             _claim_id(first, queries_path, qid, number)
-        rows = []
-        for number, line in _lines(qpath):
-            parts = line.split()
-            if len(parts) == 4:  # TREC: qid iteration docid relevance
-                qid, did, rel = parts[0], parts[2], parts[3]
-            elif len(parts) == 3:
-                qid, did, rel = parts
-            else:
-                raise DataError(qpath, f"expected 4 (TREC) or 3 columns, got {len(parts)}", number)
-            rows.append((number, qid, did, _relevance(qpath, number, rel)))
-        _check_qrels(qpath, rows, set(first), set(seen), split)
+        rows = _check_qrels(qpath, _read_qrels(qpath), set(first), set(seen), split)
         query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
         qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=split))
@@ -322,6 +349,21 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
         qrels = qrels[~qrels["query_id"].isin(ids)]
     qrels = qrels.drop_duplicates(["query_id", "doc_id", "split"], keep="last").reset_index(drop=True)
     return Dataset(corpus.reset_index(drop=True), queries, qrels)
+
+
+def qrels_file(folder: Path, split: str) -> Path:
+    """Where a split's qrels are read from (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv)."""
+    beir = folder / "qrels" / f"{split}.tsv"
+    return beir if beir.is_file() or not (folder / f"qrels.{split}.tsv").is_file() else folder / f"qrels.{split}.tsv"
+
+
+def check_trainable(tables: Dataset, folder: Path, split: str) -> None:
+    """A pipeline run trains on `split`'s positives: without any (every grade 0, or below train_min_relevance) it
+    is refused before any work, naming the file and the split."""
+    if not tables.positives(split):
+        grade = tables.min_relevance.get(split, 1)
+        raise DataError(qrels_file(folder, split), f"split '{split}' has no positive (no qrels row of relevance >= "
+                        f"{grade}): nothing to train on")
 
 
 def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:

@@ -116,3 +116,21 @@ def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
     code, out = _invoke(["run", "--config", str(cfg)])
     assert code == 2 and "ance.precision: fp16 training needs a CUDA GPU" in out and "bf16" in out
     assert not (tmp_path / "w").exists()
+
+
+def test_a_train_split_without_positives_is_refused_before_any_work(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}, {"_id": "d2", "text": "y"}],
+                    [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "x"}],
+                    {"train": [("q1", "d1", 0)], "test": [("q2", "d1", 1)]})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"data": {"dataset": str(ds)}, "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and "qrels/train.tsv: split 'train' has no positive" in out and "Traceback" not in out
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [".locks", "data"]  # the validated tables only
+
+
+def test_a_corpus_of_empty_texts_is_refused_before_any_work(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": ""}, {"_id": "d2", "text": " ", "title": ""}],
+                    [{"_id": "q1", "text": "y"}], {"train": [("q1", "d1", 1)], "test": [("q1", "d2", 1)]})
+    code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "corpus.jsonl: all 2 documents have an empty title and text" in out

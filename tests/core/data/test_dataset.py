@@ -59,7 +59,8 @@ def _doc(i):
         ("corpus.jsonl", ["[1, 2]"], 1, "expected a JSON object"),
         ("queries.jsonl", [json.dumps({"_id": "q1"})], 1, "missing field 'text'"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", "qX\td0\t1"], 3, "query 'qX' is not in"),
-        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td77\t1"], 2, "document 'd77' is not in the corpus"),
+        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td77\t1"], 2,
+         "none of its 1 qrels names a document of the corpus"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0"], 2, "expected 3 tab-separated columns"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\thigh"], 2, "relevance 'high' is not a number"),
     ],
@@ -97,7 +98,7 @@ def test_msmarco_layout_trec_and_three_column_qrels(tmp_path):
     assert ds.positives("train") == {"10": {"0"}, "11": {"1"}}
     assert ds.positives("dev") == {"20": {"2"}}
     (folder / "qrels.dev.tsv").write_text("20 0 9 1\n")
-    with pytest.raises(DataError, match=r"qrels.dev.tsv:1: document '9' is not in the corpus"):
+    with pytest.raises(DataError, match=r"qrels.dev.tsv:1: split 'dev': none of its 1 qrels names a document of the corpus"):
         load_dataset(folder)
     (folder / "qrels.dev.tsv").write_text("20 2 1\n")
     (folder / "queries.train.tsv").write_text("10\twhat first\n10\tagain\n")
@@ -226,7 +227,7 @@ def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
         load_dataset(folder)
     (folder / "collection.tsv").write_text("0\tfirst\n")
     (folder / "qrels.train.tsv").write_text("10 0 0 1 extra\n")
-    with pytest.raises(DataError, match=r"qrels.train.tsv:1: expected 4 \(TREC\) or 3 columns, got 5"):
+    with pytest.raises(DataError, match=r"qrels.train.tsv:1: expected 3 tab-separated columns .* or TREC's 4 .*got 5"):
         load_dataset(folder)
     (folder / "queries.train.tsv").write_text("10\twhat\textra\n")
     with pytest.raises(DataError, match=r"queries.train.tsv:1: expected 2 tab-separated columns"):
@@ -300,3 +301,38 @@ def test_graded_qrels_train_on_the_top_grade_and_say_what_they_left_out(tmp_path
     out.mkdir()
     save_tables(graded, out)
     assert read_tables(out).positives("train") == graded.positives("train")
+
+
+def test_trec_qrels_load_wherever_beir_tsv_does(beir, tmp_path):
+    """`qid 0 docid rel`, whitespace-separated, no header (trec_eval's format): the same tables as BEIR's TSV."""
+    (beir / "qrels" / "train.tsv").write_text("q1 0 d0 1\nq1\t0\td1\t1\n")
+    (beir / "qrels" / "test.tsv").write_text("q2 Q0 d2 1\nq3 0 d3 0\n")
+    trec = load_dataset(beir)
+    pd.testing.assert_frame_equal(trec.qrels, load_dataset(write_beir(tmp_path / "tsv", CORPUS, QUERIES, QRELS)).qrels)
+
+
+def test_qrels_naming_absent_documents_are_left_out_with_one_warning_per_split(beir):
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\tgone1\t1\nq1\tgone2\t1\n")
+    with pytest.warns(AnceWarning, match=r"train.tsv: 2 of 3 qrels of split 'train' name documents that are not in the "
+                      r"corpus; they are left out: gone1 \(line 3\), gone2 \(line 4\)"):
+        ds = load_dataset(beir)
+    assert ds.positives("train") == {"q1": {"d0"}}
+
+
+def test_a_corpus_of_empty_texts_is_refused_naming_the_file(beir):
+    _corrupt(beir, "corpus.jsonl", [json.dumps({"_id": f"d{i}", "title": " ", "text": ""}) for i in range(4)])
+    with pytest.raises(DataError, match="corpus.jsonl: all 4 documents have an empty title and text"):
+        load_dataset(beir)
+    _corrupt(beir, "corpus.jsonl", [json.dumps({"_id": "d0", "title": "", "text": ""}),
+                                    *[json.dumps({"_id": f"d{i}", "title": "", "text": "x"}) for i in (1, 2, 3)]])
+    assert len(load_dataset(beir).corpus) == 4  # one empty document among others is fine
+
+
+def test_a_train_split_without_positives_is_refused_naming_its_file(beir):
+    from ance_core.data.dataset import check_trainable
+
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t0\nq1\td1\t0\n")
+    ds = load_dataset(beir)
+    with pytest.raises(DataError, match=r"qrels/train.tsv: split 'train' has no positive .*nothing to train on"):
+        check_trainable(ds, beir, "train")
+    check_trainable(ds, beir, "test")  # q2 -> d2
