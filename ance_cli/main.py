@@ -246,17 +246,25 @@ def _evaluation_data(dataset: str, split: str):
 
 @app.command()
 def evaluate(
-    checkpoint: Annotated[Path, typer.Option(help="A checkpoint folder written by training (or init)")],
+    checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder written by training (or init)")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="Score this TREC run file (any system's: qid Q0 docid "
+                                             "rank score tag) instead of a checkpoint")] = None,
     dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
     split: Annotated[str, typer.Option()] = "test",
     work_dir: Annotated[str, typer.Option()] = "work",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
-    """Encode the corpus with a checkpoint, index it and evaluate it on a split."""
+    """Encode the corpus with a checkpoint, index it and evaluate it on a split; or score a TREC run file."""
+    from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
     from flows.evaluate import evaluate_checkpoint
 
     def body():
+        if (checkpoint is None) == (run is None):
+            raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
+                            "to score), one of them")
+        if run is not None:
+            return _print_metrics(_score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         data = _evaluation_data(dataset, split)
         _preflight(data, work_dir, (split,))
@@ -266,6 +274,24 @@ def evaluate(
     _guard(body)
 
 
+def _score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
+    """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
+    from ance_core.data.dataset import read_tables
+    from ance_core.retrieval.config import EvalConfig
+    from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
+    from ance_core.retrieval.search import read_trec
+    from tasks.common import faults_off
+    from tasks.data import prepare_data
+
+    run = read_trec(path)  # a malformed file fails before the data is read
+    data = _evaluation_data(dataset, split)
+    with faults_off():
+        qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
+    if EvalConfig().ignore_identical_ids:
+        run = without_identical_ids(run)
+    return evaluate_run(run, qrels)[0]
+
+
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Query text")],
@@ -273,8 +299,10 @@ def search(
     index: Annotated[Path, typer.Option(help="Index folder (an index stage's: `docid` and the index)")],
     top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
+    trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
+    query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file")] = "q1",
 ):
-    """Print the top hits of a query."""
+    """Print the top hits of a query (and write them as a TREC run file with --trec)."""
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
     from ance_core.retrieval.index import is_index_folder
@@ -286,6 +314,14 @@ def search(
             raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                             "'flat.json' with its emb_*.npy shards)")
         hits = search_text(model, index, query, top_k)
+        if trec is not None:
+            import pandas as pd
+
+            from ance_core.retrieval.search import write_trec
+
+            write_trec(pd.DataFrame({"query_id": query_id, "doc_id": [h.doc_id for h in hits],
+                                     "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
+                       tag=Path(model).name)
         texts = _corpus_titles(dataset) if dataset else {}
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.modeling.model import load_checkpoint, pick_device
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_queries
@@ -175,6 +175,40 @@ def search_text(checkpoint: str | Path, index_dir: str | Path, text: str, top_k:
 
 
 def write_trec(run: pd.DataFrame, path: str | Path, tag: str) -> None:
+    """A run as a TREC run file: `qid Q0 docid rank score tag` per line."""
     with open(path, "w", encoding="utf-8") as f:
         for q, d, r, s in run[RUN_COLUMNS].itertuples(index=False):
             f.write(f"{q} Q0 {d} {r} {s:.6f} {tag}\n")
+
+
+def read_trec(path: str | Path) -> pd.DataFrame:
+    """A TREC run file (`qid Q0 docid rank score tag`, whitespace-separated; any system's) as a run table, ranked by
+    score within each query as trec_eval ranks it. A malformed line is an error naming it; a document listed twice
+    for a query keeps its first line, with one warning."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "run file not found")
+    rows = []
+    with open(path, encoding="utf-8-sig", errors="strict") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            if len(parts) != 6:
+                raise DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
+                                f"{len(parts)}", number)
+            try:
+                score = float(parts[4])
+            except ValueError:
+                raise DataError(path, f"score '{parts[4]}' is not a number", number) from None
+            rows.append((parts[0], parts[2], score))
+    if not rows:
+        raise DataError(path, "empty run file")
+    run = pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
+    twice = run.duplicated(["query_id", "doc_id"])
+    if twice.any():
+        warn(f"{path}: {int(twice.sum())} lines repeat a (query, document) pair already listed; the first is kept: "
+             f"{preview([f'{q}/{d}' for q, d in run.loc[twice, ['query_id', 'doc_id']].values])}")
+        run = run[~twice]
+    run = run.sort_values(["query_id", "score"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    return run.assign(rank=run.groupby("query_id").cumcount() + 1)[RUN_COLUMNS]

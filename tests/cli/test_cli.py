@@ -134,3 +134,20 @@ def test_a_corpus_of_empty_texts_is_refused_before_any_work(tmp_path):
                     [{"_id": "q1", "text": "y"}], {"train": [("q1", "d1", 1)], "test": [("q1", "d2", 1)]})
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "corpus.jsonl: all 2 documents have an empty title and text" in out
+
+
+def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"t {i}"} for i in range(3)],
+                    [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": "b"}],
+                    {"train": [("q1", "d0", 1)], "test": [("q1", "d1", 1), ("q2", "d2", 1)]})
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 3.0 sys\nq1 Q0 d0 2 2.0 sys\n"
+                                       "q2 Q0 d0 1 9.0 sys\nq2 Q0 d2 2 8.0 sys\n")
+    args = ["evaluate", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")]
+    code, out = _invoke([*args, "--run", str(tmp_path / "run.trec"), "--json"])
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75  # q1's at 1, q2's at 2
+    code, out = _invoke([*args, "--run", str(tmp_path / "run.trec"), "--checkpoint", str(tmp_path)])
+    assert code == 2 and "one of them" in out
+    (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")
+    code, out = _invoke([*args, "--run", str(tmp_path / "bad.trec")])
+    assert code == 2 and "bad.trec:1: score 'high' is not a number" in out

@@ -127,6 +127,19 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     assert len(lines) == 3 and lines[0].split()[0] == "1"
     scores = [float(line.split()[1]) for line in lines]
     assert scores == sorted(scores, reverse=True)
+    trec = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k", "3",
+                                    "--trec", str(tmp_path / "hits.trec"), "--query-id", "q7"])
+    assert trec.exit_code == 0 and [line.split()[:4] for line in (tmp_path / "hits.trec").read_text().splitlines()] \
+        == [["q7", "Q0", line.split()[2], str(k)] for k, line in enumerate(lines, 1)]
+    # any system's TREC run scored as the pipeline scores: the result's own evaluation run gives its metrics
+    evaluation = next(s["path"] for s in result["stages"]
+                      if s["stage"] == "evaluate" and s["for"] == result["selected"])
+    scored = CliRunner().invoke(app, ["evaluate", "--run", str(Path(evaluation, "run.trec")), "--dataset",
+                                      str(tiny_scifact), "--split", "test", "--work-dir", str(tmp_path / "w"),
+                                      "--json"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.output.strip().splitlines()[-1])["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"],
+                                                                                              abs=1e-3)
 
     env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "evaluate", "--checkpoint", str(final), "--dataset",

@@ -43,3 +43,19 @@ def test_the_evaluate_stage_key_is_unchanged_when_identical_ids_are_kept():
     assert EvalConfig().ignore_identical_ids  # on by default, like BEIR: a new key (other metrics)
     assert evaluate_key("test", EvalConfig(ignore_identical_ids=False)) == {"split": "test"}  # the key from before
     assert evaluate_key("test", EvalConfig()) != {"split": "test"}
+
+
+def test_a_trec_run_file_reads_back_ranked_by_score_and_bad_lines_are_named(tmp_path):
+    from ance_core.errors import AnceWarning, DataError
+    from ance_core.retrieval.search import read_trec, write_trec
+
+    run = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "rank": [1, 2, 1],
+                        "score": [2.5, 1.0, 0.5]})
+    write_trec(run, tmp_path / "run.trec", "sys")
+    pd.testing.assert_frame_equal(read_trec(tmp_path / "run.trec"), run)
+    (tmp_path / "other.trec").write_text("q1 Q0 b 1 1.0 x\nq1 Q0 a 2 3.0 x\nq1 Q0 a 3 0.1 x\n")  # its ranks ignored
+    with pytest.warns(AnceWarning, match="1 lines repeat a .* q1/a"):
+        assert read_trec(tmp_path / "other.trec")[["doc_id", "rank"]].values.tolist() == [["a", 1], ["b", 2]]
+    (tmp_path / "bad.trec").write_text("q1 Q0 a 1 2.0 x\nq1 a 1 2.0\n")
+    with pytest.raises(DataError, match=r"bad.trec:2: expected 6 whitespace-separated columns"):
+        read_trec(tmp_path / "bad.trec")
