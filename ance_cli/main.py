@@ -94,12 +94,9 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = Fals
 
 
 def _run_pipeline(config, as_json: bool) -> None:
-    from ance_core.modeling.model import pick_device
-    from ance_core.training.loop import check_precision
-    from flows.ance_pipeline import ance_pipeline
+    from flows.ance_pipeline import ance_pipeline, check_pipeline
 
-    for name in ("warmup", "ance"):
-        check_precision(getattr(config, name).precision, pick_device(), f"{name}.precision")
+    check_pipeline(config)
     _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True)
     _print_pipeline(ance_pipeline(config), as_json)
 

@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef
 from ance_core.errors import AnceError
-from ance_core.modeling.model import checkpoint_digest, pick_device
+from ance_core.modeling.model import check_lengths, checkpoint_digest, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import StageTiming
@@ -36,9 +36,20 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     return result | retain(config.work_dir, config.retention)
 
 
-def train_and_evaluate(c: PipelineConfig) -> dict:
-    for name in ("warmup", "ance"):  # before any work: fp16 on a CPU is refused here, not in the first training
+def check_pipeline(c: PipelineConfig) -> None:
+    """What the config asks of this machine and model, refused before any work (not in the first stage that needs
+    it): fp16 training without CUDA, token lengths above the model's positions."""
+    for name in ("warmup", "ance"):
         check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
+    lengths = {"model.query_max_length": c.model.query_max_length,
+               "model.passage_max_length": c.model.passage_max_length}
+    lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
+                for field in ("query_max_length", "passage_max_length")}
+    check_lengths(c.start_checkpoint or c.model.name, lengths)
+
+
+def train_and_evaluate(c: PipelineConfig) -> dict:
+    check_pipeline(c)
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining)

@@ -73,6 +73,32 @@ def resolve_model_name(name: str) -> str:
     return name
 
 
+def max_positions(source: str | Path) -> int | None:
+    """The most tokens a model (a name, a Hugging Face id or a folder, a checkpoint included) takes: its position
+    embeddings (RoBERTa's count 2 it does not use). None when its config cannot be read here (an id not downloaded,
+    offline): loading the model says why, in its own stage."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_name(str(source)))
+    except (OSError, ValueError):
+        return None
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    return positions - 2 if config.model_type in ("roberta", "xlm-roberta", "camembert") else positions
+
+
+def check_lengths(source: str | Path, lengths: dict[str, int | None]) -> None:
+    """Refuse token lengths (`field name -> value`) above what the model takes, naming the field and the maximum: a
+    longer input would fail at the first long document, deep in a stage (a tensor-size error, retried)."""
+    most = max_positions(source)
+    over = {name: n for name, n in lengths.items() if n is not None and most is not None and n > most}
+    if over:
+        fields = ", ".join(f"{name} {n}" for name, n in over.items())
+        raise AnceError(f"{fields}: above the {most} positions of model '{source}'; set at most {most}")
+
+
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
     """hidden (B, T, h), mask (B, T) -> (B, h): the [CLS] vector or the mean over real tokens."""
     if pooling == "cls":

@@ -151,3 +151,15 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
     (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")
     code, out = _invoke([*args, "--run", str(tmp_path / "bad.trec")])
     assert code == 2 and "bad.trec:1: score 'high' is not a number" in out
+
+
+def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_model, tmp_path):
+    from transformers import AutoConfig
+
+    most = AutoConfig.from_pretrained(tiny_model).max_position_embeddings
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": str(tiny_model)}, "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg), "--set", "model.passage_max_length=100000",
+                         "--set", f"ance.query_max_length={most + 1}"])
+    assert code == 2 and "Traceback" not in out and not (tmp_path / "w").exists()
+    assert f"model.passage_max_length 100000, ance.query_max_length {most + 1}: above the {most} positions" in out
