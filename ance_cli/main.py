@@ -24,6 +24,33 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train dense retrievers with ANCE, orchestrated by Prefect.")
 
 
+DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their tracebacks too
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of user errors (or set "
+                                                  "ANCE_DEBUG=1)")] = False) -> None:
+    if debug:
+        os.environ[DEBUG] = "1"
+
+
+def one_line_user_errors() -> None:
+    """Log records of an AnceError (a user error: bad data, bad config, a missing model) keep their message and lose
+    their traceback, whoever logs them (Prefect's task and flow run loggers log every failure with its traceback):
+    the error is one line. Not with ANCE_DEBUG."""
+    from ance_core.errors import AnceError
+
+    make = logging.getLogRecordFactory()
+
+    def record(*args, **kwargs):
+        made = make(*args, **kwargs)
+        if made.exc_info and isinstance(made.exc_info[1], AnceError) and not os.environ.get(DEBUG):
+            made.exc_info, made.exc_text = None, None
+        return made
+
+    logging.setLogRecordFactory(record)
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -39,6 +66,10 @@ def _guard(fn):
     try:
         return fn()
     except AnceError as e:
+        if os.environ.get(DEBUG):
+            import traceback
+
+            traceback.print_exc()
         _fail(str(e))
     except ValidationError as e:
         _fail(f"invalid config:\n{format_validation_error(e)}")
@@ -405,4 +436,5 @@ def main() -> None:  # pragma: no cover
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("bm25s").setLevel(logging.WARNING)
+    one_line_user_errors()
     sys.exit(app())

@@ -75,14 +75,14 @@ def resolve_model_name(name: str) -> str:
 
 def max_positions(source: str | Path) -> int | None:
     """The most tokens a model (a name, a Hugging Face id or a folder, a checkpoint included) takes: its position
-    embeddings (RoBERTa's count 2 it does not use). None when its config cannot be read here (an id not downloaded,
-    offline): loading the model says why, in its own stage."""
+    embeddings (RoBERTa's count 2 it does not use); None when its config does not say. A model whose config cannot be
+    read (an id not downloaded, offline; a folder that is not a model) is an AnceError: before any work."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(resolve_model_name(str(source)))
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as e:
+        raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
         return None
@@ -150,7 +150,7 @@ def _load_encoder(path: str, **config_overrides: float) -> nn.Module:
     except TypeError:
         return AutoModel.from_pretrained(path, **config_overrides)
     except OSError as e:
-        raise AnceError(f"cannot load model '{path}': {e}") from None
+        raise AnceError(f"cannot load model '{path}': {' '.join(str(e).split())}") from None
 
 
 def init_model(cfg: ModelConfig, out: Path) -> dict:
@@ -163,7 +163,7 @@ def init_model(cfg: ModelConfig, out: Path) -> dict:
         encoder = _load_encoder(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except OSError as e:
-        raise AnceError(f"cannot load model '{cfg.name}' (resolved to {source}): {e}") from None
+        raise AnceError(f"cannot load model '{cfg.name}' (resolved to {source}): {' '.join(str(e).split())}") from None
     finally:
         quiet.setLevel(level)
     model = BiEncoder(encoder, cfg.pooling)

@@ -163,3 +163,37 @@ def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_mod
                          "--set", f"ance.query_max_length={most + 1}"])
     assert code == 2 and "Traceback" not in out and not (tmp_path / "w").exists()
     assert f"model.passage_max_length 100000, ance.query_max_length {most + 1}: above the {most} positions" in out
+
+
+def test_a_model_that_cannot_be_loaded_is_one_line_before_any_work(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": str(tmp_path / "no-such-model")}, "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and f"cannot load model '{tmp_path / 'no-such-model'}'" in out and "Traceback" not in out
+    assert len({line for line in out.splitlines() if line.strip()}) == 1 and not (tmp_path / "w").exists()  # (the
+    # runner's output holds stderr twice)
+
+
+def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeypatch, caplog):
+    import logging
+
+    from ance_cli.main import DEBUG, one_line_user_errors
+    from ance_core.errors import AnceError
+
+    factory = logging.getLogRecordFactory()
+    try:
+        one_line_user_errors()
+        log = logging.getLogger("prefect.flow_runs.test")
+        for debug in (False, True):
+            if debug:
+                monkeypatch.setenv(DEBUG, "1")
+            caplog.clear()
+            for error in (AnceError("bad config"), RuntimeError("a bug")):
+                try:
+                    raise error
+                except Exception:
+                    log.error("Encountered exception during execution: %r", error, exc_info=True)
+            user, bug = caplog.records
+            assert (user.exc_info is not None) == debug and bug.exc_info is not None  # a bug keeps its traceback
+    finally:
+        logging.setLogRecordFactory(factory)
