@@ -338,6 +338,8 @@ def search(
 
     def body():
         read_meta(model)
+        if trec is not None and not trec.parent.is_dir():
+            raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
         if not is_index_folder(index):
             raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                             "'flat.json' with its emb_*.npy shards)")

@@ -141,6 +141,21 @@ def run_stage(
     return ref
 
 
+def observe_refs(result: Any) -> None:
+    """Tell the stage observers of every stage folder a result holds (an ArtifactRef, or lists and dicts of them):
+    for the folders a run gets without `run_stage` in its process (a task answered from Prefect's cache, a task run
+    on another worker)."""
+    if isinstance(result, ArtifactRef):
+        for observe in list(stage_observers):
+            observe(Path(result.path).parent.name, result)
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            observe_refs(item)
+    elif isinstance(result, dict):
+        for item in result.values():
+            observe_refs(item)
+
+
 def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping[str, str],
                  build: Callable[[Path], Mapping[str, Any] | None], resumable: bool) -> ArtifactRef:
     """`run_stage` under its lock: reuse a folder another run completed meanwhile, else build it."""

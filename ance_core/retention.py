@@ -117,17 +117,24 @@ def live_run(work_dir: str | Path, name: str) -> Iterator[LiveRun]:
 
 def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
     """(ended runs oldest first, live runs): a `.live` record whose lock is free belongs to a run that was killed."""
+    live_paths = sorted((work_dir / LIVE).glob("*.json"))  # before runs/: a run ending meanwhile is in one of them
     ended = [json.loads(p.read_text()) for p in sorted((work_dir / RUNS).glob("*.json"))]
-    live = []
-    for path in sorted((work_dir / LIVE).glob("*.json")):
+    finished, live = {r["id"] for r in ended}, []
+    for path in live_paths:
+        if path.stem in finished:
+            continue
         lock = FileLock(path.with_suffix(".lock"))
         try:
             lock.acquire(timeout=0)
+            lock.release()
+            held = False
         except Timeout:
-            live.append(json.loads(path.read_text()))
-            continue
-        lock.release()
-        ended.append(json.loads(path.read_text()))
+            held = True
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:  # it ended since runs/ was read: its record is there now
+            record, held = json.loads((work_dir / RUNS / path.name).read_text()), False
+        (live if held else ended).append(record)
     ended.sort(key=lambda r: r["started"])
     return ended, live
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import ArtifactRef, observe_refs
 from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, pick_device
 from ance_core.negatives.samplers import train_config_for
@@ -105,6 +105,7 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
                             c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data,
                             return_state=True)
     trained = state.result()
+    observe_refs(trained)  # (answered from Prefect's cache: no run_stage ran here)
     trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))
     for k in range(1, c.rounds + 1):

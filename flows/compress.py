@@ -29,6 +29,7 @@ from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_ref, read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
+from ance_core.retention import live_run
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from flows.book import flow_tags
 from flows.start import trained_checkpoint
@@ -146,10 +147,11 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
     print(f"compressing {source}: {path}")
     ref = checkpoint_ref(path)
-    tables = run_task(prepare_data, data, work_dir)
-    embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
-    result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode, index,
-                            work_dir, evaluation)
+    with live_run(work_dir, "compress"):  # the stages it uses, which garbage collection leaves
+        tables = run_task(prepare_data, data, work_dir)
+        embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
+        result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode,
+                                index, work_dir, evaluation)
     tracker = Tracker(work_dir, "compress")
     tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}

@@ -7,6 +7,7 @@ from prefect import flow
 from ance_core.data.config import DataConfig
 from ance_core.modeling.model import checkpoint_ref
 from ance_core.pipeline.report import read_metrics
+from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
@@ -17,9 +18,10 @@ from tasks.refresh import evaluate_stages
 @flow(name="bm25-baseline")
 def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work",
                   evaluation: EvalConfig = EvalConfig()) -> dict:
-    tables = prepare_data(data, work_dir)
-    run = bm25_run(tables, bm25, data.eval_split, bm25.top_k, work_dir)
-    return read_metrics(evaluate(run, tables, data.eval_split, work_dir, evaluation))
+    with live_run(work_dir, "bm25-baseline"):  # the stages it uses, which garbage collection leaves
+        tables = prepare_data(data, work_dir)
+        run = bm25_run(tables, bm25, data.eval_split, bm25.top_k, work_dir)
+        return read_metrics(evaluate(run, tables, data.eval_split, work_dir, evaluation))
 
 
 @flow(name="evaluate")
@@ -27,7 +29,8 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     ref = checkpoint_ref(checkpoint)
-    tables = prepare_data(data, work_dir)
-    refs = evaluate_stages(ref, tables, data.eval_split, evaluation, encode, index, work_dir,
-                           execution=execution)
-    return read_metrics(refs["evaluate"])
+    with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
+        tables = prepare_data(data, work_dir)
+        refs = evaluate_stages(ref, tables, data.eval_split, evaluation, encode, index, work_dir,
+                               execution=execution)
+        return read_metrics(refs["evaluate"])

@@ -41,7 +41,7 @@ from prefect.tasks import Task, exponential_backoff
 from pydantic import BaseModel
 
 import ance_core
-from ance_core.artifacts import ArtifactRef, digest_of, is_complete
+from ance_core.artifacts import ArtifactRef, digest_of, is_complete, observe_refs
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
@@ -228,6 +228,7 @@ def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
     """Call a stage task and return its reference, marked `cached` when Prefect answered from its cache."""
     state = stage(*args, return_state=True, **kwargs)
     ref = state.result()
+    observe_refs(ref)  # a cached answer ran no run_stage here: the live run records its folders all the same
     return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")
 
 

@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.tasks import Task
 
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import ArtifactRef, observe_refs
 from ance_core.errors import AnceError
 from ance_core.retrieval.config import ExecutionConfig
 from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, ChildTasksFailed, run_task
@@ -54,6 +54,7 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
     for k, future in enumerate(futures):
         with _after_retries(stage, k, len(calls)):
             refs.append(future.state.result())  # the first failed task's error
+    observe_refs(refs)  # built on Ray's workers: recorded by this process's live run
     return [dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
             for ref, future in zip(refs, futures, strict=True)]
 

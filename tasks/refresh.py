@@ -61,7 +61,7 @@ def evaluate_stages(checkpoint: ArtifactRef, data: ArtifactRef, split: str, eval
     if built is None:
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
         built = refs["index"] = run_task(build_index, refs["encode"], work_dir, index.exact())
-    top_k = evaluation.top_k
+    top_k, index = evaluation.top_k, index.exact()  # `built` is the exact flat index: searched as one
     refs["retrieve"] = run_task(dense_run, checkpoint, built, data, split, top_k, encode, index, work_dir)
     refs["evaluate"] = run_task(evaluate, refs["retrieve"], data, split, work_dir, evaluation)
     if dev_split is not None and dev_split != split:

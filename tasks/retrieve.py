@@ -9,6 +9,7 @@ def search_key(cfg: IndexConfig) -> dict:
     """What of the index config changes a run's results: the query-time parameters of an approximate index (not where
     it is searched; nothing for a flat one, whose key stays what it was)."""
     params = {"ivf": {"nprobe": cfg.nprobe}, "hnsw": {"ef_search": cfg.ef_search}, "flat": {}}[cfg.type]
+    params |= {"gpu_float16": True} if cfg.gpu_float16 else {}  # scores from float16 vectors (on a GPU)
     return {"search": params} if params else {}
 
 

@@ -15,7 +15,16 @@ import torch
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from ance_core.artifacts import ASYNC_REFRESH, NEGATIVES, ArtifactRef, is_complete, read_manifest, run_stage, stage_key
+from ance_core.artifacts import (
+    ASYNC_REFRESH,
+    NEGATIVES,
+    ArtifactRef,
+    is_complete,
+    observe_refs,
+    read_manifest,
+    run_stage,
+    stage_key,
+)
 from ance_core.data.config import DataConfig
 from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
@@ -108,7 +117,9 @@ def snapshot_ref(work_dir: str, trainer_key: str, step: int) -> ArtifactRef:
     if not is_complete(folder):
         raise AnceError(f"{folder}: the step-{step} checkpoint of trainer {trainer_key} is missing; delete "
                         f"{Path(work_dir) / 'train-async' / trainer_key} to train again")
-    return ArtifactRef(str(folder), key, read_manifest(folder).get("seconds", 0.0), cached=True)
+    ref = ArtifactRef(str(folder), key, read_manifest(folder).get("seconds", 0.0), cached=True)
+    observe_refs(ref)  # not built by run_stage here: recorded by the live run all the same
+    return ref
 
 
 class AsyncNegatives:

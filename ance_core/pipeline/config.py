@@ -6,12 +6,13 @@ The defaults are the demo: SciFact, all-MiniLM-L6-v2, BM25 warm-up then two ANCE
 """
 
 import copy
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
@@ -176,7 +177,7 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
             raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
         if not isinstance(raw, dict):
             raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
-    raw = apply_sets(raw, sets)
+    raw = apply_sets(raw, sets, schema)
     try:
         return schema.model_validate(raw)
     except ValidationError as e:
@@ -185,7 +186,19 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
         raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
 
 
-def apply_sets(raw: dict, sets: Sequence[str]) -> dict:
+def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
+    """Whether the dotted field is a plain string (`data.eval_split=2019` stays the text '2019')."""
+    for part in parts:
+        field = schema.model_fields.get(part) if schema is not None else None
+        if field is None:
+            return False
+        kinds = [a for a in typing.get_args(field.annotation) if a is not type(None)] or [field.annotation]
+        models = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        schema = models[0] if models else None
+    return kinds == [str]
+
+
+def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = None) -> dict:
     """`key.sub=value` overrides on a config mapping (a copy): dotted keys into its sections, each value read as a YAML
     scalar or flow list/mapping (`3e-5`, `true`, `null`, `[ance, bm25]`) and typed by the config model when validated
     (an unknown key is refused there, by name)."""
@@ -199,6 +212,8 @@ def apply_sets(raw: dict, sets: Sequence[str]) -> dict:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as e:
             raise AnceError(f"--set {item}: the value is not valid YAML: {e}") from None
+        if not isinstance(value, str) and value is not None and _text_field(schema, parts):
+            value = text.strip()
         node = out
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)

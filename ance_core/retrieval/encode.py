@@ -149,6 +149,10 @@ _loading = threading.Lock()  # the async trainer's inferencer threads encode at 
 def stored(emb: np.ndarray, cfg: EncodeConfig, ids: list[str]) -> np.ndarray:
     """The rows as the shards keep them (`encode.dtype`). float16 holds up to 65504: a model whose embeddings exceed it
     (unnormalised, large norms) is refused with the first document that does, rather than indexed as inf."""
+    if not np.isfinite(emb).all():  # the model's own output: no storage setting helps
+        row = int(np.flatnonzero(~np.isfinite(emb).all(axis=1))[0])
+        raise AnceError(f"document '{ids[row]}': the model encodes it to NaN or inf (a diverged checkpoint, or "
+                        "fp16 autocast overflowing: try encode.precision bf16 or fp32)")
     out = emb.astype(cfg.dtype)
     if cfg.dtype == "float16" and not np.isfinite(out).all():
         row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])

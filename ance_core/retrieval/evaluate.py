@@ -49,7 +49,12 @@ def without_identical_ids(run: pd.DataFrame) -> pd.DataFrame:
     """The run without hits whose document id is the query's id (BEIR's `ignore_identical_ids`): the ranks of the
     hits below move up."""
     same = run["query_id"].astype(str) == run["doc_id"].astype(str)
-    return run[~same].reset_index(drop=True) if same.any() else run
+    if not same.any():
+        return run
+    kept = run[~same].reset_index(drop=True)
+    if "rank" in kept:
+        kept["rank"] = kept.sort_values("rank", kind="stable").groupby("query_id").cumcount() + 1
+    return kept
 
 
 def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str,

@@ -189,8 +189,12 @@ def read_trec(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise DataError(path, "run file not found")
     rows = []
-    with open(path, encoding="utf-8-sig", errors="strict") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(path, f"not valid UTF-8 (byte {e.start} of the line)", number) from None
             if not line.strip():
                 continue
             parts = line.split()

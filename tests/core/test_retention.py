@@ -121,3 +121,17 @@ def test_unset_retention_keeps_everything_and_unrecorded_folders_get_an_hour(tmp
     assert plan_gc(work, RetentionConfig(keep_runs=1)).remove == []  # built a moment ago (another process's?)
     later = plan_gc(work, RetentionConfig(keep_runs=1), now=time.time() + 2 * GRACE_SECONDS)
     assert _names(later.remove) == ["unrecorded"]
+
+
+def test_folders_a_run_gets_without_building_them_are_recorded_too(tmp_path):
+    """A stage answered from Prefect's cache (or built on another worker) runs no run_stage in the run's process:
+    the flow tells the live run of the references it got (artifacts.observe_refs), so garbage collection keeps them."""
+    from ance_core.artifacts import observe_refs
+
+    work = tmp_path / "work"
+    with live_run(work, "first"):
+        built = _stage(work, "encode", "built", {})
+    with live_run(work, "second") as second:
+        observe_refs({"refs": [built]})  # e.g. run_task's result, Cached
+    assert {"stage": "encode", "key": built.digest} in second.record["stages"]
+    assert _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep) == ["built"]

@@ -28,7 +28,7 @@ def test_a_hit_whose_document_is_the_query_is_dropped_before_scoring_as_beir_doe
     run = pd.DataFrame({"query_id": ["q1", "q1", "q1", "q2", "q2"], "doc_id": ["q1", "d1", "d2", "d3", "q2"],
                         "rank": [1, 2, 3, 1, 2], "score": [9.0, 5.0, 4.0, 8.0, 7.0]})
     qrels = pd.DataFrame({"query_id": ["q1", "q2"], "doc_id": ["d1", "d3"], "relevance": [1, 1]})
-    assert without_identical_ids(run)["doc_id"].tolist() == ["d1", "d2", "d3"]
+    assert without_identical_ids(run)[["doc_id", "rank"]].values.tolist() == [["d1", 1], ["d2", 2], ["d3", 1]]
     (tmp_path / "kept").mkdir(), (tmp_path / "dropped").mkdir()
     kept = write_evaluation(run, qrels, tmp_path / "kept", "t")
     dropped = write_evaluation(run, qrels, tmp_path / "dropped", "t", ignore_identical_ids=True)
@@ -59,3 +59,6 @@ def test_a_trec_run_file_reads_back_ranked_by_score_and_bad_lines_are_named(tmp_
     (tmp_path / "bad.trec").write_text("q1 Q0 a 1 2.0 x\nq1 a 1 2.0\n")
     with pytest.raises(DataError, match=r"bad.trec:2: expected 6 whitespace-separated columns"):
         read_trec(tmp_path / "bad.trec")
+    (tmp_path / "latin.trec").write_bytes(b"q1 Q0 caf\xe9 1 2.0 x\n")
+    with pytest.raises(DataError, match=r"latin.trec:1: not valid UTF-8"):
+        read_trec(tmp_path / "latin.trec")
