@@ -166,7 +166,7 @@ def detect_format(folder: Path) -> str:
 # ---------------------------------------------------------------- line readers
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line. A byte-order mark
     at the start of the file and CRLF line endings (Windows tools write both) are dropped."""
     if not path.is_file():
@@ -192,7 +192,7 @@ def _claim_id(seen: dict[str, int], path: Path, item_id: str, number: int) -> No
 def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     ids: dict[str, int] = {}
     rows: list[tuple[str, ...]] = []
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
@@ -213,7 +213,7 @@ def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] =
 
 
 def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) != columns:
             raise DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}", number)
@@ -239,7 +239,7 @@ def _read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
     or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
     ir_datasets' format), told apart line by line from the content."""
     rows: list[tuple[int, str, str, int]] = []
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) != 3:
             parts = line.split()
@@ -308,7 +308,7 @@ def _load_msmarco(folder: Path) -> Dataset:
     path = folder / "collection.tsv"
     seen: dict[str, int] = {}
     docs = []
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)

@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ance_core.data.dataset import read_lines
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.modeling.model import load_checkpoint, pick_device
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
@@ -186,26 +187,17 @@ def read_trec(path: str | Path) -> pd.DataFrame:
     score within each query as trec_eval ranks it. A malformed line is an error naming it; a document listed twice
     for a query keeps its first line, with one warning."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(path, "run file not found")
     rows = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(path, f"not valid UTF-8 (byte {e.start} of the line)", number) from None
-            if not line.strip():
-                continue
-            parts = line.split()
-            if len(parts) != 6:
-                raise DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
-                                f"{len(parts)}", number)
-            try:
-                score = float(parts[4])
-            except ValueError:
-                raise DataError(path, f"score '{parts[4]}' is not a number", number) from None
-            rows.append((parts[0], parts[2], score))
+    for number, line in read_lines(path):  # UTF-8 (a BOM and CRLF accepted), blank lines skipped
+        parts = line.split()
+        if len(parts) != 6:
+            raise DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
+                            f"{len(parts)}", number)
+        try:
+            score = float(parts[4])
+        except ValueError:
+            raise DataError(path, f"score '{parts[4]}' is not a number", number) from None
+        rows.append((parts[0], parts[2], score))
     if not rows:
         raise DataError(path, "empty run file")
     run = pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
