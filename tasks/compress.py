@@ -18,9 +18,10 @@ from ance_core.compression.conae import Projector, fit_pca, row_chunks, teacher_
 from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
 from ance_core.data.dataset import read_tables
 from ance_core.modeling.model import load_checkpoint, pick_device, write_compressed_checkpoint
+from ance_core.retrieval.ann import build_ann_index, search_latency
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_queries, iter_shards, map_shards, read_docids
-from ance_core.retrieval.index import SearchIndex, build_ann_index, index_bytes, search_latency
+from ance_core.retrieval.index import SearchIndex, index_bytes
 from tasks.common import stage_task
 
 QUERY_EMBEDDINGS, QUERY_IDS = "queries.npy", "query_ids.txt"
