@@ -197,3 +197,37 @@ def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeyp
             assert (user.exc_info is not None) == debug and bug.exc_info is not None  # a bug keeps its traceback
     finally:
         logging.setLogRecordFactory(factory)
+
+
+def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_one(tiny_model, tmp_path):
+    """`ance search` on a flat index (shards + flat.json), one stored in parts (`index.shards`), and a faiss file;
+    the same hits from each exact one, a TREC run file written; a folder without an index is one line, exit 2."""
+    import pandas as pd
+
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+    from ance_core.retrieval.config import EncodeConfig, IndexConfig
+    from ance_core.retrieval.encode import encode_corpus
+    from ance_core.retrieval.index import build_index
+    from ance_core.retrieval.search import read_trec
+
+    ckpt = tmp_path / "ckpt"
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), ckpt)
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(30)], "title": "",
+                           "text": [f"passage {i} about topic {i % 7} and more words" for i in range(30)]})
+    (tmp_path / "emb").mkdir()
+    encode_corpus(ckpt, corpus, EncodeConfig(shard_size=8, precision="fp32"), tmp_path / "emb")
+    hits = {}
+    for name, cfg in {"flat": IndexConfig(), "flat-parts": IndexConfig(shards=3),
+                      "hnsw-parts": IndexConfig(type="hnsw", shards=2)}.items():
+        (tmp_path / name).mkdir()
+        build_index(tmp_path / "emb", tmp_path / name, cfg)
+        code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / name),
+                             "--top-k", "5", "--trec", str(tmp_path / f"{name}.trec"), "--query-id", "q7"])
+        assert code == 0, out
+        hits[name] = [line.split()[2] for line in out.splitlines() if line.strip()]
+        run = read_trec(tmp_path / f"{name}.trec")
+        assert run["doc_id"].tolist() == hits[name] and set(run["query_id"]) == {"q7"}
+    assert len(hits["flat"]) == 5 and hits["flat-parts"] == hits["flat"]
+    code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "emb")])
+    assert code == 2 and "not an index folder" in out and "Traceback" not in out
