@@ -4,17 +4,22 @@ from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import write_run
 from tasks.common import stage_task
+from tasks.retrieve import ranked_queries
 
 
 @stage_task("bm25-run")
-def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str) -> ArtifactRef:
-    """BM25 top-k for the queries of a split: the baseline run, or the candidates for BM25 negatives."""
+def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str, sample: dict | None = None
+             ) -> ArtifactRef:
+    """BM25 top-k for the queries of a split (or a mining round's `sample` of them): the baseline run, or the
+    candidates for BM25 negatives."""
 
     def build(out):
         tables = read_tables(data.path)
-        queries = tables.split_queries(split).sort_values("query_id", kind="stable")  # the run in query-id order
+        # the run in query-id order
+        queries = ranked_queries(tables, split, sample).sort_values("query_id", kind="stable")
         run = BM25(tables.corpus, cfg).search(queries, top_k)
         write_run(run, out / RUN)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
-    return run_stage(work_dir, "bm25", {"bm25": cfg, "split": split, "top_k": top_k}, {"data": data.digest}, build)
+    config = {"bm25": cfg, "split": split, "top_k": top_k} | ({"sample": sample} if sample is not None else {})
+    return run_stage(work_dir, "bm25", config, {"data": data.digest}, build)

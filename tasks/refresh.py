@@ -36,9 +36,9 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
         refs["encode"] = run_task(encode_corpus, checkpoint, data, encode, work_dir, execution)
         refs["index"] = run_task(build_index, refs["encode"], work_dir, index)
         refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode, index,
-                                    work_dir)
+                                    work_dir, mining.sample(round_))
     if spec.uses_bm25:
-        refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir)
+        refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir, mining.sample(round_))
         if mining.margin is not None and scorer is None:
             raise AnceError(f"mining.margin with sampler '{mining.sampler}' needs a model to score the BM25 candidates "
                             "(the warm-up uses the starting model)")

@@ -1,5 +1,6 @@
 from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
-from ance_core.data.dataset import read_tables
+from ance_core.data.dataset import Dataset, read_tables
+from ance_core.negatives.randomness import query_sample
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.search import write_dense_run
 from tasks.common import stage_task
@@ -13,19 +14,31 @@ def search_key(cfg: IndexConfig) -> dict:
     return {"search": params} if params else {}
 
 
+def ranked_queries(tables: Dataset, split: str, sample: dict | None):
+    """The queries of a split a ranking stage ranks: all, or a mining round's sample of those with a positive
+    (`MiningConfig.sample`)."""
+    queries = tables.split_queries(split)
+    if sample is None:
+        return queries
+    chosen = query_sample(list(tables.positives(split)), sample["queries"], sample["seed"], sample["round"])
+    return queries[queries["query_id"].isin(chosen)].reset_index(drop=True)
+
+
 @stage_task("dense-run")
 def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, split: str, top_k: int,
-              encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str) -> ArtifactRef:
-    """ANN top-k for the queries of a split with a checkpoint and its index, and the positives' scores, written as the
-    queries are searched (a row group per chunk of queries)."""
+              encode_cfg: EncodeConfig, index_cfg: IndexConfig, work_dir: str, sample: dict | None = None
+              ) -> ArtifactRef:
+    """ANN top-k for the queries of a split (or a mining round's `sample` of them) with a checkpoint and its index,
+    and the positives' scores, written as the queries are searched (a row group per chunk of queries)."""
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
-        queries = tables.split_queries(split)
+        queries = ranked_queries(tables, split, sample)
         write_dense_run(checkpoint.path, index.path, queries, top_k, tables.positives(split), out / RUN,
                         out / POSITIVE_SCORES, encode_cfg, index_cfg)
         return {"queries": len(queries), "depth": top_k}
 
     config = {"split": split, "top_k": top_k, "encode": encode_cfg} | search_key(index_cfg)
+    config |= {"sample": sample} if sample is not None else {}
     inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}
     return run_stage(work_dir, "retrieve", config, inputs, build)

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
 from ance_core.stage_config import StageConfig
@@ -36,6 +36,27 @@ class MiningConfig(StageConfig):
     margin: float | None = Field(
         None, ge=0, lt=1, description="False-negative control: drop candidates scoring above (1 - m)·s(q,d+). For "
         "the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
+    queries: int | None = Field(
+        None, ge=1, description="Mine (and so train on) a seeded sample of this many of the split's training queries, "
+        "drawn again each round; unset: all of them. A stage of S steps of B queries trains on at most S·B: at MS "
+        "MARCO's 500k training queries, BM25 over all of them for a warm-up of a few hundred steps takes hours")
+
+    @model_serializer(mode="wrap")
+    def _all_queries_unsaid(self, handler):
+        """`queries` unset is left out of the dump: the cache keys of stages that mine every query stay those they
+        had before the option existed."""
+        data = handler(self)
+        if data.get("queries", 0) is None:
+            del data["queries"]
+        return data
+
+    def __repr_args__(self):
+        """The same in the repr, which a stage key holds when the config is nested in a dict (the mine stage's)."""
+        return [(k, v) for k, v in super().__repr_args__() if not (k == "queries" and v is None)]
+
+    def sample(self, round_: int) -> dict | None:
+        """What a ranking stage needs to rank only this round's queries (None: all of them)."""
+        return None if self.queries is None else {"queries": self.queries, "seed": self.seed, "round": round_}
 
     @property
     def spec(self) -> Sampler:

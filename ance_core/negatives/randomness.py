@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment, 2^64 / golden ratio
-STREAMS = {"dense": 1, "bm25": 2, "coin": 3, "positive": 4, "fallback": 5}
+STREAMS = {"dense": 1, "bm25": 2, "coin": 3, "positive": 4, "fallback": 5, "sample": 6}
 _U64 = 2**64
 
 
@@ -42,6 +42,18 @@ def pair_keys(seed: int, round_: int, query_ids: Sequence[str], pair_query: np.n
     base = mix(mix(np.array([seed % _U64], dtype=np.uint64)) + np.uint64(round_ % _U64))
     queries = mix(base ^ np.array([query_hash(q) for q in query_ids], dtype=np.uint64).reshape(-1))
     return mix(queries[pair_query] + np.asarray(ordinals, dtype=np.uint64) * GAMMA)
+
+
+def query_sample(query_ids: Sequence[str], n: int | None, seed: int, round_: int) -> list[str]:
+    """The n of `query_ids` a round mines (`mining.queries`), sorted: those of the n smallest hashes of (seed, round,
+    query id), a uniform sample without replacement that does not depend on the ids' order. All of them (sorted) when
+    n is None or covers them."""
+    ids = sorted(query_ids)
+    if n is None or n >= len(ids):
+        return ids
+    keys = uniforms(pair_keys(seed, round_, ids, np.arange(len(ids)), np.zeros(len(ids))), "sample",
+                    np.zeros(len(ids)))
+    return [ids[i] for i in np.sort(np.argpartition(keys, n - 1)[:n])]
 
 
 def uniforms(keys: np.ndarray, stream: str, counters: np.ndarray) -> np.ndarray:

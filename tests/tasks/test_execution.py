@@ -188,3 +188,30 @@ def test_a_shard_that_keeps_failing_is_retried_alone_and_fails_the_encoding_once
     assert list(attempts.values()) == [1]
     with pytest.raises(Exception, match="encode-shard call 1 of 4 failed after its retries"):
         state.result()
+
+
+def test_mining_queries_ranks_mines_and_trains_a_seeded_sample_drawn_again_each_round(checkpoint, tiny_scifact,
+                                                                                        tmp_path):
+    """`mining.queries: n`: the dense and BM25 rankings and the negatives hold the same n training queries, a sample
+    that changes with the round; unset, the config's key is the one it had before the option (nested in a stage key
+    by its repr, too)."""
+    import pandas as pd
+
+    from ance_core.artifacts import NEGATIVES, RUN
+    from ance_core.data.dataset import read_tables
+    from ance_core.negatives.randomness import query_sample
+    from flows.stages import refresh_negatives_flow
+
+    data = DataConfig(dataset=str(tiny_scifact))
+    chosen = []
+    for round_ in (1, 2):
+        out = refresh_negatives_flow(str(checkpoint), data, EncodeConfig(), round_number=round_,
+                                     mining=MiningConfig(sampler="ance+bm25", queries=5), work_dir=str(tmp_path))
+        rankings = [set(pd.read_parquet(Path(out[stage], RUN))["query_id"]) for stage in ("retrieve", "bm25")]
+        mined = set(pd.read_parquet(Path(out["mine"], NEGATIVES))["query_id"])
+        assert rankings[0] == rankings[1] == mined and len(mined) == 5
+        chosen.append(mined)
+    assert chosen[0] != chosen[1]
+    all_train = set(read_tables(next((tmp_path / "data").glob("[!.]*"))).positives("train"))
+    assert chosen[1] == set(query_sample(list(all_train), 5, 42, 2)) and len(all_train) > 5
+    assert "queries" not in str(MiningConfig()) and "queries" not in MiningConfig().model_dump()
