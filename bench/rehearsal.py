@@ -7,9 +7,11 @@ the policy's bound.
     python bench/rehearsal.py --passages 100000 2000000 [--queries 500000] [--warmup-steps 300] [--round-steps 100]
 
 The collection: passages of log-normal length (mean ≈ 60 words, median ≈ 54, 1 in 2,000 of 300-2,000 words: MS
-MARCO's long tail), words drawn Zipf-like from a 30,000-word vocabulary; `--queries` training queries with one
-positive each (6 of its positive's words plus 2 random ones), 200 test queries, a dev split of `--dev-queries` carved
-from the training queries.
+MARCO's long tail), words drawn Zipf-like from a 30,000-word vocabulary whose 33 most frequent are BM25's English
+stop words (as in English text: BM25 drops them and scores the posting lists of content words); `--queries` training
+queries with one positive each (6 of its positive's words plus 2 random ones), 200 test queries, a dev split of
+`--dev-queries` carved from the training queries. The warm-up's BM25 negatives are mined for the queries it trains on
+(`bm25_negatives.queries`: warm-up steps x batch size); the ANCE rounds mine all the training queries.
 
 How it measures: the `ance run` process is sampled every 0.2 s from outside (/proc: VmRSS, and VmHWM, the kernel's
 own peak); a stage's window is its folder's build time (manifest `seconds`, ending at the manifest's write), and its
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
 
 from ance_core.retention import RetentionConfig, collect
 
@@ -42,7 +45,7 @@ LONG_EVERY, VOCABULARY = 2000, 30_000
 def vocabulary(size: int, rng: np.random.Generator) -> np.ndarray:
     """`size` distinct pseudo-words of 2-4 syllables."""
     syllables = np.array([c + v for c in "bcdfghklmnprstvz" for v in ("a", "e", "i", "o", "u", "ai", "ou")])
-    words: dict[str, None] = {}
+    words: dict[str, None] = dict.fromkeys(sorted(STOPWORDS_EN))  # the most frequent words, as in English
     while len(words) < size:
         n = rng.integers(2, 5)
         words["".join(rng.choice(syllables, n))] = None
@@ -176,8 +179,11 @@ def rehearse(passages: int, args, model: Path, tmp: Path) -> dict:
     shape = synthetic_msmarco(root / "beir", passages, args.queries, args.dev_queries)
     generated = time.time() - began
     train = {"batch_size": 32, "passage_max_length": 64, "learning_rate": 1e-3}
+    # the warm-up's BM25 negatives for the queries it trains on (a seeded sample of steps x batch), not all of them
+    warmup_queries = args.warmup_steps * train["batch_size"]
     config = {"data": {"dataset": str(root / "beir"), "dev_fraction": shape["dev_fraction"]},
               "model": {"name": str(model), "passage_max_length": 64},
+              "bm25_negatives": {"queries": warmup_queries},
               "warmup": train | {"max_steps": args.warmup_steps}, "ance": train | {"max_steps": args.round_steps},
               "mining": {"top_k": 200}, "encode": {"batch_size": 256, "shard_size": 250_000},
               "eval": {"top_k": 100}, "rounds": 2, "refresh": "sync", "work_dir": str(root / "work")}

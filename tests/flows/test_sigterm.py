@@ -1,0 +1,109 @@
+"""One SIGTERM (a worker stopping its flow run, `kill`, a container's stop) ends a running `ance run`: the process
+exits without a second signal, its flow run ends Crashed or Cancelled on the Prefect server it reports to, no stage
+folder is left half-written, and a re-run resumes from the stages and checkpoint already made (issue 29)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ance_core.artifacts import is_complete
+from tests.tiny import RUN_RECORDS, command, env_for, run, tiny_pipeline_config
+
+ENDED = {"CRASHED", "CANCELLED", "FAILED"}
+STATES_OF_FLOW_RUNS = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+
+async def main():
+    async with get_client() as client:
+        print(json.dumps([[r.name, r.state.type.value] for r in await client.read_flow_runs()]))
+
+asyncio.run(main())
+"""
+
+
+def _terminate_when_hung(root: Path, config: dict, env: dict, fault: str) -> int:
+    """Start `ance run` with `fault` set to hang, wait until it hangs, send its process (only it) one SIGTERM; its
+    exit status. A process still alive 120 s later fails the test (and its group is killed)."""
+    signal_file = root / "hung"
+    proc = subprocess.Popen(command(root, config), stdout=subprocess.DEVNULL, stderr=open(root / "run.log", "w"),
+                            env=env | {"ANCE_FAULT": f"{fault}:hang", "ANCE_FAULT_SIGNAL": str(signal_file)},
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert signal_file.exists(), f"the run never reached {fault} (exit {proc.poll()}): {_tail(root)}"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"one SIGTERM did not end `ance run` within 120 s: {_tail(root)}") from None
+
+
+def _tail(root: Path) -> str:
+    return (root / "run.log").read_text()[-3000:]
+
+
+def _flow_run_states(env: dict) -> list[list[str]]:
+    """[name, state type] of the flow runs the API that `env` points at knows (the embedded server's database when
+    no PREFECT_API_URL is set)."""
+    out = subprocess.run([sys.executable, "-c", STATES_OF_FLOW_RUNS], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _no_stage_half_written(work: Path) -> list[Path]:
+    """Every visible stage folder is complete (a stage is built under .partial-* and renamed when done); the partial
+    ones, which a re-run resumes from."""
+    stages = [d for d in work.iterdir() if d.is_dir() and d.name not in RUN_RECORDS]
+    for folder in (f for d in stages for f in d.iterdir() if not f.name.startswith(".")):
+        assert is_complete(folder), f"{folder}: a visible stage folder that is not complete"
+    return [f for d in stages for f in d.glob(".partial-*")]
+
+
+@pytest.mark.parametrize("mode", ["embedded", "server"])
+def test_one_sigterm_ends_the_run_its_flow_run_and_a_rerun_resumes(mode, tiny_scifact, tiny_model, tmp_path,
+                                                                     request):
+    """Stopped after the warm-up's step 2 (and its checkpoint): on the embedded server (`make demo`'s mode) and on a
+    real Prefect server (a deployment's: PREFECT_API_URL)."""
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=3)
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "PREFECT_API_URL"}
+    if mode == "server":
+        env["PREFECT_API_URL"] = request.getfixturevalue("prefect_server")
+    code = _terminate_when_hung(tmp_path, config, env, "train@2")
+    assert code != 0, _tail(tmp_path)
+    partial = _no_stage_half_written(tmp_path / "work")
+    assert [p.parent.name for p in partial] == ["train"] and (partial[0] / "checkpoints" / "step-000002").is_dir()
+
+    work_flows = [state for name, state in _flow_run_states(env) if name]
+    if mode == "server":  # the server holds the flow runs of other tests: this one's is the one whose work it was
+        work_flows = _states_of_this_run(env["PREFECT_API_URL"], tmp_path)
+    assert work_flows and all(state in ENDED for state in work_flows), work_flows
+    assert "RUNNING" not in work_flows
+
+    if mode == "server":
+        result, _ = run(tmp_path, config, PREFECT_API_URL=env["PREFECT_API_URL"])
+        warmup = next(s for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "train"))
+        summary = json.loads(Path(warmup["path"], "manifest.json").read_text())["summary"]
+        assert summary["resumed_from_step"] == 2 and not warmup["cached"]
+
+
+def _states_of_this_run(api: str, root: Path) -> list[str]:
+    """The state types of the flow runs whose parameters name this test's work folder (the pipeline flow's)."""
+    deadline = time.time() + 120
+    while True:  # the server may take a moment to record the crash it was told of
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"limit": 200}, timeout=30).json()
+        mine = [r["state_type"] for r in runs if str(root / "work") in json.dumps(r.get("parameters", {}))]
+        if mine and all(s in ENDED for s in mine) or time.time() > deadline:
+            return mine
+        time.sleep(1)
