@@ -7,6 +7,7 @@ User errors (bad data, bad config, missing files) print one line and exit with s
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,15 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the trace
                                                   "ANCE_DEBUG=1)")] = False) -> None:
     if debug:
         os.environ[DEBUG] = "1"
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM ends the command as an exception, not by the default action: Prefect's own handler (during a flow run)
+    marks the run Crashed and passes the signal on to this one, and the interpreter then exits normally, so that its
+    exit handlers stop the embedded Prefect server (killed by the default action, the process would leave it running,
+    an orphan)."""
+    raise SystemExit(128 + signum)
 
 
 def one_line_user_errors() -> None:

@@ -53,6 +53,18 @@ def _tail(root: Path) -> str:
     return (root / "run.log").read_text()[-3000:]
 
 
+def _servers_left(home: Path) -> list[int]:
+    """Processes still running with `home` as their PREFECT_HOME (the embedded server is a uvicorn subprocess)."""
+    left = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"PREFECT_HOME={home}".encode() in environ.read_bytes().split(b"\0"):
+                left.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours to read
+            pass
+    return left
+
+
 def _flow_run_states(env: dict) -> list[list[str]]:
     """[name, state type] of the flow runs the API that `env` points at knows (the embedded server's database when
     no PREFECT_API_URL is set)."""
@@ -82,6 +94,10 @@ def test_one_sigterm_ends_the_run_its_flow_run_and_a_rerun_resumes(mode, tiny_sc
         env["PREFECT_API_URL"] = request.getfixturevalue("prefect_server")
     code = _terminate_when_hung(tmp_path, config, env, "train@2")
     assert code != 0, _tail(tmp_path)
+    left = _servers_left(tmp_path / "prefect")
+    for pid in left:  # (not to outlive the test either)
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the embedded Prefect server outlived the run it served"
     partial = _no_stage_half_written(tmp_path / "work")
     assert [p.parent.name for p in partial] == ["train"] and (partial[0] / "checkpoints" / "step-000002").is_dir()
 
