@@ -172,7 +172,8 @@ def disk_mb(folder: Path) -> float:
     return total / 2**20
 
 
-def rehearse(passages: int, args, model: Path, tmp: Path) -> dict:
+def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
+    """The runs at one corpus size; each run's rows are saved (`--json`, with the sizes `done`) as soon as it ends."""
     root = tmp / f"n{passages}"
     root.mkdir()
     began = time.time()
@@ -195,6 +196,8 @@ def rehearse(passages: int, args, model: Path, tmp: Path) -> dict:
         rows.append({"run": label, "passages": passages, "stage": "(whole run)", "seconds": wall,
                      "peak_rss_mb": max((s[2] for s in samples), default=0.0), "disk_mb": None, "begin": since})
         print(f"{passages} {label}: {wall:.0f} s", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps([*done, {"rows": rows, "summary": None}], indent=1))
     work = root / "work"
     before = disk_mb(work)
     plan = collect(work, RetentionConfig(keep_runs=args.keep_runs, keep_refreshes=args.keep_refreshes))  # ance gc
@@ -239,7 +242,7 @@ def main() -> None:
         tmp = Path(tmp)
         model = Path(args.model) if args.model else build_tiny_model(tmp / "tiny-model")
         for passages in args.passages:
-            results.append(rehearse(passages, args, model, tmp))
+            results.append(rehearse(passages, args, model, tmp, results))
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\n{args.queries} training queries (one positive each), top-200, tiny model (32-d), warm-up "
