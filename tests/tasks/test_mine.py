@@ -81,3 +81,38 @@ def test_a_run_written_before_is_scanned_and_mines_the_same(tmp_path, small_row_
         assert all(pos not in ids_ for pos, ids_ in zip(tables["new"]["positive_id"], tables["new"]["negative_ids"],
                                                           strict=True))
     assert isinstance(rows, pa.Table)
+
+
+def test_negative_stats_read_only_the_sampled_queries_rows_and_match_the_whole_runs(tmp_path, small_row_groups,
+                                                                                    monkeypatch):
+    """The negatives analysis reads its sampled queries' rows of the model's ranking (a filter applied as each row
+    group is read), not the whole run: its statistics are those computed from the whole run."""
+    import json
+
+    from ance_core.artifacts import STATS
+    from ance_core.negatives.analysis import negative_stats, query_sample
+    from tasks import analysis
+
+    run, scores, positives = _run()
+    ranking = _folder(tmp_path / "run", run, scores, old=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    pd.DataFrame({"doc_id": CORPUS, "title": "", "text": "x"}).to_parquet(data / "corpus.parquet")
+    pd.DataFrame({"query_id": QUERIES, "text": "q"}).to_parquet(data / "queries.parquet")
+    pd.DataFrame([(q, d, 1, "train") for q, ds in positives.items() for d in ds],
+                 columns=["query_id", "doc_id", "relevance", "split"]).to_parquet(data / "qrels.parquet")
+    table = mine_queries(MiningConfig(top_k=20, num_negatives=3), positives, 1, {"dense": ranking}, None, positives,
+                         sorted_ids(CORPUS), None, None)
+    (tmp_path / "neg").mkdir()
+    table.to_parquet(tmp_path / "neg" / "negatives.parquet")
+    monkeypatch.setattr(analysis, "SAMPLE_QUERIES", 7)
+    read, real = [], pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda path, *a, **kw: read.append((str(path), kw.get("filters"))) or
+                        real(path, *a, **kw))
+    out = analysis.negatives_analysis.fn(ArtifactRef(str(tmp_path / "neg"), "n"), ranking,
+                                         ArtifactRef(str(data), "d"), "train", str(tmp_path / "work"))
+    stats = json.loads((tmp_path / "work" / "negative-stats" / out.path.split("/")[-1] / STATS).read_text())
+    sample = query_sample(table["query_id"], 7, analysis.SAMPLE_SEED)
+    expected = negative_stats(table, run, positives, sample)
+    assert {k: stats[k] for k in expected} == pytest.approx(expected) and stats["overlap_queries"] == 7
+    assert [f for path, f in read if path.endswith(RUN)] == [[("query_id", "in", sample)]]  # the run: filtered
