@@ -16,8 +16,9 @@ import pandas as pd
 from pydantic import BaseModel
 
 from ance_core.artifacts import ArtifactRef
+from ance_core.data.corpus import read_corpus_rows
 from ance_core.data.dataset import read_tables
-from ance_core.negatives.analysis import negatives_sample, read_stats
+from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs, read_stats
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
 from tracking.client import Tracker, flatten
@@ -185,10 +186,11 @@ class PipelineTracking:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             if samples:
-                tables = read_tables(data_path)
+                tables = read_tables(data_path, corpus_columns=[])  # the passages shown are read on their own
                 for label, folder in samples:
-                    page = negatives_sample(pd.read_parquet(Path(folder, "negatives.parquet")), tables.corpus,
-                                            tables.queries)
+                    negatives = pd.read_parquet(Path(folder, "negatives.parquet"))
+                    shown = read_corpus_rows(data_path, negatives_sample_docs(negatives))
+                    page = negatives_sample(negatives, shown, tables.queries)
                     (tmp / "negatives_sample.md").write_text(page)
                     tracker.log_artifact(self.child(label), tmp / "negatives_sample.md", "negatives")
             for k, row in enumerate((async_refresh or {}).get("rounds", []), 1):

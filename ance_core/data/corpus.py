@@ -102,3 +102,9 @@ class FrameCorpus(CorpusRows):
         for start in range(0, len(rows), CORPUS_ROW_GROUP):
             part = rows[start : start + CORPUS_ROW_GROUP]
             yield part, passage_texts(self.frame.iloc[part])
+
+
+def read_corpus_rows(folder: str | Path, doc_ids: list[str]) -> pd.DataFrame:
+    """A data folder's corpus rows of these documents only (a filter applied as each row group is read: a few
+    passages of a corpus of millions without reading its text)."""
+    return pq.read_table(Path(folder) / "corpus.parquet", filters=[("doc_id", "in", list(doc_ids))]).to_pandas()

@@ -78,14 +78,26 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _sampled_rows(negatives: pd.DataFrame, n_queries: int, seed: int) -> pd.DataFrame:
+    chosen = set(query_sample(negatives["query_id"], n_queries, seed))
+    return negatives[negatives["query_id"].isin(chosen)].drop_duplicates("query_id")
+
+
+def negatives_sample_docs(negatives: pd.DataFrame, n_queries: int = 10, seed: int = 0) -> list[str]:
+    """The documents `negatives_sample` shows (the positives and negatives of its sampled queries): the corpus rows
+    it needs."""
+    rows = _sampled_rows(negatives, n_queries, seed)
+    return sorted({*rows["positive_id"], *(d for ids in rows["negative_ids"] for d in ids)})
+
+
 def negatives_sample(negatives: pd.DataFrame, corpus: pd.DataFrame, queries: pd.DataFrame, n_queries: int = 10,
                      seed: int = 0, width: int = 300) -> str:
     """A readable sample of mined negatives (markdown): per query its text, a positive and the negatives with the
-    rank and score they were mined at, so a person can judge whether they are true negatives."""
+    rank and score they were mined at, so a person can judge whether they are true negatives. `corpus`: at least
+    the rows of `negatives_sample_docs`."""
     text = dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
     query_text = dict(zip(queries["query_id"], queries["text"], strict=True))
-    chosen = set(query_sample(negatives["query_id"], n_queries, seed))
-    rows = negatives[negatives["query_id"].isin(chosen)].drop_duplicates("query_id")
+    rows = _sampled_rows(negatives, n_queries, seed)
     parts = [f"# {len(rows)} sampled queries and their training negatives\n"]
     for row in rows.itertuples():
         parts.append(f"## Query {row.query_id}: {_clip(query_text.get(row.query_id, ''), width)}\n")

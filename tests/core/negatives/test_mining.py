@@ -135,3 +135,22 @@ def test_ids_sorted_once_mine_the_same_negatives(monkeypatch):
     again = sample_negatives(cfg, {"q1": {"d0"}}, 1, {"dense": run}, once, warn_short=False)
     assert list(again["negative_ids"][0]) == list(unsorted["negative_ids"][0])
     assert len(set(again["negative_ids"][0])) == 6
+
+
+def test_the_negatives_sample_page_needs_only_its_documents_rows(tmp_path):
+    """tracking reads the corpus rows the page shows (`negatives_sample_docs`, `read_corpus_rows`), not the corpus:
+    the same page as from the whole corpus."""
+    from ance_core.data.corpus import read_corpus_rows
+    from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs
+
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(300)], "title": [f"t{i}" for i in range(300)],
+                           "text": [f"passage number {i}" for i in range(300)]})
+    corpus.to_parquet(tmp_path / "corpus.parquet", row_group_size=50)
+    queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(40)], "text": [f"query {i}" for i in range(40)]})
+    negatives = pd.DataFrame({"query_id": queries["query_id"], "positive_id": [f"d{i}" for i in range(40)],
+                              "negative_ids": [[f"d{100 + i}", f"d{200 + i}"] for i in range(40)],
+                              "negative_ranks": [[1, 2]] * 40})
+    docs = negatives_sample_docs(negatives)
+    rows = read_corpus_rows(tmp_path, docs)
+    assert sorted(rows["doc_id"]) == docs and len(docs) == 30  # 10 queries: a positive and 2 negatives each
+    assert negatives_sample(negatives, rows, queries) == negatives_sample(negatives, corpus, queries)
