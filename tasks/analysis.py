@@ -85,7 +85,7 @@ def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: Artifa
     """Top-100 score profile of a checkpoint for a fixed sample of queries (ance_core/negatives/analysis.py)."""
 
     def build(out):
-        queries = read_tables(data.path).split_queries(split)
+        queries = read_tables(data.path, corpus_columns=[]).split_queries(split)
         sample = query_sample(queries["query_id"], PROFILE_QUERIES, SAMPLE_SEED)
         texts = queries.set_index("query_id").loc[sample, "text"].tolist()
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())

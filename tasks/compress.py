@@ -34,7 +34,7 @@ def encode_split_queries(checkpoint: ArtifactRef, data: ArtifactRef, split: str,
     """A split's query embeddings with a checkpoint (queries.npy, rows in query_ids.txt order)."""
 
     def build(out: Path) -> dict:
-        queries = read_tables(data.path).split_queries(split)
+        queries = read_tables(data.path, corpus_columns=[]).split_queries(split)
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
         emb = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, cfg)
         np.save(out / QUERY_EMBEDDINGS, emb)
@@ -67,8 +67,8 @@ def compress(checkpoint: ArtifactRef, embeddings: ArtifactRef, train_queries: Ar
         if method == "conae":
             docs = np.concatenate(list(iter_shards(embeddings.path)))
             queries, query_ids = read_query_embeddings(train_queries)
-            teacher = teacher_from(docs, doc_ids, queries, query_ids, read_tables(data.path).positives(split),
-                                   cfg.top_k)
+            positives = read_tables(data.path, corpus_columns=[]).positives(split)
+            teacher = teacher_from(docs, doc_ids, queries, query_ids, positives, cfg.top_k)
             with open(out / TRAIN_LOG, "w") as log:
                 model = train_conae(teacher, dim, **{k: getattr(cfg, k) for k in TRAIN_FIELDS if k != "top_k"},
                                     on_step=lambda r: log.write(json.dumps(r) + "\n"))

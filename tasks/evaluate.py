@@ -16,7 +16,7 @@ def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str, cfg
     `cfg.ignore_identical_ids` is off); per-query values and the TREC file are kept."""
 
     def build(out):
-        qrels = read_tables(data.path).split_qrels(split)
+        qrels = read_tables(data.path, corpus_columns=[]).split_qrels(split)  # no passage is read
         return write_evaluation(pd.read_parquet(Path(run.path, RUN)), qrels, out, tag=run.digest,
                                 ignore_identical_ids=cfg.ignore_identical_ids)
 
