@@ -122,7 +122,8 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = Fals
     train split must have positives).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.data.dataset import check_trainable, read_tables, resolve_dataset
+    from ance_core.data.dataset import check_trainable, read_tables
+    from ance_core.data.sources import resolve_dataset
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
@@ -432,7 +433,8 @@ def gc(
 
 
 def _corpus_titles(dataset: str) -> dict[str, str]:
-    from ance_core.data.dataset import load_dataset, passage_texts, resolve_dataset
+    from ance_core.data.dataset import load_dataset, passage_texts
+    from ance_core.data.sources import resolve_dataset
 
     corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
     return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from ance_core.data.dataset import load_dataset, passage_texts, resolve_dataset
+from ance_core.data.dataset import load_dataset, passage_texts
+from ance_core.data.sources import resolve_dataset
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model, load_checkpoint, pool, resolve_model_name
 from ance_core.retrieval.encode import encode_texts

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ance_core.artifacts import read_manifest
 from ance_core.data.config import DataConfig
-from ance_core.data.dataset import resolve_dataset
+from ance_core.data.sources import resolve_dataset
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig

@@ -16,7 +16,8 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
-from ance_core.data.dataset import check_trainable, read_tables, resolve_dataset
+from ance_core.data.dataset import check_trainable, read_tables
+from ance_core.data.sources import resolve_dataset
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler

@@ -1,6 +1,7 @@
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data.config import DataConfig
-from ance_core.data.dataset import dataset_digest, load_dataset, resolve_dataset, save_tables
+from ance_core.data.dataset import load_dataset, save_tables
+from ance_core.data.sources import dataset_digest, resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
 from ance_core.errors import AnceError
 from tasks.common import stage_task

@@ -3,7 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from ance_core.data.dataset import load_dataset, read_tables, resolve_dataset, save_tables
+from ance_core.data.dataset import load_dataset, read_tables, save_tables
+from ance_core.data.sources import resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
 from ance_core.errors import AnceError, AnceWarning, DataError
 from tests.tiny import write_beir
@@ -120,7 +121,7 @@ def test_download_verifies_checksum_and_unpacks_atomically(tmp_path, monkeypatch
     import hashlib
     import shutil
 
-    from ance_core.data import dataset as data
+    from ance_core.data import sources as data
 
     archive = shutil.make_archive(str(tmp_path / "ds"), "zip", root_dir=beir.parent, base_dir="ds")
     monkeypatch.setattr(data, "BEIR_URL", f"file://{tmp_path}/{{name}}.zip")
@@ -241,7 +242,7 @@ def test_archive_entries_that_escape_the_target_folder_are_refused(tmp_path, mon
     import hashlib
     import zipfile
 
-    from ance_core.data import dataset as data
+    from ance_core.data import sources as data
 
     archive = tmp_path / "evil.zip"
     with zipfile.ZipFile(archive, "w") as zf:
