@@ -14,9 +14,14 @@ from typing import Annotated
 
 import typer
 
-# Prefect's ephemeral server gets 20 s to start by default; on a loaded 2-core machine that is not enough.
-EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-EPHEMERAL_TIMEOUT_DEFAULT = "180"
+from ance_cli.guard import (
+    DEBUG,
+    EPHEMERAL_TIMEOUT,
+    EPHEMERAL_TIMEOUT_DEFAULT,
+    exit_on_sigterm,
+    guard,
+    one_line_user_errors,
+)
 
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
              "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
@@ -25,73 +30,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train dense retrievers with ANCE, orchestrated by Prefect.")
 
 
-DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their tracebacks too
-
-
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of user errors (or set "
                                                   "ANCE_DEBUG=1)")] = False) -> None:
     if debug:
         os.environ[DEBUG] = "1"
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM ends the command as an exception, not by the default action: Prefect's own handler (during a flow run)
-    marks the run Crashed and passes the signal on to this one, and the interpreter then exits normally, so that its
-    exit handlers stop the embedded Prefect server (killed by the default action, the process would leave it running,
-    an orphan)."""
-    raise SystemExit(128 + signum)
-
-
-def one_line_user_errors() -> None:
-    """Log records of an AnceError (a user error: bad data, bad config, a missing model) keep their message and lose
-    their traceback, whoever logs them (Prefect's task and flow run loggers log every failure with its traceback):
-    the error is one line. Not with ANCE_DEBUG."""
-    from ance_core.errors import AnceError
-
-    make = logging.getLogRecordFactory()
-
-    def record(*args, **kwargs):
-        made = make(*args, **kwargs)
-        if made.exc_info and isinstance(made.exc_info[1], AnceError) and not os.environ.get(DEBUG):
-            made.exc_info, made.exc_text = None, None
-        return made
-
-    logging.setLogRecordFactory(record)
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
-
-
-def _guard(fn):
-    """Run a command body; AnceError and config errors become one red line and exit code 2."""
-    from pydantic import ValidationError
-
-    from ance_core.errors import AnceError
-    from ance_core.pipeline.config import format_validation_error
-
-    try:
-        return fn()
-    except AnceError as e:
-        if os.environ.get(DEBUG):
-            import traceback
-
-            traceback.print_exc()
-        _fail(str(e))
-    except ValidationError as e:
-        _fail(f"invalid config:\n{format_validation_error(e)}")
-    except RuntimeError as e:
-        if "ephemeral Prefect API server" not in str(e):
-            raise
-        typer.secho(f"error: Prefect's temporary API server did not answer within "
-                    f"{os.environ.get(EPHEMERAL_TIMEOUT)} s (a busy machine starts it slowly). Set "
-                    f"{EPHEMERAL_TIMEOUT} higher, or start a server once (`make up`, or `prefect server start`) and "
-                    f"set PREFECT_API_URL=http://127.0.0.1:4200/api. Prefect said: {str(e)[:300]}",
-                    fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
 
 def _print_pipeline(result: dict, as_json: bool) -> None:
@@ -164,7 +108,7 @@ def demo(
         config = recipe_config(recipe, sets or (), **overrides | ({"rounds": rounds} if rounds is not None else {}))
         _run_pipeline(config, as_json)
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -176,7 +120,7 @@ def run(
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
     from ance_core.pipeline.config import load_config
 
-    _guard(lambda: _run_pipeline(load_config(config, sets=sets or ()), as_json))
+    guard(lambda: _run_pipeline(load_config(config, sets=sets or ()), as_json))
 
 
 @app.command()
@@ -197,7 +141,7 @@ def compare(
         _print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
                      ("results", "train_seconds", "tracking", "table") if as_json else ())
 
-    _guard(body)
+    guard(body)
 
 
 def _print_table(result: dict, where: str, json_keys: tuple[str, ...]) -> None:
@@ -242,7 +186,7 @@ def compress_command(
         _print_table(result, f"table and files: {result['files']}",
                      ("rows", "files", "checkpoint", "tracking") if as_json else ())
 
-    _guard(body)
+    guard(body)
 
 
 def _print_metrics(metrics: dict, title: str, as_json: bool) -> None:
@@ -270,7 +214,7 @@ def bm25(
         metrics = bm25_baseline(data, BM25Config(), work_dir)
         _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
-    _guard(body)
+    guard(body)
 
 
 def _evaluation_data(dataset: str, split: str):
@@ -310,7 +254,7 @@ def evaluate(
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
         _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
-    _guard(body)
+    guard(body)
 
 
 def _score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
@@ -367,7 +311,7 @@ def search(
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command(name="export")
@@ -402,7 +346,7 @@ def export_command(
                    f"product; queries {result['query_max_length']} tokens, passages {result['passage_max_length']})")
         typer.echo(f"model card: {out / 'README.md'}; in Python: SentenceTransformer(\"{out}\").encode_query(...)")
 
-    _guard(body)
+    guard(body)
 
 
 @app.command()
@@ -429,7 +373,7 @@ def gc(
         typer.echo(f"{verb} {len(plan.remove)} stage folders ({plan.freed_bytes / 2**30:.2f} GiB); kept "
                    f"{len(plan.keep)}")
 
-    _guard(body)
+    guard(body)
 
 
 def _corpus_titles(dataset: str) -> dict[str, str]:

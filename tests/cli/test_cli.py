@@ -177,7 +177,7 @@ def test_a_model_that_cannot_be_loaded_is_one_line_before_any_work(tmp_path):
 def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeypatch, caplog):
     import logging
 
-    from ance_cli.main import DEBUG, one_line_user_errors
+    from ance_cli.guard import DEBUG, one_line_user_errors
     from ance_core.errors import AnceError
 
     factory = logging.getLogRecordFactory()
