@@ -27,8 +27,10 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
                "train_min_relevance": cfg.train_min_relevance}
 
     def build(out):
-        dataset = with_dev_split(load_dataset(folder, cfg.format), cfg.train_split, cfg.dev_split, cfg.dev_fraction,
-                                 cfg.dev_seed)
-        return save_tables(with_training_grades(dataset, cfg.train_split, cfg.train_min_relevance), out)
+        # the corpus is written as it is read: its text is never held whole
+        dataset = with_dev_split(load_dataset(folder, cfg.format, corpus_to=out / "corpus.parquet"), cfg.train_split,
+                                 cfg.dev_split, cfg.dev_fraction, cfg.dev_seed)
+        return save_tables(with_training_grades(dataset, cfg.train_split, cfg.train_min_relevance), out,
+                           corpus_written=True)
 
     return run_stage(work_dir, "data", key_cfg, inputs, build)

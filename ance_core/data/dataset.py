@@ -9,6 +9,7 @@ Files written on Windows load as they are: a UTF-8 byte-order mark and CRLF line
 A query whose text is empty is dropped with one warning naming it (it can be neither trained on nor searched for).
 """
 
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ance_core.artifacts import digest_of
 from ance_core.errors import AnceError, DataError, preview, warn
@@ -92,9 +95,9 @@ def _claim_id(seen: dict[str, int], path: Path, item_id: str, number: int) -> No
     seen[item_id] = number
 
 
-def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
-    ids: dict[str, int] = {}
-    rows: list[tuple[str, ...]] = []
+def _jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int]
+                ) -> Iterator[tuple[str, ...]]:
+    """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
     for number, line in read_lines(path):
         try:
             obj = json.loads(line)
@@ -110,9 +113,12 @@ def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] =
         doc_id = str(obj["_id"])
         if not doc_id:
             raise DataError(path, "empty '_id'", number)
-        _claim_id(ids, path, doc_id, number)
-        rows.append((doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional)))
-    return pd.DataFrame(rows, columns=["id", *fields, *optional])
+        _claim_id(seen, path, doc_id, number)
+        yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
+
+
+def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
+    return pd.DataFrame(list(_jsonl_rows(path, fields, optional, {})), columns=["id", *fields, *optional])
 
 
 def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
@@ -179,48 +185,71 @@ def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: s
     return rows
 
 
-def _check_texts(corpus: pd.DataFrame, path: Path) -> None:
-    """A corpus whose every title and text is empty has nothing to index or train on (BM25 cannot even build its
-    vocabulary): refused before any work."""
-    titles = corpus["title"].fillna("").astype(str).str.strip() if "title" in corpus else ""
-    if ((corpus["text"].astype(str).str.strip() == "") & (titles == "")).all():
-        raise DataError(path, f"all {len(corpus)} documents have an empty title and text: nothing to index")
+CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, when the corpus goes to a file)
 
 
-def _load_beir(folder: Path) -> Dataset:
-    corpus = _read_jsonl(folder / "corpus.jsonl", ("text",), optional=("title",))
-    if corpus.empty:
-        raise DataError(folder / "corpus.jsonl", "empty corpus")
-    corpus = corpus.rename(columns={"id": "doc_id"})[["doc_id", "title", "text"]]
-    _check_texts(corpus, folder / "corpus.jsonl")
-    queries = _read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
-    qrels_dir = folder / "qrels"
-    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
-    if not files:
-        raise DataError(qrels_dir, "no qrels/<split>.tsv files")
-    query_ids, doc_ids = set(queries["query_id"]), set(corpus["doc_id"])
-    frames = []
-    for path in files:
-        rows = _check_qrels(path, _read_qrels(path), query_ids, doc_ids, path.stem)
-        frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
-            split=path.stem))
-    return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
-
-
-def _load_msmarco(folder: Path) -> Dataset:
-    path = folder / "collection.tsv"
-    seen: dict[str, int] = {}
-    docs = []
+def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
+    """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read."""
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
         _claim_id(seen, path, parts[0], number)
-        docs.append((parts[0], parts[1] if len(parts) == 3 else "", parts[-1]))
-    if not docs:
+        yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
+
+
+def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | None) -> pd.DataFrame:
+    """The corpus (doc_id, title, text), CORPUS_CHUNK documents at a time. With `out`, each chunk is written there
+    as parquet (row groups of CORPUS_ROW_GROUP) as soon as it is read, and only the doc ids are kept: memory holds
+    one chunk's text, not the corpus's (8.8M MS MARCO passages are ~3 GB of text). An empty corpus, and one whose
+    every title and text is empty (nothing to index: BM25 cannot even build its vocabulary), are refused."""
+    frames, writer, with_text, n = [], None, False, 0
+    try:
+        while chunk := list(itertools.islice(rows, CORPUS_CHUNK)):
+            frame = pd.DataFrame(chunk, columns=["doc_id", "title", "text"])
+            n += len(frame)
+            with_text = with_text or bool(((frame["text"].str.strip() != "") | (frame["title"].str.strip() != ""))
+                                          .any())
+            if out is None:
+                frames.append(frame)
+                continue
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            writer = writer or pq.ParquetWriter(out, table.schema)
+            writer.write_table(table, row_group_size=CORPUS_ROW_GROUP)
+            frames.append(frame[["doc_id"]])
+    finally:
+        if writer is not None:
+            writer.close()
+    if not n:
         raise DataError(path, "empty corpus")
-    corpus = pd.DataFrame(docs, columns=["doc_id", "title", "text"])
-    _check_texts(corpus, path)
+    if not with_text:
+        raise DataError(path, f"all {n} documents have an empty title and text: nothing to index")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
+    seen: dict[str, int] = {}
+    path = folder / "corpus.jsonl"
+    rows = ((d, title, text) for d, text, title in _jsonl_rows(path, ("text",), ("title",), seen))
+    corpus = _read_corpus(path, rows, corpus_to)
+    queries = _read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
+    qrels_dir = folder / "qrels"
+    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    if not files:
+        raise DataError(qrels_dir, "no qrels/<split>.tsv files")
+    query_ids = set(queries["query_id"])
+    frames = []
+    for path in files:
+        rows = _check_qrels(path, _read_qrels(path), query_ids, seen, path.stem)
+        frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
+            split=path.stem))
+    return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
+
+
+def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
+    path = folder / "collection.tsv"
+    seen: dict[str, int] = {}
+    corpus = _read_corpus(path, _collection_rows(path, seen), corpus_to)
     query_frames, qrel_frames = [], []
     qrel_files = sorted(folder.glob("qrels.*.tsv"))
     if not qrel_files:
@@ -232,7 +261,7 @@ def _load_msmarco(folder: Path) -> Dataset:
         first: dict[str, int] = {}
         for qid, _, number in qs:
             _claim_id(first, queries_path, qid, number)
-        rows = _check_qrels(qpath, _read_qrels(qpath), set(first), set(seen), split)
+        rows = _check_qrels(qpath, _read_qrels(qpath), set(first), seen, split)
         query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
         qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=split))
@@ -269,10 +298,13 @@ def check_trainable(tables: Dataset, folder: Path, split: str) -> None:
                         f"{grade}): nothing to train on")
 
 
-def load_dataset(folder: str | Path, fmt: str = "auto") -> Dataset:
+def load_dataset(folder: str | Path, fmt: str = "auto", corpus_to: Path | None = None) -> Dataset:
+    """The collection, validated. With `corpus_to`, the corpus is written there as parquet while it is read (the data
+    stage's corpus.parquet) and the dataset's corpus holds only its doc ids (`save_tables(..., corpus_written=True)`
+    then writes the rest)."""
     folder = Path(folder)
     fmt = detect_format(folder) if fmt == "auto" else fmt
-    return _load_beir(folder) if fmt == "beir" else _load_msmarco(folder)
+    return (_load_beir if fmt == "beir" else _load_msmarco)(folder, corpus_to)
 
 
 # ---------------------------------------------------------------- parquet tables
@@ -282,8 +314,9 @@ TRAINING_GRADES = "training_grades.json"
 CORPUS_ROW_GROUP = 10_000  # a corpus shard task reads only the row groups of its documents (tasks/encode.read_rows)
 
 
-def save_tables(dataset: Dataset, out: Path) -> dict[str, int]:
-    dataset.corpus.to_parquet(out / "corpus.parquet", index=False, row_group_size=CORPUS_ROW_GROUP)
+def save_tables(dataset: Dataset, out: Path, corpus_written: bool = False) -> dict[str, int]:
+    if not corpus_written:  # (else load_dataset wrote it while reading: `corpus_to`)
+        dataset.corpus.to_parquet(out / "corpus.parquet", index=False, row_group_size=CORPUS_ROW_GROUP)
     fault_point("prepare-data", 1)  # the corpus written, the queries and qrels not yet
     dataset.queries.to_parquet(out / "queries.parquet", index=False)
     dataset.qrels.to_parquet(out / "qrels.parquet", index=False)

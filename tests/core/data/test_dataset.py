@@ -337,3 +337,37 @@ def test_a_train_split_without_positives_is_refused_naming_its_file(beir):
     with pytest.raises(DataError, match=r"qrels/train.tsv: split 'train' has no positive .*nothing to train on"):
         check_trainable(ds, beir, "train")
     check_trainable(ds, beir, "test")  # q2 -> d2
+
+
+def test_the_data_stage_writes_the_corpus_as_it_reads_it_and_checks_it_the_same(tmp_path, monkeypatch):
+    """`load_dataset(corpus_to=...)` (the data stage's): the corpus goes to parquet a chunk at a time and only its ids
+    stay in memory; the stored tables are those of the in-memory load, in both layouts, and a duplicate id in a later
+    chunk or a corpus without any text is still refused, naming the file and line."""
+    from ance_core.data import dataset
+
+    monkeypatch.setattr(dataset, "CORPUS_CHUNK", 3)
+    docs = [{"_id": f"d{i}", "title": "" if i % 2 else f"t{i}", "text": f"passage {i}"} for i in range(11)]
+    beir = write_beir(tmp_path / "beir", docs, [{"_id": "q1", "text": "passage"}],
+                      {"train": [("q1", "d1", 1)], "test": [("q1", "d9", 1)]})
+    msmarco = tmp_path / "msmarco"
+    msmarco.mkdir()
+    (msmarco / "collection.tsv").write_text("".join(f"{d['_id']}\t{d['title']}\t{d['text']}\n" for d in docs))
+    (msmarco / "queries.train.tsv").write_text("q1\tpassage\n")
+    (msmarco / "qrels.train.tsv").write_text("q1\t0\td3\t1\n")
+    for folder in (beir, msmarco):
+        whole = load_dataset(folder)
+        out = tmp_path / f"{folder.name}-tables"
+        out.mkdir()
+        streamed = load_dataset(folder, corpus_to=out / "corpus.parquet")
+        assert list(streamed.corpus.columns) == ["doc_id"] and streamed.corpus["doc_id"].tolist() == [
+            f"d{i}" for i in range(11)]
+        save_tables(streamed, out, corpus_written=True)
+        read = read_tables(out)
+        pd.testing.assert_frame_equal(read.corpus, whole.corpus)
+        pd.testing.assert_frame_equal(read.qrels, whole.qrels)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*docs, docs[1]]))
+    with pytest.raises(DataError, match=r"corpus.jsonl:12: duplicate id 'd1' \(first on line 2\)"):
+        load_dataset(beir, corpus_to=tmp_path / "again.parquet")
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d | {"title": "", "text": " "}) + "\n" for d in docs))
+    with pytest.raises(DataError, match="all 11 documents have an empty title and text"):
+        load_dataset(beir, corpus_to=tmp_path / "empty.parquet")
