@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
 from ance_core.retrieval.bm25 import BM25
@@ -7,6 +9,17 @@ from tasks.common import stage_task
 from tasks.retrieve import ranked_queries
 
 
+def bm25_index(data: ArtifactRef, cfg: BM25Config, work_dir: str) -> Path:
+    """The BM25 index of a data stage's corpus: built once (the stage folder bm25-index/<key>, not a task of its own:
+    the runs that need it build it) and memory-mapped by every BM25 run after it. At 2M passages an index takes
+    minutes to build; a pipeline run searches it for the test split, the dev split and the warm-up's negatives."""
+
+    def build(out):
+        return BM25(read_tables(data.path).corpus, cfg).save(out)
+
+    return Path(run_stage(work_dir, "bm25-index", {"bm25": cfg}, {"data": data.digest}, build).path)
+
+
 @stage_task("bm25-run")
 def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str, sample: dict | None = None
              ) -> ArtifactRef:
@@ -14,10 +27,11 @@ def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_di
     candidates for BM25 negatives."""
 
     def build(out):
-        tables = read_tables(data.path)
+        index = bm25_index(data, cfg, work_dir)
+        tables = read_tables(data.path, corpus_columns=[])  # the passages are in the index
         # the run in query-id order
         queries = ranked_queries(tables, split, sample).sort_values("query_id", kind="stable")
-        run = BM25(tables.corpus, cfg).search(queries, top_k)
+        run = BM25.load(index, cfg).search(queries, top_k)
         write_run(run, out / RUN)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
