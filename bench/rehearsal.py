@@ -98,9 +98,9 @@ def synthetic_msmarco(folder: Path, passages: int, queries: int, dev_queries: in
 class Sampler(threading.Thread):
     """(time, VmRSS MB, VmHWM MB) of a process every `every` seconds until it ends."""
 
-    def __init__(self, pid: int, every: float = 0.2):
+    def __init__(self, pid: int, every: float = 0.2, log: Path | None = None):
         super().__init__(daemon=True)
-        self.pid, self.every, self.samples = pid, every, []
+        self.pid, self.every, self.samples, self.log = pid, every, [], log  # `log`: each sample appended as it comes
 
     def run(self) -> None:
         status = Path(f"/proc/{self.pid}/status")
@@ -114,6 +114,9 @@ class Sampler(threading.Thread):
             if not rss:
                 return  # a zombie
             self.samples.append((time.time(), rss, hwm))
+            if self.log is not None:
+                with open(self.log, "a") as f:
+                    f.write(json.dumps(self.samples[-1]) + "\n")
             time.sleep(self.every)
 
 
@@ -128,7 +131,7 @@ def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, f
     with open(root / f"{label}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
-        sampler = Sampler(proc.pid)
+        sampler = Sampler(proc.pid, log=root / f"{label}.samples")  # kept on disk: a run stopped early (`--partial`)
         sampler.start()
         out, _ = proc.communicate()
     sampler.join(5)
@@ -219,6 +222,28 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
     return {"rows": rows, "summary": summary}
 
 
+def partial(root: Path) -> None:
+    """The rows of a rehearsal stopped before it ended (`--partial <tmp>/n<passages>`): the stage folders built so far
+    with the samples written beside them, printed as the full report prints them."""
+    rows, owned = [], {}
+    for label in ("sync", "async"):
+        if not (root / f"{label}.samples").is_file():
+            continue
+        samples = [tuple(json.loads(line)) for line in (root / f"{label}.samples").read_text().splitlines()]
+        for row in stage_rows(root / "work", samples, samples[0][0], owned):
+            rows.append(row | {"run": label, "passages": int(root.name[1:])})
+    _print_rows([{"rows": rows}])
+
+
+def _print_rows(results: list[dict]) -> None:
+    print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'disk MB':>9}")
+    for result in results:
+        for (passages, run, stage), r in aggregate(result["rows"]).items():
+            disk = "" if r["disk_mb"] is None else f"{r['disk_mb']:9.1f}"
+            peak = f"{r['peak_rss_mb']:12.0f}" if r["peak_rss_mb"] else f"{'-':>12}"  # shorter than one sample
+            print(f"{passages:9d} {run:6} {stage:16} {r['count']:5d} {r['seconds']:8.1f} {peak} {disk}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passages", type=int, nargs="+", default=[100_000, 2_000_000])
@@ -233,7 +258,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folders")
     parser.add_argument("--runs", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--json", help="write every row and summary here")
+    parser.add_argument("--partial", help="print the rows of a stopped rehearsal's <tmp>/n<passages> folder (--keep)")
     args = parser.parse_args()
+    if args.partial:
+        return partial(Path(args.partial))
     sys.path.insert(0, str(ROOT))
     from tests.tiny import build_tiny_model
 
@@ -247,12 +275,7 @@ def main() -> None:
                 Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\n{args.queries} training queries (one positive each), top-200, tiny model (32-d), warm-up "
           f"{args.warmup_steps} steps, rounds {args.round_steps} steps, {os.cpu_count()} cores")
-    print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'disk MB':>9}")
-    for result in results:
-        for (passages, run, stage), r in aggregate(result["rows"]).items():
-            disk = "" if r["disk_mb"] is None else f"{r['disk_mb']:9.1f}"
-            peak = f"{r['peak_rss_mb']:12.0f}" if r["peak_rss_mb"] else f"{'-':>12}"  # shorter than one sample
-            print(f"{passages:9d} {run:6} {stage:16} {r['count']:5d} {r['seconds']:8.1f} {peak} {disk}")
+    _print_rows(results)
     for result in results:
         s = result["summary"]
         print(f"{s['passages']} passages (mean {s['mean_words']:.1f} words): work folder "
