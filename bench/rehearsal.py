@@ -22,6 +22,7 @@ sampled (not Prefect's ephemeral server).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -266,8 +267,12 @@ def main() -> None:
     from tests.tiny import build_tiny_model
 
     results = []
-    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+    # (--keep: a folder of its own, left in place; printed, for --partial)
+    with contextlib.nullcontext(tempfile.mkdtemp(dir=args.tmp)) if args.keep else \
+            tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         tmp = Path(tmp)
+        if args.keep:
+            print(f"work folders under {tmp}", flush=True)
         model = Path(args.model) if args.model else build_tiny_model(tmp / "tiny-model")
         for passages in args.passages:
             results.append(rehearse(passages, args, model, tmp, results))
