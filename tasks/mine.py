@@ -45,6 +45,8 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     # draws 2: the counter-based draws (ance_core/negatives/randomness.py) that replaced the per-query generators
     # (issue 28); other negatives for the same config, so a folder mined before is not reused as if it were these
     config = {"mining": cfg, "split": split, "round": round_, "draws": 2}
+    if cfg.margin is not None:  # s⁺ − m·|s⁺| since issue 30 ((1 − m)·s⁺ before: other negatives when s⁺ < 0)
+        config["margin_rule"] = "relative-to-abs"
     # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)
     names = [name for name in cfg.spec.rankings if name in rankings]
     inputs = {"run": rankings[names[0]].digest if names else None, "data": data.digest}

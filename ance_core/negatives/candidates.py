@@ -133,10 +133,12 @@ class Candidates:
 def false_negative_controls(rank: np.ndarray, score: np.ndarray | None, skip_top: int, margin: float | None,
                             positive_score: np.ndarray) -> np.ndarray:
     """Which candidates the controls keep: not in the top `skip_top` ranks, and (margin m) scoring at most
-    (1 - m)·s(q, d⁺); `positive_score` broadcasts against rank and score."""
+    s(q, d⁺) − m·|s(q, d⁺)| (NV-Retriever's relative margin; (1 − m)·s(q, d⁺) for a positive score, and still below
+    the positive when its score is negative, as inner products can be); `positive_score` broadcasts against rank and
+    score."""
     keep = rank > skip_top
     if margin is not None:
-        keep &= score <= (1 - margin) * positive_score
+        keep &= score <= positive_score - margin * np.abs(positive_score)
     return keep
 
 

@@ -34,8 +34,8 @@ class MiningConfig(StageConfig):
     simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b (the paper: 0)")
     skip_top: int = Field(0, ge=0, description="False-negative control: never sample the top r ranks")
     margin: float | None = Field(
-        None, ge=0, lt=1, description="False-negative control: drop candidates scoring above (1 - m)·s(q,d+). For "
-        "the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
+        None, ge=0, lt=1, description="False-negative control: drop candidates scoring above s(q,d+) - m·|s(q,d+)|. "
+        "For the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
     queries: int | None = Field(
         None, ge=1, description="Mine (and so train on) a seeded sample of this many of the split's training queries, "
         "drawn again each round; unset: all of them. A stage of S steps of B queries trains on at most S·B: at MS "

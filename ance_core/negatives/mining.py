@@ -2,12 +2,12 @@
 `num_negatives` negatives, never a labelled-relevant document, never twice, deterministic for (seed, round, query id).
 
 Per query: each ranking the sampler mines is cut to its top-depth minus every relevant document; per pair, the
-false-negative controls (`skip_top`: drop the top r ranks; `margin` m: drop candidates scoring above
-(1 - m)·s(q, d⁺)) leave the candidates the sampler draws from. All the pairs are mined at once, as arrays over pairs ×
-candidates (negatives/candidates.py), with counter-based random numbers (negatives/randomness.py): each random number
-is a hash of (seed, round, query id, the positive's place among the query's, what it is for, the draw's number), so
-mining the queries in parts, or in another order, gives the same negatives. (Since issue 28; before, each query had a
-numpy generator seeded with (seed, round, crc32(query id)): the same laws, other draws for the same seed.)
+false-negative controls (`skip_top`: drop the top r ranks; `margin` m: drop candidates scoring above s(q, d⁺) − m·|s(q,
+d⁺)|) leave the candidates the sampler draws from. All the pairs are mined at once, as arrays over pairs × candidates
+(negatives/candidates.py), with counter-based random numbers (negatives/randomness.py): each random number is a hash of
+(seed, round, query id, the positive's place among the query's, what it is for, the draw's number), so mining the
+queries in parts, or in another order, gives the same negatives. (Since issue 28; before, each query had a numpy
+generator seeded with (seed, round, crc32(query id)): the same laws, other draws for the same seed.)
 
 Fallback: a pair whose candidates are fewer than the sampler wants (BM25 found nothing for the query, or the controls
 left too few) gets its missing negatives uniformly from the corpus minus the query's relevant documents and the pair's

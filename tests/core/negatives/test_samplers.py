@@ -88,6 +88,9 @@ def test_false_negative_controls():
     assert rank[false_negative_controls(rank, score, 5, None, np.nan)].min() == 6
     kept = false_negative_controls(rank, score, 0, 0.1, 8.0)  # scores above 0.9 * 8.0 = 7.2 are dropped
     assert score[kept].max() <= 7.2 and kept.sum() == (score <= 7.2).sum()
+    score = np.array([-3.0, -2.0, -1.9, -1.0])  # inner products can be negative: still below the positive's -2.0
+    kept = false_negative_controls(np.arange(1, 5), score, 0, 0.1, -2.0)  # -2.0 - 0.1 * 2.0 = -2.2
+    assert kept.tolist() == [True, False, False, False]  # (1 - m)·s⁺ = -1.8 would have kept -2.0 and -1.9
     table = mine("ance", skip_top=30, margin=0.1)
     assert min(r for ranks in table["negative_ranks"] for r in ranks) > 30
     assert max(s for scores in table["negative_scores"] for s in scores) <= 7.2
