@@ -25,21 +25,36 @@ def test_bm25_scifact_test_ndcg_in_published_band(scifact_dir):
     assert 0.665 <= metrics["ndcg_at_10"] <= 0.70, metrics
 
 
-def test_bm25_threaded_search_matches_one_thread(monkeypatch):
-    """Over 1,000 queries the search runs a thread per core: the same run, row for row, as one thread."""
+def test_bm25_search_is_bm25s_run_and_above_the_exact_size_breaks_ties_by_row(monkeypatch):
+    """Up to EXACT_SELECTION_MAX_DOCS documents the search (a thread per core over 1,000 queries) gives the run
+    bm25s.retrieve gives, row for row; above, the top k by (score descending, corpus row), zero-scored rows after the
+    matches: here with duplicate documents (tied scores) and queries that match fewer documents than k."""
+    import bm25s
+
+    from ance_core.retrieval import bm25 as module
+
     rng = np.random.default_rng(0)
     words = np.array([f"w{i}" for i in range(300)])
-    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(400)], "title": "",
-                           "text": [" ".join(rng.choice(words, 12)) for _ in range(400)]})
+    texts = [" ".join(rng.choice(words, rng.integers(8, 40))) for _ in range(400)]
+    texts[10:20] = [texts[5]] * 10  # tied scores for every query that matches them
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(400)], "title": "", "text": texts})
     queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(1500)],
-                            "text": [" ".join(rng.choice(words, 3)) for _ in range(1500)]})
+                            "text": [" ".join(rng.choice(words, 1 + i % 3)) for i in range(1500)]})
     bm25 = BM25(corpus, BM25Config())
-    threads = []
-    retrieve = bm25.retriever.retrieve
-    monkeypatch.setattr(bm25.retriever, "retrieve", lambda *a, **kw: threads.append(kw["n_threads"]) or
-                        retrieve(*a, **kw))
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    threaded = bm25.search(queries, top_k=20)
-    one = pd.concat([bm25.search(queries[i:i + 500], top_k=20) for i in range(0, 1500, 500)], ignore_index=True)
-    assert threads == [2, 0, 0, 0]
-    pd.testing.assert_frame_equal(threaded, one)
+    run = bm25.search(queries, top_k=20)
+    tokens = bm25s.tokenize(queries["text"].tolist(), stopwords="en", stemmer=bm25.stemmer, return_ids=False,
+                            show_progress=False)
+    ids = [[bm25.retriever.vocab_dict[t] for t in q if t in bm25.retriever.vocab_dict] for q in tokens]
+    rows, scores = bm25.retriever.retrieve(ids, k=20, n_threads=0, show_progress=False)
+    pd.testing.assert_frame_equal(run, module.run_frame(queries["query_id"].tolist(), bm25.doc_ids[rows],
+                                                        scores.astype(np.float32)))
+
+    monkeypatch.setattr(module, "EXACT_SELECTION_MAX_DOCS", 0)
+    large = bm25.search(queries, top_k=20)
+    every = np.stack([bm25.retriever.get_scores_from_ids(q) for q in ids])  # (queries, documents)
+    order = np.stack([np.lexsort((np.arange(400), -row)) for row in every])[:, :20]
+    expected = module.run_frame(queries["query_id"].tolist(), bm25.doc_ids[order],
+                                np.take_along_axis(every, order, 1).astype(np.float32))
+    pd.testing.assert_frame_equal(large, expected)
+    assert (every > 0).sum(axis=1).min() < 20 and not large.equals(run)  # short matches and ties did occur
