@@ -1,6 +1,8 @@
 """Mining a part of the queries reads only their rows of a run in query-id order, and a run written before issue 28
 (another order, big row groups) still mines the same negatives."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -116,3 +118,44 @@ def test_negative_stats_read_only_the_sampled_queries_rows_and_match_the_whole_r
     expected = negative_stats(table, run, positives, sample)
     assert {k: stats[k] for k in expected} == pytest.approx(expected) and stats["overlap_queries"] == 7
     assert [f for path, f in read if path.endswith(RUN)] == [[("query_id", "in", sample)]]  # the run: filtered
+
+
+def test_the_share_above_the_positive_is_measured_on_a_fixed_sample_of_queries(tmp_path, small_row_groups,
+                                                                              monkeypatch):
+    """With the starting model, the share of negatives it scores above their positive is measured on the pairs of
+    ABOVE_POSITIVE_QUERIES queries (a fixed sample), not by scoring every training query's pairs."""
+    import json
+
+    from ance_core.artifacts import STATS
+    from ance_core.negatives.analysis import query_sample
+    from tasks import analysis
+
+    run, scores, positives = _run()
+    ranking = _folder(tmp_path / "run", run, scores, old=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    pd.DataFrame({"doc_id": CORPUS}).to_parquet(data / "corpus.parquet")
+    pd.DataFrame({"query_id": QUERIES, "text": "q"}).to_parquet(data / "queries.parquet")
+    pd.DataFrame([(q, d, 1, "train") for q, ds in positives.items() for d in ds],
+                 columns=["query_id", "doc_id", "relevance", "split"]).to_parquet(data / "qrels.parquet")
+    table = mine_queries(MiningConfig(top_k=20, num_negatives=3), positives, 1, {"dense": ranking}, None, positives,
+                         sorted_ids(CORPUS), None, None)
+    (tmp_path / "neg").mkdir()
+    table.to_parquet(tmp_path / "neg" / "negatives.parquet")
+    scored = []
+
+    def score_pairs(checkpoint, index, queries, pairs):  # the first negative of each pair above its positive
+        scored.extend(pairs)
+        first = {(r.query_id, r.negative_ids[0]) for r in table.itertuples()}
+        return pd.DataFrame([(q, d, 2.0 if (q, d) in first else 1.0) for q, d in pairs],
+                            columns=["query_id", "doc_id", "score"])
+
+    monkeypatch.setattr(analysis, "score_pairs", score_pairs)
+    monkeypatch.setattr(analysis, "ABOVE_POSITIVE_QUERIES", 9)
+    start = {"checkpoint": ArtifactRef("ckpt", "c"), "index": ArtifactRef("index", "i")}
+    out = analysis.negatives_analysis.fn(ArtifactRef(str(tmp_path / "neg"), "n"), ranking,
+                                         ArtifactRef(str(data), "d"), "train", str(tmp_path / "work"), start)
+    stats = json.loads((Path(out.path) / STATS).read_text())
+    sample = set(query_sample(table["query_id"], 9, analysis.SAMPLE_SEED))
+    assert {q for q, _ in scored} == sample and len(sample) == 9
+    assert stats["negatives"] == 9 * 3 and stats["above_positive"] == pytest.approx(1 / 3)
