@@ -23,7 +23,7 @@ from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.report import StageTiming, read_report
 from ance_core.training.config import TrainConfig
-from tasks.analysis import DEPTH, analyse_negatives
+from tasks.analysis import analyse_negatives
 from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
@@ -128,11 +128,13 @@ class RunBook:
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])
         if label in self.trained_on:
-            mining = self.next_mining
-            depth = mining.depth if mining is not None and mining.spec.needs_model else DEPTH
+            # the ranking the next round's mining made with this model, when it ranked every training query (it
+            # ranks at least the analysis's depth: the samplers that rank with the model rank 100 deep or more)
+            mined = self.next_mining
+            shared = built.get("retrieve") if mined is not None and mined.queries is None else None
             self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint, self.models[label]["index"],
-                                                  self.data, self.split, c.encode, c.index, self.wd, depth,
-                                                  self.models.get(self.started_from[label]))
+                                                  self.data, self.split, c.encode, c.index, self.wd,
+                                                  self.models.get(self.started_from[label]), shared)
 
     def _record_evaluation(self, label: str, split: str, ref: ArtifactRef) -> None:
         if split == self.eval_split:

@@ -74,13 +74,18 @@ def negatives_analysis(negatives: ArtifactRef, run: ArtifactRef, data: ArtifactR
 
 def analyse_negatives(negatives: ArtifactRef, checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef,
                       split: str, encode: EncodeConfig, index_cfg: IndexConfig, work_dir: str,
-                      depth: int = DEPTH, start: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
-    """The trained model ranks the training queries (at least DEPTH deep; at the next round's mining depth the
-    ranking is that mining's, cached), then `negatives_analysis` holds its training negatives against it (and against
-    the model it started from: `start`, its checkpoint and index)."""
-    own = run_task(dense_run, checkpoint, index, data, split, max(depth, DEPTH), encode, index_cfg, work_dir)
+                      start: dict[str, ArtifactRef] | None = None, ranking: ArtifactRef | None = None) -> ArtifactRef:
+    """`negatives_analysis` of the negatives a model trained on, against its own ranking of the training queries:
+    `ranking` when the next round's mining made one with this model (all its queries), else a ranking of the analysis's
+    sampled queries only (ranking every training query for 200 of them took as long as a refresh's retrieval: 500k
+    queries at MS MARCO's shape); and against the model it started from (`start`, its checkpoint and index)."""
+    if ranking is None:
+        sample = query_sample(pd.read_parquet(Path(negatives.path, NEGATIVES), columns=["query_id"])["query_id"],
+                              SAMPLE_QUERIES, SAMPLE_SEED)
+        ranking = run_task(dense_run, checkpoint, index, data, split, DEPTH, encode, index_cfg, work_dir,
+                           {"query_ids": sample})
     start = {k: start[k] for k in ("checkpoint", "index")} if start is not None else None
-    return run_task(negatives_analysis, negatives, own, data, split, work_dir, start)
+    return run_task(negatives_analysis, negatives, ranking, data, split, work_dir, start)
 
 
 PROFILE_QUERIES = 10

@@ -15,12 +15,15 @@ def search_key(cfg: IndexConfig) -> dict:
 
 
 def ranked_queries(tables: Dataset, split: str, sample: dict | None):
-    """The queries of a split a ranking stage ranks: all, or a mining round's sample of those with a positive
-    (`MiningConfig.sample`)."""
+    """The queries of a split a ranking stage ranks: all, a mining round's sample of those with a positive
+    (`MiningConfig.sample`: {queries, seed, round}), or the ones named ({query_ids}: the negatives analysis's)."""
     queries = tables.split_queries(split)
     if sample is None:
         return queries
-    chosen = query_sample(list(tables.positives(split)), sample["queries"], sample["seed"], sample["round"])
+    if "query_ids" in sample:
+        chosen = sample["query_ids"]
+    else:
+        chosen = query_sample(list(tables.positives(split)), sample["queries"], sample["seed"], sample["round"])
     return queries[queries["query_id"].isin(chosen)].reset_index(drop=True)
 
 

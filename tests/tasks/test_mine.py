@@ -159,3 +159,28 @@ def test_the_share_above_the_positive_is_measured_on_a_fixed_sample_of_queries(t
     sample = set(query_sample(table["query_id"], 9, analysis.SAMPLE_SEED))
     assert {q for q, _ in scored} == sample and len(sample) == 9
     assert stats["negatives"] == 9 * 3 and stats["above_positive"] == pytest.approx(1 / 3)
+
+
+def test_the_negatives_analysis_ranks_only_its_sampled_queries_unless_the_mining_ranked_them_all(tmp_path,
+                                                                                                monkeypatch):
+    """A model whose ranking of the training queries the next round's mining made is analysed against that ranking;
+    the last model (no next round) gets a ranking of the analysis's sampled queries only, not of every training
+    query."""
+    from ance_core.negatives.analysis import query_sample
+    from tasks import analysis
+
+    (tmp_path / "neg").mkdir()
+    pd.DataFrame({"query_id": QUERIES}).to_parquet(tmp_path / "neg" / "negatives.parquet")
+    calls = []
+    monkeypatch.setattr(analysis, "run_task", lambda task, *args: calls.append((task, args)) or ArtifactRef("r", "r"))
+    monkeypatch.setattr(analysis, "SAMPLE_QUERIES", 7)
+    negatives, mined = ArtifactRef(str(tmp_path / "neg"), "n"), ArtifactRef("mined", "m")
+    ref = ArtifactRef("x", "x")
+    analysis.analyse_negatives(negatives, ref, ref, ref, "train", None, None, "w", None, mined)
+    assert [task for task, _ in calls] == [analysis.negatives_analysis] and calls[0][1][1] is mined
+    calls.clear()
+    analysis.analyse_negatives(negatives, ref, ref, ref, "train", None, None, "w")
+    (task, args), (stats, stats_args) = calls
+    assert task is analysis.dense_run and args[4] == analysis.DEPTH
+    assert args[-1] == {"query_ids": query_sample(QUERIES, 7, analysis.SAMPLE_SEED)} and len(args[-1]["query_ids"]) == 7
+    assert stats is analysis.negatives_analysis and stats_args[1].path == "r"
