@@ -162,8 +162,11 @@ def stage_rows(work: Path, samples: list, since: float, owned: dict) -> list[dic
             if path.is_file() and (st := path.stat()).st_ino not in owned:
                 owned[st.st_ino] = manifest.parent
                 written += st.st_size
-        rows.append({"stage": m["stage"], "seconds": m["seconds"], "peak_rss_mb": peak, "disk_mb": written / 2**20,
-                     "begin": begin})
+        # what the stage added: its peak over the RSS the process held when it began (the stages share one process,
+        # whose heap keeps what earlier stages used: the peak alone carries their memory)
+        rise = max(0.0, peak - before[-1][1]) if before and peak else 0.0
+        rows.append({"stage": m["stage"], "seconds": m["seconds"], "peak_rss_mb": peak, "rise_mb": rise,
+                     "disk_mb": written / 2**20, "begin": begin})
     return rows
 
 
@@ -237,12 +240,14 @@ def partial(root: Path) -> None:
 
 
 def _print_rows(results: list[dict]) -> None:
-    print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'disk MB':>9}")
+    print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'rise MB':>8} "
+          f"{'disk MB':>9}")
     for result in results:
         for (passages, run, stage), r in aggregate(result["rows"]).items():
             disk = "" if r["disk_mb"] is None else f"{r['disk_mb']:9.1f}"
             peak = f"{r['peak_rss_mb']:12.0f}" if r["peak_rss_mb"] else f"{'-':>12}"  # shorter than one sample
-            print(f"{passages:9d} {run:6} {stage:16} {r['count']:5d} {r['seconds']:8.1f} {peak} {disk}")
+            print(f"{passages:9d} {run:6} {stage:16} {r['count']:5d} {r['seconds']:8.1f} {peak} "
+                  f"{r.get('rise_mb', 0.0):8.0f} {disk}")
 
 
 def main() -> None:
@@ -302,14 +307,15 @@ def main() -> None:
 
 def aggregate(rows: list[dict]) -> dict[tuple, dict]:
     """The stage folders of a (size, run, stage) together, in the order they first ran: how many were built, their
-    seconds and disk summed, the highest peak RSS."""
+    seconds and disk summed, the highest peak RSS and rise."""
     out: dict[tuple, dict] = {}
     for r in sorted(rows, key=lambda r: (r["run"] == "async", r["begin"])):
         a = out.setdefault((r["passages"], r["run"], r["stage"]),
-                           {"count": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "disk_mb": None})
+                           {"count": 0, "seconds": 0.0, "peak_rss_mb": 0.0, "rise_mb": 0.0, "disk_mb": None})
         a["count"] += 1
         a["seconds"] += r["seconds"]
         a["peak_rss_mb"] = max(a["peak_rss_mb"], r["peak_rss_mb"])
+        a["rise_mb"] = max(a["rise_mb"], r.get("rise_mb") or 0.0)
         if r["disk_mb"] is not None:
             a["disk_mb"] = (a["disk_mb"] or 0.0) + r["disk_mb"]
     return out
