@@ -9,8 +9,9 @@ lock nobody holds (the run was killed) counts as an ended run.
 - **kept runs**: the stage folders the last `keep_runs` runs used (every run's when unset): what a re-run of them
   reuses from the cache (a run records every stage it uses, built or reused, so their inputs are among them);
 - **refreshes**: of each kept run, only the corpus encodings of its last `keep_refreshes` checkpoints (every one when
-  unset) keep their big files: the `encode` folder, its `encode-shard` folders and the indexes built on it. Older
-  refreshes go even though a kept run used them (its runs, negatives, evaluations and checkpoints stay);
+  unset) keep their big files: the `encode` folder, its `encode-shard` folders, the indexes built on it and the
+  rankings searched in them (`retrieve`). Older refreshes go even though a kept run used them (its negatives,
+  evaluations and checkpoints stay);
 - **never removed**: the stages of a live run (its lock is held), the model `latest.json` names, a stage folder no
   run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
   refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
@@ -40,7 +41,7 @@ from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_js
 from ance_core.stage_config import StageConfig
 
 RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
-REFRESH_STAGES = ("encode", "encode-shard", "index")  # a refresh's big files: the embeddings and their index
+REFRESH_STAGES = ("encode", "encode-shard", "index", "retrieve")  # a refresh's big files: embeddings, index, rankings
 
 
 class RetentionConfig(StageConfig):
@@ -179,13 +180,16 @@ def stage_folders(work_dir: str | Path) -> dict[str, StageFolder]:
 
 
 def _refresh_of(folders: dict[str, StageFolder], encode_key: str) -> set[str]:
-    """An encode folder, its shards' folders (same checkpoint and data) and the indexes built on it."""
+    """An encode folder, its shards' folders (same checkpoint and data), the indexes built on it and the rankings
+    searched in them (a mining round's ranking of every training query: 500k × 200 rows, ~0.9 GB, at MS MARCO's
+    shape)."""
     encode = folders[encode_key]
-    return {encode_key} | {
+    indexes = {f.key for f in folders.values() if f.stage == "index" and f.inputs.get("embeddings") == encode_key}
+    return {encode_key} | indexes | {
         f.key for f in folders.values()
         if (f.stage == "encode-shard" and f.inputs.get("checkpoint") == encode.inputs.get("checkpoint")
             and f.inputs.get("data") == encode.inputs.get("data"))
-        or (f.stage == "index" and f.inputs.get("embeddings") == encode_key)}
+        or (f.stage == "retrieve" and f.inputs.get("index") in indexes)}
 
 
 def _latest_key(work_dir: Path) -> str | None:

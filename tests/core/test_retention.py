@@ -30,10 +30,12 @@ def _retrain(work, k, start):
     data = _stage(work, "prepare", "data", {})
     enc = _stage(work, "encode", f"enc{k}a", {"checkpoint": start.digest, "data": data.digest})
     idx = _stage(work, "index", f"idx{k}a", {"embeddings": enc.digest}, link_from=Path(enc.path))
-    neg = _stage(work, "mine", f"mine{k}", {"index": idx.digest, "data": data.digest}, size=10)
+    run = _stage(work, "retrieve", f"run{k}a", {"index": idx.digest, "data": data.digest})
+    neg = _stage(work, "mine", f"mine{k}", {"run": run.digest, "data": data.digest}, size=10)
     ckpt = _stage(work, "train", f"train{k}", {"checkpoint": start.digest, "negatives": neg.digest}, size=100)
     enc2 = _stage(work, "encode", f"enc{k}b", {"checkpoint": ckpt.digest, "data": data.digest})
-    _stage(work, "index", f"idx{k}b", {"embeddings": enc2.digest})
+    idx2 = _stage(work, "index", f"idx{k}b", {"embeddings": enc2.digest})
+    _stage(work, "retrieve", f"run{k}b", {"index": idx2.digest, "data": data.digest})
     return ckpt
 
 
@@ -55,8 +57,10 @@ def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
 
     plan = plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1))
     kept = _names(plan.keep)
-    # the stages the last two runs used, but of each run's two encodings only the last (with its index)
-    assert kept == ["data", "enc3b", "enc4b", "idx3b", "idx4b", "mine3", "mine4", "train3", "train4"]
+    # the stages the last two runs used, but of each run's two encodings only the last (with its index and the
+    # rankings searched in it)
+    assert kept == ["data", "enc3b", "enc4b", "idx3b", "idx4b", "mine3", "mine4", "run3b", "run4b", "train3",
+                    "train4"]
     dry = plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1))
     assert _names(dry.remove) == _names(plan.remove) and len(stage_folders(work)) == len(kept) + len(plan.remove)
 
