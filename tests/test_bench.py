@@ -91,10 +91,12 @@ def test_rehearsal_bench(tiny_model, tmp_path):
     out = bench("rehearsal.py", "--passages", "400", "--queries", "300", "--dev-queries", "30", "--warmup-steps", "2",
                 "--round-steps", "2", "--runs", "sync", "--model", str(tiny_model), "--json",
                 str(tmp_path / "rows.json"), tmp_path=tmp_path)
-    rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +([\d.]*)$", out, re.M)
+    # stage, built, seconds, peak RSS, rise, disk
+    rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +(\d+) +([\d.]*)$", out, re.M)
     built = {stage: int(count) for stage, count, *_ in rows}
     assert built["train"] == 3 and built["mine"] == 3 and built["encode"] >= 3, out  # warm-up and two rounds
-    assert any(rss != "-" and int(rss) > 100 for *_, rss, _ in rows)
+    assert any(rss != "-" and int(rss) > 100 for _, _, _, rss, _, _ in rows)
+    assert all(rss == "-" or int(rise) <= int(rss) for _, _, _, rss, rise, _ in rows)
     summary = json.loads((tmp_path / "rows.json").read_text())[0]["summary"]
     assert summary["encodings_kept"] <= 2 * 2 and 50 <= summary["mean_words"] <= 70  # the retention's bound
     assert re.search(r"400 passages \(mean [\d.]+ words\): work folder \d+ MB", out), out
