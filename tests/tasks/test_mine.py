@@ -85,16 +85,9 @@ def test_a_run_written_before_is_scanned_and_mines_the_same(tmp_path, small_row_
     assert isinstance(rows, pa.Table)
 
 
-def test_negative_stats_read_only_the_sampled_queries_rows_and_match_the_whole_runs(tmp_path, small_row_groups,
-                                                                                    monkeypatch):
-    """The negatives analysis reads its sampled queries' rows of the model's ranking (a filter applied as each row
-    group is read), not the whole run: its statistics are those computed from the whole run."""
-    import json
-
-    from ance_core.artifacts import STATS
-    from ance_core.negatives.analysis import negative_stats, query_sample
-    from tasks import analysis
-
+def _analysis_inputs(tmp_path):
+    """A ranking folder, a data folder (its tables) and a mined negatives table in tmp_path/neg: the negatives
+    analysis's inputs. (run, positives, table, ranking ref, data folder)"""
     run, scores, positives = _run()
     ranking = _folder(tmp_path / "run", run, scores, old=False)
     data = tmp_path / "data"
@@ -107,6 +100,20 @@ def test_negative_stats_read_only_the_sampled_queries_rows_and_match_the_whole_r
                          sorted_ids(CORPUS), None, None)
     (tmp_path / "neg").mkdir()
     table.to_parquet(tmp_path / "neg" / "negatives.parquet")
+    return run, positives, table, ranking, data
+
+
+def test_negative_stats_read_only_the_sampled_queries_rows_and_match_the_whole_runs(tmp_path, small_row_groups,
+                                                                                    monkeypatch):
+    """The negatives analysis reads its sampled queries' rows of the model's ranking (a filter applied as each row
+    group is read), not the whole run: its statistics are those computed from the whole run."""
+    import json
+
+    from ance_core.artifacts import STATS
+    from ance_core.negatives.analysis import negative_stats, query_sample
+    from tasks import analysis
+
+    run, positives, table, ranking, data = _analysis_inputs(tmp_path)
     monkeypatch.setattr(analysis, "SAMPLE_QUERIES", 7)
     read, real = [], pq.read_table
     monkeypatch.setattr(pq, "read_table", lambda path, *a, **kw: read.append((str(path), kw.get("filters"))) or
@@ -130,18 +137,7 @@ def test_the_share_above_the_positive_is_measured_on_a_fixed_sample_of_queries(t
     from ance_core.negatives.analysis import query_sample
     from tasks import analysis
 
-    run, scores, positives = _run()
-    ranking = _folder(tmp_path / "run", run, scores, old=False)
-    data = tmp_path / "data"
-    data.mkdir()
-    pd.DataFrame({"doc_id": CORPUS}).to_parquet(data / "corpus.parquet")
-    pd.DataFrame({"query_id": QUERIES, "text": "q"}).to_parquet(data / "queries.parquet")
-    pd.DataFrame([(q, d, 1, "train") for q, ds in positives.items() for d in ds],
-                 columns=["query_id", "doc_id", "relevance", "split"]).to_parquet(data / "qrels.parquet")
-    table = mine_queries(MiningConfig(top_k=20, num_negatives=3), positives, 1, {"dense": ranking}, None, positives,
-                         sorted_ids(CORPUS), None, None)
-    (tmp_path / "neg").mkdir()
-    table.to_parquet(tmp_path / "neg" / "negatives.parquet")
+    _, _, table, ranking, data = _analysis_inputs(tmp_path)
     scored = []
 
     def score_pairs(checkpoint, index, queries, pairs):  # the first negative of each pair above its positive
