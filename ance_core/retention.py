@@ -41,7 +41,6 @@ from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_js
 from ance_core.stage_config import StageConfig
 
 RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
-REFRESH_STAGES = ("encode", "encode-shard", "index", "retrieve")  # a refresh's big files: embeddings, index, rankings
 
 
 class RetentionConfig(StageConfig):

@@ -8,7 +8,7 @@ from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, ru
 from ance_core.data.dataset import read_tables
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
-from ance_core.negatives.randomness import query_sample
+from ance_core.negatives.randomness import round_sample
 from ance_core.retrieval.search import score_pairs
 from tasks.common import stage_task
 
@@ -27,7 +27,7 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         positives, relevant = tables.positives(split), tables.relevant(split)
         corpus_ids = sorted_ids(tables.corpus["doc_id"].tolist())  # once for all the parts
-        query_ids = query_sample(list(positives), cfg.queries, cfg.seed, round_)  # all, or the round's sample
+        query_ids = round_sample(list(positives), cfg.queries, cfg.seed, round_)  # all, or the round's sample
         parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
         mined = []
         for part in parts:  # a part of the queries at a time: the rankings of all of them are never held

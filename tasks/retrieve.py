@@ -1,6 +1,6 @@
 from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import Dataset, read_tables
-from ance_core.negatives.randomness import query_sample
+from ance_core.negatives.randomness import round_sample
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.search import write_dense_run
 from tasks.common import stage_task
@@ -14,16 +14,18 @@ def search_key(cfg: IndexConfig) -> dict:
     return {"search": params} if params else {}
 
 
-def ranked_queries(tables: Dataset, split: str, sample: dict | None):
+def ranked_queries(tables: Dataset, split: str, sample: dict | None, positives: dict | None = None):
     """The queries of a split a ranking stage ranks: all, a mining round's sample of those with a positive
-    (`MiningConfig.sample`: {queries, seed, round}), or the ones named ({query_ids}: the negatives analysis's)."""
+    (`MiningConfig.sample`: {queries, seed, round}; `positives`: the split's, when the caller holds them), or the ones
+    named ({query_ids}: the negatives analysis's)."""
     queries = tables.split_queries(split)
     if sample is None:
         return queries
     if "query_ids" in sample:
         chosen = sample["query_ids"]
     else:
-        chosen = query_sample(list(tables.positives(split)), sample["queries"], sample["seed"], sample["round"])
+        positives = tables.positives(split) if positives is None else positives
+        chosen = round_sample(list(positives), sample["queries"], sample["seed"], sample["round"])
     return queries[queries["query_id"].isin(chosen)].reset_index(drop=True)
 
 
@@ -36,9 +38,10 @@ def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, sp
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
-        queries = ranked_queries(tables, split, sample)
-        write_dense_run(checkpoint.path, index.path, queries, top_k, tables.positives(split), out / RUN,
-                        out / POSITIVE_SCORES, encode_cfg, index_cfg)
+        positives = tables.positives(split)  # (500k queries' sets: built once)
+        queries = ranked_queries(tables, split, sample, positives)
+        write_dense_run(checkpoint.path, index.path, queries, top_k, positives, out / RUN, out / POSITIVE_SCORES,
+                        encode_cfg, index_cfg)
         return {"queries": len(queries), "depth": top_k}
 
     config = {"split": split, "top_k": top_k, "encode": encode_cfg} | search_key(index_cfg)

@@ -58,7 +58,7 @@ class Dataset:
         return {q: set(d) for q, d in rel.groupby("query_id")["doc_id"]}
 
 
-# ---------------------------------------------------------------- resolution and download
+# ---------------------------------------------------------------- layout (where a dataset comes from: data/sources.py)
 
 
 def detect_format(folder: Path) -> str:

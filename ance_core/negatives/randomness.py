@@ -44,10 +44,11 @@ def pair_keys(seed: int, round_: int, query_ids: Sequence[str], pair_query: np.n
     return mix(queries[pair_query] + np.asarray(ordinals, dtype=np.uint64) * GAMMA)
 
 
-def query_sample(query_ids: Sequence[str], n: int | None, seed: int, round_: int) -> list[str]:
+def round_sample(query_ids: Sequence[str], n: int | None, seed: int, round_: int) -> list[str]:
     """The n of `query_ids` a round mines (`mining.queries`), sorted: those of the n smallest hashes of (seed, round,
-    query id), a uniform sample without replacement that does not depend on the ids' order. All of them (sorted) when
-    n is None or covers them."""
+    query id), a uniform sample without replacement that does not depend on the ids' order, drawn again each round.
+    All of them (sorted) when n is None or covers them. (The negatives analysis's sample, the same every round, is
+    negatives/analysis.py `query_sample`.)"""
     ids = sorted(query_ids)
     if n is None or n >= len(ids):
         return ids

@@ -199,7 +199,7 @@ def test_mining_queries_ranks_mines_and_trains_a_seeded_sample_drawn_again_each_
 
     from ance_core.artifacts import NEGATIVES, RUN
     from ance_core.data.dataset import read_tables
-    from ance_core.negatives.randomness import query_sample
+    from ance_core.negatives.randomness import round_sample
     from flows.stages import refresh_negatives_flow
 
     data = DataConfig(dataset=str(tiny_scifact))
@@ -213,5 +213,5 @@ def test_mining_queries_ranks_mines_and_trains_a_seeded_sample_drawn_again_each_
         chosen.append(mined)
     assert chosen[0] != chosen[1]
     all_train = set(read_tables(next((tmp_path / "data").glob("[!.]*"))).positives("train"))
-    assert chosen[1] == set(query_sample(list(all_train), 5, 42, 2)) and len(all_train) > 5
+    assert chosen[1] == set(round_sample(list(all_train), 5, 42, 2)) and len(all_train) > 5
     assert "queries" not in str(MiningConfig()) and "queries" not in MiningConfig().model_dump()
