@@ -28,8 +28,6 @@ from ance_core.retrieval.encode import passage_windows
 from ance_core.training.ranks import Ranks, rank_rows
 from ance_core.training.tokens import TokenTable, token_dtype, tokenize
 
-TOKENIZE_CHUNK = 10_000  # texts per tokenizer call while gathering
-
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The shuffled order of the n training pairs in an epoch: a pure function of (seed, epoch)."""
@@ -82,9 +80,7 @@ class PassageSource:
                     while k < len(rows) and rows[k] == row:
                         passages.append(cut[min(int(window[k]), len(cut) - 1)])
                         k += 1
-            for start in range(0, len(passages), TOKENIZE_CHUNK):
-                parts.append(tokenize(self.tokenizer, passages[start : start + TOKENIZE_CHUNK], self.max_length,
-                                      dtype))
+            parts.append(tokenize(self.tokenizer, passages, self.max_length, dtype))
         table = TokenTable.concat(parts, dtype)
         assert len(table) == len(keys), (len(table), len(keys))  # every key's row was read
         return table

@@ -37,3 +37,20 @@ def test_take_and_concat_keep_each_texts_ids(tiny_model):
     again = tokenize(tokenizer, [TEXTS[4], TEXTS[0], TEXTS[2]], 8, dtype)
     assert np.array_equal(picked.values, again.values) and np.array_equal(picked.offsets, again.offsets)
     assert len(whole.take(np.array([], np.int64))) == 0
+
+
+def test_tokenizing_in_chunks_gives_the_ids_of_one_call(tiny_model, monkeypatch):
+    """`tokenize` calls the tokenizer a chunk at a time (a round's 500k queries in one call held GBs of encodings):
+    chunk boundaries (including an empty last text) change nothing."""
+    import ance_core.training.tokens as tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    dtype = token_dtype(tokenizer)
+    whole = tokenize(tokenizer, TEXTS, 8, dtype)
+    monkeypatch.setattr(tokens, "TOKENIZE_CHUNK", 2)
+    chunked = tokenize(tokenizer, TEXTS, 8, dtype)
+    assert np.array_equal(chunked.values, whole.values) and np.array_equal(chunked.offsets, whole.offsets)
+    expected = tokenizer(TEXTS, truncation=True, max_length=8)["input_ids"]
+    spans = zip(chunked.offsets[:-1], chunked.offsets[1:], strict=True)
+    assert [chunked.values[a:b].tolist() for a, b in spans] == expected
+    assert len(tokenize(tokenizer, [], 8, dtype)) == 0
