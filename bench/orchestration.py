@@ -68,17 +68,17 @@ def plain_pipeline(c: PipelineConfig) -> list[tuple[str, float]]:
     checkpoint = init_checkpoint.fn(c.model, wd)
     evaluate_model("zero-shot", checkpoint)
     candidates = bm25_run.fn(data, c.bm25, tr, c.bm25_negatives.depth, wd)
-    negatives = mine_negatives.fn({"bm25": candidates}, data, tr, c.bm25_negatives, 0, wd)
+    negatives = mine_negatives.fn({"bm25": candidates}, data, tr, c.bm25_negatives, 0, wd, train=warm_cfg)
     checkpoint = train_round.fn(checkpoint, negatives, data, tr, warm_cfg, wd, schedules.next(negatives))
     label, started_from["warmup"] = "warmup", "zero-shot"
     for k in range(1, c.rounds + 1):
         index = build_index.fn(encode_corpus.fn(checkpoint, data, c.encode, wd), wd)
         run = dense_run.fn(checkpoint, index, data, tr, c.mining.depth, c.encode, c.index, wd)
-        round_negatives = mine_negatives.fn({"dense": run}, data, tr, c.mining, k, wd)
+        round_negatives = mine_negatives.fn({"dense": run}, data, tr, c.mining, k, wd, train=round_cfg)
         evaluate_model(label, checkpoint, index, negatives)
         negatives, started_from[f"ANCE round {k}"] = round_negatives, label
         label = f"ANCE round {k}"
-        checkpoint = train_round.fn(checkpoint, negatives, data, tr, round_cfg, wd, schedules.next(negatives))
+        checkpoint = train_round.fn(checkpoint, negatives, data, tr, round_cfg, wd, schedules.next(negatives), k)
     evaluate_model(label, checkpoint, negatives=negatives)
     report.fn(evaluations, [], ev, c.data.dataset, wd, dev_evaluations, dev if has_dev else None,
               [m for m in models], started_from)

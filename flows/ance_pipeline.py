@@ -65,7 +65,7 @@ def train_and_evaluate(c: PipelineConfig) -> dict:
         schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs])
         checkpoint = run.log.run("zero-shot", "init", init_checkpoint, c.model, c.work_dir)
         run.evaluate("zero-shot", checkpoint)
-        negatives = run.mine("warmup", None, None, c.bm25_negatives, 0, scorer="zero-shot")["mine"]
+        negatives = run.mine("warmup", None, None, c.bm25_negatives, 0, scorer="zero-shot", train=warm_cfg)["mine"]
         checkpoint = run.train("warmup", "zero-shot", checkpoint, negatives, warm_cfg, c.bm25_negatives.sampler,
                                schedules.next(negatives))
         label = "warmup"
@@ -74,10 +74,10 @@ def train_and_evaluate(c: PipelineConfig) -> dict:
         label, checkpoint, async_refresh = ance_rounds_async(run, label, checkpoint)
     else:
         for k in range(1, c.rounds + 1):  # ANCE rounds: encode -> index -> mine -> train
-            refs = run.mine(f"ANCE round {k}", label, checkpoint, c.mining, k)
+            refs = run.mine(f"ANCE round {k}", label, checkpoint, c.mining, k, train=round_cfg)
             run.evaluate(label, checkpoint, refs)
             checkpoint = run.train(f"ANCE round {k}", label, checkpoint, refs["mine"], round_cfg, c.mining.sampler,
-                                   schedules.next(refs["mine"]))
+                                   schedules.next(refs["mine"]), round_=k)
             label = f"ANCE round {k}"
     run.evaluate(label, checkpoint)
     return finish(run, label, checkpoint, async_refresh)
@@ -98,7 +98,7 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     negatives in the background; each round's snapshot is evaluated (encoded and indexed by the inferencer: cached).
     Returns the last round's label, the final checkpoint and the refresh record (swaps, staleness, waits)."""
     c = run.c
-    refs = run.mine("ANCE round 1", label, checkpoint, c.mining, 1)
+    refs = run.mine("ANCE round 1", label, checkpoint, c.mining, 1, train=c.ance)
     run.evaluate(label, checkpoint, refs)
     with run.tracking.live("ANCE (async)", run.log.timings):
         state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,

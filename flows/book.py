@@ -81,14 +81,14 @@ class RunBook:
             self._record_evaluation("BM25", split, ref)
 
     def mine(self, label: str, model: str | None, checkpoint: ArtifactRef | None, mining: MiningConfig, round_: int,
-             scorer: str | None = None) -> dict[str, ArtifactRef]:
+             scorer: str | None = None, train: TrainConfig | None = None) -> dict[str, ArtifactRef]:
         """The negatives `label` trains on, mined with `model`'s `checkpoint` (none in the warm-up; `scorer`: the
         model that scores BM25 candidates there). The corpus encoding and index belong to `model` (they also serve
         its evaluation), retrieval and mining to `label`; a stage already recorded for its label is not recorded
-        twice."""
+        twice. `train`: the config of the stage that trains on them (a draw of negatives per epoch)."""
         refs = refresh_negatives(checkpoint, self.data, self.split, self.c.encode, self.c.index, mining, round_,
                                  self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None,
-                                 execution=self.c.execution)
+                                 execution=self.c.execution, train=train)
         seen = {(t.label, t.ref.path) for t in self.log.timings}
         for name, ref in refs.items():
             for_label = model if name in ("encode", "index") else label
@@ -97,12 +97,12 @@ class RunBook:
         return refs
 
     def train(self, label: str, started_from: str, checkpoint: ArtifactRef, negatives: ArtifactRef,
-              cfg: TrainConfig, sampler: str, schedule: Schedule | None = None) -> ArtifactRef:
-        """Train `label` from `started_from`'s checkpoint on `negatives` (mined with `sampler`), its steps streamed to
-        MLflow while it trains."""
+              cfg: TrainConfig, sampler: str, schedule: Schedule | None = None, round_: int = 0) -> ArtifactRef:
+        """Train `label` (ANCE round `round_`; 0: the warm-up) from `started_from`'s checkpoint on `negatives` (mined
+        with `sampler`), its steps streamed to MLflow while it trains."""
         with self.tracking.live(label, self.log.timings):
             trained = self.log.run(label, "train", train_round, checkpoint, negatives, self.data, self.split, cfg,
-                                   self.wd, schedule)
+                                   self.wd, schedule, round_)
         self.trained(label, started_from, negatives, sampler)
         return trained
 

@@ -37,17 +37,18 @@ def compare(c: CompareConfig) -> dict:
     run = RunBook(c, "compare-negatives", dev=False)
     data = run.prepare_data()
     start = run_task(init_checkpoint, c.model, wd)
-    negatives = run.mine(WARMUP, None, None, c.bm25_negatives, 0)["mine"]
-    warm = run.train(WARMUP, "pretrained", start, negatives, train_config_for(c.bm25_negatives, c.warmup),
-                     c.bm25_negatives.sampler)
+    warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
+    negatives = run.mine(WARMUP, None, None, c.bm25_negatives, 0, train=warm_cfg)["mine"]
+    warm = run.train(WARMUP, "pretrained", start, negatives, warm_cfg, c.bm25_negatives.sampler)
     run.evaluate(WARMUP, warm)
     profiles = {WARMUP: run_task(score_profile_task, warm, run.models[WARMUP]["index"], data, eval_split, wd)}
     rankings: dict[str, tuple[ArtifactRef, ArtifactRef]] = {}  # dense sampler -> (its ranking, its negatives)
     for sampler in c.samplers:  # each from the warm-up checkpoint, with the same budget
         spec = get_sampler(sampler)
         mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if spec.needs_model else None})
-        mined = run.mine(sampler, WARMUP, warm, mining, 1)
-        trained = run.train(sampler, WARMUP, warm, mined["mine"], train_config_for(mining, c.ance), sampler)
+        round_cfg = train_config_for(mining, c.ance)
+        mined = run.mine(sampler, WARMUP, warm, mining, 1, train=round_cfg)
+        trained = run.train(sampler, WARMUP, warm, mined["mine"], round_cfg, sampler, round_=1)
         run.evaluate(sampler, trained)
         profiles[sampler] = run_task(score_profile_task, trained, run.models[sampler]["index"], data, eval_split, wd)
         if spec.needs_model:

@@ -12,6 +12,7 @@ from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import read_metrics
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.training.config import TrainConfig
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
@@ -26,10 +27,10 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     evaluate it."""
     c, wd, split = config, config.work_dir, config.data.train_split
     data = run_task(prepare_data, c.data, wd)
+    warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
     negatives = refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd, c.bm25,
-                                  execution=c.execution)["mine"]
-    checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split,
-                          train_config_for(c.bm25_negatives, c.warmup), wd)
+                                  execution=c.execution, train=warm_cfg)["mine"]
+    checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split, warm_cfg, wd)
     refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval, c.encode, c.index, wd,
                            execution=c.execution)
     metrics = read_metrics(refs["evaluate"])
@@ -42,13 +43,14 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
                            round_number: int = 1, work_dir: str = "work",
                            execution: ExecutionConfig = ExecutionConfig(),
-                           result_file: str | None = None) -> dict[str, str]:
+                           result_file: str | None = None, train: TrainConfig | None = None) -> dict[str, str]:
     """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives
     (with `mining.sampler`; BM25 samplers mine from a BM25 run instead). An asynchronous trainer starts it with
-    `result_file`, where the folders it built are written (tasks/inferencer.py)."""
+    `result_file`, where the folders it built are written (tasks/inferencer.py). `train`: the config of the stage that
+    will train on them (a draw of negatives per epoch)."""
     tables = run_task(prepare_data, data, work_dir)
     refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
-                             round_number, work_dir, execution=execution)
+                             round_number, work_dir, execution=execution, train=train)
     print("negatives: " + refs["mine"].path)
     folders = {name: r.path for name, r in refs.items()}
     if result_file:

@@ -85,6 +85,8 @@ class DeploymentInferencer:
             "work_dir": str(Path(args["work_dir"]).resolve()),
             "execution": args["execution"].model_dump(mode="json"), "result_file": str(result_file.resolve()),
         }
+        if args.get("train") is not None:  # the round's training: a draw of negatives per epoch
+            parameters["train"] = args["train"].model_dump(mode="json")
         # Prefect keeps idempotency keys per flow: a trainer folder deleted and trained again gets new keys
         key_prefix = f"{trainer_key}-{_folder_id(out)}-{self.cfg.deployment}-step-{step}"
         problems, key = [], 0

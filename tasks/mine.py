@@ -10,18 +10,26 @@ from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.negatives.randomness import round_sample
 from ance_core.retrieval.search import score_pairs
+from ance_core.training.config import TrainConfig
+from ance_core.training.loop import planned_epochs
 from tasks.common import stage_task
 
 MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, sampled and dropped)
+MAX_DRAWS = 8  # negatives drawn per pair for a stage of several epochs: one per epoch, cycling after this many
 
 
 @stage_task("mine-negatives")
 def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
-                   work_dir: str, scorer: dict[str, ArtifactRef] | None = None) -> ArtifactRef:
+                   work_dir: str, scorer: dict[str, ArtifactRef] | None = None,
+                   train: TrainConfig | None = None) -> ArtifactRef:
     """Negatives per (query, positive) with the configured sampler (ance_core/negatives/samplers.py) from the rankings
     it mines (`dense`, `bm25`; none for random and in-batch samplers). `scorer` (a checkpoint and its index: the model
     training starts from) scores a BM25 ranking's candidates and the positives when no dense ranking did: for the
-    `margin` false-negative control, and for a MaxP model, each document's best window."""
+    `margin` false-negative control, and for a MaxP model, each document's best window.
+
+    `train`: the config of the stage that trains on them; a stage of several epochs gets a draw of negatives per epoch
+    from the same candidates (at most MAX_DRAWS, then they cycle)."""
+    draws = epoch_draws(data, split, cfg, round_, train)
 
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
@@ -33,12 +41,12 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
         for part in parts:  # a part of the queries at a time: the rankings of all of them are never held
             wanted = None if len(parts) == 1 else part
             mined.append(mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, relevant,
-                                      corpus_ids, scorer, wanted))
+                                      corpus_ids, scorer, wanted, draws))
         negatives = pd.concat(mined, ignore_index=True) if len(mined) > 1 else mined[0]
         warn_fallback(cfg, negatives)
         negatives.to_parquet(out / NEGATIVES, index=False)
         ranks = negatives["negative_ranks"].explode().dropna()
-        return {"pairs": len(negatives), "sampler": cfg.sampler,
+        return {"pairs": len(negatives), "sampler": cfg.sampler, "draws": draws,
                 "mean_negative_rank": float(ranks[ranks > 0].mean()) if (ranks > 0).any() else None,
                 **fallback_stats(negatives)}
 
@@ -47,6 +55,8 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     config = {"mining": cfg, "split": split, "round": round_, "draws": 2}
     if cfg.margin is not None:  # s⁺ − m·|s⁺| since issue 30 ((1 − m)·s⁺ before: other negatives when s⁺ < 0)
         config["margin_rule"] = "relative-to-abs"
+    if draws > 1:
+        config["epoch_draws"] = draws
     # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)
     names = [name for name in cfg.spec.rankings if name in rankings]
     inputs = {"run": rankings[names[0]].digest if names else None, "data": data.digest}
@@ -54,6 +64,19 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     if scorer is not None:
         inputs |= {"scorer_checkpoint": scorer["checkpoint"].digest, "scorer_index": scorer["index"].digest}
     return run_stage(work_dir, "mine", config, inputs, build)
+
+
+def epoch_draws(data: ArtifactRef, split: str, cfg: MiningConfig, round_: int, train: TrainConfig | None) -> int:
+    """How many draws of negatives the stage training on them needs: one per epoch (at most MAX_DRAWS); 1 for an
+    unknown stage, a sampler that mines nothing, or a single epoch."""
+    if train is None or not cfg.spec.mines:
+        return 1
+    if train.max_steps is None:
+        return min(train.epochs, MAX_DRAWS)
+    tables = read_tables(data.path, corpus_columns=[])  # the steps' epochs follow the number of pairs
+    positives = tables.positives(split)
+    pairs = sum(len(positives[q]) for q in round_sample(list(positives), cfg.queries, cfg.seed, round_))
+    return min(planned_epochs(pairs, train), MAX_DRAWS)
 
 
 def ranking_rows(path: Path, query_ids: list[str] | None) -> pa.Table:
@@ -89,7 +112,7 @@ def row_groups_between(meta: pq.FileMetaData, first: str, last: str) -> list[int
 
 def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
                  tables, relevant: dict[str, set[str]], corpus_ids: SortedIds, scorer: dict[str, ArtifactRef] | None,
-                 query_ids: list[str] | None) -> pd.DataFrame:
+                 query_ids: list[str] | None, draws: int = 1) -> pd.DataFrame:
     """The negatives of some queries' pairs (`query_ids`, sorted; None: all of them) from the rankings' rows of those
     queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts. `tables`
     (the dataset) serves only the scorer."""
@@ -108,7 +131,8 @@ def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int,
         pairs = list(zip(table["query_id"], table["doc_id"], strict=True))
         scores = dict(zip(pairs, table["score"], strict=True))
         windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
-    return sample_negatives(cfg, positives, round_, frames, corpus_ids, scores, relevant, windows, warn_short=False)
+    return sample_negatives(cfg, positives, round_, frames, corpus_ids, scores, relevant, windows, warn_short=False,
+                            draws=draws)
 
 
 def dense_scores(ranking: pd.DataFrame | None, tables, positives: dict[str, set[str]], depth: int,

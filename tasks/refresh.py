@@ -10,6 +10,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.model import read_meta
 from ance_core.negatives.config import MiningConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from ance_core.training.config import TrainConfig
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.encode import encode_corpus
@@ -22,9 +23,10 @@ from tasks.retrieve import dense_run
 def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: str, encode: EncodeConfig,
                       index: IndexConfig, mining: MiningConfig, round_: int, work_dir: str,
                       bm25: BM25Config = BM25Config(), scorer: dict[str, ArtifactRef] | None = None,
-                      execution: ExecutionConfig = ExecutionConfig()) -> dict[str, ArtifactRef]:
+                      execution: ExecutionConfig = ExecutionConfig(), train: TrainConfig | None = None
+                      ) -> dict[str, ArtifactRef]:
     """Negatives for a round (the warm-up is round 0) with the configured sampler; every step is a cached, retried
-    task.
+    task. `train`: the config of the stage that trains on them (a draw of negatives per epoch: tasks/mine.py).
 
     The sampler's registry entry says which rankings it mines: `dense` (ance, simans): encode -> index -> retrieve
     with the checkpoint; `bm25`: a BM25 run of the split; both `mining.depth` deep, then mine. With `mining.margin`,
@@ -47,7 +49,7 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
     scorer = scorer if not spec.needs_model and (maxp or mining.margin is not None) else None
     rankings = {name: refs[stage] for name, stage in (("dense", "retrieve"), ("bm25", "bm25")) if stage in refs}
     refs["mine"] = run_task(mine_negatives, rankings, data, split, mining, round_, work_dir,
-                            {k: scorer[k] for k in ("checkpoint", "index")} if scorer else None)
+                            {k: scorer[k] for k in ("checkpoint", "index")} if scorer else None, train)
     return refs
 
 

@@ -64,25 +64,28 @@ def _progress_callback(every: int = 10):
 
 @stage_task("train")
 def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
-                work_dir: str, schedule: Schedule | None = None) -> ArtifactRef:
-    """Train from a checkpoint on mined negatives (within a shared learning-rate `schedule`, if given); a retried or
-    re-run task resumes from its last checkpoint."""
+                work_dir: str, schedule: Schedule | None = None, round_: int = 0) -> ArtifactRef:
+    """Train from a checkpoint on mined negatives (within a shared learning-rate `schedule`, if given) as ANCE round
+    `round_` (0: the warm-up; it seeds the batch order and dropout); a retried or re-run task resumes from its last
+    checkpoint."""
 
     def build(out):
         callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train")]
         if cfg.world_size > 1:
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
-                    "schedule": dataclasses.asdict(schedule) if schedule is not None else None}
+                    "schedule": dataclasses.asdict(schedule) if schedule is not None else None, "round": round_}
             return launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
                           env={FAULT_HOOK: "tasks.common"})
         tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
         pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
-                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule)
+                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
+    if round_:  # (the warm-up's key is the one it had before rounds were seeded apart)
+        config["round"] = round_
     return run_stage(work_dir, "train", config, inputs, build, resumable=True)
 
 
@@ -261,7 +264,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     Returns the final checkpoint, the round snapshots (evaluated by the flow) and the staleness/wait record."""
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
-              "max_staleness": max_staleness}
+              "max_staleness": max_staleness, "round": 1}  # seeded as round 1 (training/loop.py stage_seed)
     key = stage_key("train-async", config, inputs)
     report: dict = {}
 
@@ -271,7 +274,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
-                            execution=execution)
+                            execution=execution, train=cfg)  # a round's steps: a draw of negatives per epoch
         remote = None
         if inferencer.mode == "deployment":
             if data_config is None:
@@ -287,6 +290,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             async_negatives.ddp()
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": train_cfg.model_dump(mode="json"), "schedule": None,
+                    "round": 1,
                     "async": {"snapshot_steps": snapshot_steps, "max_staleness": max_staleness,
                               "first": negatives.path, "restored": in_use}}
             watch = _snapshot_watch(async_negatives, out, snapshot_steps)
@@ -307,7 +311,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
             summary = train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
                             tables.relevant(split), train_cfg, out, callbacks=callbacks, negatives_update=update,
-                            snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot)
+                            snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot, round_=1)
         report.update(async_negatives.finish(rounds))
         (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}

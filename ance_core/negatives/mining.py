@@ -24,7 +24,7 @@ import pyarrow as pa
 from ance_core.errors import AnceError, preview, warn
 from ance_core.negatives.candidates import Candidates, pair_candidates, read_ranking
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.randomness import pair_keys, uniforms
+from ance_core.negatives.randomness import draw_keys, pair_keys, uniforms
 from ance_core.negatives.samplers import Drawn, Pairs, Sampler, get_sampler
 
 # fallback: how many of the row's negatives the fallback drew; positive_window / negative_windows: the MaxP window each
@@ -125,9 +125,14 @@ def sample_negatives(
     relevant: dict[str, set[str]] | None = None,
     positive_windows: dict[tuple[str, str], int] | None = None,
     warn_short: bool = True,
+    draws: int = 1,
 ) -> pd.DataFrame:
     """One row per (query, positive): `cfg.num_negatives` negatives of `cfg.sampler` (COLUMNS; rank and score are those
     of the ranking they were mined from, 0 and NaN for random documents). In-batch samplers get empty negative lists.
+
+    `draws` > 1: as many independent draws from the same candidates (one per training epoch: each epoch trains on
+    other negatives of the mined pool, as tevatron resamples its group each epoch). Draw 0 fills COLUMNS, as a single
+    draw would; draws 1 .. draws-1 follow in REDRAWN (`epoch_negatives` gives a draw's table).
 
     `corpus_ids`: the corpus's document ids (random documents, the fallback), sorted here unless `sorted_ids` did it
     once for a caller that mines the queries in parts. `rankings`: each ranking the sampler mines (`dense`, `bm25`:
@@ -157,17 +162,55 @@ def sample_negatives(
     by_query = (np.repeat(np.arange(len(query_ids)), [len(e) for e in excluded]), [d for e in excluded for d in e])
     candidates = {r: pair_candidates(read_ranking(rankings[r], query_ids, depth, by_query), pair_query, cfg.skip_top,
                                      cfg.margin, s_pos) for r in sampler.rankings}
-    drawn, wanted = sampler.draw(Pairs(candidates, s_pos, cfg.simans_a, cfg.simans_b, keys), n)
-    parts = [drawn_negatives(candidates[d.ranking], d) for d in drawn]
-    got = sum((d.count for d in drawn), np.zeros(len(keys), dtype=np.int64))
-    if len(short := np.flatnonzero(got < n)):  # the fallback (and bm25+random's random half)
-        banned = [excluded[pair_query[i]] + given for i, given in zip(short, given_to(parts, short), strict=True)]
-        parts.append(random_negatives(short, random_docs(docs, keys[short], n - got[short], banned)))
-    table = negatives_table(query_ids, pair_query, positive_ids, windows, parts,
-                            np.broadcast_to(wanted, len(keys)) - got)
+    tables = []
+    for draw in range(draws):
+        keys_d = draw_keys(keys, draw)
+        drawn, wanted = sampler.draw(Pairs(candidates, s_pos, cfg.simans_a, cfg.simans_b, keys_d), n)
+        parts = [drawn_negatives(candidates[d.ranking], d) for d in drawn]
+        got = sum((d.count for d in drawn), np.zeros(len(keys), dtype=np.int64))
+        if len(short := np.flatnonzero(got < n)):  # the fallback (and bm25+random's random half)
+            banned = [excluded[pair_query[i]] + given for i, given in zip(short, given_to(parts, short), strict=True)]
+            parts.append(random_negatives(short, random_docs(docs, keys_d[short], n - got[short], banned)))
+        tables.append(negatives_table(query_ids, pair_query, positive_ids, windows, parts,
+                                      np.broadcast_to(wanted, len(keys)) - got))
+    table = with_redraws(tables[0], tables[1:])
     if warn_short:
         warn_fallback(cfg, table)
     return table
+
+
+# the later draws of a mined table (`draws` > 1): draw d's negatives are redrawn_ids[(d-1)*n : d*n] (and windows)
+REDRAWN = {"redrawn_ids": "negative_ids", "redrawn_windows": "negative_windows"}
+
+
+def with_redraws(table: pd.DataFrame, later: list[pd.DataFrame]) -> pd.DataFrame:
+    """Draw 0's table with the negatives of the later draws of the same pairs in REDRAWN's columns."""
+    if not later:
+        return table
+    columns = {}
+    for column, source in REDRAWN.items():
+        stacked = np.concatenate([np.stack(list(t[source])) for t in later], axis=1)  # (P, (draws-1)·n)
+        columns[column] = list(stacked)
+    return table.assign(**columns)
+
+
+def negative_draws(table: pd.DataFrame) -> int:
+    """How many draws a mined table holds (1 when it has no REDRAWN columns)."""
+    if "redrawn_ids" not in table or table.empty:
+        return 1
+    n = len(table["negative_ids"].iloc[0])
+    return 1 + (len(table["redrawn_ids"].iloc[0]) // n if n else 0)
+
+
+def epoch_negatives(table: pd.DataFrame, draw: int) -> pd.DataFrame:
+    """The table with draw `draw`'s negatives (and MaxP windows) in negative_ids / negative_windows (draw 0: as it is;
+    ranks and scores stay draw 0's: training reads only the ids and windows)."""
+    if draw == 0:
+        return table
+    n = len(table["negative_ids"].iloc[0])
+    cut = slice((draw - 1) * n, draw * n)
+    return table.assign(**{source: [np.asarray(v)[cut] for v in table[column]] for column, source in REDRAWN.items()
+                           if column in table})
 
 
 def check_inputs(sampler: Sampler, rankings: Mapping | None, corpus_ids: Sequence[str] | None,

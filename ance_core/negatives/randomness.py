@@ -44,6 +44,14 @@ def pair_keys(seed: int, round_: int, query_ids: Sequence[str], pair_query: np.n
     return mix(queries[pair_query] + np.asarray(ordinals, dtype=np.uint64) * GAMMA)
 
 
+def draw_keys(keys: np.ndarray, draw: int) -> np.ndarray:
+    """The pairs' keys for another draw of the same candidates (an epoch's negatives, `mining.sample_negatives`
+    draws): draw 0 is `keys` themselves (the negatives a single draw gives), draw d > 0 an independent mix."""
+    if draw == 0:
+        return keys
+    return mix(keys ^ mix(np.array([draw], dtype=np.uint64) * GAMMA))
+
+
 def round_sample(query_ids: Sequence[str], n: int | None, seed: int, round_: int) -> list[str]:
     """The n of `query_ids` a round mines (`mining.queries`), sorted: those of the n smallest hashes of (seed, round,
     query id), a uniform sample without replacement that does not depend on the ids' order, drawn again each round.

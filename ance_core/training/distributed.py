@@ -155,7 +155,8 @@ def main(spec_path: str) -> None:
                      "snapshot_steps": set(spec["async"]["snapshot_steps"])}
         summary = train(spec["checkpoint"], pairs, ParquetCorpus.of_folder(spec["data"]),
                         tables.split_queries(spec["split"]), tables.relevant(spec["split"]),
-                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, **hooks)
+                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, round_=spec.get("round", 0),
+                        **hooks)
         if dist.get_rank() == 0:
             (out / RESULT).write_text(json.dumps(summary))
     finally:

@@ -42,6 +42,7 @@ from ance_core.modeling.model import (
     pick_device,
     save_checkpoint,
 )
+from ance_core.negatives.mining import REDRAWN, epoch_negatives, negative_draws
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
@@ -80,6 +81,11 @@ def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
 def planned_steps(pairs: int, cfg: TrainConfig) -> int:
     """Optimizer steps a training stage of `cfg` takes on `pairs` (query, positive) rows."""
     return cfg.max_steps or steps_per_epoch(pairs, cfg) * cfg.epochs
+
+
+def planned_epochs(pairs: int, cfg: TrainConfig) -> int:
+    """Epochs (whole or begun) a training stage of `cfg` takes on `pairs` rows."""
+    return -(-planned_steps(pairs, cfg) // steps_per_epoch(pairs, cfg))
 
 
 @dataclass(frozen=True)
@@ -138,13 +144,23 @@ def aligned_negatives(pairs: pd.DataFrame, table: pd.DataFrame, group: int) -> p
     """`pairs` with the negatives (and MaxP windows) of `table`, a refreshed table of the same (query, positive) rows:
     aligned on them, so the data order is untouched."""
     key = ["query_id", "positive_id"]
-    columns = [c for c in ("negative_ids", "negative_windows", "positive_window") if c in table]
+    columns = [c for c in ("negative_ids", "negative_windows", "positive_window", *REDRAWN) if c in table]
     merged = pairs[key].merge(table[[*key, *columns]], on=key, how="left", validate="one_to_one")
     if merged["negative_ids"].isna().any() or len(table) != len(pairs):
         raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
     if {len(n) for n in merged["negative_ids"]} != {group - 1}:
         raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
-    return pairs.assign(**{column: merged[column].to_numpy() for column in columns})
+    stale = [c for c in REDRAWN if c in pairs and c not in table]  # the new table's draws replace the old ones
+    return pairs.drop(columns=stale).assign(**{column: merged[column].to_numpy() for column in columns})
+
+
+def stage_seed(seed: int, round_: int) -> int:
+    """The seed of a training stage: `seed` for the warm-up (round 0), another for each ANCE round, so stages that
+    share a config's seed do not replay one batch order and one dropout (each round's first epoch would otherwise see
+    the warm-up's batches and in-batch negatives)."""
+    if round_ == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, round_]).generate_state(1)[0] % 2**31)
 
 
 # ---------------------------------------------------------------- the loop
@@ -195,6 +211,7 @@ def train(
     snapshot_steps: Collection[int] = (),
     on_snapshot: SnapshotHook | None = None,
     schedule: Schedule | None = None,
+    round_: int = 0,
 ) -> dict:
     """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`.
     `relevant`: every labelled-relevant document per query, masked out where it would be another query's in-batch
@@ -206,6 +223,10 @@ def train(
     newer negatives are read when `negatives_update` swaps them in. A DataLoader of `cfg.loader_workers` workers pads
     each step's micro-batches from those ids (training/batches.py): the tensors, in the order, that tokenizing each
     micro-batch's texts gives.
+
+    `round_` (0: the warm-up) seeds the stage's batch order and dropout (`stage_seed`). A table of several draws
+    (negatives/mining.py `sample_negatives(draws=...)`) trains epoch e on draw e mod draws: each epoch other
+    negatives from the mined pool, the same (query, positive) rows in `epoch_order`.
 
     `schedule` places the stage in a learning-rate schedule shared with other stages (default: its own, warm-up over
     `cfg.warmup_ratio` of its steps, then linear decay to zero).
@@ -237,7 +258,8 @@ def train(
         device = torch.device("cuda", torch.cuda.current_device())
     check_precision(cfg.precision, device)
     dtype = autocast_dtype(cfg.precision, device)
-    torch.manual_seed(cfg.seed + ranks.rank)
+    seed = stage_seed(cfg.seed, round_)
+    torch.manual_seed(seed + ranks.rank)
     model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout)
     query_length = cfg.query_max_length or meta.query_max_length
     passage_length = cfg.passage_max_length or meta.passage_max_length
@@ -252,7 +274,9 @@ def train(
 
     source = PassageSource(corpus if isinstance(corpus, CorpusRows) else FrameCorpus(corpus), tokenizer, meta,
                            passage_length)
-    tokens = PairTokens.build(pairs, source, queries, relevant, query_length)  # the texts the rows name, tokenized
+    draws, in_use = negative_draws(pairs), 0  # the draw whose tokens are held
+    # the texts the rows name (draw 0's negatives), tokenized
+    tokens = PairTokens.build(epoch_negatives(pairs, 0), source, queries, relevant, query_length)
 
     per_epoch = steps_per_epoch(len(pairs), cfg)
     total = planned_steps(len(pairs), cfg)
@@ -302,16 +326,21 @@ def train(
         f"training a batch of {cfg.batch_size} queries ({per_rank} per rank) with {group} passages each at "
         f"{passage_length} tokens", f"lower batch_size and raise grad_accumulation to keep the batch of "
         f"{cfg.batch_size * cfg.grad_accumulation}, lower passage_max_length, or train in bf16")
-    plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, cfg.seed, cfg.in_batch_negatives)
-    feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", cfg.seed)
+    plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives)
+    feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
     with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer:
         while step < total:
-            if negatives_update is not None and (table := negatives_update(step)) is not None:
-                pairs = aligned_negatives(pairs, table, group)
-                feed.reset(tokens := tokens.swapped(pairs, source))  # the new documents read and tokenized now
             epoch = step // per_epoch
+            swapped = negatives_update is not None and (table := negatives_update(step)) is not None
+            if swapped:
+                pairs = aligned_negatives(pairs, table, group)
+                draws = negative_draws(pairs)
+            if swapped or epoch % draws != in_use:  # newer negatives, or the epoch's own draw
+                in_use = epoch % draws
+                # the new documents read and tokenized now, those no longer named dropped
+                feed.reset(tokens := tokens.swapped(epoch_negatives(pairs, in_use), source))
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader

@@ -180,3 +180,24 @@ def test_the_negatives_analysis_ranks_only_its_sampled_queries_unless_the_mining
     assert task is analysis.dense_run and args[4] == analysis.DEPTH
     assert args[-1] == {"query_ids": query_sample(QUERIES, 7, analysis.SAMPLE_SEED)} and len(args[-1]["query_ids"]) == 7
     assert stats is analysis.negatives_analysis and stats_args[1].path == "r"
+
+
+def test_a_stage_of_several_epochs_gets_a_draw_per_epoch(tmp_path):
+    """epoch_draws: the epochs the training stage will take on the pairs mined (its max_steps over its steps per
+    epoch, or its epochs), at most MAX_DRAWS; one for no stage or a sampler that mines nothing."""
+    from ance_core.training.config import TrainConfig
+    from tasks.mine import MAX_DRAWS, epoch_draws
+
+    pd.DataFrame({"doc_id": CORPUS[:5], "title": "", "text": "x"}).to_parquet(tmp_path / "corpus.parquet")
+    pd.DataFrame({"query_id": QUERIES, "text": "x"}).to_parquet(tmp_path / "queries.parquet")
+    pd.DataFrame({"query_id": QUERIES, "doc_id": "d0", "relevance": 1, "split": "train"}).to_parquet(
+        tmp_path / "qrels.parquet")
+    data, mining = ArtifactRef(str(tmp_path), "data"), MiningConfig()
+    assert epoch_draws(data, "train", mining, 1, None) == 1
+    assert epoch_draws(data, "train", mining, 1, TrainConfig()) == 1
+    assert epoch_draws(data, "train", mining, 1, TrainConfig(epochs=3)) == 3
+    assert epoch_draws(data, "train", mining, 1, TrainConfig(epochs=50)) == MAX_DRAWS
+    assert epoch_draws(data, "train", MiningConfig(sampler="in-batch"), 1, TrainConfig(epochs=3)) == 1
+    # 60 pairs in batches of 16: 4 steps per epoch, 9 steps begin 3 epochs; a sample of 20 queries: 2 per epoch
+    assert epoch_draws(data, "train", mining, 1, TrainConfig(max_steps=9, batch_size=16)) == 3
+    assert epoch_draws(data, "train", MiningConfig(queries=20), 1, TrainConfig(max_steps=9, batch_size=16)) == 5

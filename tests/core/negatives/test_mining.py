@@ -154,3 +154,30 @@ def test_the_negatives_sample_page_needs_only_its_documents_rows(tmp_path):
     rows = read_corpus_rows(tmp_path, docs)
     assert sorted(rows["doc_id"]) == docs and len(docs) == 30  # 10 queries: a positive and 2 negatives each
     assert negatives_sample(negatives, rows, queries) == negatives_sample(negatives, corpus, queries)
+
+
+@pytest.mark.parametrize("sampler", MINED)
+def test_later_draws_are_other_valid_negatives_and_draw_0_is_the_single_draw(sampler):
+    """`draws` (one per training epoch): draw 0 is the table of a single draw, column for column; each later draw
+    holds num_negatives distinct non-positive documents per pair, other than draw 0's for most pairs."""
+    from ance_core.negatives.mining import REDRAWN, epoch_negatives, negative_draws
+
+    run = _run(n_queries=6)
+    positives = _positives(run)
+    cfg = MiningConfig(sampler=sampler, top_k=20, num_negatives=3, seed=3)
+    scores = {(q, d): 0.5 for q, ds in positives.items() for d in ds}
+    rankings = {"dense": run, "bm25": run}
+    one = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores)
+    three = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores, draws=3)
+    assert negative_draws(one) == 1 and negative_draws(three) == 3
+    pd.testing.assert_frame_equal(three.drop(columns=list(REDRAWN)), one)
+    pd.testing.assert_frame_equal(epoch_negatives(three, 0), three)
+    changed = 0
+    for draw in (1, 2):
+        table = epoch_negatives(three, draw)
+        for row, first in zip(table.itertuples(), one.itertuples(), strict=True):
+            assert len(set(row.negative_ids)) == 3 and not set(row.negative_ids) & positives[row.query_id]
+            changed += set(row.negative_ids) != set(first.negative_ids)
+    assert changed > len(one)  # of 2 x the pairs
+    again = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores, draws=3)
+    pd.testing.assert_frame_equal(again, three)

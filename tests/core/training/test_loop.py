@@ -268,3 +268,49 @@ def test_loader_workers_train_the_weights_of_none_across_a_swap_to_new_documents
     train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "swap-at-0", negatives_update=_swap(0, newer))
     train(ckpt, newer, corpus, queries, relevant, cfg, tmp_path / "newer")
     _same_training(tmp_path / "swap-at-0", tmp_path / "newer")
+
+
+def test_each_epoch_trains_on_its_own_draw_of_negatives_and_resumes_on_it(setup, tmp_path):
+    """A mined table of two draws (negatives/mining.py REDRAWN), two epochs of 4 steps: epoch 1 trains on draw 1, as
+    a swap to draw 1's table at step 4 would; a run stopped in epoch 1 resumes on draw 1 to the same weights."""
+    import numpy as np
+    import pandas as pd
+
+    ckpt, negatives, corpus, queries, relevant = setup
+    extra = pd.DataFrame({"doc_id": [f"n{i}" for i in range(5)], "title": "",
+                          "text": [f"mice blood disease {i}" for i in range(5)]})
+    corpus = pd.concat([corpus, extra], ignore_index=True)
+    second = [[f"n{i % 5}", f"d{(i + 15) % 30}"] for i in range(len(negatives))]
+    drawn = negatives.assign(redrawn_ids=[np.array(ids, dtype=object) for ids in second])
+    cfg = CFG.model_copy(update={"max_steps": None, "epochs": 2})
+    assert steps_per_epoch(len(negatives), cfg) == 4
+    train(ckpt, drawn, corpus, queries, relevant, cfg, tmp_path / "drawn")
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "swapped",
+          negatives_update=_swap(4, negatives.assign(negative_ids=second)))
+    _same_training(tmp_path / "drawn", tmp_path / "swapped")
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "one-draw")
+    assert _losses(tmp_path / "one-draw")[:4] == _losses(tmp_path / "drawn")[:4]
+    assert _losses(tmp_path / "one-draw")[4:] != _losses(tmp_path / "drawn")[4:]
+
+    def stop_after_7(record):
+        if record["step"] == 7:
+            raise SimulatedCrash("simulated crash")
+
+    with pytest.raises(SimulatedCrash):
+        train(ckpt, drawn, corpus, queries, relevant, cfg, tmp_path / "resumed", callbacks=[stop_after_7])
+    assert train(ckpt, drawn, corpus, queries, relevant, cfg, tmp_path / "resumed")["resumed_from_step"] == 6
+    _same_training(tmp_path / "drawn", tmp_path / "resumed")
+
+
+def test_rounds_are_seeded_apart_from_the_warm_up(setup, tmp_path):
+    """The same config's seed gives the warm-up (round 0) its seed as it is and each round another: round 1's first
+    step sees other batches than the warm-up's (it replayed them before)."""
+    from ance_core.training.loop import stage_seed
+
+    assert stage_seed(42, 0) == 42 and len({stage_seed(42, r) for r in range(4)}) == 4
+    assert stage_seed(42, 1) == stage_seed(42, 1) != stage_seed(43, 1)
+    ckpt, *rest = setup
+    cfg = CFG.model_copy(update={"checkpoint_every": 0, "max_steps": 1})
+    train(ckpt, *rest, cfg, tmp_path / "warmup")
+    train(ckpt, *rest, cfg, tmp_path / "round-1", round_=1)
+    assert _losses(tmp_path / "warmup") != _losses(tmp_path / "round-1")
