@@ -25,6 +25,8 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     # The key holds the content, not where it was found: the same data from another path is the same stage.
     key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
                "train_min_relevance": cfg.train_min_relevance}
+    if cfg.train_min_relevance == "auto":  # each query's own top grade since issue 30 (the split's top grade before)
+        key_cfg["grades_rule"] = "query-top"
 
     def build(out):
         # the corpus is written as it is read: its text is never held whole

@@ -25,8 +25,8 @@ class DataConfig(StageConfig):
         "the run's result is its last model")
     dev_seed: int = Field(0, description="Which train queries become the carved dev split")
     train_min_relevance: int | Literal["auto"] = Field(
-        "auto", description="Lowest relevance grade of the train split that is a training positive. auto: the top "
-        "grade on graded qrels (two or more positive grades), else 1. Lower grades are never sampled as negatives")
+        "auto", description="Lowest relevance grade of the train split that is a training positive. auto: each "
+        "query's own top grade (on binary qrels: every positive). Lower grades are never sampled as negatives")
 
     @model_validator(mode="after")
     def _grade_is_positive(self) -> "DataConfig":

@@ -24,13 +24,16 @@ from ance_core.artifacts import digest_of
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.faults import fault_point
 
+QUERY_TOP_GRADE = "query-top"  # a split's training positives: each query's documents of its own highest grade
+
 
 @dataclass(frozen=True)
 class Dataset:
     corpus: pd.DataFrame
     queries: pd.DataFrame
     qrels: pd.DataFrame
-    min_relevance: dict[str, int] = field(default_factory=dict)  # split -> lowest grade that is a training positive
+    # split -> the lowest grade that is a training positive, or QUERY_TOP_GRADE (data/splits.py with_training_grades)
+    min_relevance: dict[str, int | str] = field(default_factory=dict)
 
     def split_qrels(self, split: str) -> pd.DataFrame:
         qrels = self.qrels[self.qrels["split"] == split]
@@ -45,8 +48,15 @@ class Dataset:
 
     def positives(self, split: str) -> dict[str, set[str]]:
         """The training positives of each query of the split: relevance >= the split's `min_relevance` (1 unless
-        set for graded qrels, `ance_core.data.splits.with_training_grades`). Queries without one are left out."""
-        return self._at_least(split, self.min_relevance.get(split, 1))
+        set for graded qrels, `ance_core.data.splits.with_training_grades`), or with QUERY_TOP_GRADE, the documents
+        of each query's own highest grade. Queries without one are left out."""
+        rule = self.min_relevance.get(split, 1)
+        if rule != QUERY_TOP_GRADE:
+            return self._at_least(split, int(rule))
+        rel = self.split_qrels(split)
+        rel = rel[rel["relevance"] > 0]
+        rel = rel[rel["relevance"] == rel.groupby("query_id")["relevance"].transform("max")]
+        return {q: set(d) for q, d in rel.groupby("query_id")["doc_id"]}
 
     def relevant(self, split: str) -> dict[str, set[str]]:
         """Every labelled-relevant document of each query of the split (relevance > 0): never a negative."""
@@ -294,6 +304,7 @@ def check_trainable(tables: Dataset, folder: Path, split: str) -> None:
     is refused before any work, naming the file and the split."""
     if not tables.positives(split):
         grade = tables.min_relevance.get(split, 1)
+        grade = 1 if grade == QUERY_TOP_GRADE else grade
         raise DataError(qrels_file(folder, split), f"split '{split}' has no positive (no qrels row of relevance >= "
                         f"{grade}): nothing to train on")
 

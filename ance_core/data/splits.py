@@ -4,7 +4,7 @@ choices), and the lowest relevance grade that counts as a training positive."""
 import hashlib
 from dataclasses import replace
 
-from ance_core.data.dataset import Dataset
+from ance_core.data.dataset import QUERY_TOP_GRADE, Dataset
 from ance_core.errors import AnceError, warn
 
 
@@ -40,17 +40,33 @@ def _unit_hash(seed: int, query_id: str) -> float:
 
 
 def with_training_grades(dataset: Dataset, train_split: str, min_relevance: int | str) -> Dataset:
-    """The dataset with the lowest relevance grade that counts as a training positive on the train split.
+    """The dataset with the rule that says which relevant pairs of the train split are training positives.
 
-    "auto": on graded qrels (two or more positive grades in the train split) only the top grade, else every positive.
-    Sparse, graded collections label many weakly related documents with the low grades (NFCorpus: 96% of its training
-    pairs are grade-1 "indirect" links); trained on as positives, they pull the model away from what the top grade
-    means. Lower grades are never sampled as negatives either way. One warning says what was left out."""
+    "auto": each query's own top grade (QUERY_TOP_GRADE); on binary qrels that is every positive. It serves both
+    shapes graded collections come in: many weak links per query (NFCorpus: 96% of its training pairs are grade-1
+    "indirect" links; trained on as positives they pull the model away from what the top grade means) keep only their
+    strong ones, and a collection of few queries whose top grade is rare (four grades, "complete answer" for a few
+    queries) keeps every query, each with its best documents (a collection-wide top grade left most of such queries
+    with no positive). An integer: every pair of at least that grade, for all queries. Lower grades are never sampled
+    as negatives either way. One warning says what was left out."""
     if train_split not in set(dataset.qrels["split"]):
         return dataset
     train = dataset.split_qrels(train_split)
     grades = sorted(set(train.loc[train["relevance"] > 0, "relevance"]))
-    grade = (grades[-1] if len(grades) > 1 else 1) if min_relevance == "auto" else int(min_relevance)
+    if min_relevance == "auto":
+        if len(grades) < 2:
+            return replace(dataset, min_relevance={train_split: 1})
+        graded = replace(dataset, min_relevance={train_split: QUERY_TOP_GRADE})
+        relevant = train[train["relevance"] > 0]
+        kept = sum(len(d) for d in graded.positives(train_split).values())
+        top = relevant.groupby("query_id")["relevance"].max().value_counts().sort_index(ascending=False)
+        warn(f"training positives are the {kept} '{train_split}' pairs at each query's own top grade (graded qrels, "
+             f"grades {', '.join(map(str, grades))}; queries by their top grade: "
+             f"{', '.join(f'{g}: {n}' for g, n in top.items())}); the other {len(relevant) - kept} relevant pairs "
+             f"({100 * (1 - kept / len(relevant)):.0f}%) are not trained on as positives, nor sampled as negatives; "
+             f"set data.train_min_relevance: {grades[0]} to train on every relevant pair")
+        return graded
+    grade = int(min_relevance)
     if grades and grade > grades[0]:
         relevant = train[train["relevance"] > 0]
         kept = relevant[relevant["relevance"] >= grade]
@@ -58,10 +74,9 @@ def with_training_grades(dataset: Dataset, train_split: str, min_relevance: int 
         if kept.empty:
             raise AnceError(f"data.train_min_relevance {grade}: no pair of the '{train_split}' split has that grade "
                             f"(grades: {', '.join(map(str, grades))})")
-        warn(f"training positives are the {len(kept)} '{train_split}' pairs of relevance >= {grade}"
-             f"{' (graded qrels: the top grade)' if min_relevance == 'auto' else ''}; the other "
+        warn(f"training positives are the {len(kept)} '{train_split}' pairs of relevance >= {grade}; the other "
              f"{len(relevant) - len(kept)} relevant pairs ({100 * (1 - len(kept) / len(relevant)):.0f}%, grades "
              f"{', '.join(str(g) for g in grades if g < grade)}) are not trained on as positives, nor sampled as "
              f"negatives, and {len(lost)} queries have no training positive left; set data.train_min_relevance: "
-             f"{grades[0]} to train on every relevant pair")
+             f"{grades[0]} to train on every relevant pair, or auto for each query's own top grade")
     return replace(dataset, min_relevance={train_split: grade})

@@ -7,8 +7,8 @@ many weak positives (tests/tiny.py: build_graded_dataset), with the real all-Min
   rate 50x the default (a misconfigured run; 12 steps of it are plenty): its warm-up scores worse on the dev split
   than the model it started from, the run's result is that starting model, and the run warns (closing lines,
   --json, MLflow);
-- with the default (`auto`: the top grade on graded qrels) it trains on the grade-2 positives only, says what it
-  left out, and does not make the model worse."""
+- with the default (`auto`: each query's own top grade on graded qrels) it trains on the grade-2 positives only,
+  says what it left out, and does not make the model worse."""
 
 
 import pytest
@@ -54,5 +54,5 @@ def test_the_default_trains_on_the_top_grade_and_does_not_hurt(graded, tmp_path)
     assert dev["warmup"] >= dev["zero-shot"]
     assert not any("made the model worse" in w for w in result["warnings"])
     grades = next(w for w in result["warnings"] if w.startswith("training positives are the"))
-    assert "relevance >= 2 (graded qrels: the top grade)" in grades and "grades 1" in grades
+    assert "at each query's own top grade" in grades and "queries by their top grade: 2: " in grades
     assert result["negatives"]["warmup"]["above_positive"] < 0.25

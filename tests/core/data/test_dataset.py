@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -286,10 +287,11 @@ def test_dev_split_is_a_seeded_share_of_the_train_queries(tmp_path):
         assert with_dev_split(ds, "train", "dev", 0.001, seed=0) is ds
 
 
-def test_graded_qrels_train_on_the_top_grade_and_say_what_they_left_out(tmp_path):
+def test_graded_qrels_train_on_each_querys_top_grade_and_say_what_they_left_out(tmp_path):
     ds = load_dataset(_many_queries(tmp_path, grades=(1, 2)))
-    with pytest.warns(AnceWarning, match=r"the 50 'train' pairs of relevance >= 2 \(graded qrels: the top grade\); "
-                                         r"the other 25 relevant pairs \(33%, grades 1\)"):
+    with pytest.warns(AnceWarning, match=r"the 50 'train' pairs at each query's own top grade \(graded qrels, grades "
+                                         r"1, 2; queries by their top grade: 2: 50\); the other 25 relevant pairs "
+                                         r"\(33%\)"):
         graded = with_training_grades(ds, "train", "auto")
     assert graded.positives("train")["q0"] == {"d0"}  # grade 2 only
     assert graded.relevant("train")["q0"] == {"d0", "d1"}  # grade 1 is still never a negative
@@ -302,6 +304,41 @@ def test_graded_qrels_train_on_the_top_grade_and_say_what_they_left_out(tmp_path
     out.mkdir()
     save_tables(graded, out)
     assert read_tables(out).positives("train") == graded.positives("train")
+
+
+def _graded_shape(folder, queries: int, grades_of) -> tuple[Path, dict]:
+    """A train split whose query i has the (document, grade) list grades_of(i)."""
+    qrels = [(f"q{i}", f"d{i}-{j}", g) for i in range(queries) for j, g in enumerate(grades_of(i))]
+    corpus = [{"_id": d, "title": "", "text": d} for _, d, _ in qrels]
+    return write_beir(folder, corpus, [{"_id": f"q{i}", "text": f"q {i}"} for i in range(queries)],
+                      {"train": qrels, "test": qrels[:1]}), {(q, d): g for q, d, g in qrels}
+
+
+@pytest.mark.parametrize("shape", ["many weak links", "four grades, the top one rare"])
+def test_the_auto_rule_keeps_every_query_with_its_best_documents_in_both_graded_shapes(tmp_path, shape):
+    """Many weak links per query (one grade-2 document and 12 grade-1 links each, as NFCorpus): each query trains on
+    its grade-2 document only. Four grades whose top is rare (a few queries have a grade-4 "complete answer", the rest
+    top out at 3, 2 or 1; ~8 relevant each, as the classic collection that lost 61% of its queries to a split-wide top
+    grade): every query keeps a positive, its documents of its own best grade, and no lower one."""
+    if shape == "many weak links":
+        folder, grade = _graded_shape(tmp_path / "a", 40, lambda i: [2] + [1] * 12)
+    else:  # query i's best grade: 4 for one query in eight, else 3, 2 or 1
+        folder, grade = _graded_shape(tmp_path / "b", 40, lambda i: ([4] if i % 8 == 0 else []) +
+                                      [min(3, 1 + i % 3)] * 2 + [1] * 5 + ([2] if i % 3 == 2 else []))
+    ds = load_dataset(folder)
+    with pytest.warns(AnceWarning, match="each query's own top grade"):
+        graded = with_training_grades(ds, "train", "auto")
+    positives = graded.positives("train")
+    assert len(positives) == 40  # no query lost
+    for q, docs in positives.items():
+        best = max(g for (query, _), g in grade.items() if query == q)
+        assert docs == {d for (query, d), g in grade.items() if query == q and g == best}
+    assert graded.relevant("train") == ds.relevant("train")  # every grade stays out of the negatives
+    kept = sum(map(len, positives.values()))
+    if shape == "many weak links":
+        assert kept == 40  # the 480 weak links left out
+    else:  # a split-wide top grade keeps 5 queries; each query's best keeps 40 and their 2-3 best documents each
+        assert len(with_training_grades(ds, "train", 4).positives("train")) == 5 and kept >= 80
 
 
 def test_trec_qrels_load_wherever_beir_tsv_does(beir, tmp_path):
