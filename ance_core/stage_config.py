@@ -5,7 +5,9 @@ pipeline/config.py composes them into the pipeline's and the comparison's config
 Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is refused before any work starts.
 """
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 # `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
 # do not change its stage's result (training/config.py: the checkpoint cadence)
@@ -14,3 +16,18 @@ KEY_DUMP = {"dump": "cache key"}
 
 class StageConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # options added after stage keys existed: left out of the dump and the repr (which a stage key holds when the
+    # config is nested in a dict) while they hold these values, so the keys of configs that do not use them stay
+    UNSAID: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _unsaid_dump(self, handler):
+        data = handler(self)
+        for name, value in self.UNSAID.items():
+            if name in data and getattr(self, name) == value:
+                del data[name]
+        return data
+
+    def __repr_args__(self):
+        return [(k, v) for k, v in super().__repr_args__() if not (k in self.UNSAID and v == self.UNSAID[k])]

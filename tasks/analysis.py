@@ -101,7 +101,7 @@ def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: Artifa
         sample = query_sample(queries["query_id"], PROFILE_QUERIES, SAMPLE_SEED)
         texts = queries.set_index("query_id").loc[sample, "text"].tolist()
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
-        q = encode_queries(model, tokenizer, texts, meta.query_max_length, EncodeConfig())
+        q = encode_queries(model, tokenizer, texts, meta, EncodeConfig())
         flat = SearchIndex(index.path).index  # the model's flat index: its vectors are the exact embeddings
         np.save(out / PROFILE, score_profile(q, flat.reconstruct_n(0, flat.ntotal), DEPTH))
         return {"queries": len(sample)}

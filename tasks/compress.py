@@ -36,7 +36,7 @@ def encode_split_queries(checkpoint: ArtifactRef, data: ArtifactRef, split: str,
     def build(out: Path) -> dict:
         queries = read_tables(data.path, corpus_columns=[]).split_queries(split)
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
-        emb = encode_queries(model, tokenizer, queries["text"].tolist(), meta.query_max_length, cfg)
+        emb = encode_queries(model, tokenizer, queries["text"].tolist(), meta, cfg)
         np.save(out / QUERY_EMBEDDINGS, emb)
         (out / QUERY_IDS).write_text("\n".join(queries["query_id"]) + "\n", encoding="utf-8")
         return {"queries": len(queries), "dim": emb.shape[1]}

@@ -53,6 +53,7 @@ class Encoder:
             return np.empty((0, self.dim), dtype=np.float32)
         query = kind == "query"
         max_length = self.meta.query_max_length if query else self.meta.passage_max_length
+        texts = self.meta.queries(texts) if query else self.meta.passages(texts)  # the checkpoint's prefixes
         emb = encode_texts(self.model, self.tokenizer, texts, max_length, self.batch_size, self.dtype)
         projector = self.model.projector
         if projector is None:

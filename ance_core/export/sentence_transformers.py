@@ -133,7 +133,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, fmt: str = "sente
         _write_json(tmp / "config_sentence_transformers.json", {
             "__version__": {"sentence_transformers": ST_VERSION, "transformers": transformers.__version__,
                             "pytorch": torch.__version__},
-            "model_type": "SentenceTransformer", "prompts": {"query": "", "document": ""},
+            "model_type": "SentenceTransformer",
+            "prompts": {"query": meta.query_prefix, "document": meta.passage_prefix},  # encode_query / _document
             "default_prompt_name": None, "similarity_fn_name": "dot"})
         (tmp / CARD).write_text(model_card(meta, dim, provenance), encoding="utf-8")
     return {"out": str(out), "format": fmt, "dim": dim, "pooling": meta.pooling,
@@ -262,6 +263,10 @@ def _model(meta: ModelMeta, dim: int) -> str:
             ["query length", f"{meta.query_max_length} tokens (`encode_query`)"],
             ["passage length", f"{meta.passage_max_length} tokens (`encode_document`, `encode`)"],
             ["documents", f"their first {meta.passage_max_length} tokens (FirstP)"]]
+    rows += [[f"{kind} prefix", f"`{prefix!r}` (the `{prompt}` prompt: `encode_{method}` puts it first; plain `encode` "
+              "does not)"] for kind, prefix, prompt, method in (("query", meta.query_prefix, "query", "query"),
+                                                                  ("passage", meta.passage_prefix, "document",
+                                                                   "document")) if prefix]
     return "\n".join([
         "## Model", "", markdown_table(["", ""], rows), "",
         "Modules: `Transformer` (this folder's root: the checkpoint's encoder), `1_Pooling` "

@@ -28,4 +28,11 @@ class ModelConfig(StageConfig):
         "ranking): its windows of passage_max_length tokens (at most max_passages) are each encoded and indexed, and "
         "it scores as its best window, in retrieval and in mining (a document is one negative, by its best window)")
     max_passages: int = Field(4, ge=1, description="maxp: windows per document (ANCE: 4 of 512 tokens)")
+    query_prefix: str = Field("", description="Text put before every query, for a model trained with one (E5: "
+                              "'query: '; BGE: 'Represent this sentence for searching relevant passages: '); kept in "
+                              "the checkpoint, its sentence-transformers export (prompts) and its MLflow model")
+    passage_prefix: str = Field("", description="Text put before every passage (E5: 'passage: '); kept like "
+                                "query_prefix")
+
+    UNSAID = {"query_prefix": "", "passage_prefix": ""}  # (no prefix: the keys from before the option)
 

@@ -12,7 +12,7 @@ queries and passages to the compressed dimension.
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +59,20 @@ class ModelMeta:
     passage_max_length: int
     document_mode: str = "firstp"  # or "maxp": documents as windows of passage_max_length tokens, scored by the best
     max_passages: int = 1
+    query_prefix: str = ""  # put before every query / passage (model/config.py); not written when empty
+    passage_prefix: str = ""
+
+    def queries(self, texts: Sequence[str]) -> list[str]:
+        """The texts the model encodes for these queries: each after `query_prefix`."""
+        return [self.query_prefix + t for t in texts] if self.query_prefix else list(texts)
+
+    def passages(self, texts: Sequence[str]) -> list[str]:
+        """The texts the model encodes for these passages (a MaxP window each): each after `passage_prefix`."""
+        return [self.passage_prefix + t for t in texts] if self.passage_prefix else list(texts)
+
+    def to_json(self) -> dict:
+        """The checkpoint's meta file: the prefixes only when set (the digests of checkpoints without them stay)."""
+        return {k: v for k, v in asdict(self).items() if not (k in ("query_prefix", "passage_prefix") and not v)}
 
 
 def resolve_model_name(name: str) -> str:
@@ -169,7 +183,7 @@ def init_model(cfg: ModelConfig, out: Path) -> dict:
     model = BiEncoder(encoder, cfg.pooling)
     model.init_head(cfg.init_temperature)
     meta = ModelMeta(cfg.name, cfg.pooling, cfg.query_max_length, cfg.passage_max_length, cfg.document_mode,
-                     cfg.max_passages if cfg.document_mode == "maxp" else 1)
+                     cfg.max_passages if cfg.document_mode == "maxp" else 1, cfg.query_prefix, cfg.passage_prefix)
     save_checkpoint(model, tokenizer, meta, out)
     return {"source": source, "parameters": sum(p.numel() for p in model.parameters()), "dim": model.dim}
 
@@ -181,7 +195,7 @@ def save_checkpoint(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: 
     head = {f"proj.{k}": v for k, v in model.proj.state_dict().items()}
     head |= {f"norm.{k}": v for k, v in model.norm.state_dict().items()}
     save_file({k: v.contiguous() for k, v in head.items()}, out / HEAD_FILE)
-    (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2))
+    (out / META_FILE).write_text(json.dumps(meta.to_json(), indent=2))
 
 
 def checkpoint_digest(path: str | Path) -> str:

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field, model_serializer
+from pydantic import Field
 
 from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
 from ance_core.stage_config import StageConfig
@@ -24,6 +24,8 @@ class MiningConfig(StageConfig):
     """Which negatives a training stage gets (negatives/samplers.py). `ance` (the paper's): top-k of the current model's
     ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
 
+    UNSAID = {"queries": None}  # every query (the keys of stages that mine them all are those from before the option)
+
     sampler: SamplerName = Field("ance", description=_sampler_options(NAMES))
     top_k: int | None = Field(None, ge=1, description="Ranked candidates; default: the sampler's (" + ", ".join(
         f"{s.name} {s.default_depth}" for s in SAMPLERS.values() if s.default_depth) + ")")
@@ -40,19 +42,6 @@ class MiningConfig(StageConfig):
         None, ge=1, description="Mine (and so train on) a seeded sample of this many of the split's training queries, "
         "drawn again each round; unset: all of them. A stage of S steps of B queries trains on at most S·B: at MS "
         "MARCO's 500k training queries, BM25 over all of them for a warm-up of a few hundred steps takes hours")
-
-    @model_serializer(mode="wrap")
-    def _all_queries_unsaid(self, handler):
-        """`queries` unset is left out of the dump: the cache keys of stages that mine every query stay those they
-        had before the option existed."""
-        data = handler(self)
-        if data.get("queries", 0) is None:
-            del data["queries"]
-        return data
-
-    def __repr_args__(self):
-        """The same in the repr, which a stage key holds when the config is nested in a dict (the mine stage's)."""
-        return [(k, v) for k, v in super().__repr_args__() if not (k == "queries" and v is None)]
 
     def sample(self, round_: int) -> dict | None:
         """What a ranking stage needs to rank only this round's queries (None: all of them)."""

@@ -91,16 +91,16 @@ def passage_windows(tokenizer: PreTrainedTokenizerBase, text: str, max_length: i
 def document_passages(tokenizer: PreTrainedTokenizerBase, corpus: pd.DataFrame, meta: ModelMeta
                       ) -> tuple[list[str], list[str], list[int]]:
     """What a checkpoint encodes of a corpus: (texts, doc id of each, window number of each). FirstP: one text per
-    document (truncated by the tokenizer); MaxP: its windows."""
+    document (truncated by the tokenizer); MaxP: its windows. Each after the checkpoint's passage prefix."""
     texts = passage_texts(corpus)
     ids = corpus["doc_id"].astype(str).tolist()
     if meta.document_mode != "maxp":
-        return texts, ids, [0] * len(ids)
+        return meta.passages(texts), ids, [0] * len(ids)
     out: tuple[list[str], list[str], list[int]] = ([], [], [])
     for doc_id, text in zip(ids, texts, strict=True):
         for k, window in enumerate(passage_windows(tokenizer, text, meta.passage_max_length, meta.max_passages)):
             out[0].append(window), out[1].append(doc_id), out[2].append(k)
-    return out
+    return meta.passages(out[0]), out[1], out[2]
 
 
 def encode_documents(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: ModelMeta, corpus: pd.DataFrame,
@@ -212,11 +212,13 @@ def write_doc_order(out: Path, ids: list[str], windows: list[int], maxp: bool) -
 
 
 def encode_queries(
-    model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, cfg: EncodeConfig
+    model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], meta: ModelMeta, cfg: EncodeConfig
 ) -> np.ndarray:
-    """(len(texts), dim) float32; projected when the checkpoint is a compressed one."""
+    """(len(texts), dim) float32 of the queries as the checkpoint `meta` encodes them (its prefix, its length);
+    projected when the checkpoint is a compressed one."""
     device = next(model.parameters()).device
-    emb = encode_texts(model, tokenizer, texts, max_length, cfg.batch_size, autocast_dtype(cfg.precision, device))
+    emb = encode_texts(model, tokenizer, meta.queries(texts), meta.query_max_length, cfg.batch_size,
+                       autocast_dtype(cfg.precision, device))
     return emb if model.projector is None else model.projector.queries(emb)
 
 

@@ -90,7 +90,7 @@ def _search_chunks(checkpoint: str | Path, index_dir: str | Path, queries: pd.Da
     step = chunk or max(1, len(queries))
     for start in range(0, max(1, len(queries)), step):
         part = queries.iloc[start : start + step]
-        q = encode_queries(model, tokenizer, part["text"].tolist(), meta.query_max_length, encode_cfg)
+        q = encode_queries(model, tokenizer, part["text"].tolist(), meta, encode_cfg)
         if q.shape[1] != index.index.d:
             raise AnceError(f"{index_dir}: the index holds {index.index.d}-dim vectors but {checkpoint} encodes "
                             f"{q.shape[1]}-dim queries; a compressed model searches the index built from its own "
@@ -166,7 +166,7 @@ def score_pairs(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataF
     from the model's own index."""
     model, tokenizer, meta = load_checkpoint(checkpoint, pick_device())
     wanted = queries[queries["query_id"].isin({q for q, _ in pairs})]
-    q = encode_queries(model, tokenizer, wanted["text"].tolist(), meta.query_max_length, encode_cfg)
+    q = encode_queries(model, tokenizer, wanted["text"].tolist(), meta, encode_cfg)
     return _pair_scores(q, wanted["query_id"].tolist(), SearchIndex(index_dir), pairs)
 
 

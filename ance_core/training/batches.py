@@ -80,7 +80,7 @@ class PassageSource:
                     while k < len(rows) and rows[k] == row:
                         passages.append(cut[min(int(window[k]), len(cut) - 1)])
                         k += 1
-            parts.append(tokenize(self.tokenizer, passages, self.max_length, dtype))
+            parts.append(tokenize(self.tokenizer, self.meta.passages(passages), self.max_length, dtype))
         table = TokenTable.concat(parts, dtype)
         assert len(table) == len(keys), (len(table), len(keys))  # every key's row was read
         return table
@@ -113,7 +113,7 @@ class PairTokens:
         if missing:
             raise ValueError(f"the negatives name {len(missing)} queries that are not in the queries table: "
                              f"{preview(missing)}")
-        query_tokens = tokenize(source.tokenizer, text.loc[query_ids].tolist(), query_length,
+        query_tokens = tokenize(source.tokenizer, source.meta.queries(text.loc[query_ids].tolist()), query_length,
                                 token_dtype(source.tokenizer))
         pairs_of = [(k, d) for k, q in enumerate(query_ids) for d in sorted(relevant.get(q, ()))]
         rows = source.corpus.rows_of([d for _, d in pairs_of]) if pairs_of else np.zeros(0, np.int64)

@@ -230,3 +230,31 @@ def test_the_readmes_commands_export_and_load_a_sentence_transformers_model(tiny
     monkeypatch.setattr("builtins.print", printed.append)
     exec(compile(python, "README.md", "exec"), {})
     assert tuple(printed[0].shape) == (1, 1)  # the query's dot product with the passage
+
+
+def test_prefixes_are_kept_by_the_checkpoint_the_export_and_the_ance_encoder(tiny_model, tmp_path):
+    """model.query_prefix / passage_prefix (E5's 'query: ' / 'passage: '): written to the checkpoint (a checkpoint
+    without them has no such keys: its digest is the one it had), exported as the sentence-transformers prompts that
+    encode_query / encode_document put first, and put first by the encoder the MLflow model serves with."""
+    from sentence_transformers import SentenceTransformer
+
+    from ance_core.export.encoder import Encoder
+
+    plain = random_head_checkpoint(tiny_model, tmp_path / "plain")
+    assert "query_prefix" not in json.loads((plain / "ance_model.json").read_text())
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "prefixed", query_prefix="query: ",
+                                        passage_prefix="passage: ")
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    assert (meta.query_prefix, meta.passage_prefix) == ("query: ", "passage: ")
+    queries = encode_texts(model, tokenizer, ["query: " + t for t in TEXTS], meta.query_max_length, 4, None)
+    passages = encode_texts(model, tokenizer, ["passage: " + t for t in TEXTS], meta.passage_max_length, 4, None)
+    unprefixed = encode_texts(model, tokenizer, TEXTS, meta.query_max_length, 4, None)
+    assert np.abs(queries - unprefixed).max() > 1e-3
+    export_checkpoint(checkpoint, tmp_path / "st")
+    st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    np.testing.assert_allclose(st.encode_query(TEXTS), queries, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(st.encode_document(TEXTS), passages, atol=1e-5, rtol=0)
+    assert "`'query: '` (the `query` prompt" in (tmp_path / "st" / "README.md").read_text()
+    encoder = Encoder(checkpoint)
+    np.testing.assert_allclose(encoder.encode(TEXTS, "query"), queries, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(encoder.encode(TEXTS, "passage"), passages, atol=1e-5, rtol=0)

@@ -142,3 +142,26 @@ def test_negatives_naming_documents_outside_the_corpus_are_refused(tokenizer):
     with pytest.raises(ValueError, match="1 queries that are not in the queries table: q9"):
         PairTokens.build(training_tables()[0], _source(FrameCorpus(corpus), tokenizer), queries.head(9), relevant,
                          query_length=8)
+
+
+@pytest.mark.parametrize("mode", ["firstp", "maxp"])
+def test_training_tokenizes_queries_and_passages_after_the_checkpoints_prefixes(tokenizer, mode):
+    """A checkpoint with prefixes trains on the texts it encodes: each query after query_prefix, each passage (a
+    MaxP window) after passage_prefix."""
+    from dataclasses import replace
+
+    from ance_core.training.tokens import token_dtype, tokenize
+
+    negatives, corpus, queries, relevant = training_tables()
+    plain = _source(FrameCorpus(corpus), tokenizer, mode)
+    prefixed = replace(plain, meta=replace(plain.meta, query_prefix="cell ", passage_prefix="gene "))
+    dtype = token_dtype(tokenizer)
+    tokens = PairTokens.build(negatives, prefixed, queries, relevant, query_length=8)
+    expected = tokenize(tokenizer, ["cell " + t for t in queries["text"]], 8, dtype)
+    assert np.array_equal(tokens.query_tokens.values, expected.values)
+    keys = np.array([0, 3 * plain.windows])  # documents d0 and d3, first window
+    texts = [passage_windows(tokenizer, corpus["text"][r], plain.meta.passage_max_length, plain.meta.max_passages)[0]
+             for r in (0, 3)]
+    got = prefixed.tokens(keys)
+    assert np.array_equal(got.values, tokenize(tokenizer, ["gene " + t for t in texts], plain.max_length, dtype).values)
+    assert not np.array_equal(got.values, plain.tokens(keys).values)
