@@ -23,7 +23,10 @@ class StageConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _unsaid_dump(self, handler):
-        data = handler(self)
+        return self.drop_unsaid(handler(self))
+
+    def drop_unsaid(self, data: dict) -> dict:
+        """`data` (a dump of this config) without the UNSAID fields that hold their unsaid value."""
         for name, value in self.UNSAID.items():
             if name in data and getattr(self, name) == value:
                 del data[name]

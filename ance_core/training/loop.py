@@ -198,6 +198,67 @@ def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss
     return total if total is not None else torch.zeros(())  # (an epoch's last rows may not go round the ranks)
 
 
+def chunk_inputs(batch: dict, chunk: int, group: int, left: bool) -> list[tuple[dict, dict]]:
+    """A micro-batch's (queries, passages) inputs cut `chunk` queries (and their `group` passages each) at a time,
+    each chunk's columns trimmed to its own longest text (right padding: the trimmed columns are padding only)."""
+
+    def rows(inputs: dict, start: int, stop: int) -> dict:
+        part = {k: v[start:stop] for k, v in inputs.items()}
+        if not left:
+            width = int(part["attention_mask"].sum(dim=1).max())
+            part = {k: v[:, :width] for k, v in part.items()}
+        return part
+
+    b = len(batch["queries"]["input_ids"])
+    ends = [(s, min(s + chunk, b)) for s in range(0, b, chunk)]
+    return [(rows(batch["queries"], s, e), rows(batch["passages"], s * group, e * group)) for s, e in ends]
+
+
+def cached_gradients(encoder: torch.nn.Module, micro_batches: Sequence[dict], embed: Callable, loss_of: Callable,
+                     chunk: int, group: int, left: bool, accumulation: int, world: int,
+                     scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """`accumulate_gradients` with cached in-batch negatives (GradCache, Gao et al. 2021): each micro-batch is
+    embedded `chunk` queries at a time without a graph (`embed(queries, passages)` -> float (q, p)), the loss of the
+    whole micro-batch (`loss_of(batch, q, p)`) is backpropagated to those embeddings only, and each chunk is embedded
+    again with its graph, under the RNG state of its first pass (the same dropout), and backpropagated with its rows'
+    cached gradients. The weights' gradient is that of the whole micro-batch at once; its activations are one chunk's.
+
+    Under DDP one backward per step all-reduces: the last chunk's of the last micro-batch (the others in `no_sync()`).
+    """
+    total = None
+    for b, batch in enumerate(micro_batches):
+        chunks = chunk_inputs(batch, chunk, group, left)
+        states, qs, ps = [], [], []
+        with torch.no_grad():
+            for queries, passages in chunks:
+                states.append(_rng_state())
+                q, p = embed(queries, passages)
+                qs.append(q), ps.append(p)
+        q, p = torch.cat(qs).requires_grad_(), torch.cat(ps).requires_grad_()
+        loss = loss_of(batch, q, p) / accumulation
+        scaled = loss * world
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()  # into q.grad, p.grad only
+        q_grad, p_grad = q.grad.split([len(x) for x in qs]), p.grad.split([len(x) for x in ps])
+        for k, (queries, passages) in enumerate(chunks):
+            last = b == len(micro_batches) - 1 and k == len(chunks) - 1
+            with encoder.no_sync() if world > 1 and not last else nullcontext():
+                _set_rng_state(states[k])
+                qk, pk = embed(queries, passages)
+                torch.autograd.backward([qk, pk], [q_grad[k], p_grad[k]])
+        total = loss.detach() if total is None else total + loss.detach()
+    return total if total is not None else torch.zeros(())
+
+
+def _rng_state() -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def _set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def train(
     init_checkpoint: str | Path,
     negatives: pd.DataFrame,
@@ -305,16 +366,26 @@ def train(
         encoder = torch.nn.parallel.DistributedDataParallel(
             encoder, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def micro_batch_loss(batch: dict) -> torch.Tensor:
-        """The loss of a global micro-batch of batch["rows"] pairs; this rank encodes its slice (StepBatches)."""
+    def embed(queries: dict, passages: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (b, h) query and (b*G, h) passage embeddings, float32."""
         on_device = lambda inputs: {k: v.to(device, non_blocking=True) for k, v in inputs.items()}  # noqa: E731
-        mask = batch["mask"].to(device, non_blocking=True) if "mask" in batch else None  # (B, B*G)
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
-            q, p = encoder(on_device(batch["queries"]), on_device(batch["passages"]))  # (b, h), (b*G, h)
+            q, p = encoder(on_device(queries), on_device(passages))
+        return q.float(), p.float()
+
+    def batch_loss(batch: dict, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The loss of a global micro-batch of batch["rows"] pairs from this rank's embeddings of its slice."""
+        mask = batch["mask"].to(device, non_blocking=True) if "mask" in batch else None  # (B, B*G)
         sizes = split_sizes(batch["rows"], ranks.world)
-        q = gather_rows(q.float(), sizes, ranks)  # (B, h)
-        p = gather_rows(p.float(), [n * group for n in sizes], ranks)  # (B*G, h)
+        q = gather_rows(q, sizes, ranks)  # (B, h)
+        p = gather_rows(p, [n * group for n in sizes], ranks)  # (B*G, h)
         return nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
+
+    def micro_batch_loss(batch: dict) -> torch.Tensor:
+        """The loss of a global micro-batch; this rank encodes its slice (StepBatches) at once."""
+        return batch_loss(batch, *embed(batch["queries"], batch["passages"]))
+
+    left_padded = pad_settings(tokenizer)[1]
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
@@ -325,7 +396,8 @@ def train(
     oom = out_of_memory_advice(
         f"training a batch of {cfg.batch_size} queries ({per_rank} per rank) with {group} passages each at "
         f"{passage_length} tokens", f"lower batch_size and raise grad_accumulation to keep the batch of "
-        f"{cfg.batch_size * cfg.grad_accumulation}, lower passage_max_length, or train in bf16")
+        f"{cfg.batch_size * cfg.grad_accumulation}, set grad_cache_chunk (the whole batch's in-batch negatives with "
+        f"one chunk's memory), lower passage_max_length, or train in bf16")
     plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives)
     feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)
@@ -344,8 +416,12 @@ def train(
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader
-            step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, cfg.grad_accumulation,
-                                             ranks.world, scaler)
+            if cfg.grad_cache_chunk is None:
+                step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, cfg.grad_accumulation,
+                                                 ranks.world, scaler)
+            else:
+                step_loss = cached_gradients(encoder, micro_batches, embed, batch_loss, cfg.grad_cache_chunk, group,
+                                             left_padded, cfg.grad_accumulation, ranks.world, scaler)
             loss_value, examples = float(step_loss), sum(b["rows"] for b in micro_batches)  # read once per step
             if scaler is not None:
                 scaler.unscale_(optimizer)

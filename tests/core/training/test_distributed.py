@@ -154,13 +154,16 @@ def test_two_ranks_compute_the_loss_and_gradients_of_the_whole_batch(no_dropout_
     assert compared > 10 and float(sum(g.abs().sum() for n, g in two.items() if n != "loss")) > 0
 
 
+@pytest.mark.parametrize("ranks_cfg", [{}, {"grad_cache_chunk": 1}], ids=["at-once", "grad-cache"])
 def test_ten_steps_on_two_ranks_reach_the_weights_of_one_process_with_the_whole_batch(
-        no_dropout_checkpoint, stage_inputs, tmp_path):
+        no_dropout_checkpoint, stage_inputs, tmp_path, ranks_cfg):
     """The training task's path (torchrun, 2 gloo ranks, batch 4 = 2 x 2) against one process with batch 4: same
-    step-1 loss and gradient norm (1e-5, or 1e-6 relative), weights after 10 AdamW steps within 1e-4."""
+    step-1 loss and gradient norm (1e-5, or 1e-6 relative), weights after 10 AdamW steps within 1e-4; also with each
+    rank's half encoded a query at a time (grad_cache_chunk: the all-reduce in the last chunk's backward)."""
     one = _one_process(no_dropout_checkpoint, TrainConfig(**CFG, max_steps=10), tmp_path / "one")
     records = []
-    two = launch(_spec(no_dropout_checkpoint, stage_inputs, TrainConfig(**CFG, max_steps=10, world_size=2)),
+    two = launch(_spec(no_dropout_checkpoint, stage_inputs,
+                       TrainConfig(**CFG | ranks_cfg, max_steps=10, world_size=2)),
                  tmp_path / "two", 2, callbacks=[records.append])
     assert two["steps"] == one["steps"] == 10
     assert [r["step"] for r in records] == list(range(1, 11))  # rank 0 logged each step once

@@ -314,3 +314,56 @@ def test_rounds_are_seeded_apart_from_the_warm_up(setup, tmp_path):
     train(ckpt, *rest, cfg, tmp_path / "warmup")
     train(ckpt, *rest, cfg, tmp_path / "round-1", round_=1)
     assert _losses(tmp_path / "warmup") != _losses(tmp_path / "round-1")
+
+
+def test_cached_in_batch_negatives_take_the_step_of_the_whole_batch(setup, no_dropout, tmp_path):
+    """grad_cache_chunk: a batch of 5 with in-batch negatives encoded 2 queries at a time (with accumulation too)
+    takes the step of the batch encoded at once, and logs its loss."""
+    _, *rest = setup
+    base = dict(max_steps=2, batch_size=5, precision="fp32", checkpoint_every=0, learning_rate=1e-3)
+    for name, extra in (("plain", {}), ("cached", {"grad_cache_chunk": 2})):
+        train(no_dropout, *rest, TrainConfig(**base | extra), tmp_path / name)
+        train(no_dropout, *rest, TrainConfig(**base | extra | {"batch_size": 2, "grad_accumulation": 2}),
+              tmp_path / f"{name}-accumulated")
+    for plain, cached in (("plain", "cached"), ("plain-accumulated", "cached-accumulated")):
+        a, b = _weights(tmp_path / plain), _weights(tmp_path / cached)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+        assert _losses(tmp_path / plain) == pytest.approx(_losses(tmp_path / cached), rel=1e-5)
+    assert TrainConfig(grad_cache_chunk=4) != TrainConfig() and "grad_cache" not in repr(TrainConfig())
+
+
+def test_the_cached_pass_replays_each_chunks_dropout():
+    """cached_gradients on an encoder with dropout: each chunk's second pass (with its graph) gives the embeddings of
+    its first (the gradient cached for them is theirs), and a plain step of the same function takes its gradient."""
+    from ance_core.training.loop import cached_gradients
+    from ance_core.training.loss import nll_loss
+
+    torch.manual_seed(0)
+    embedding, dropout = torch.nn.Embedding(20, 8), torch.nn.Dropout(0.5)
+    seen = []
+
+    def embed(queries, passages):
+        pool = lambda x: (dropout(embedding(x["input_ids"])) * x["attention_mask"][..., None]).sum(1)  # noqa: E731
+        out = pool(queries), pool(passages)
+        seen.append([o.detach().clone() for o in out])
+        return out
+
+    ids = torch.randint(1, 20, (6, 5))
+    mask = torch.ones_like(ids)
+    mask[1, 3:] = 0
+    batch = {"queries": {"input_ids": ids, "attention_mask": mask},
+             "passages": {"input_ids": ids.repeat_interleave(2, 0), "attention_mask": mask.repeat_interleave(2, 0)}}
+    loss_of = lambda b, q, p: nll_loss(q, p, 2, True)  # noqa: E731
+    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1, 1)
+    first, second = seen[:2], seen[2:]
+    for a, b in zip(first, second, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    dropout.p = 0.0
+    grad, embedding.weight.grad = embedding.weight.grad.clone(), None
+    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1, 1)
+    cached = embedding.weight.grad.clone()
+    embedding.weight.grad = None
+    loss_of(batch, *embed(batch["queries"], batch["passages"])).backward()
+    torch.testing.assert_close(cached, embedding.weight.grad, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(grad, cached)  # dropout changed the first step
