@@ -5,10 +5,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
+from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.negatives.randomness import round_sample
+from ance_core.negatives.teacher import with_teacher_scores
 from ance_core.retrieval.search import score_pairs
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import planned_epochs
@@ -44,6 +46,9 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
                                       corpus_ids, scorer, wanted, draws))
         negatives = pd.concat(mined, ignore_index=True) if len(mined) > 1 else mined[0]
         warn_fallback(cfg, negatives)
+        if cfg.teacher is not None:  # its scores of every pair's group, for distillation
+            negatives = with_teacher_scores(negatives, cfg.teacher, ParquetCorpus.of_folder(data.path),
+                                            tables.queries)
         negatives.to_parquet(out / NEGATIVES, index=False)
         ranks = negatives["negative_ranks"].explode().dropna()
         return {"pairs": len(negatives), "sampler": cfg.sampler, "draws": draws,

@@ -35,6 +35,13 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     # the UI form offers every sampler as a choice, per stage (warm-up and rounds share MiningConfig)
     sampler = schema.definitions["MiningConfig"]["properties"]["sampler"]
     assert sampler["enum"] == list(NAMES) and {"ance", "simans", "bm25", "random", "in-batch", "nce"} <= set(NAMES)
+    # issue 30's levers are fields of the form: prefixes, cached in-batch negatives, distillation, the FN margin
+    properties = {name: schema.definitions[name]["properties"] for name in ("ModelConfig", "TrainConfig",
+                                                                             "MiningConfig", "TeacherConfig")}
+    assert {"query_prefix", "passage_prefix"} <= set(properties["ModelConfig"])
+    assert {"grad_cache_chunk", "distill_weight"} <= set(properties["TrainConfig"])
+    assert {"teacher", "margin", "num_negatives"} <= set(properties["MiningConfig"])
+    assert {"model", "kind", "temperature"} <= set(properties["TeacherConfig"])
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
     assert [s["cron"] for s in deployments["retrain"]["schedules"]] == ["0 3 * * 1"]

@@ -85,6 +85,19 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
+def build_tiny_cross_encoder(tiny_model: Path, folder: Path) -> Path:
+    """A cross-encoder of the tiny model's shape: a BERT sequence classifier with one output (random weights), with
+    the tiny model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    config = BertConfig.from_pretrained(tiny_model, num_labels=1)
+    torch.manual_seed(3)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(folder)
+    return folder
+
+
 def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600) -> tuple[dict, str]:
     """`ance run --config <config> --json` in a subprocess with its own PREFECT_HOME under `folder`; it must succeed.
     Returns the JSON result (its last line) and the whole standard output."""

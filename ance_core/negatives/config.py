@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
 from ance_core.stage_config import StageConfig
@@ -20,11 +20,26 @@ def _sampler_options(names: tuple[str, ...]) -> str:
     return "; ".join(f"{name}: {SAMPLERS[name].about}" for name in names)
 
 
+class TeacherConfig(StageConfig):
+    """A teacher whose scores of each query's mined group (positive and negatives) training distils from
+    (negatives/teacher.py): a KL term beside the contrastive loss (train.distill_weight)."""
+
+    model: str = Field(description="Hugging Face id or local path: a cross-encoder (a sequence-classification model "
+                       "with one output, e.g. the MS MARCO MiniLM cross-encoders) or a bi-encoder (mean-pooled, "
+                       "cosine: sentence-transformers' models; 'minilm' is all-MiniLM-L6-v2)")
+    kind: Literal["auto", "cross-encoder", "bi-encoder"] = Field(
+        "auto", description="auto: a cross-encoder when the model's architecture is a sequence classifier")
+    temperature: float = Field(1.0, gt=0, description="The teacher's scores are divided by it before the softmax "
+                               "over a query's group (cross-encoder logits: 1; a bi-encoder's cosines: ~0.05)")
+    max_length: int = Field(256, ge=8, description="Tokens of a (query, passage) input (cross-encoder) or a text")
+    batch_size: int = Field(32, ge=1)
+
+
 class MiningConfig(StageConfig):
     """Which negatives a training stage gets (negatives/samplers.py). `ance` (the paper's): top-k of the current model's
     ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
 
-    UNSAID = {"queries": None}  # every query (the keys of stages that mine them all are those from before the option)
+    UNSAID = {"queries": None, "teacher": None}  # (options added after stage keys existed: left out while unset)
 
     sampler: SamplerName = Field("ance", description=_sampler_options(NAMES))
     top_k: int | None = Field(None, ge=1, description="Ranked candidates; default: the sampler's (" + ", ".join(
@@ -42,6 +57,17 @@ class MiningConfig(StageConfig):
         None, ge=1, description="Mine (and so train on) a seeded sample of this many of the split's training queries, "
         "drawn again each round; unset: all of them. A stage of S steps of B queries trains on at most S·B: at MS "
         "MARCO's 500k training queries, BM25 over all of them for a warm-up of a few hundred steps takes hours")
+
+    teacher: TeacherConfig | None = Field(
+        None, description="Distillation: a teacher scores each query's group of positive and negatives, and training "
+        "adds KL(teacher || student) over the group (weight train.distill_weight). Unset: no teacher")
+
+    @model_validator(mode="after")
+    def _a_teacher_needs_a_group(self) -> "MiningConfig":
+        if self.teacher is not None and not SAMPLERS[self.sampler].mines:
+            raise ValueError(f"teacher: sampler '{self.sampler}' mines no negatives, so there is no group of "
+                             "candidates for the teacher to score; use a mined sampler (ance, simans, bm25, ...)")
+        return self
 
     def sample(self, round_: int) -> dict | None:
         """What a ranking stage needs to rank only this round's queries (None: all of them)."""

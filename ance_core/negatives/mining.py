@@ -180,7 +180,8 @@ def sample_negatives(
 
 
 # the later draws of a mined table (`draws` > 1): draw d's negatives are redrawn_ids[(d-1)*n : d*n] (and windows)
-REDRAWN = {"redrawn_ids": "negative_ids", "redrawn_windows": "negative_windows"}
+# (and the teacher's scores of them: negatives/teacher.py)
+REDRAWN = {"redrawn_ids": "negative_ids", "redrawn_windows": "negative_windows", "redrawn_teacher": "teacher_negatives"}
 
 
 def with_redraws(table: pd.DataFrame, later: list[pd.DataFrame]) -> pd.DataFrame:
@@ -189,6 +190,8 @@ def with_redraws(table: pd.DataFrame, later: list[pd.DataFrame]) -> pd.DataFrame
         return table
     columns = {}
     for column, source in REDRAWN.items():
+        if source not in later[0]:
+            continue
         stacked = np.concatenate([np.stack(list(t[source])) for t in later], axis=1)  # (P, (draws-1)·n)
         columns[column] = list(stacked)
     return table.assign(**columns)
@@ -203,8 +206,9 @@ def negative_draws(table: pd.DataFrame) -> int:
 
 
 def epoch_negatives(table: pd.DataFrame, draw: int) -> pd.DataFrame:
-    """The table with draw `draw`'s negatives (and MaxP windows) in negative_ids / negative_windows (draw 0: as it is;
-    ranks and scores stay draw 0's: training reads only the ids and windows)."""
+    """The table with draw `draw`'s negatives (their MaxP windows, their teacher scores) in negative_ids /
+    negative_windows / teacher_negatives (draw 0: as it is; ranks and scores stay draw 0's: training reads only
+    those)."""
     if draw == 0:
         return table
     n = len(table["negative_ids"].iloc[0])

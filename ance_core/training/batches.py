@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from ance_core.data.corpus import CorpusRows
 from ance_core.errors import preview
 from ance_core.modeling.model import ModelMeta
+from ance_core.negatives.teacher import group_teacher_scores
 from ance_core.retrieval.encode import passage_windows
 from ance_core.training.ranks import Ranks, rank_rows
 from ance_core.training.tokens import TokenTable, token_dtype, tokenize
@@ -102,6 +103,7 @@ class PairTokens:
     passage_keys: np.ndarray  # (passages in the table,) ascending: PassageSource keys of passage_tokens
     relevant: np.ndarray  # ascending int64 codes
     corpus_size: int
+    teacher: np.ndarray | None = None  # (n, G) float32: a teacher's scores of each pair's group (negatives/teacher.py)
 
     @classmethod
     def build(cls, pairs: pd.DataFrame, source: PassageSource, queries: pd.DataFrame,
@@ -141,7 +143,7 @@ class PairTokens:
         order[np.flatnonzero(kept)] = np.arange(int(kept.sum()))
         order[np.flatnonzero(~kept)] = kept.sum() + np.arange(int((~kept).sum()))
         return PairTokens(self.queries, np.searchsorted(wanted, keys), rows, self.query_tokens, both.take(order),
-                          wanted, self.relevant, self.corpus_size)
+                          wanted, self.relevant, self.corpus_size, group_teacher_scores(pairs))
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class StepBatches(Dataset):
     """step -> {"step", "micro_batches"}: each micro-batch this rank's slice of the step's rows, as the model's
     inputs (queries (b, Lq), passages (b*G, Lp), int64), with `rows` (the global micro-batch's size B) and, with
     in-batch negatives, `mask` (B, B*G) bool: True where passage j is a labelled positive of query i but not i's own
-    positive column (training/loss.py `nll_loss`)."""
+    positive column (training/loss.py `nll_loss`); with a teacher's scores, `teacher` (B, G) float32."""
 
     def __init__(self, tokens: PairTokens, plan: StepPlan, ranks: Ranks, padding: tuple[int, bool]):
         self.tokens, self.plan, self.ranks = tokens, plan, ranks
@@ -188,6 +190,8 @@ class StepBatches(Dataset):
         if self.plan.in_batch_negatives:
             batch["mask"] = torch.from_numpy(false_negative_mask(t.queries[idx], t.rows[idx], t.relevant,
                                                                  t.corpus_size))
+        if t.teacher is not None:  # (B, G): the global micro-batch's rows, as the loss spans them
+            batch["teacher"] = torch.from_numpy(t.teacher[idx])
         return batch
 
 

@@ -15,7 +15,7 @@ NOT_IN_KEY = (*CADENCE, "loader_workers")
 class TrainConfig(StageConfig):
     """NLL over 1 positive + n mined negatives per query (ANCE eq. 5), optionally with in-batch negatives."""
 
-    UNSAID = {"grad_cache_chunk": None}  # (options added after stage keys existed: left out while unset)
+    UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0}  # (added after stage keys existed: left out unset)
 
     epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs when set")
@@ -59,6 +59,9 @@ class TrainConfig(StageConfig):
         "into the weights. The loss, its in-batch negatives and its gradient are those of the whole batch, with the "
         "activation memory of one chunk: batch_size can grow to 64-256 on a CPU. About 1.3-1.5x the compute of a plain "
         "step. Unset: the batch is encoded at once")
+    distill_weight: float = Field(
+        1.0, ge=0, description="Weight of the KL term toward a teacher's scores of each query's group, when its "
+        "negatives carry them (mining.teacher): loss = NLL + distill_weight x KL")
     loader_workers: int = Field(
         0, ge=0, repr=False, description="DataLoader worker processes that pad each step's micro-batches from the "
         "pre-tokenized texts (0: the training thread does it; 1-2 on a GPU keep the next steps ready). Not part of "

@@ -43,10 +43,11 @@ from ance_core.modeling.model import (
     save_checkpoint,
 )
 from ance_core.negatives.mining import REDRAWN, epoch_negatives, negative_draws
+from ance_core.negatives.teacher import TEACHER_COLUMNS
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
-from ance_core.training.loss import nll_loss
+from ance_core.training.loss import distill_loss, nll_loss
 from ance_core.training.optim import linear_schedule, make_optimizer
 from ance_core.training.ranks import current_ranks, gather_rows, rng_states, split_sizes
 from ance_core.training.state import (
@@ -144,13 +145,14 @@ def aligned_negatives(pairs: pd.DataFrame, table: pd.DataFrame, group: int) -> p
     """`pairs` with the negatives (and MaxP windows) of `table`, a refreshed table of the same (query, positive) rows:
     aligned on them, so the data order is untouched."""
     key = ["query_id", "positive_id"]
-    columns = [c for c in ("negative_ids", "negative_windows", "positive_window", *REDRAWN) if c in table]
+    columns = [c for c in ("negative_ids", "negative_windows", "positive_window", *REDRAWN, *TEACHER_COLUMNS)
+               if c in table]
     merged = pairs[key].merge(table[[*key, *columns]], on=key, how="left", validate="one_to_one")
     if merged["negative_ids"].isna().any() or len(table) != len(pairs):
         raise ValueError("refreshed negatives do not cover the same (query, positive) pairs as the first set")
     if {len(n) for n in merged["negative_ids"]} != {group - 1}:
         raise ValueError(f"refreshed negatives must have {group - 1} negatives per pair, like the first set")
-    stale = [c for c in REDRAWN if c in pairs and c not in table]  # the new table's draws replace the old ones
+    stale = [c for c in (*REDRAWN, *TEACHER_COLUMNS) if c in pairs and c not in table]  # the new table's replace them
     return pairs.drop(columns=stale).assign(**{column: merged[column].to_numpy() for column in columns})
 
 
@@ -379,7 +381,10 @@ def train(
         sizes = split_sizes(batch["rows"], ranks.world)
         q = gather_rows(q, sizes, ranks)  # (B, h)
         p = gather_rows(p, [n * group for n in sizes], ranks)  # (B*G, h)
-        return nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
+        loss = nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
+        if "teacher" in batch and cfg.distill_weight:  # the negatives carry a teacher's scores of each group
+            loss = loss + cfg.distill_weight * distill_loss(q, p, group, batch["teacher"].to(device))
+        return loss
 
     def micro_batch_loss(batch: dict) -> torch.Tensor:
         """The loss of a global micro-batch; this rank encodes its slice (StepBatches) at once."""

@@ -34,3 +34,14 @@ def nll_loss(
         scores = torch.einsum("bh,bgh->bg", q, p.view(B, group_size, -1))  # (B, G)
         target = torch.zeros(B, dtype=torch.long, device=q.device)
     return F.cross_entropy(scores.float(), target)
+
+
+def distill_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, teacher: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """KL(teacher || student) over each query's group (its positive and its mined negatives): the teacher's scores
+    (B, G) divided by `temperature` against the student's q·p over the same G passages, batch mean (the distillation
+    of sentence-transformers' DistillKLDivLoss; the student's scale is its own, as in the NLL)."""
+    B = q.size(0)
+    student = torch.einsum("bh,bgh->bg", q, p.view(B, group_size, -1)).float()
+    target = F.log_softmax(teacher.float() / temperature, dim=1)
+    return F.kl_div(F.log_softmax(student, dim=1), target, log_target=True, reduction="batchmean")

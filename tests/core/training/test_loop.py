@@ -367,3 +367,20 @@ def test_the_cached_pass_replays_each_chunks_dropout():
     loss_of(batch, *embed(batch["queries"], batch["passages"])).backward()
     torch.testing.assert_close(cached, embedding.weight.grad, atol=1e-6, rtol=1e-5)
     assert not torch.equal(grad, cached)  # dropout changed the first step
+
+
+def test_a_teachers_scores_add_the_distillation_term(setup, tmp_path):
+    """Negatives carrying a teacher's scores (mining.teacher) train with NLL + distill_weight x KL: weight 0 trains
+    what the same table without scores does, weight 1 another model and a higher first loss (KL >= 0)."""
+    import numpy as np
+
+    ckpt, negatives, corpus, queries, relevant = setup
+    taught = negatives.assign(teacher_positive=np.full(len(negatives), 3.0, np.float32),
+                              teacher_negatives=[np.array([0.0, -1.0], np.float32)] * len(negatives))
+    cfg = CFG.model_copy(update={"checkpoint_every": 0, "max_steps": 3})
+    train(ckpt, negatives, corpus, queries, relevant, cfg, tmp_path / "plain")
+    train(ckpt, taught, corpus, queries, relevant, cfg.model_copy(update={"distill_weight": 0.0}), tmp_path / "w0")
+    train(ckpt, taught, corpus, queries, relevant, cfg, tmp_path / "w1")
+    _same_training(tmp_path / "plain", tmp_path / "w0")
+    assert _losses(tmp_path / "w1")[0] > _losses(tmp_path / "plain")[0]
+    assert _weights(tmp_path / "w1")["norm.weight"].ne(_weights(tmp_path / "plain")["norm.weight"]).any()

@@ -1,0 +1,82 @@
+"""Distillation from a teacher (mining.teacher): its scores of every pair's group, every draw included, in the mined
+table; the KL term they feed in training."""
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from ance_core.data.corpus import FrameCorpus
+from ance_core.errors import AnceError
+from ance_core.negatives.config import MiningConfig, TeacherConfig
+from ance_core.negatives.mining import epoch_negatives, sample_negatives
+from ance_core.negatives.teacher import Teacher, group_teacher_scores, with_teacher_scores
+from ance_core.training.loss import distill_loss
+from tests.tiny import build_tiny_cross_encoder, training_tables
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tiny_model, tmp_path_factory):
+    return build_tiny_cross_encoder(tiny_model, tmp_path_factory.mktemp("cross") / "model")
+
+
+def _mined(draws=1):
+    negatives, corpus, queries, relevant = training_tables()
+    ranking = negatives.explode("negative_ids")[["query_id", "negative_ids"]].rename(columns={"negative_ids": "doc_id"})
+    ranking = ranking.assign(rank=ranking.groupby("query_id").cumcount() + 1, score=0.0)
+    cfg = MiningConfig(sampler="ance", num_negatives=1, top_k=5)
+    table = sample_negatives(cfg, relevant, 1, {"dense": ranking}, corpus["doc_id"].tolist(), draws=draws)
+    return table, corpus, queries
+
+
+def test_a_cross_encoder_scores_each_groups_pairs_once_every_draw_included(cross_encoder):
+    """A sequence classifier is a cross-encoder (auto); the table gets its score of each positive and of every
+    negative of every draw, divided by the temperature, and a draw's view carries its own negatives' scores."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    table, corpus, queries = _mined(draws=2)
+    cfg = TeacherConfig(model=str(cross_encoder), temperature=0.5, max_length=32)
+    teacher = Teacher(cfg)
+    assert teacher.kind == "cross-encoder"
+    scored = with_teacher_scores(table, cfg, FrameCorpus(corpus), queries, teacher)
+    model, tokenizer = (f.from_pretrained(cross_encoder) for f in (AutoModelForSequenceClassification, AutoTokenizer))
+    text = dict(zip(corpus["doc_id"], corpus["text"], strict=True))
+    qtext = dict(zip(queries["query_id"], queries["text"], strict=True))
+
+    def expected(q, d):
+        with torch.no_grad():
+            inputs = tokenizer(qtext[q], text[d], truncation=True, max_length=32, return_tensors="pt")
+            return float(model(**inputs).logits[0, 0]) / 0.5
+
+    row = scored.iloc[3]
+    assert row["teacher_positive"] == pytest.approx(expected(row["query_id"], row["positive_id"]), abs=1e-4)
+    for draw in (0, 1):
+        view = epoch_negatives(scored, draw).iloc[3]
+        assert [pytest.approx(expected(row["query_id"], d), abs=1e-4) for d in view["negative_ids"]] == list(
+            view["teacher_negatives"])
+    groups = group_teacher_scores(epoch_negatives(scored, 1))
+    assert groups.shape == (len(table), 2) and groups.dtype == np.float32
+    assert group_teacher_scores(table) is None
+
+
+def test_a_plain_encoder_is_a_bi_encoder_and_bad_teachers_are_refused(tiny_model, tmp_path):
+    teacher = Teacher(TeacherConfig(model=str(tiny_model)))
+    assert teacher.kind == "bi-encoder"
+    scores = teacher.score(["cell protein", "mice"], ["cell protein", "gene cancer"])
+    assert scores[0] == pytest.approx(1.0, abs=1e-5) and -1 <= scores[1] < 1  # cosine
+    with pytest.raises(AnceError, match="mining.teacher.model: cannot load"):
+        Teacher(TeacherConfig(model=str(tmp_path / "missing")))
+    with pytest.raises(ValidationError, match="sampler 'in-batch' mines no negatives"):
+        MiningConfig(sampler="in-batch", teacher={"model": "x"})
+    assert "teacher" not in repr(MiningConfig()) and "teacher" not in MiningConfig().model_dump()
+
+
+def test_the_distillation_term_is_the_kl_of_the_groups_softmaxes():
+    torch.manual_seed(0)
+    q, p = torch.randn(3, 4), torch.randn(3 * 2, 4)
+    student = torch.einsum("bh,bgh->bg", q, p.view(3, 2, 4))
+    assert float(distill_loss(q, p, 2, student + 5.0)) == pytest.approx(0.0, abs=1e-6)  # same softmax
+    teacher = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    t, s = teacher.softmax(1), student.softmax(1)
+    expected = float((t * (t.log() - s.log())).sum(1).mean())
+    assert float(distill_loss(q, p, 2, teacher)) == pytest.approx(expected, rel=1e-5)
