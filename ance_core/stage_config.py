@@ -7,7 +7,7 @@ Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is ref
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
 
 # `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
 # do not change its stage's result (training/config.py: the checkpoint cadence)
@@ -20,10 +20,17 @@ class StageConfig(BaseModel):
     # options added after stage keys existed: left out of the dump and the repr (which a stage key holds when the
     # config is nested in a dict) while they hold these values, so the keys of configs that do not use them stay
     UNSAID: ClassVar[dict[str, Any]] = {}
+    # fields that do not change a stage's result (batch sizes of inference): left out of the dump a cache key is made
+    # of (KEY_DUMP); declare them `repr=False` too, for a key that holds the repr
+    NOT_IN_KEY: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
-    def _unsaid_dump(self, handler):
-        return self.drop_unsaid(handler(self))
+    def _unsaid_dump(self, handler, info: SerializationInfo):
+        data = self.drop_unsaid(handler(self))
+        if info.context == KEY_DUMP:
+            for name in self.NOT_IN_KEY:
+                data.pop(name, None)
+        return data
 
     def drop_unsaid(self, data: dict) -> dict:
         """`data` (a dump of this config) without the UNSAID fields that hold their unsaid value."""

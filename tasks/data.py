@@ -1,6 +1,6 @@
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data.config import DataConfig
-from ance_core.data.dataset import load_dataset, save_tables
+from ance_core.data.dataset import load_dataset, positive_grades, save_tables
 from ance_core.data.sources import dataset_digest, resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
 from ance_core.errors import AnceError
@@ -25,8 +25,8 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     # The key holds the content, not where it was found: the same data from another path is the same stage.
     key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
                "train_min_relevance": cfg.train_min_relevance}
-    if cfg.train_min_relevance == "auto":  # each query's own top grade since issue 30 (the split's top grade before)
-        key_cfg["grades_rule"] = "query-top"
+    if cfg.train_min_relevance == "auto" and len(positive_grades(folder, cfg.train_split)) > 1:
+        key_cfg["grades_rule"] = "query-top"  # each query's own top grade since issue 30 (the split's top before)
 
     def build(out):
         # the corpus is written as it is read: its text is never held whole

@@ -10,7 +10,7 @@ from ance_core.data.dataset import read_tables
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.negatives.randomness import round_sample
-from ance_core.negatives.teacher import with_teacher_scores
+from ance_core.negatives.teacher import Teacher, with_teacher_scores
 from ance_core.retrieval.search import score_pairs
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import planned_epochs
@@ -40,15 +40,17 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
         query_ids = round_sample(list(positives), cfg.queries, cfg.seed, round_)  # all, or the round's sample
         parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
         mined = []
+        teacher = Teacher(cfg.teacher) if cfg.teacher is not None else None  # distillation: loaded once
         for part in parts:  # a part of the queries at a time: the rankings of all of them are never held
             wanted = None if len(parts) == 1 else part
-            mined.append(mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, relevant,
-                                      corpus_ids, scorer, wanted, draws))
+            table = mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, relevant,
+                                 corpus_ids, scorer, wanted, draws)
+            if teacher is not None:  # its scores of every pair's group, every draw's
+                table = with_teacher_scores(table, cfg.teacher, ParquetCorpus.of_folder(data.path), tables.queries,
+                                            teacher)
+            mined.append(table)
         negatives = pd.concat(mined, ignore_index=True) if len(mined) > 1 else mined[0]
         warn_fallback(cfg, negatives)
-        if cfg.teacher is not None:  # its scores of every pair's group, for distillation
-            negatives = with_teacher_scores(negatives, cfg.teacher, ParquetCorpus.of_folder(data.path),
-                                            tables.queries)
         negatives.to_parquet(out / NEGATIVES, index=False)
         ranks = negatives["negative_ranks"].explode().dropna()
         return {"pairs": len(negatives), "sampler": cfg.sampler, "draws": draws,

@@ -299,6 +299,12 @@ def qrels_file(folder: Path, split: str) -> Path:
     return beir if beir.is_file() or not (folder / f"qrels.{split}.tsv").is_file() else folder / f"qrels.{split}.tsv"
 
 
+def positive_grades(folder: Path, split: str) -> set[int]:
+    """The positive relevance grades of a dataset folder's qrels of `split` (none when it has no such file)."""
+    path = qrels_file(folder, split)
+    return {grade for _, _, _, grade in _read_qrels(path) if grade > 0} if path.is_file() else set()
+
+
 def check_trainable(tables: Dataset, folder: Path, split: str) -> None:
     """A pipeline run trains on `split`'s positives: without any (every grade 0, or below train_min_relevance) it
     is refused before any work, naming the file and the split."""

@@ -31,8 +31,15 @@ class TeacherConfig(StageConfig):
         "auto", description="auto: a cross-encoder when the model's architecture is a sequence classifier")
     temperature: float = Field(1.0, gt=0, description="The teacher's scores are divided by it before the softmax "
                                "over a query's group (cross-encoder logits: 1; a bi-encoder's cosines: ~0.05)")
-    max_length: int = Field(256, ge=8, description="Tokens of a (query, passage) input (cross-encoder) or a text")
-    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(256, ge=8, description="Tokens of a (query, passage) input (cross-encoder) or a text "
+                            "(bi-encoder); a MaxP document is scored by its beginning")
+    pooling: Literal["mean", "cls"] = Field("mean", description="bi-encoder: how token states become a vector "
+                                            "(sentence-transformers' MiniLM and E5: mean; BGE: cls)")
+    query_prefix: str = Field("", description="bi-encoder: put before each query (E5: 'query: ')")
+    passage_prefix: str = Field("", description="bi-encoder: put before each passage (E5: 'passage: ')")
+    batch_size: int = Field(32, ge=1, repr=False, description="Pairs per forward pass; not in the stage's key")
+
+    NOT_IN_KEY = ("batch_size",)
 
 
 class MiningConfig(StageConfig):

@@ -186,7 +186,7 @@ REDRAWN = {"redrawn_ids": "negative_ids", "redrawn_windows": "negative_windows",
 
 def with_redraws(table: pd.DataFrame, later: list[pd.DataFrame]) -> pd.DataFrame:
     """Draw 0's table with the negatives of the later draws of the same pairs in REDRAWN's columns."""
-    if not later:
+    if not later or table.empty:
         return table
     columns = {}
     for column, source in REDRAWN.items():

@@ -9,6 +9,7 @@ REDRAWN).
 """
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
@@ -52,9 +53,12 @@ class Teacher:
     def score(self, queries: Sequence[str], passages: Sequence[str], progress: tqdm | None = None) -> np.ndarray:
         out = np.empty(len(queries), dtype=np.float32)
         size = self.cfg.batch_size
+        # bf16 on a GPU (a cross-encoder over millions of pairs); fp32 on a CPU
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         for start in range(0, len(queries), size):
             q, p = list(queries[start : start + size]), list(passages[start : start + size])
-            out[start : start + len(q)] = self._cross(q, p) if self.kind == "cross-encoder" else self._bi(q, p)
+            with autocast:
+                out[start : start + len(q)] = self._cross(q, p) if self.kind == "cross-encoder" else self._bi(q, p)
             if progress is not None:
                 progress.update(len(q))
         return out
@@ -70,22 +74,30 @@ class Teacher:
         return score.cpu().numpy()
 
     def _bi(self, queries: list[str], passages: list[str]) -> np.ndarray:
-        """Cosine of the mean-pooled token states (sentence-transformers' encoders, all-MiniLM included)."""
+        """Cosine of the pooled token states (mean: sentence-transformers' MiniLM, E5; cls: BGE), each text after its
+        prefix."""
 
         def embed(texts: list[str]) -> torch.Tensor:
             inputs = self._inputs(texts)
             states = self.model(**inputs).last_hidden_state.float()
+            if self.cfg.pooling == "cls":
+                return torch.nn.functional.normalize(states[:, 0], dim=-1)
             mask = inputs["attention_mask"].unsqueeze(-1).float()
             return torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1)
 
+        cfg = self.cfg
+        queries, passages = [cfg.query_prefix + q for q in queries], [cfg.passage_prefix + p for p in passages]
         return (embed(queries) * embed(passages)).sum(-1).cpu().numpy()
 
 
 def with_teacher_scores(table: pd.DataFrame, cfg: TeacherConfig, corpus: CorpusRows, queries: pd.DataFrame,
                         teacher: Teacher | None = None) -> pd.DataFrame:
     """The mined table with the teacher's score of each pair's positive and of every negative of every draw
-    (TEACHER_COLUMNS, `redrawn_teacher`); each distinct (query, document) is scored once."""
-    if table.empty or len(table["negative_ids"].iloc[0]) == 0:
+    (TEACHER_COLUMNS, `redrawn_teacher`); each distinct (query, document) is scored once. The mine stage calls it on
+    each part of the queries it mines (MINE_CHUNK), so what it holds follows the part, not the split."""
+    if table.empty:
+        return table
+    if len(table["negative_ids"].iloc[0]) == 0:
         raise AnceError("mining.teacher needs mined negatives: the in-batch samplers have no group to distil over")
     lists = {"teacher_negatives": "negative_ids"} | ({"redrawn_teacher": "redrawn_ids"} if "redrawn_ids" in table
                                                      else {})
@@ -103,7 +115,7 @@ def with_teacher_scores(table: pd.DataFrame, cfg: TeacherConfig, corpus: CorpusR
     for part_rows, texts in corpus.passages(np.sort(rows)):  # only the row groups that hold them
         doc_text.update({doc_of_row[r]: t for r, t in zip(part_rows.tolist(), texts, strict=True)})
     teacher = teacher or Teacher(cfg)
-    with tqdm(total=len(pairs), desc="teacher", unit="pair", dynamic_ncols=True) as bar:
+    with tqdm(total=len(pairs), desc="teacher", unit="pair", dynamic_ncols=True, leave=False) as bar:
         scores = teacher.score(text.loc[[q for q, _ in pairs]].tolist(), [doc_text[d] for _, d in pairs], bar)
     score_of = dict(zip(pairs, (scores / cfg.temperature).tolist(), strict=True))  # the softmax's logits
     columns = {"teacher_positive": np.array([score_of[(q, d)] for q, d in zip(table["query_id"], table["positive_id"],

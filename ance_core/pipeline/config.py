@@ -118,6 +118,14 @@ class PipelineConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
+    def _a_teacher_is_used(self) -> "PipelineConfig":
+        for mining, train in (("bm25_negatives", "warmup"), ("mining", "ance")):
+            if getattr(self, mining).teacher is not None and getattr(self, train).distill_weight == 0:
+                raise ValueError(f"{mining}.teacher is set but {train}.distill_weight is 0: its scores would be "
+                                 f"computed and not trained on; set {train}.distill_weight > 0 or unset the teacher")
+        return self
+
+    @model_validator(mode="after")
     def _splits_differ(self) -> "PipelineConfig":
         if self.data.train_split == self.data.eval_split:
             raise ValueError(

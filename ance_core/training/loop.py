@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.corpus import CorpusRows, FrameCorpus
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, warn
 from ance_core.faults import drills_armed, fault_point
 from ance_core.modeling.model import (
     BiEncoder,
@@ -403,6 +403,9 @@ def train(
         f"{passage_length} tokens", f"lower batch_size and raise grad_accumulation to keep the batch of "
         f"{cfg.batch_size * cfg.grad_accumulation}, set grad_cache_chunk (the whole batch's in-batch negatives with "
         f"one chunk's memory), lower passage_max_length, or train in bf16")
+    if cfg.grad_cache_chunk is not None and cfg.grad_cache_chunk >= per_rank and ranks.main:
+        warn(f"grad_cache_chunk {cfg.grad_cache_chunk} holds the whole batch of {per_rank} queries per process: each "
+             "step encodes it twice for nothing; set a smaller chunk or unset it")
     plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives)
     feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)

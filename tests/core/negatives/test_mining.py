@@ -170,7 +170,7 @@ def test_later_draws_are_other_valid_negatives_and_draw_0_is_the_single_draw(sam
     one = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores)
     three = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores, draws=3)
     assert negative_draws(one) == 1 and negative_draws(three) == 3
-    pd.testing.assert_frame_equal(three.drop(columns=list(REDRAWN)), one)
+    pd.testing.assert_frame_equal(three.drop(columns=[c for c in REDRAWN if c in three]), one)
     pd.testing.assert_frame_equal(epoch_negatives(three, 0), three)
     changed = 0
     for draw in (1, 2):

@@ -80,3 +80,17 @@ def test_the_distillation_term_is_the_kl_of_the_groups_softmaxes():
     t, s = teacher.softmax(1), student.softmax(1)
     expected = float((t * (t.log() - s.log())).sum(1).mean())
     assert float(distill_loss(q, p, 2, teacher)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_teachers_batch_size_is_in_no_key_and_an_unused_teacher_is_refused(tiny_model):
+    from ance_core.artifacts import digest_of, stage_key
+    from ance_core.pipeline.config import PipelineConfig
+
+    small, large = (MiningConfig(teacher={"model": "x", "batch_size": b}) for b in (8, 64))
+    assert digest_of(small) == digest_of(large)
+    key = lambda m: stage_key("mine", {"mining": m, "split": "train"}, {"run": "r" * 16})  # noqa: E731
+    assert key(small) == key(large) != key(MiningConfig(teacher={"model": "x", "temperature": 2.0}))
+    with pytest.raises(ValidationError, match="mining.teacher is set but ance.distill_weight is 0"):
+        PipelineConfig(mining={"teacher": {"model": "x"}}, ance={"distill_weight": 0})
+    cls = Teacher(TeacherConfig(model=str(tiny_model), pooling="cls", query_prefix="cell "))
+    assert cls.score(["protein"], ["cell protein"])[0] == pytest.approx(1.0, abs=1e-5)  # the prefix makes them one

@@ -1,0 +1,30 @@
+"""The data stage's key: graded qrels carry the training-grades rule they are read with (each query's own top grade
+since issue 30), binary qrels the key they had before it (their positives are the same under either rule)."""
+
+from pathlib import Path
+
+from ance_core.artifacts import stage_key
+from ance_core.data.config import DataConfig
+from ance_core.data.dataset import positive_grades
+from ance_core.data.sources import dataset_digest
+from tasks.data import prepare_data
+from tests.tiny import write_beir
+
+
+def _dataset(folder: Path, grades: tuple[int, ...]) -> Path:
+    corpus = [{"_id": f"d{i}", "title": "", "text": f"text {i}"} for i in range(12)]
+    queries = [{"_id": f"q{i}", "text": f"query {i}"} for i in range(6)]
+    train = [(f"q{i}", f"d{i}", grades[i % len(grades)]) for i in range(6)]
+    return write_beir(folder, corpus, queries, {"train": train, "test": [("q0", "d1", 1)]})
+
+
+def test_only_graded_qrels_carry_the_grades_rule_in_the_data_key(tmp_path):
+    binary, graded = _dataset(tmp_path / "binary", (1,)), _dataset(tmp_path / "graded", (1, 2))
+    assert positive_grades(binary, "train") == {1} and positive_grades(graded, "train") == {1, 2}
+    assert positive_grades(binary, "dev") == set()
+    for folder, rule in ((binary, {}), (graded, {"grades_rule": "query-top"})):
+        cfg = DataConfig(dataset=str(folder), dev_fraction=0.0)
+        ref = prepare_data.fn(cfg, str(tmp_path / "work"))
+        key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
+                   "train_min_relevance": "auto"} | rule
+        assert Path(ref.path).name == stage_key("data", key_cfg, {"content": dataset_digest(folder)})
