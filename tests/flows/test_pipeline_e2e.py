@@ -414,3 +414,25 @@ def test_the_warmup_margin_drops_bm25_candidates_the_starting_model_scores_above
     mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "mine"))
     zero_shot_index = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("zero-shot", "index"))
     assert read_manifest(mined)["inputs"]["scorer_index"] == Path(zero_shot_index).name
+
+
+def test_a_round_distils_from_a_teacher_on_a_draw_of_negatives_per_epoch(tiny_scifact, tiny_model, tmp_path):
+    """A round of 2 epochs with a teacher (a tiny cross-encoder) and 2 negatives per pair: its mine stage draws 2 sets
+    of negatives and the teacher scores every pair's group in both, and the round trains on them to the end."""
+    from ance_core.artifacts import read_manifest
+    from tests.tiny import build_tiny_cross_encoder
+
+    teacher = build_tiny_cross_encoder(tiny_model, tmp_path / "teacher")
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    config["ance"] = config["ance"] | {"max_steps": None, "epochs": 2}
+    config["mining"] = {"top_k": 50, "num_negatives": 2, "teacher": {"model": str(teacher), "max_length": 64}}
+    result, _ = run_pipeline_cli(config, tmp_path)
+    assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
+    mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "mine"))
+    assert read_manifest(mined)["summary"]["draws"] == 2
+    table = pd.read_parquet(Path(mined, "negatives.parquet"))
+    assert len(table["redrawn_ids"].iloc[0]) == 2 and len(table["redrawn_teacher"].iloc[0]) == 2
+    assert table["teacher_positive"].notna().all() and len(table["teacher_negatives"].iloc[0]) == 2
+    trained = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "train"))
+    log = [json.loads(line) for line in Path(trained, "train_log.jsonl").read_text().splitlines()]
+    assert {r["epoch"] for r in log} == {0, 1}
