@@ -109,3 +109,17 @@ def test_mining_bench(tmp_path):
         rows = re.findall(r"^(ance|simans) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)% +(\d+) +(\d+)$", out, re.M)
         assert [r[0] for r in rows] == ["ance", "simans"], out
         assert all(float(r[2]) > 0 and int(r[5]) == 300 and int(r[6]) == 0 for r in rows), out
+
+
+def test_recipes_bench(tiny_scifact, tiny_model, tmp_path):
+    """The recipe search prints each model's dev nDCG@10 per collection (no test column without --test) and logs a
+    JSON line per run."""
+    tiny = [f"model.name={tiny_model}", "model.passage_max_length=48", "mining.top_k=50", "encode.batch_size=32",
+            "rounds=1"] + [f"{s}.{k}={v}" for s in ("warmup", "ance") for k, v in
+                           (("max_steps", 2), ("batch_size", 4), ("passage_max_length", 48))]
+    out = bench("recipes.py", "--datasets", str(tiny_scifact), "--label", "smoke", "--work", str(tmp_path / "w"),
+                "--log", str(tmp_path / "log.jsonl"), *[a for s in tiny for a in ("--set", s)], tmp_path=tmp_path)
+    assert "test" not in out.splitlines()[0] and "selected:" in out
+    record = json.loads((tmp_path / "log.jsonl").read_text())
+    assert record["label"] == "smoke" and set(record["dev"]) == {"BM25", "zero-shot", "warmup", "ANCE round 1"}
+    assert all(0 <= v <= 1 for v in record["dev"].values()) and "test" not in record
