@@ -31,7 +31,6 @@ the checkpoint itself holds.
 import inspect
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -322,7 +321,7 @@ def _describe(stage: dict[str, Any]) -> str:
 
 def _config(meta: ModelMeta, info: dict[str, Any]) -> str:
     lines = ["### Exact configuration", "", "`ance_model.json` (the checkpoint's settings):", "", "```json",
-             json.dumps(asdict(meta), indent=2), "```"]
+             json.dumps(meta.to_json(), indent=2), "```"]
     if stages := info.get("stages"):
         recorded = [{k: v for k, v in s.items() if k != "summary"} for s in stages]
         recorded += [{"data": info["data"]}] if info.get("data") else []
