@@ -35,7 +35,7 @@ from ance_core.artifacts import (
     read_manifest,
 )
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
-from ance_core.errors import AnceError, OutOfMemory
+from ance_core.errors import AnceError, OutOfMemory, warn
 from ance_core.modeling.config import ModelConfig, Precision
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -287,14 +287,31 @@ def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
         raise OutOfMemory(f"out of GPU memory {doing}: {advice} ({first})") from None
 
 
+def cpu_has_native_bf16() -> bool:
+    """Does this CPU multiply bf16 in hardware (AVX512-BF16 or AMX)? Without them oneDNN emulates bf16 matmuls:
+    a MiniLM training step under bf16 autocast took 25x its fp32 time on an AVX2-only EPYC (BENCHMARKS.md)."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without these probes: assume none
+        return False
+
+
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """None means full fp32. 'auto': bf16 on CPU (about 1.5x faster here) and on CUDA where supported, else fp16."""
+    """None means full fp32. 'auto': bf16 on a CPU that multiplies bf16 in hardware (about 1.5x faster than fp32 on
+    one) and fp32 on one that does not (emulated bf16 is many times slower); on CUDA bf16 where supported, else
+    fp16. An explicit 'bf16' on a CPU without it is honoured, with a warning."""
     if precision == "fp32":
         return None
-    if precision == "bf16":
-        return torch.bfloat16
     if precision == "fp16":
         return torch.float16
+    if device.type == "cpu" and not cpu_has_native_bf16():
+        if precision == "auto":
+            return None
+        warn("precision bf16 on a CPU without bf16 in hardware (no AVX512-BF16 or AMX): bf16 is emulated and "
+                  "runs many times slower than fp32 here; set precision: auto or fp32")
+        return torch.bfloat16
+    if precision == "bf16":
+        return torch.bfloat16
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
