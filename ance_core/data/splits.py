@@ -23,6 +23,8 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
     candidates = sorted(set(train.loc[train["relevance"] > 0, "query_id"]))
     dev = {q for q in candidates if _unit_hash(seed, q) < fraction}
     n_dev = len(dev)
+    if not candidates:  # a train split with no positive: refused by the checks that follow, without this warning
+        return dataset
     if n_dev == 0 or n_dev == len(candidates):
         warn(f"no dev split: data.dev_fraction {fraction} of the {len(candidates)} '{train_split}' queries with a "
              f"positive leaves {'no dev' if n_dev == 0 else 'no training'} queries, so all of them are trained on and "
