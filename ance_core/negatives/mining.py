@@ -60,14 +60,20 @@ def excluded_documents(query_ids: list[str], positives: dict[str, set[str]],
     return [sorted(relevant.get(q, set()) | positives[q]) for q in query_ids]
 
 
+def own_positive_scores(query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str],
+                        scores: dict[tuple[str, str], float]) -> np.ndarray:
+    """(P,) s(q, d⁺) of each pair's own positive (NaN: unknown)."""
+    return np.array([scores.get((query_ids[q], d), np.nan) for q, d in zip(pair_query, positive_ids, strict=True)],
+                    dtype=np.float64)
+
+
 def pair_positive_scores(sampler: Sampler, query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str],
                          positive_scores: dict[tuple[str, str], float] | None, keys: np.ndarray) -> np.ndarray:
     """(P,) s(q, d⁺) of each pair (NaN: unknown): its own positive's, or for SimANS a positive of the query drawn at
     random per pair (SimANS §4.1), which must have a score."""
     scores = positive_scores or {}
     if not sampler.needs_positive_score:
-        return np.array([scores.get((query_ids[q], d), np.nan) for q, d in zip(pair_query, positive_ids, strict=True)],
-                        dtype=np.float64)
+        return own_positive_scores(query_ids, pair_query, positive_ids, scores)
     starts = np.searchsorted(pair_query, np.arange(len(query_ids) + 1))  # a query's pairs are contiguous
     sizes = (starts[1:] - starts[:-1])[pair_query]
     picks = starts[pair_query] + (uniforms(keys, "positive", np.zeros(len(keys))) * sizes).astype(np.int64)
@@ -154,14 +160,17 @@ def sample_negatives(
     docs = corpus_ids if isinstance(corpus_ids, SortedIds) else sorted_ids(corpus_ids)
     keys = pair_keys(cfg.seed, round_, query_ids, pair_query, ordinals)  # (P,)
     s_pos = pair_positive_scores(sampler, query_ids, pair_query, positive_ids, positive_scores, keys)
-    if cfg.margin is not None and sampler.rankings and np.isnan(s_pos).any():
-        i = int(np.flatnonzero(np.isnan(s_pos))[0])
+    # the margin is each pair's own positive's (SimANS's s_pos may be another positive of the query, drawn)
+    own = s_pos if not sampler.needs_positive_score or cfg.margin is None else \
+        own_positive_scores(query_ids, pair_query, positive_ids, positive_scores or {})
+    if cfg.margin is not None and sampler.rankings and np.isnan(own).any():
+        i = int(np.flatnonzero(np.isnan(own))[0])
         raise AnceError(f"mining.margin needs the positives' scores, which this ranking does not have (none for "
                         f"positive '{positive_ids[i]}' of query '{query_ids[pair_query[i]]}')")
     excluded = excluded_documents(query_ids, positives, relevant or positives)
     by_query = (np.repeat(np.arange(len(query_ids)), [len(e) for e in excluded]), [d for e in excluded for d in e])
     candidates = {r: pair_candidates(read_ranking(rankings[r], query_ids, depth, by_query), pair_query, cfg.skip_top,
-                                     cfg.margin, s_pos) for r in sampler.rankings}
+                                     cfg.margin, own) for r in sampler.rankings}
     tables = []
     for draw in range(draws):
         keys_d = draw_keys(keys, draw)

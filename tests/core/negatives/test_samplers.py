@@ -97,6 +97,18 @@ def test_false_negative_controls():
     assert table["fallback"].sum() == 0
 
 
+def test_simans_margin_is_each_pairs_own_positives_score():
+    """SimANS's probabilities use a positive of the query drawn per pair (SimANS §4.1); the margin is the pair's own:
+    q1's positives score 8.0 (d0) and 6.0 (d5), so (q1, d5) keeps nothing above 6.0 - 0.1 * 6.0 = 5.4, whichever
+    positive its SimANS draw took."""
+    scores = SCORES | {("q1", "d5"): 6.0}
+    for seed in range(8):
+        table = negatives("simans", POSITIVES, 4, seed, 0, {"dense": RUN}, positive_scores=scores, margin=0.1)
+        for row in table.itertuples():
+            bound = 5.4 if (row.query_id, row.positive_id) == ("q1", "d5") else 7.2
+            assert max(s for s in row.negative_scores if s == s) <= bound + 1e-9, (seed, row.positive_id)
+
+
 @pytest.mark.parametrize("sampler", ["ance", "simans", "bm25", "bm25+random"])
 def test_controls_that_leave_too_few_candidates_fall_back_to_random_documents(sampler):
     """skip_top 19 of a top-20 leaves at most one candidate per query (fewer when a positive sits in the top 20):
