@@ -24,7 +24,7 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, Cancelling, Crashed
 
-from ance_core.artifacts import ArtifactRef, write_json
+from ance_core.artifacts import ArtifactRef, observe_refs, write_json
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig
@@ -190,11 +190,17 @@ def _folder_id(out: Path) -> str:
 
 
 def _read_result(result_file: Path, wait_s: float = 10) -> tuple[str | None, str | None]:
-    """(problem, the mined folder) from a completed flow run's result file; shared storage may show it late."""
+    """(problem, the mined folder) from a completed flow run's result file; shared storage may show it late. Every
+    folder the refresh built or reused (encoding, index, ranking, negatives) is recorded by this process's live run,
+    as the stages it runs itself are: a long run's refreshes are not removed by a garbage collection meanwhile, and a
+    resumed trainer or the run's negatives analysis finds them."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return None, json.loads(result_file.read_text())["mine"]
+            folders = json.loads(result_file.read_text())
+            mined = folders["mine"]
+            observe_refs([ArtifactRef(path, Path(path).name, cached=True) for path in folders.values()])
+            return None, mined
         except (OSError, ValueError, KeyError) as e:
             if time.monotonic() > deadline:
                 return f"completed without a readable result in {result_file} ({e})", None

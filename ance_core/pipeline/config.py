@@ -77,6 +77,14 @@ class PipelineConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
+    def _async_trains_one_sample(self) -> "PipelineConfig":
+        if self.refresh == "async" and self.rounds > 1 and self.mining.queries is not None:
+            raise ValueError(f"mining.queries ({self.mining.queries}) draws other training queries each round, but "
+                             "refresh 'async' trains one run on the first round's (query, positive) rows and swaps "
+                             "only their negatives; unset mining.queries, or use refresh: sync")
+        return self
+
+    @model_validator(mode="after")
     def _inferencer_is_async(self) -> "PipelineConfig":
         if self.inferencer.mode == "deployment" and self.refresh != "async":
             raise ValueError("inferencer.mode 'deployment' runs the refreshes of refresh: async; with refresh "

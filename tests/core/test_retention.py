@@ -139,3 +139,21 @@ def test_folders_a_run_gets_without_building_them_are_recorded_too(tmp_path):
         observe_refs({"refs": [built]})  # e.g. run_task's result, Cached
     assert {"stage": "encode", "key": built.digest} in second.record["stages"]
     assert _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep) == ["built"]
+
+
+def test_a_deployment_refresh_s_folders_are_recorded_by_the_trainers_run(tmp_path):
+    """An inferencer deployment builds a refresh in another process: the trainer's run records every folder its result
+    file names, so a garbage collection during a run longer than the grace period keeps them."""
+    from tasks.inferencer import _read_result
+
+    work = tmp_path / "work"
+    refs = {name: _stage(work, name, name, {}) for name in ("encode", "index", "retrieve", "mine")}  # no run here
+    result = tmp_path / "step-6.json"
+    result.write_text(json.dumps({name: ref.path for name, ref in refs.items()}))
+    later = time.time() + 2 * GRACE_SECONDS
+    with live_run(work, "trainer") as trainer:
+        assert len(plan_gc(work, RetentionConfig(keep_runs=1), now=later).remove) == 4  # unrecorded, an hour old
+        assert _read_result(result) == (None, refs["mine"].path)
+        recorded = {(s["stage"], s["key"]) for s in trainer.record["stages"]}
+        assert recorded == {(name, ref.digest) for name, ref in refs.items()}
+        assert plan_gc(work, RetentionConfig(keep_runs=1), now=later).remove == []

@@ -99,6 +99,15 @@ def test_a_deployment_inferencer_needs_the_async_refresh_and_a_server():
     check_deployment(PipelineConfig(refresh="async").inferencer)  # the thread needs nothing
 
 
+def test_the_async_refresh_refuses_a_query_sample_drawn_again_each_round():
+    """The async trainer swaps the negatives of its first round's rows: another round's sample has other rows."""
+    with pytest.raises(ValidationError, match=r"mining.queries \(1000\) draws other training queries each round"):
+        PipelineConfig(refresh="async", rounds=2, mining={"queries": 1000})
+    PipelineConfig(refresh="sync", rounds=2, mining={"queries": 1000})
+    PipelineConfig(refresh="async", rounds=1, mining={"queries": 1000})  # one refresh: nothing is swapped
+    PipelineConfig(refresh="async", rounds=2, bm25_negatives={"queries": 1000})  # the warm-up's sample
+
+
 def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_path):
     import re
 
