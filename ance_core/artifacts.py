@@ -120,25 +120,35 @@ def run_stage(
     """
     key = stage_key(stage, config, inputs)
     final = Path(work_dir) / stage / key
+    locks = Path(work_dir) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(locks / f"{stage}-{key}.lock")
     if is_complete(final):
-        ref = ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
-    else:
-        locks = Path(work_dir) / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(locks / f"{stage}-{key}.lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})",
-                  flush=True)
-            lock.acquire()
-        try:
-            ref = _build_stage(final, stage, key, config, inputs, build, resumable)
-        finally:
-            lock.release()
+        # observed under the stage's lock, which garbage collection holds while it decides and removes
+        # (retention.collect): either this run's record names the folder first and it stays, or it is gone first and
+        # is built again below
+        with lock:
+            if is_complete(final):
+                ref = ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
+                _observe(stage, ref)
+                return ref
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})",
+              flush=True)
+        lock.acquire()
+    try:
+        ref = _build_stage(final, stage, key, config, inputs, build, resumable)
+        _observe(stage, ref)
+    finally:
+        lock.release()
+    return ref
+
+
+def _observe(stage: str, ref: ArtifactRef) -> None:
     for observe in list(stage_observers):
         observe(stage, ref)
-    return ref
 
 
 def observe_refs(result: Any) -> None:

@@ -115,6 +115,11 @@ def live_run(work_dir: str | Path, name: str) -> Iterator[LiveRun]:
         Path(run.lock.lock_file).unlink(missing_ok=True)
 
 
+def _live_keys(work_dir: Path) -> set[str]:
+    """The stage keys live runs have recorded so far."""
+    return {s["key"] for r in _runs(work_dir)[1] for s in r["stages"]}
+
+
 def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
     """(ended runs oldest first, live runs): a `.live` record whose lock is free belongs to a run that was killed."""
     live_paths = sorted((work_dir / LIVE).glob("*.json"))  # before runs/: a run ending meanwhile is in one of them
@@ -262,6 +267,8 @@ def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -
         except Timeout:
             continue
         try:
+            if folder.key in _live_keys(Path(work_dir)):  # a live run took it since the plan (artifacts.run_stage)
+                continue
             aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
             try:
                 os.replace(folder.path, aside)  # no reader sees a stage folder without its files

@@ -157,3 +157,22 @@ def test_a_deployment_refresh_s_folders_are_recorded_by_the_trainers_run(tmp_pat
         recorded = {(s["stage"], s["key"]) for s in trainer.record["stages"]}
         assert recorded == {(name, ref.digest) for name, ref in refs.items()}
         assert plan_gc(work, RetentionConfig(keep_runs=1), now=later).remove == []
+
+
+def test_a_folder_a_live_run_reuses_after_the_plan_is_not_removed(tmp_path, monkeypatch):
+    """`collect` plans, then removes folder by folder: a run that reuses a planned folder from the cache meanwhile
+    records it under the stage's lock, and `collect` checks the live runs again under that lock."""
+    from ance_core import retention
+
+    work = tmp_path / "work"
+    with live_run(work, "old"):
+        old = _stage(work, "bm25", "old", {})
+    with live_run(work, "newer"):
+        _stage(work, "bm25", "newer", {})
+    with live_run(work, "live"):
+        plan = plan_gc(work, RetentionConfig(keep_runs=1))
+        assert _names(plan.remove) == ["old"]
+        assert _stage(work, "bm25", "old", {}).cached  # the cache hit, after the plan
+        monkeypatch.setattr(retention, "plan_gc", lambda *a, **k: plan)
+        assert collect(work, RetentionConfig(keep_runs=1)).remove == []
+    assert Path(old.path, "name.txt").read_text() == "old"
