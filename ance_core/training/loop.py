@@ -75,8 +75,13 @@ def check_precision(precision: str, device: torch.device, where: str = "precisio
 
 def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
     """Optimizer steps in one pass over `pairs` (query, positive) rows: whole groups of `cfg.grad_accumulation`
-    batches (a last incomplete group is left out of the epoch), at least one."""
-    return max(1, math.ceil(pairs / cfg.batch_size) // cfg.grad_accumulation)
+    batches (a last incomplete group is left out of the epoch), at least one. A last batch of fewer rows than
+    processes (`world_size`) is left out too: some rank would have none of it (StepBatches skips it), and a step of
+    nothing would still move the schedule (and trip fp16's loss scaler)."""
+    batches = math.ceil(pairs / cfg.batch_size)
+    if 0 < pairs % cfg.batch_size < cfg.world_size:
+        batches -= 1
+    return max(1, batches // cfg.grad_accumulation)
 
 
 def planned_steps(pairs: int, cfg: TrainConfig) -> int:

@@ -73,6 +73,10 @@ def test_steps_per_epoch_counts_whole_accumulation_groups_and_planned_steps_foll
     assert steps_per_epoch(13, cfg) == 2  # 5 batches: the fifth starts no step of its own
     assert steps_per_epoch(2, cfg) == 1  # fewer batches than a step accumulates: still one step
     assert planned_steps(10, cfg) == 4 and planned_steps(10, cfg.model_copy(update={"max_steps": 7})) == 7
+    # two processes: a last batch of 1 row would leave one of them nothing (an empty step): left out
+    ddp = TrainConfig(batch_size=4, world_size=2)
+    assert steps_per_epoch(9, ddp) == 2 and steps_per_epoch(10, ddp) == 3 and steps_per_epoch(8, ddp) == 2
+    assert steps_per_epoch(9, ddp.model_copy(update={"world_size": 1})) == 3
 
 
 def test_lamb_update_is_adam_rescaled_by_the_trust_ratio():
