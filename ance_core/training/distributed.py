@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -142,7 +143,11 @@ def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # async: rank 0 may wait for a refresh (max_staleness) while the others wait in its broadcast: a corpus encoding
+    # at MS MARCO's size outlasts the default collective timeout (10-30 min). A rank that dies still ends the group
+    # at once (torchrun stops the others).
+    timeout = {"timeout": timedelta(hours=24)} if spec.get("async") else {}
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", **timeout)
     try:
         tables = read_tables(spec["data"], corpus_columns=[])  # the passages are read by row, as needed
         pairs = pd.read_parquet(spec["negatives"])
