@@ -5,7 +5,6 @@ User errors (bad data, bad config, missing files) print one line and exit with s
 """
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -393,6 +392,5 @@ def main() -> None:  # pragma: no cover
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
     one_line_user_errors()
     sys.exit(app())

@@ -1,5 +1,6 @@
 """BM25 with bm25s and a Snowball stemmer: the baseline run and the source of BM25 negatives."""
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ from ance_core.data.dataset import passage_texts
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import run_frame
 
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 DOC_IDS = "doc_ids.parquet"  # beside bm25s's files in a saved index: the corpus's ids, in its rows' order
 
 

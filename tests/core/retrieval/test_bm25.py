@@ -58,3 +58,13 @@ def test_bm25_search_is_bm25s_run_and_above_the_exact_size_breaks_ties_by_row(mo
                                 np.take_along_axis(every, order, 1).astype(np.float32))
     pd.testing.assert_frame_equal(large, expected)
     assert (every > 0).sum(axis=1).min() < 20 and not large.equals(run)  # short matches and ties did occur
+
+
+def test_bm25s_debug_lines_are_not_printed(caplog):
+    """bm25s sets its logger to DEBUG when imported ("Building index from IDs objects" on every run's console)."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG):
+        corpus = pd.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["apple banana", "banana cherry"]})
+        BM25(corpus, BM25Config())
+    assert not [r for r in caplog.records if r.name.startswith("bm25s") and r.levelno < logging.WARNING]
