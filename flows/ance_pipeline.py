@@ -38,7 +38,8 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
 
 def check_pipeline(c: PipelineConfig) -> None:
     """What the config asks of this machine and model, refused before any work (not in the first stage that needs
-    it): fp16 training without CUDA, token lengths above the model's positions."""
+    it): fp16 training without CUDA, token lengths above the model's (or a teacher's) positions, a model or teacher
+    that cannot be loaded."""
     for name in ("warmup", "ance"):
         check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
     lengths = {"model.query_max_length": c.model.query_max_length,
@@ -46,6 +47,9 @@ def check_pipeline(c: PipelineConfig) -> None:
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
+    for name in ("bm25_negatives", "mining"):  # a teacher that cannot be loaded, or reads more tokens than it takes
+        if (teacher := getattr(c, name).teacher) is not None:
+            check_lengths(teacher.model, {f"{name}.teacher.max_length": teacher.max_length})
 
 
 def train_and_evaluate(c: PipelineConfig) -> dict:

@@ -91,16 +91,51 @@ def max_positions(source: str | Path) -> int | None:
     """The most tokens a model (a name, a Hugging Face id or a folder, a checkpoint included) takes: its position
     embeddings (RoBERTa's count 2 it does not use); None when its config does not say. A model whose config cannot be
     read (an id not downloaded, offline; a folder that is not a model) is an AnceError: before any work."""
-    from transformers import AutoConfig
-
+    name = resolve_model_name(str(source))
     try:
-        config = AutoConfig.from_pretrained(resolve_model_name(str(source)))
+        config = AutoConfig.from_pretrained(name, local_files_only=True)  # a folder, or the Hugging Face cache
     except (OSError, ValueError) as e:
-        raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
+        if Path(name).exists():
+            raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
+        if name.startswith(("/", "./", "../", "~")):
+            raise AnceError(f"cannot load model '{source}': no such folder") from None
+        if not hub_reachable():
+            raise AnceError(f"cannot load model '{source}': not a local folder nor in the Hugging Face cache, and "
+                            f"{hub_endpoint()} cannot be reached from here (offline?); download it where there is a "
+                            "network and give its folder as model.name") from None
+        try:
+            config = AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as e:
+            raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
         return None
     return positions - 2 if config.model_type in ("roberta", "xlm-roberta", "camembert") else positions
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within `timeout` seconds (False with HF_HUB_OFFLINE set).
+    Asked before a model is fetched from it: offline, huggingface_hub retries each request for ~25 s with a warning
+    per try before it fails."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(hub_endpoint())
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def check_lengths(source: str | Path, lengths: dict[str, int | None]) -> None:

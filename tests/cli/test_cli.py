@@ -1,6 +1,7 @@
 """CLI behaviour on user errors: one clear line, exit status 2, no traceback, nothing written."""
 
 import json
+import socket
 
 from typer.testing import CliRunner
 
@@ -167,6 +168,21 @@ def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_mod
     assert f"model.passage_max_length 100000, ance.query_max_length {most + 1}: above the {most} positions" in out
 
 
+def test_a_teacher_that_cannot_be_loaded_or_reads_too_many_tokens_is_refused_before_any_work(tiny_model, tmp_path):
+    from transformers import AutoConfig
+
+    most = AutoConfig.from_pretrained(tiny_model).max_position_embeddings
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": str(tiny_model)}, "work_dir": str(tmp_path / "w"),
+                               "mining": {"teacher": {"model": str(tmp_path / "no-teacher")}}}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and f"cannot load model '{tmp_path / 'no-teacher'}': no such folder" in out
+    code, out = _invoke(["run", "--config", str(cfg), "--set", f"mining.teacher.model={tiny_model}",
+                         "--set", f"mining.teacher.max_length={most + 1}"])
+    assert code == 2 and f"mining.teacher.max_length {most + 1}: above the {most} positions" in out
+    assert "Traceback" not in out and not (tmp_path / "w").exists()
+
+
 def test_a_model_that_cannot_be_loaded_is_one_line_before_any_work(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"model": {"name": str(tmp_path / "no-such-model")}, "work_dir": str(tmp_path / "w")}))
@@ -174,6 +190,24 @@ def test_a_model_that_cannot_be_loaded_is_one_line_before_any_work(tmp_path):
     assert code == 2 and f"cannot load model '{tmp_path / 'no-such-model'}'" in out and "Traceback" not in out
     assert len({line for line in out.splitlines() if line.strip()}) == 1 and not (tmp_path / "w").exists()  # (the
     # runner's output holds stderr twice)
+
+
+def test_a_hub_model_offline_is_one_line_at_once_without_the_hubs_retries(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a port nothing listens on: the hub cannot be reached
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": "no-org/no-such-model"}, "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and "Traceback" not in out and "Retry" not in out and not (tmp_path / "w").exists()
+    assert {line for line in out.splitlines() if line.strip()} == {
+        f"error: cannot load model 'no-org/no-such-model': not a local folder nor in the Hugging Face cache, and "
+        f"http://127.0.0.1:{port} cannot be reached from here (offline?); download it where there is a network and "
+        "give its folder as model.name"}
 
 
 def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeypatch, caplog):
