@@ -40,6 +40,25 @@ def one_line_user_errors() -> None:
     logging.setLogRecordFactory(record)
 
 
+def plain_warnings() -> None:
+    """An AnceWarning (an unusual row left out, a setting that hurts) is one yellow line, `warning: <message>`, on
+    stderr, without Python's `file:line: AnceWarning:` and the source line that warns; other warnings as Python shows
+    them."""
+    import warnings
+
+    from ance_core.errors import AnceWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, AnceWarning):
+            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)

@@ -20,6 +20,7 @@ from ance_cli.guard import (
     exit_on_sigterm,
     guard,
     one_line_user_errors,
+    plain_warnings,
 )
 
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
@@ -393,4 +394,5 @@ def main() -> None:  # pragma: no cover
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     one_line_user_errors()
+    plain_warnings()
     sys.exit(app())

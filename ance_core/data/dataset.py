@@ -176,22 +176,21 @@ def _read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
 
 def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str
                  ) -> list[tuple[int, str, str, int]]:
-    """The usable qrels of a split: a query missing from the queries file is an error; a document missing from the
-    corpus is left out with one warning (real collections have such rows; BEIR's loader, ir_datasets and trec_eval
-    skip them), unless the split loses every row."""
+    """The usable qrels of a split: a row naming a query missing from the queries file, or a document missing from
+    the corpus, is left out with one warning per kind (real collections have such rows; ir_datasets and trec_eval
+    skip them, BEIR's loader skips the documents), unless the split loses every row."""
     if not rows:
         raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
-    for number, qid, _, _ in rows:
-        if qid not in query_ids:
-            raise DataError(path, f"query '{qid}' is not in the queries file", number)
-    missing = [row for row in rows if row[2] not in doc_ids]
-    if len(missing) == len(rows):
-        raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names a document of the corpus "
-                        f"(first: '{missing[0][2]}'); is this the corpus they were made for?", missing[0][0])
-    if missing:
-        warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name documents that are not in the "
-             f"corpus; they are left out: {preview([f'{d} (line {n})' for n, _, d, _ in missing])}")
-        rows = [row for row in rows if row[2] in doc_ids]
+    for column, known, file, one, what in ((1, query_ids, "queries file", "a query", "queries"),
+                                           (2, doc_ids, "corpus", "a document", "documents")):
+        missing = [row for row in rows if row[column] not in known]
+        if len(missing) == len(rows):
+            raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names {one} of the {file} "
+                            f"(first: '{missing[0][column]}'); is this the {file} they were made for?", missing[0][0])
+        if missing:
+            warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
+                 f"{file}; they are left out: {preview([f'{r[column]} (line {r[0]})' for r in missing])}")
+            rows = [row for row in rows if row[column] in known]
     return rows
 
 

@@ -267,3 +267,20 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
     assert len(hits["flat"]) == 5 and hits["flat-parts"] == hits["flat"]
     code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "emb")])
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
+
+
+def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, capsys):
+    import warnings
+
+    from ance_cli.guard import plain_warnings
+    from ance_core.errors import warn
+
+    others = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kwargs: others.append(str(message)))
+    plain_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warn("qrels.tsv: 1 of 3 qrels name documents that are not in the corpus")
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert capsys.readouterr().err == "warning: qrels.tsv: 1 of 3 qrels name documents that are not in the corpus\n"
+    assert others == ["something else"]  # other warnings as Python shows them
