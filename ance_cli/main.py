@@ -279,7 +279,9 @@ def _score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
 def search(
     query: Annotated[str, typer.Argument(help="Query text")],
     model: Annotated[Path, typer.Option(help="Checkpoint folder")],
-    index: Annotated[Path, typer.Option(help="Index folder (an index stage's: `docid` and the index)")],
+    index: Annotated[Path | None, typer.Option(help="Index folder (an index stage's: `docid` and the index); "
+                                               "default: the newest index of --model's encoding in its work "
+                                               "folder")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
     trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
@@ -288,17 +290,13 @@ def search(
     """Print the top hits of a query (and write them as a TREC run file with --trec)."""
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
-    from ance_core.retrieval.index import is_index_folder
     from ance_core.retrieval.search import search_text
 
     def body():
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
-        if not is_index_folder(index):
-            raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
-                            "'flat.json' with its emb_*.npy shards)")
-        hits = search_text(model, index, query, top_k)
+        hits = search_text(model, _index_of(model, index), query, top_k)
         if trec is not None:
             import pandas as pd
 
@@ -312,6 +310,31 @@ def search(
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 
     guard(body)
+
+
+def _index_of(model: Path, index: Path | None) -> Path:
+    """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
+    encoding (its scores would mean nothing); without one, the newest index of the model's encoding in the work
+    folder the model is a stage of."""
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.index import index_checkpoint, indexes_of, is_index_folder, same_checkpoint
+
+    work = model.resolve().parent.parent  # <work>/<stage>/<key>
+    if index is None:
+        if not (found := indexes_of(model, work)):
+            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'}; give one with --index (an "
+                            "index folder built from this checkpoint's encoding)")
+        return found[0]
+    if not is_index_folder(index):
+        raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
+                        "'flat.json' with its emb_*.npy shards)")
+    built = index_checkpoint(index)
+    if built is not None and not same_checkpoint(built, model, index.resolve().parent.parent):
+        ours = indexes_of(model, index.resolve().parent.parent)
+        raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
+                        "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
+                                                         "encode the corpus with this model first"))
+    return index
 
 
 @app.command(name="export")

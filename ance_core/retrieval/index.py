@@ -34,9 +34,11 @@ from ance_core.artifacts import (
     INDEX_WINDOWS,
     WINDOWS,
     link_or_copy,
+    read_manifest,
 )
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
+from ance_core.modeling.model import checkpoint_digest, checkpoint_ref
 from ance_core.retrieval.config import IndexConfig
 from ance_core.retrieval.encode import iter_shards
 
@@ -357,3 +359,31 @@ class SearchIndex:
             out_scores[i, :n], out_ids[i, :n] = found_scores[keep], ids[keep]
             out_windows[i, :n] = self.windows[found[keep]]
         return out_scores, out_ids, out_windows
+
+
+def index_checkpoint(index: str | Path) -> str | None:
+    """The digest of the checkpoint whose encoding an index stage folder holds, read from the stage manifests (index
+    -> encode -> checkpoint); None when they do not say (a folder moved out of its work folder, a compressed index)."""
+    index = Path(index)
+    try:
+        embeddings = read_manifest(index)["inputs"]["embeddings"]
+        return read_manifest(index.parent.parent / "encode" / embeddings)["inputs"]["checkpoint"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def same_checkpoint(digest: str, model: str | Path, work: Path) -> bool:
+    """Whether a checkpoint digest (a stage input: a training stage's key or a folder's content digest) names the
+    checkpoint folder `model`: by its key or content digest, or by the content of the folder of `work` it names."""
+    model = Path(model)
+    if digest in (checkpoint_ref(model).digest, content := checkpoint_digest(model)):
+        return True
+    return any(checkpoint_digest(folder) == content for folder in work.glob(f"*/{digest}") if folder.is_dir()
+               and (folder / "model.safetensors").is_file())
+
+
+def indexes_of(model: str | Path, work: Path) -> list[Path]:
+    """The index stage folders of `work` that hold the encoding of checkpoint `model`, newest first."""
+    found = [index for index in (work / "index").glob("*") if index.is_dir() and index.name[0] != "."
+             and (digest := index_checkpoint(index)) is not None and same_checkpoint(digest, model, work)]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)

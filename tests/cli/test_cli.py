@@ -269,6 +269,43 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
 
 
+def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path):
+    """In a work folder, `ance search` without --index finds the index of the model's encoding (through the stage
+    manifests), and refuses --index holding another checkpoint's encoding, naming the right one."""
+    import pandas as pd
+
+    from ance_core.artifacts import write_json
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import checkpoint_digest, init_model
+    from ance_core.retrieval.config import EncodeConfig, IndexConfig
+    from ance_core.retrieval.encode import encode_corpus
+    from ance_core.retrieval.index import build_index
+
+    work = tmp_path / "work"
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(20)], "title": "",
+                           "text": [f"passage {i} about topic {i % 7} and more words" for i in range(20)]})
+    for n, temperature in enumerate((0.05, 0.5)):  # two checkpoints, each encoded and indexed as stages are
+        ckpt = work / "model" / f"m{n}"
+        init_model(ModelConfig(name=str(tiny_model), passage_max_length=32, init_temperature=temperature), ckpt)
+        (emb := work / "encode" / f"e{n}").mkdir(parents=True)
+        encode_corpus(ckpt, corpus, EncodeConfig(precision="fp32"), emb)
+        write_json(emb / "manifest.json", {"key": emb.name, "inputs": {"checkpoint": checkpoint_digest(ckpt)}})
+        (index := work / "index" / f"i{n}").mkdir(parents=True)
+        build_index(emb, index, IndexConfig())
+        write_json(index / "manifest.json", {"key": index.name, "inputs": {"embeddings": emb.name}})
+    scores = {}
+    for args in ([], ["--index", str(work / "index" / "i1")]):
+        code, out = _invoke(["search", "topic 3", "--model", str(work / "model" / "m1"), "--top-k", "3", *args])
+        assert code == 0, out
+        scores[len(args)] = out
+    assert scores[0] == scores[2]  # the index found is m1's
+    code, out = _invoke(["search", "topic 3", "--model", str(work / "model" / "m1"), "--index",
+                         str(work / "index" / "i0")])
+    assert code == 2 and "Traceback" not in out
+    assert f"holds the encoding of checkpoint {checkpoint_digest(work / 'model' / 'm0')}, not of --model" in out
+    assert f"this model's index is {work / 'index' / 'i1'}" in out
+
+
 def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, capsys):
     import warnings
 
