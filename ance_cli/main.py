@@ -22,6 +22,7 @@ from ance_cli.guard import (
     one_line_user_errors,
     plain_warnings,
 )
+from ance_cli.lookups import corpus_titles, evaluation_data, index_of, score_run
 
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
              "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
@@ -209,22 +210,12 @@ def bm25(
     from flows.evaluate import bm25_baseline
 
     def body():
-        data = _evaluation_data(dataset, split)
+        data = evaluation_data(dataset, split)
         _preflight(data, work_dir, (split,))
         metrics = bm25_baseline(data, BM25Config(), work_dir)
         _print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
     guard(body)
-
-
-def _evaluation_data(dataset: str, split: str):
-    """The data of a command that only evaluates `split`: the pipeline's (its data stage reused), or, when the split is
-    the one a pipeline would choose its result on (MS MARCO's dev), none carved or needed."""
-    from ance_core.data.config import DataConfig
-
-    if split == DataConfig.model_fields["dev_split"].default:
-        return DataConfig(dataset=dataset, eval_split=split, dev_split=None)
-    return DataConfig(dataset=dataset, eval_split=split)
 
 
 @app.command()
@@ -247,32 +238,14 @@ def evaluate(
             raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
                             "to score), one of them")
         if run is not None:
-            return _print_metrics(_score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
+            return _print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
-        data = _evaluation_data(dataset, split)
+        data = evaluation_data(dataset, split)
         _preflight(data, work_dir, (split,))
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
         _print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
     guard(body)
-
-
-def _score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
-    """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
-    from ance_core.data.dataset import read_tables
-    from ance_core.retrieval.config import EvalConfig
-    from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
-    from ance_core.retrieval.search import read_trec
-    from tasks.common import faults_off
-    from tasks.data import prepare_data
-
-    run = read_trec(path)  # a malformed file fails before the data is read
-    data = _evaluation_data(dataset, split)
-    with faults_off():
-        qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
-    if EvalConfig().ignore_identical_ids:
-        run = without_identical_ids(run)
-    return evaluate_run(run, qrels)[0]
 
 
 @app.command()
@@ -296,7 +269,7 @@ def search(
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
-        hits = search_text(model, _index_of(model, index), query, top_k)
+        hits = search_text(model, index_of(model, index), query, top_k)
         if trec is not None:
             import pandas as pd
 
@@ -305,36 +278,11 @@ def search(
             write_trec(pd.DataFrame({"query_id": query_id, "doc_id": [h.doc_id for h in hits],
                                      "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
                        tag=Path(model).name)
-        texts = _corpus_titles(dataset) if dataset else {}
+        texts = corpus_titles(dataset) if dataset else {}
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 
     guard(body)
-
-
-def _index_of(model: Path, index: Path | None) -> Path:
-    """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
-    encoding (its scores would mean nothing); without one, the newest index of the model's encoding in the work
-    folder the model is a stage of."""
-    from ance_core.errors import AnceError
-    from ance_core.retrieval.index import index_checkpoint, indexes_of, is_index_folder, same_checkpoint
-
-    work = model.resolve().parent.parent  # <work>/<stage>/<key>
-    if index is None:
-        if not (found := indexes_of(model, work)):
-            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'}; give one with --index (an "
-                            "index folder built from this checkpoint's encoding)")
-        return found[0]
-    if not is_index_folder(index):
-        raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
-                        "'flat.json' with its emb_*.npy shards)")
-    built = index_checkpoint(index)
-    if built is not None and not same_checkpoint(built, model, index.resolve().parent.parent):
-        ours = indexes_of(model, index.resolve().parent.parent)
-        raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
-                        "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
-                                                         "encode the corpus with this model first"))
-    return index
 
 
 @app.command(name="export")
@@ -397,14 +345,6 @@ def gc(
                    f"{len(plan.keep)}")
 
     guard(body)
-
-
-def _corpus_titles(dataset: str) -> dict[str, str]:
-    from ance_core.data.dataset import load_dataset, passage_texts
-    from ance_core.data.sources import resolve_dataset
-
-    corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
-    return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
 
 
 def main() -> None:  # pragma: no cover

@@ -1,0 +1,65 @@
+"""What the evaluate and search commands look up from their arguments: the data of a split they evaluate, a TREC
+run's metrics, the index that goes with a model, the passages' text."""
+
+from pathlib import Path
+
+
+def evaluation_data(dataset: str, split: str):
+    """The data of a command that only evaluates `split`: the pipeline's (its data stage reused), or, when the split is
+    the one a pipeline would choose its result on (MS MARCO's dev), none carved or needed."""
+    from ance_core.data.config import DataConfig
+
+    if split == DataConfig.model_fields["dev_split"].default:
+        return DataConfig(dataset=dataset, eval_split=split, dev_split=None)
+    return DataConfig(dataset=dataset, eval_split=split)
+
+
+def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
+    """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
+    from ance_core.data.dataset import read_tables
+    from ance_core.retrieval.config import EvalConfig
+    from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
+    from ance_core.retrieval.search import read_trec
+    from tasks.common import faults_off
+    from tasks.data import prepare_data
+
+    run = read_trec(path)  # a malformed file fails before the data is read
+    data = evaluation_data(dataset, split)
+    with faults_off():
+        qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
+    if EvalConfig().ignore_identical_ids:
+        run = without_identical_ids(run)
+    return evaluate_run(run, qrels)[0]
+
+
+def index_of(model: Path, index: Path | None) -> Path:
+    """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
+    encoding (its scores would mean nothing); without one, the newest index of the model's encoding in the work
+    folder the model is a stage of."""
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.index import index_checkpoint, indexes_of, is_index_folder, same_checkpoint
+
+    work = model.resolve().parent.parent  # <work>/<stage>/<key>
+    if index is None:
+        if not (found := indexes_of(model, work)):
+            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'}; give one with --index (an "
+                            "index folder built from this checkpoint's encoding)")
+        return found[0]
+    if not is_index_folder(index):
+        raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
+                        "'flat.json' with its emb_*.npy shards)")
+    built = index_checkpoint(index)
+    if built is not None and not same_checkpoint(built, model, index.resolve().parent.parent):
+        ours = indexes_of(model, index.resolve().parent.parent)
+        raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
+                        "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
+                                                         "encode the corpus with this model first"))
+    return index
+
+
+def corpus_titles(dataset: str) -> dict[str, str]:
+    from ance_core.data.dataset import load_dataset, passage_texts
+    from ance_core.data.sources import resolve_dataset
+
+    corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
+    return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
