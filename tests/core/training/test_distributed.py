@@ -18,7 +18,8 @@ from ance_core.errors import AnceError
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import LogTail, launch
-from ance_core.training.loop import accumulate_gradients, train
+from ance_core.training.gradients import accumulate_gradients
+from ance_core.training.loop import train
 from ance_core.training.ranks import gather_rows, rank_rows, split_sizes
 from tests.tiny import (
     kill_when_hung,
@@ -87,7 +88,7 @@ def _gradient_worker(rank: int, world: int, checkpoint: str, port: int, out: str
     import torch.distributed as dist
 
     from ance_core.modeling.model import load_checkpoint
-    from ance_core.training.loop import PairEncoder
+    from ance_core.training.gradients import PairEncoder
     from ance_core.training.loss import nll_loss
     from ance_core.training.ranks import current_ranks
 

@@ -340,7 +340,7 @@ def test_cached_in_batch_negatives_take_the_step_of_the_whole_batch(setup, no_dr
 def test_the_cached_pass_replays_each_chunks_dropout():
     """cached_gradients on an encoder with dropout: each chunk's second pass (with its graph) gives the embeddings of
     its first (the gradient cached for them is theirs), and a plain step of the same function takes its gradient."""
-    from ance_core.training.loop import cached_gradients
+    from ance_core.training.gradients import cached_gradients
     from ance_core.training.loss import nll_loss
 
     torch.manual_seed(0)

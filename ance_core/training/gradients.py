@@ -1,0 +1,102 @@
+"""One optimizer step's gradients: the micro-batches of gradient accumulation (one all-reduce per step under DDP),
+and cached in-batch negatives (GradCache), each with its loss read once per step."""
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+
+import torch
+
+from ance_core.modeling.model import BiEncoder
+
+
+class PairEncoder(torch.nn.Module):
+    """Queries and passages through one encoder in one forward call: the module DDP wraps (DDP expects one forward
+    per backward)."""
+
+    def __init__(self, model: BiEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, queries: dict[str, torch.Tensor], passages: dict[str, torch.Tensor]):
+        return self.model(**queries), self.model(**passages)
+
+
+
+def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss_of: Callable[[object], torch.Tensor],
+                         accumulation: int, world: int, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """Forward and backward of the micro-batches of one optimizer step; returns the step's loss (a tensor on the
+    device: reading it is the caller's one device sync per step).
+
+    Under DDP (`world` > 1) the gradient is all-reduced once, in the last micro-batch's backward: the others run
+    forward and backward inside `no_sync()`, since DDP decides at forward time whether the backward all-reduces.
+    Each rank's loss is the whole batch's (ranks.py), so its gradient is scaled by `world` for DDP's average."""
+    total = None
+    for b, batch in enumerate(micro_batches):
+        last = b == len(micro_batches) - 1
+        with encoder.no_sync() if world > 1 and not last else nullcontext():
+            loss = loss_of(batch) / accumulation
+            scaled = loss * world
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total if total is not None else torch.zeros(())  # (an epoch's last rows may not go round the ranks)
+
+
+def chunk_inputs(batch: dict, chunk: int, group: int, left: bool) -> list[tuple[dict, dict]]:
+    """A micro-batch's (queries, passages) inputs cut `chunk` queries (and their `group` passages each) at a time,
+    each chunk's columns trimmed to its own longest text (right padding: the trimmed columns are padding only)."""
+
+    def rows(inputs: dict, start: int, stop: int) -> dict:
+        part = {k: v[start:stop] for k, v in inputs.items()}
+        if not left:
+            width = int(part["attention_mask"].sum(dim=1).max())
+            part = {k: v[:, :width] for k, v in part.items()}
+        return part
+
+    b = len(batch["queries"]["input_ids"])
+    ends = [(s, min(s + chunk, b)) for s in range(0, b, chunk)]
+    return [(rows(batch["queries"], s, e), rows(batch["passages"], s * group, e * group)) for s, e in ends]
+
+
+def cached_gradients(encoder: torch.nn.Module, micro_batches: Sequence[dict], embed: Callable, loss_of: Callable,
+                     chunk: int, group: int, left: bool, accumulation: int, world: int,
+                     scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """`accumulate_gradients` with cached in-batch negatives (GradCache, Gao et al. 2021): each micro-batch is
+    embedded `chunk` queries at a time without a graph (`embed(queries, passages)` -> float (q, p)), the loss of the
+    whole micro-batch (`loss_of(batch, q, p)`) is backpropagated to those embeddings only, and each chunk is embedded
+    again with its graph, under the RNG state of its first pass (the same dropout), and backpropagated with its rows'
+    cached gradients. The weights' gradient is that of the whole micro-batch at once; its activations are one chunk's.
+
+    Under DDP one backward per step all-reduces: the last chunk's of the last micro-batch (the others in `no_sync()`).
+    """
+    total = None
+    for b, batch in enumerate(micro_batches):
+        chunks = chunk_inputs(batch, chunk, group, left)
+        states, qs, ps = [], [], []
+        with torch.no_grad():
+            for queries, passages in chunks:
+                states.append(_rng_state())
+                q, p = embed(queries, passages)
+                qs.append(q), ps.append(p)
+        q, p = torch.cat(qs).requires_grad_(), torch.cat(ps).requires_grad_()
+        loss = loss_of(batch, q, p) / accumulation
+        scaled = loss * world
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()  # into q.grad, p.grad only
+        q_grad, p_grad = q.grad.split([len(x) for x in qs]), p.grad.split([len(x) for x in ps])
+        for k, (queries, passages) in enumerate(chunks):
+            last = b == len(micro_batches) - 1 and k == len(chunks) - 1
+            with encoder.no_sync() if world > 1 and not last else nullcontext():
+                _set_rng_state(states[k])
+                qk, pk = embed(queries, passages)
+                torch.autograd.backward([qk, pk], [q_grad[k], p_grad[k]])
+        total = loss.detach() if total is None else total + loss.detach()
+    return total if total is not None else torch.zeros(())
+
+
+def _rng_state() -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def _set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
