@@ -114,7 +114,8 @@ def demo(
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML or JSON pipeline config")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config; without one, "
+                                                "the pipeline's defaults (and --set on top)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
 ):

@@ -90,6 +90,9 @@ def test_set_overrides_a_config_and_a_wrong_key_is_one_line(tmp_path):
     assert code == 2 and "ance.learning_rat" in out and "--set ance.learning_rat=3e-5" in out and "Traceback" not in out
     code, out = _invoke(["demo", "--set", "rounds=two", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "rounds" in out and not (tmp_path / "w").exists()
+    # without --config: the defaults, with the overrides on top (here a dataset that is not there, refused first)
+    code, out = _invoke(["run", "--set", f"data.dataset={tmp_path / 'none'}", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and f"dataset '{tmp_path / 'none'}' not found" in out and not (tmp_path / "w").exists()
 
 
 def test_bm25_evaluates_a_dev_split_without_needing_a_dev_split_of_its_own(tmp_path):
