@@ -123,3 +123,33 @@ def test_recipes_bench(tiny_scifact, tiny_model, tmp_path):
     record = json.loads((tmp_path / "log.jsonl").read_text())
     assert record["label"] == "smoke" and set(record["dev"]) == {"BM25", "zero-shot", "warmup", "ANCE round 1"}
     assert all(0 <= v <= 1 for v in record["dev"].values()) and "test" not in record
+
+
+def test_classic_collections_convert_each_format_to_a_beir_folder(tmp_path):
+    from ance_core.data.dataset import load_dataset
+
+    raw = tmp_path / "raw"
+    for name in ("cisi", "npl", "lisa"):
+        (raw / name).mkdir(parents=True)
+    docs = [(str(i), f"title {i}", f"text of document {i} about topic {i % 3}") for i in range(1, 7)]
+    (raw / "cisi" / "CISI.ALL").write_text("".join(
+        f".I {i}\n.T\n{t}\n.A\nSomeone\n.W\n   {x}\nmore words\n.X\n1\t5\t1\n" for i, t, x in docs))
+    (raw / "cisi" / "CISI.QRY").write_text(".I 1\n.W\nwhat about topic 1?\n.I 2\n.W\ntopic 2 please\n.I 3\n.W\nnone\n")
+    (raw / "cisi" / "CISI.REL").write_text("     1     1\t0\t0.000000\n     1     4\t0\t0.0\n     2     2\t0\t0.0\n")
+    (raw / "npl" / "doc-text").write_text("".join(f"{i}\n{x}\n   /\n" for i, _, x in docs))
+    (raw / "npl" / "query-text").write_text("1\nTOPIC ONE\n/\n2\nTOPIC TWO\n/\n")
+    (raw / "npl" / "rlv-ass").write_text("1\n 1 4\n   /\n2\n 2\n   /\n")
+    (raw / "lisa" / "LISA0.001").write_text("".join(f"Document {i:>4}\n{t.upper()}\n\n{x.upper()}\n{'*' * 44}\n"
+                                                    for i, t, x in docs))
+    (raw / "lisa" / "LISA.QUE").write_text("1\nTOPIC ONE. #\n2\nTOPIC TWO. #\n")
+    (raw / "lisa" / "LISA.REL").write_text("Query 1\n2 Relevant Refs:\n1 4 -1\n\nQuery 2\n1 Relevant Refs:\n2 -1\n")
+    out = bench("classic_collections.py", "--raw", str(raw), "--out", str(tmp_path / "out"), "--test-fraction", "0.5",
+                tmp_path=tmp_path)
+    assert len(out.splitlines()) == 3
+    for name in ("cisi", "npl", "lisa"):
+        ds = load_dataset(tmp_path / "out" / name)
+        assert len(ds.corpus) == 6 and set(ds.corpus["doc_id"]) == {d[0] for d in docs}
+        positives = ds.positives("train") | ds.positives("test")
+        assert positives == {"1": {"1", "4"}, "2": {"2"}}, name  # the unjudged query 3 is in no split
+        assert len(ds.positives("test")) == 1
+    assert "title 1" in load_dataset(tmp_path / "out" / "cisi").corpus["title"].tolist()
