@@ -1,8 +1,9 @@
 from pathlib import Path
 
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
+from ance_core.data.corpus import corpus_chunks
 from ance_core.data.dataset import read_tables
-from ance_core.retrieval.bm25 import BM25
+from ance_core.retrieval.bm25 import BM25, INDEX_CHUNK
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import write_run
 from tasks.common import stage_task
@@ -12,10 +13,11 @@ from tasks.retrieve import ranked_queries
 def bm25_index(data: ArtifactRef, cfg: BM25Config, work_dir: str) -> Path:
     """The BM25 index of a data stage's corpus: built once (the stage folder bm25-index/<key>, not a task of its own:
     the runs that need it build it) and memory-mapped by every BM25 run after it. At 2M passages an index takes
-    minutes to build; a pipeline run searches it for the test split, the dev split and the warm-up's negatives."""
+    minutes to build; a pipeline run searches it for the test split, the dev split and the warm-up's negatives. The
+    corpus is read and indexed a chunk of passages at a time."""
 
     def build(out):
-        return BM25(read_tables(data.path).corpus, cfg).save(out)
+        return BM25.build(corpus_chunks(data.path, INDEX_CHUNK), cfg, spill=out).save(out)
 
     return Path(run_stage(work_dir, "bm25-index", {"bm25": cfg}, {"data": data.digest}, build).path)
 

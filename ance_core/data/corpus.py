@@ -108,3 +108,12 @@ def read_corpus_rows(folder: str | Path, doc_ids: list[str]) -> pd.DataFrame:
     """A data folder's corpus rows of these documents only (a filter applied as each row group is read: a few
     passages of a corpus of millions without reading its text)."""
     return pq.read_table(Path(folder) / "corpus.parquet", filters=[("doc_id", "in", list(doc_ids))]).to_pandas()
+
+
+def corpus_chunks(folder: str | Path, size: int) -> Iterator[pd.DataFrame]:
+    """A data folder's whole corpus (doc_id, title, text), `size` rows at a time in row order: what a stage that reads
+    every passage once (the BM25 index) holds of it."""
+    # pre_buffer off: with it, the reader keeps every row group's bytes it read until it is closed (the whole file)
+    table = pq.ParquetFile(Path(folder) / "corpus.parquet", pre_buffer=False)
+    for batch in table.iter_batches(batch_size=size, columns=["doc_id", "title", "text"]):
+        yield batch.to_pandas()

@@ -2,13 +2,16 @@
 
 import logging
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import bm25s
 import numpy as np
 import pandas as pd
 import Stemmer
+from bm25s import scoring
 from tqdm.auto import tqdm
 
 from ance_core.data.dataset import passage_texts
@@ -17,22 +20,56 @@ from ance_core.retrieval.search import run_frame
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 DOC_IDS = "doc_ids.parquet"  # beside bm25s's files in a saved index: the corpus's ids, in its rows' order
+INDEX_CHUNK = 50_000  # documents tokenized at a time while indexing
 
 
 class BM25:
-    """A BM25 index of a corpus (`BM25(corpus, cfg)`), saved once (`save`) and memory-mapped by each search after
-    (`BM25.load`): the same scores, without indexing the corpus again."""
+    """A BM25 index of a corpus (`BM25(corpus, cfg)`, or `BM25.build` over a corpus read a chunk at a time), saved
+    once (`save`) and memory-mapped by each search after (`BM25.load`): the same scores, without indexing the corpus
+    again."""
 
     def __init__(self, corpus: pd.DataFrame | None, cfg: BM25Config):
         self.cfg = cfg
         self.stemmer = Stemmer.Stemmer(cfg.stemmer) if cfg.stemmer else None
-        if corpus is None:  # (load)
-            return
-        self.doc_ids = corpus["doc_id"].astype(str).to_numpy(dtype=object)
-        tokens = bm25s.tokenize(passage_texts(corpus), stopwords=cfg.stopwords, stemmer=self.stemmer,
-                                show_progress=False)
-        self.retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-        self.retriever.index(tokens, show_progress=False)
+        if corpus is not None:
+            self._index(corpus.iloc[start:start + INDEX_CHUNK] for start in range(0, len(corpus), INDEX_CHUNK))
+
+    @classmethod
+    def build(cls, chunks: Iterable[pd.DataFrame], cfg: BM25Config, spill: Path | None = None) -> "BM25":
+        """The index of a corpus given as consecutive chunks of rows (doc_id, title, text). With `spill` (a folder),
+        each chunk's (document, term) counts wait there, not in memory, until the score matrix is filled."""
+        bm25 = cls(None, cfg)
+        bm25._index(chunks, spill)
+        return bm25
+
+    def _index(self, chunks: Iterable[pd.DataFrame], spill: Path | None = None) -> None:
+        """bm25s's index (the same score per document and term, built by bm25s's own scoring functions) from one chunk
+        of documents at a time: memory holds one chunk's tokens and the score matrix, where bm25s.tokenize and
+        BM25.index hold the whole tokenized corpus as Python lists (4.5 GB at 2M passages)."""
+        vocab: dict[str, int] = {}
+        ids, parts, doc_lengths = [], [], []
+        for k, chunk in enumerate(chunks):
+            ids.append(chunk["doc_id"].astype(str).to_numpy(dtype=object))
+            tokens = bm25s.tokenize(passage_texts(chunk), stopwords=self.cfg.stopwords, stemmer=self.stemmer,
+                                    return_ids=False, show_progress=False)
+            flat = np.fromiter((vocab.setdefault(t, len(vocab)) for doc in tokens for t in doc), np.int64)
+            lengths = np.fromiter((len(doc) for doc in tokens), np.int64, len(tokens))
+            del tokens
+            pairs, counts = np.unique(np.repeat(np.arange(len(lengths)), lengths) * len(vocab) + flat,
+                                      return_counts=True)  # (document, term), by document then term
+            part = Pairs(terms=(pairs % len(vocab)).astype(np.int32), tfs=counts.astype(np.float32),
+                         per_doc=np.bincount(pairs // len(vocab), minlength=len(lengths)))
+            parts.append(part if spill is None else part.spill(spill / f"pairs-{k}.npz"))
+            doc_lengths.append(lengths)
+        self.doc_ids = np.concatenate(ids) if ids else np.empty(0, dtype=object)
+        frequencies = np.zeros(len(vocab), np.int64)
+        for part in parts:
+            frequencies += np.bincount(Pairs.of(part).terms, minlength=len(vocab))
+        self.retriever = bm25s.BM25(k1=self.cfg.k1, b=self.cfg.b, method=self.cfg.method)
+        self.retriever.scores = _score_matrix(self.retriever, parts, np.concatenate(doc_lengths), frequencies)
+        vocab[""] = len(vocab)  # bm25s's empty token, after the matrix's columns
+        self.retriever.vocab_dict = vocab
+        self.retriever.unique_token_ids_set = set(vocab.values())
 
     def save(self, folder: Path) -> dict:
         self.retriever.save(folder, show_progress=False)
@@ -66,6 +103,61 @@ class BM25:
                              disable=len(keep) <= 100 or bool(os.environ.get("TQDM_DISABLE"))))
         return run_frame(query_ids, self.doc_ids[np.stack([rows for _, rows in hits])],
                          np.stack([scores for scores, _ in hits]).astype(np.float32))
+
+
+@dataclass
+class Pairs:
+    """A chunk's (document, term) pairs, by document then term: `terms`, their frequencies `tfs`, and `per_doc` the
+    number of terms of each of its documents; or (`spill`) the file that holds them."""
+
+    terms: np.ndarray
+    tfs: np.ndarray
+    per_doc: np.ndarray
+
+    def spill(self, path: Path) -> Path:
+        np.savez(path, terms=self.terms, tfs=self.tfs, per_doc=self.per_doc)
+        return path
+
+    @staticmethod
+    def of(part: "Pairs | Path") -> "Pairs":
+        if isinstance(part, Pairs):
+            return part
+        with np.load(part) as f:
+            return Pairs(f["terms"], f["tfs"], f["per_doc"])
+
+
+def _score_matrix(retriever: bm25s.BM25, parts: list, lengths: np.ndarray, frequencies: np.ndarray) -> dict:
+    """bm25s's score matrix (CSC: a column per term, its documents in order) from each chunk's (document, term) pairs
+    (`Pairs`, or their files: each is removed once read), with bm25s's idf and term-frequency functions (a pair's score
+    is bm25s's to the bit)."""
+    r, n_docs = retriever, len(lengths)
+    average = lengths.mean() if n_docs else 0.0  # (float64, as bm25s)
+    df = {token: int(f) for token, f in enumerate(frequencies)}
+    idf = scoring._build_idf_array(df, n_docs, scoring._select_idf_scorer(r.idf_method), r.dtype)
+    r.nonoccurrence_array = scoring._build_nonoccurrence_array(
+        df, n_docs, scoring._select_idf_scorer(r.idf_method), scoring._select_tfc_scorer(r.method), average,
+        average, r.k1, r.b, r.delta, r.dtype) if r.method in r.methods_requiring_nonoccurrence else None
+    tfc = scoring._select_tfc_scorer(r.method)
+    indptr = np.concatenate([[0], np.cumsum(frequencies)]).astype(np.int64)
+    data, indices = np.empty(indptr[-1], dtype=r.dtype), np.empty(indptr[-1], dtype=r.int_dtype)
+    filled, first = indptr[:-1].copy(), 0
+    for part in parts:  # a chunk of documents at a time
+        pairs = Pairs.of(part)
+        if isinstance(part, Path):
+            part.unlink()
+        docs = np.repeat(np.arange(first, first + len(pairs.per_doc)), pairs.per_doc)
+        first += len(pairs.per_doc)
+        score = idf[pairs.terms] * tfc(tf_array=pairs.tfs, l_d=lengths[docs], l_avg=average, k1=r.k1, b=r.b,
+                                       delta=r.delta)
+        if r.nonoccurrence_array is not None:
+            score -= r.nonoccurrence_array[pairs.terms]
+        order = np.argsort(pairs.terms, kind="stable")  # each term's documents in order, as in a CSC column
+        sorted_terms = pairs.terms[order]
+        starts = np.searchsorted(sorted_terms, sorted_terms)  # where each term's run begins
+        at = filled[sorted_terms] + np.arange(len(order)) - starts
+        data[at], indices[at] = score[order], docs[order]
+        filled += np.bincount(pairs.terms, minlength=len(filled))
+    return {"data": data, "indices": indices, "indptr": indptr, "num_docs": n_docs}
 
 
 EXACT_SELECTION_MAX_DOCS = 200_000  # up to this corpus size the top k is bm25s's own selection

@@ -1,7 +1,8 @@
 import numpy as np
 import pandas as pd
+import pytest
 
-from ance_core.data.dataset import load_dataset
+from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.evaluate import evaluate_run
@@ -68,3 +69,33 @@ def test_bm25s_debug_lines_are_not_printed(caplog):
         corpus = pd.DataFrame({"doc_id": ["a", "b"], "title": ["", ""], "text": ["apple banana", "banana cherry"]})
         BM25(corpus, BM25Config())
     assert not [r for r in caplog.records if r.name.startswith("bm25s") and r.levelno < logging.WARNING]
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "bm25+"])
+def test_the_index_built_a_chunk_at_a_time_scores_as_bm25s_own_index_to_the_bit(method, tmp_path):
+    """The index is built a chunk of documents at a time (its memory no longer holds the whole tokenized corpus), the
+    chunks' counts kept in memory or spilled to files; every document's score for every query is bm25s's, whatever the
+    chunk size, empty documents included."""
+    import bm25s
+
+    rng = np.random.default_rng(1)
+    words = np.array(["running", "runs", "ran", "protein", "proteins", "cell", "cells", "the", "of", "folding",
+                      "folded", *[f"w{i}" for i in range(200)]])
+    texts = [" ".join(rng.choice(words, rng.integers(0, 60))) for _ in range(500)]
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(500)], "title": ["Cells"] * 50 + [""] * 450,
+                           "text": texts})
+    cfg = BM25Config(method=method)
+    reference = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=method)
+    stemmer = BM25(None, cfg).stemmer
+    reference.index(bm25s.tokenize(passage_texts(corpus), stopwords="en", stemmer=stemmer, show_progress=False),
+                    show_progress=False)
+    queries = bm25s.tokenize([" ".join(rng.choice(words, 4)) for _ in range(100)], stopwords="en", stemmer=stemmer,
+                             return_ids=False, show_progress=False)
+    for chunk, spill in ((500, None), (64, None), (7, tmp_path)):
+        built = BM25.build((corpus.iloc[s:s + chunk] for s in range(0, len(corpus), chunk)), cfg, spill).retriever
+        assert not list(tmp_path.iterdir())  # the spilled counts are removed once read
+        assert set(built.vocab_dict) == set(reference.vocab_dict)
+        for q in queries:
+            ours = built.get_scores_from_ids([built.vocab_dict[t] for t in q if t in built.vocab_dict])
+            theirs = reference.get_scores_from_ids([reference.vocab_dict[t] for t in q if t in reference.vocab_dict])
+            assert np.array_equal(ours, theirs)
