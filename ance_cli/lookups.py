@@ -34,23 +34,23 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
 
 def index_of(model: Path, index: Path | None) -> Path:
     """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
-    encoding (its scores would mean nothing); without one, the newest index of the model's encoding in the work
+    encoding (its scores would mean nothing); without one, the newest exact index of the model's encoding in the work
     folder the model is a stage of."""
     from ance_core.errors import AnceError
-    from ance_core.retrieval.index import index_checkpoint, indexes_of, is_index_folder, same_checkpoint
+    from ance_core.retrieval.index import CheckpointMatch, index_checkpoint, indexes_of, is_index_folder
 
-    work = model.resolve().parent.parent  # <work>/<stage>/<key>
     if index is None:
+        work = model.resolve().parent.parent  # <work>/<stage>/<key>
         if not (found := indexes_of(model, work)):
-            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'}; give one with --index (an "
-                            "index folder built from this checkpoint's encoding)")
+            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'} (a compressed model's index "
+                            "is in its compress folder); give one with --index")
         return found[0]
     if not is_index_folder(index):
         raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                         "'flat.json' with its emb_*.npy shards)")
-    built = index_checkpoint(index)
-    if built is not None and not same_checkpoint(built, model, index.resolve().parent.parent):
-        ours = indexes_of(model, index.resolve().parent.parent)
+    work = index.resolve().parent.parent
+    if (built := index_checkpoint(index)) is not None and CheckpointMatch(model, work)(built) is False:
+        ours = indexes_of(model, work)
         raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
                         "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
                                                          "encode the corpus with this model first"))

@@ -47,8 +47,9 @@ def check_pipeline(c: PipelineConfig) -> None:
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
+    used = {"bm25_negatives": not c.start_checkpoint, "mining": c.rounds > 0}  # (a warm-up, rounds at all)
     for name in ("bm25_negatives", "mining"):  # a teacher that cannot be loaded, or reads more tokens than it takes
-        if (teacher := getattr(c, name).teacher) is not None:
+        if (teacher := getattr(c, name).teacher) is not None and used[name]:
             check_lengths(teacher.model, {f"{name}.teacher.max_length": teacher.max_length})
 
 

@@ -93,9 +93,10 @@ def max_positions(source: str | Path) -> int | None:
     read (an id not downloaded, offline; a folder that is not a model) is an AnceError: before any work."""
     name = resolve_model_name(str(source))
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=True)  # a folder, or the Hugging Face cache
+        config = AutoConfig.from_pretrained(str(Path(name).expanduser()) if name.startswith("~") else name,
+                                            local_files_only=True)  # a folder, or the Hugging Face cache
     except (OSError, ValueError) as e:
-        if Path(name).exists():
+        if Path(name).expanduser().exists():
             raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
         if name.startswith(("/", "./", "../", "~")):
             raise AnceError(f"cannot load model '{source}': no such folder") from None
@@ -124,6 +125,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     Asked before a model is fetched from it: offline, huggingface_hub retries each request for ~25 s with a warning
     per try before it fails."""
     import socket
+    import urllib.request
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
@@ -131,6 +133,8 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     if constants.HF_HUB_OFFLINE:
         return False
     url = urlparse(hub_endpoint())
+    if url.hostname is None or (urllib.request.getproxies() and not urllib.request.proxy_bypass(url.hostname)):
+        return True  # through a proxy (which the hub's client uses, this probe would not): let the hub's client try
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
     except OSError:

@@ -15,6 +15,7 @@ from bm25s import scoring
 from tqdm.auto import tqdm
 
 from ance_core.data.dataset import passage_texts
+from ance_core.errors import AnceError
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import run_frame
 
@@ -47,7 +48,7 @@ class BM25:
         of documents at a time: memory holds one chunk's tokens and the score matrix, where bm25s.tokenize and
         BM25.index hold the whole tokenized corpus as Python lists (4.5 GB at 2M passages)."""
         vocab: dict[str, int] = {}
-        ids, parts, doc_lengths = [], [], []
+        ids, parts, doc_lengths, frequencies = [], [], [], np.zeros(0, np.int64)
         for k, chunk in enumerate(chunks):
             ids.append(chunk["doc_id"].astype(str).to_numpy(dtype=object))
             tokens = bm25s.tokenize(passage_texts(chunk), stopwords=self.cfg.stopwords, stemmer=self.stemmer,
@@ -59,12 +60,13 @@ class BM25:
                                       return_counts=True)  # (document, term), by document then term
             part = Pairs(terms=(pairs % len(vocab)).astype(np.int32), tfs=counts.astype(np.float32),
                          per_doc=np.bincount(pairs // len(vocab), minlength=len(lengths)))
+            frequencies = np.pad(frequencies, (0, len(vocab) - len(frequencies)))  # (the vocabulary grew)
+            frequencies += np.bincount(part.terms, minlength=len(vocab))
             parts.append(part if spill is None else part.spill(spill / f"pairs-{k}.npz"))
             doc_lengths.append(lengths)
-        self.doc_ids = np.concatenate(ids) if ids else np.empty(0, dtype=object)
-        frequencies = np.zeros(len(vocab), np.int64)
-        for part in parts:
-            frequencies += np.bincount(Pairs.of(part).terms, minlength=len(vocab))
+        if not doc_lengths or not sum(map(len, doc_lengths)):
+            raise AnceError("BM25: the corpus has no documents to index")
+        self.doc_ids = np.concatenate(ids)
         self.retriever = bm25s.BM25(k1=self.cfg.k1, b=self.cfg.b, method=self.cfg.method)
         self.retriever.scores = _score_matrix(self.retriever, parts, np.concatenate(doc_lengths), frequencies)
         vocab[""] = len(vocab)  # bm25s's empty token, after the matrix's columns

@@ -171,6 +171,23 @@ def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_mod
     assert f"model.passage_max_length 100000, ance.query_max_length {most + 1}: above the {most} positions" in out
 
 
+def test_behind_a_proxy_the_hub_is_left_to_its_client(monkeypatch):
+    from huggingface_hub import constants
+
+    from ance_core.modeling.model import hub_reachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://127.0.0.1:9")  # nothing answers there
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                 "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert not hub_reachable(timeout=1)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # the probe would not go through it: not asked
+    assert hub_reachable(timeout=1)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert not hub_reachable(timeout=1)
+
+
 def test_a_teacher_that_cannot_be_loaded_or_reads_too_many_tokens_is_refused_before_any_work(tiny_model, tmp_path):
     from transformers import AutoConfig
 
@@ -272,7 +289,7 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
 
 
-def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path):
+def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path, monkeypatch):
     """In a work folder, `ance search` without --index finds the index of the model's encoding (through the stage
     manifests), and refuses --index holding another checkpoint's encoding, naming the right one."""
     import pandas as pd
@@ -307,6 +324,24 @@ def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp
     assert code == 2 and "Traceback" not in out
     assert f"holds the encoding of checkpoint {checkpoint_digest(work / 'model' / 'm0')}, not of --model" in out
     assert f"this model's index is {work / 'index' / 'i1'}" in out
+
+    # a training stage's folder (its key is its name) is told by key; an exact index is preferred to a newer HNSW one
+    (stage := work / "train" / "k2").mkdir(parents=True)
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32, init_temperature=0.2), stage)
+    write_json(stage / "manifest.json", {"key": "k2"})
+    (emb := work / "encode" / "e2").mkdir(parents=True)
+    encode_corpus(stage, corpus, EncodeConfig(precision="fp32"), emb)
+    write_json(emb / "manifest.json", {"key": "e2", "inputs": {"checkpoint": "k2"}})
+    for name, cfg in (("i2", IndexConfig()), ("i3", IndexConfig(type="hnsw"))):
+        (index := work / "index" / name).mkdir()
+        build_index(emb, index, cfg)
+        write_json(index / "manifest.json", {"key": name, "config": {"type": cfg.type}, "inputs": {"embeddings": "e2"}})
+    from ance_cli.lookups import index_of
+
+    assert index_of(stage, None) == work / "index" / "i2"
+    monkeypatch.chdir(work / "index")  # a relative --index is checked as well
+    code, out = _invoke(["search", "topic 3", "--model", str(stage), "--index", "i1"])
+    assert code == 2 and "holds the encoding of checkpoint" in out and f"index is {work / 'index' / 'i2'}" in out
 
 
 def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, capsys):

@@ -99,3 +99,10 @@ def test_the_index_built_a_chunk_at_a_time_scores_as_bm25s_own_index_to_the_bit(
             ours = built.get_scores_from_ids([built.vocab_dict[t] for t in q if t in built.vocab_dict])
             theirs = reference.get_scores_from_ids([reference.vocab_dict[t] for t in q if t in reference.vocab_dict])
             assert np.array_equal(ours, theirs)
+
+
+def test_an_empty_corpus_is_one_clear_error():
+    from ance_core.errors import AnceError
+
+    with pytest.raises(AnceError, match="no documents to index"):
+        BM25.build([], BM25Config())
