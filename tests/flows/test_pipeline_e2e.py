@@ -3,6 +3,7 @@ subset with a tiny random BERT; every stage's artifacts are checked, then an ide
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -324,6 +325,11 @@ def test_a_compressed_checkpoint_works_with_search_and_evaluate(pipeline, tiny_s
     assert len(out.output.strip().splitlines()) == 3
     wrong = runner.invoke(app, ["search", "cancer cells", "--model", row["checkpoint_path"], "--index",
                                 teacher_index])
+    assert wrong.exit_code == 2 and "holds the encoding of checkpoint" in wrong.output, wrong.output
+    # a copy out of its work folder has no manifests to tell whose encoding it holds: the dimensions still do
+    shutil.copytree(teacher_index, tmp_path / "moved-index")
+    wrong = runner.invoke(app, ["search", "cancer cells", "--model", row["checkpoint_path"], "--index",
+                                str(tmp_path / "moved-index")])
     assert wrong.exit_code == 2 and "32-dim vectors" in wrong.output and "8-dim queries" in wrong.output
 
     env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
@@ -366,7 +372,6 @@ def test_queries_bm25_cannot_match_get_fallback_negatives_and_the_run_completes(
     """A query of out-of-vocabulary words and one of stop-words only: BM25 retrieves nothing for them, their warm-up
     negatives come from the fallback (random documents), one warning names them, the negatives statistics count them
     (--json and MLflow), and the whole pipeline completes."""
-    import shutil
 
     from mlflow.tracking import MlflowClient
 
