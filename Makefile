@@ -25,7 +25,7 @@ env: $(BIN)/.installed
 demo: env  ## the full pipeline on SciFact with all-MiniLM-L6-v2, offline, on CPU
 	$(BIN)/ance demo
 
-quality: env  ## the longer recipe (ance demo --recipe full: 2 SimANS rounds, 2 epochs per stage, lr 4e-5; ~12 min here): RESULTS.md
+quality: env  ## the longer recipe (ance demo --recipe full: 2 SimANS rounds, 2 epochs per stage, lr 4e-5; 11 min here): RESULTS.md
 	$(BIN)/ance demo --recipe full
 
 compress: env  ## the demo pipeline (cached stages reused), then compression of its final model (RESULTS.md)
