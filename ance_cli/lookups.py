@@ -37,7 +37,8 @@ def index_of(model: Path, index: Path | None) -> Path:
     encoding (its scores would mean nothing); without one, the newest exact index of the model's encoding in the work
     folder the model is a stage of."""
     from ance_core.errors import AnceError
-    from ance_core.retrieval.index import CheckpointMatch, index_checkpoint, indexes_of, is_index_folder
+    from ance_core.retrieval.index import is_index_folder
+    from ance_core.retrieval.provenance import CheckpointMatch, index_checkpoint, indexes_of
 
     if index is None:
         work = model.resolve().parent.parent  # <work>/<stage>/<key>
