@@ -135,11 +135,11 @@ def _score_matrix(retriever: bm25s.BM25, parts: list, lengths: np.ndarray, frequ
     r, n_docs = retriever, len(lengths)
     average = lengths.mean() if n_docs else 0.0  # (float64, as bm25s)
     df = {token: int(f) for token, f in enumerate(frequencies)}
-    idf = scoring._build_idf_array(df, n_docs, scoring._select_idf_scorer(r.idf_method), r.dtype)
+    idf_of, tfc = scoring._select_idf_scorer(r.idf_method), scoring._select_tfc_scorer(r.method)
+    idf = scoring._build_idf_array(df, n_docs, idf_of, r.dtype)
     r.nonoccurrence_array = scoring._build_nonoccurrence_array(
-        df, n_docs, scoring._select_idf_scorer(r.idf_method), scoring._select_tfc_scorer(r.method), average,
-        average, r.k1, r.b, r.delta, r.dtype) if r.method in r.methods_requiring_nonoccurrence else None
-    tfc = scoring._select_tfc_scorer(r.method)
+        df, n_docs, idf_of, tfc, average, average, r.k1, r.b, r.delta, r.dtype) \
+        if r.method in r.methods_requiring_nonoccurrence else None
     indptr = np.concatenate([[0], np.cumsum(frequencies)]).astype(np.int64)
     data, indices = np.empty(indptr[-1], dtype=r.dtype), np.empty(indptr[-1], dtype=r.int_dtype)
     filled, first = indptr[:-1].copy(), 0
