@@ -136,14 +136,22 @@ def layer_groups(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
     return groups
 
 
-def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, float]:
-    """L2 norm of each group's gradients (call before clipping: the pre-clip norms)."""
+def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """L2 norm of each group's gradients (call before clipping: the pre-clip norms), as tensors on the device: read
+    with the step's other figures (`read_once`)."""
     out = {}
     for name, params in groups.items():
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
-            out[f"grad_norm_{name}"] = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+            out[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     return out
+
+
+def read_once(figures: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The step's device scalars as floats in one transfer: one device sync per optimizer step (each `float()` of a
+    CUDA tensor is one, and the host cannot queue the next step's kernels while it waits)."""
+    values = torch.stack([t.detach().float().reshape(()) for t in figures.values()]).tolist()
+    return dict(zip(figures, values, strict=True))
 
 
 def aligned_negatives(pairs: pd.DataFrame, table: pd.DataFrame, group: int) -> pd.DataFrame:
@@ -342,11 +350,11 @@ def train(
             else:
                 step_loss = cached_gradients(encoder, micro_batches, embed, batch_loss, cfg.grad_cache_chunk, group,
                                              left_padded, cfg.grad_accumulation, ranks.world, scaler)
-            loss_value, examples = float(step_loss), sum(b["rows"] for b in micro_batches)  # read once per step
+            examples = sum(b["rows"] for b in micro_batches)
             if scaler is not None:
                 scaler.unscale_(optimizer)
             layer_norms = group_grad_norms(thirds)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))  # pre-clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # pre-clip
             lr = scheduler.get_last_lr()[0]
             if scaler is not None:
                 scaler.step(optimizer)
@@ -355,8 +363,11 @@ def train(
                 optimizer.step()
             scheduler.step()
             step += 1
-            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                      **layer_norms, "examples_per_s": examples / (time.perf_counter() - started)}
+            figures = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
+            loss_value = figures["loss"]
+            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": figures["grad_norm"],
+                      **{k: v for k, v in figures.items() if k.startswith("grad_norm_")},
+                      "examples_per_s": examples / (time.perf_counter() - started)}
             state["epoch"] = epoch
             if ranks.main:
                 log.write(json.dumps(record) + "\n")

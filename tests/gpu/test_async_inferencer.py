@@ -83,7 +83,7 @@ def test_async_inferencer_runs_on_the_last_gpu(device, start, tables, tmp_path, 
     assert trainer_devices == {device.index} and device.index != last
     assert seen["thread_device"] == last
     assert seen["model_device"] == torch.device("cuda", last)
-    assert seen["encode"]["device"] == "cuda"
+    assert torch.device(seen["encode"]["device"]) == torch.device("cuda", last)
     assert seen.get("faiss_device", last) == last  # when faiss has GPU support
     assert torch.cuda.current_device() == device.index  # the inferencer's device did not leak into this thread
 
@@ -92,6 +92,6 @@ def test_async_inferencer_runs_on_the_last_gpu(device, start, tables, tmp_path, 
 def test_async_inferencer_shares_the_only_device(device, start, tables, tmp_path, monkeypatch):
     seen, trainer_devices = _train_with_async_refresh(start, tables, tmp_path, monkeypatch)
     assert seen["model_device"] == device
-    assert seen["encode"]["device"] == device.type
+    assert torch.device(seen["encode"]["device"]).type == device.type  # "cuda:0" on CUDA
     assert trainer_devices == {device.index} and seen["thread_device"] == device.index
     assert seen.get("faiss_device", device.index) == device.index

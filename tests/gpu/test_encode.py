@@ -2,7 +2,8 @@
 rounding of each precision, for the tiny random BERT and the packaged all-MiniLM-L6-v2.
 
 Tolerance: the worst row's relative L2 error ||e_device - e_cpu_fp32|| / ||e_cpu_fp32||, at most 1e-4 in fp32, 3e-2
-in bf16 and 5e-3 in fp16 (measured on the CPU with all-MiniLM-L6-v2 and these passages: bf16 0.8%, fp16 0.1%)."""
+in bf16 and 5e-3 in fp16 (measured on the CPU with all-MiniLM-L6-v2 and these passages: bf16 0.8%, fp16 0.1%), the
+shards stored in float32 (the default float16 storage alone rounds by ~1e-3 relative: tests/core/retrieval)."""
 
 from pathlib import Path
 
@@ -54,9 +55,9 @@ def test_encoding_on_the_device_matches_the_cpu_in_fp32(checkpoint, cpu_referenc
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         pytest.skip(f"{torch.cuda.get_device_name(device)} has no bf16 support")
     corpus = _corpus()
-    cfg = EncodeConfig(batch_size=8, shard_size=10, precision=precision)
+    cfg = EncodeConfig(batch_size=8, shard_size=10, precision=precision, dtype="float32")  # compute, not storage
     summary = encode_corpus(checkpoint, corpus, cfg, tmp_path)
-    assert summary["device"] == device.type  # pick_device() chose the GPU
+    assert torch.device(summary["device"]).type == device.type  # pick_device() chose the GPU ("cuda:0" on CUDA)
     assert read_docids(tmp_path) == corpus["doc_id"].tolist()
     encoded = np.concatenate(list(iter_shards(tmp_path)))
     assert encoded.dtype == np.float32 and encoded.shape == cpu_reference.shape

@@ -1,0 +1,178 @@
+"""Training and corpus encoding on the device torch picks (issue 28's GPU figures; on a machine without CUDA, the same
+stages on its CPU): MiniLM on passages of the rehearsal's MS MARCO shape (bench/rehearsal.py's synthetic collection).
+
+- encoding: passages/s of `encode_texts` (length-sorted dynamic padding) at --encode-length tokens, tokenization timed
+  apart (it runs on the host before the batches go to the device);
+- training: optimizer steps/s of the training loop (`ance_core.training.loop.train`, the pipeline's) for each
+  --loader-workers value, --batch-size queries x (1 positive + 1 mined-shaped negative) per step at --train-length
+  passage tokens, in-batch negatives; on CUDA the GPU-busy % (nvidia-smi's utilization.gpu: the share of each 100 ms
+  in which a kernel ran) over the steps after the first --skip, and the peak memory torch allocated.
+
+    python bench/gpu.py [--model minilm] [--random-init] [--passages 100000] [--steps 300] [--batch-size 64]
+                        [--loader-workers 0 2] [--json FILE]
+
+--random-init builds the model from --model's config and tokenizer with random weights (a machine that has neither
+the hub nor the packaged weights): the same shapes, so the same speed.
+"""
+
+import argparse
+import json
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from rehearsal import synthetic_msmarco  # bench/rehearsal.py (this script runs as bench/gpu.py)
+
+from ance_core.data.dataset import load_dataset, passage_texts
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
+from ance_core.retrieval.encode import encode_texts
+from ance_core.training.config import TrainConfig
+from ance_core.training.loop import train
+
+
+class GpuSampler(threading.Thread):
+    """(time, utilization.gpu %, memory.used MiB) from `nvidia-smi -lms` until stopped."""
+
+    def __init__(self, every_ms: int = 100):
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float, float]] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                      "--format=csv,noheader,nounits", f"-lms={every_ms}"],
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                util, mem = (float(x) for x in line.split(",")[:2])
+            except ValueError:
+                continue
+            self.samples.append((time.time(), util, mem))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.join(5)
+
+    def busy(self, start: float, stop: float) -> tuple[float, int]:
+        window = [u for t, u, _ in self.samples if start <= t <= stop]
+        return (float(np.mean(window)) if window else float("nan")), len(window)
+
+
+def model_source(name: str, random_init: bool, root: Path) -> str:
+    source = resolve_model_name(name)
+    if not random_init:
+        return source
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.from_pretrained(source))
+    out = root / "random-init"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return str(out)
+
+
+def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: int, precision: str) -> dict:
+    device = pick_device()
+    model, tokenizer, _ = load_checkpoint(checkpoint, device)
+    dtype = autocast_dtype(precision, device)
+    encode_texts(model, tokenizer, texts[:2 * batch_size], length, batch_size, dtype)  # warm-up: kernels, allocator
+    started = time.perf_counter()
+    tokenizer(texts, truncation=True, max_length=length)
+    tokenize = time.perf_counter() - started
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    encode_texts(model, tokenizer, texts, length, batch_size, dtype)
+    sync()
+    seconds = time.perf_counter() - started
+    return {"passages": len(texts), "max_length": length, "batch_size": batch_size, "seconds": round(seconds, 2),
+            "passages_per_s": round(len(texts) / seconds, 1), "tokenize_seconds": round(tokenize, 2),
+            "passages_per_s_without_tokenizing": round(len(texts) / max(seconds - tokenize, 1e-9), 1)}
+
+
+def training_pairs(corpus: pd.DataFrame, qrels: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
+    """`n` (query, positive) rows with one random passage as the negative: the shape of a mined table."""
+    rng = np.random.default_rng(seed)
+    rows = qrels.iloc[:n]
+    negatives = corpus["doc_id"].to_numpy()[rng.integers(0, len(corpus), len(rows))]
+    return pd.DataFrame({"query_id": rows["query_id"].to_numpy(), "positive_id": rows["doc_id"].to_numpy(),
+                         "negative_ids": [[d] for d in negatives], "negative_ranks": [[1]] * len(rows),
+                         "negative_scores": [[0.0]] * len(rows)})
+
+
+def bench_train(checkpoint: Path, data, pairs: pd.DataFrame, args, workers: int, out: Path) -> dict:
+    relevant = {q: {d} for q, d in zip(pairs["query_id"], pairs["positive_id"], strict=True)}
+    cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, passage_max_length=args.train_length,
+                      precision=args.precision, checkpoint_every=0, checkpoint_seconds=0, loader_workers=workers)
+    stamps: list[float] = []
+    sampler = GpuSampler() if torch.cuda.is_available() else None
+    if sampler:
+        sampler.start()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.time()
+    try:
+        train(checkpoint, pairs, data.corpus, data.queries, relevant, cfg, out,
+              callbacks=[lambda record: stamps.append(time.time())])
+    finally:
+        if sampler:
+            sampler.stop()
+    skip = min(args.skip, len(stamps) - 2)
+    steady = stamps[-1] - stamps[skip]
+    result = {"loader_workers": workers, "steps": len(stamps), "batch_size": args.batch_size,
+              "passage_tokens": args.train_length, "seconds_total": round(time.time() - started, 2),
+              "seconds_to_first_step": round(stamps[0] - started, 2),
+              "steps_per_s": round((len(stamps) - 1 - skip) / steady, 3)}
+    if sampler:
+        busy, n = sampler.busy(stamps[skip], stamps[-1])
+        result |= {"gpu_busy_pct": round(busy, 1), "gpu_samples": n,
+                   "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2 ** 20)}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--random-init", action="store_true")
+    parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--encode-passages", type=int, help="passages encoded (default: all)")
+    parser.add_argument("--encode-length", type=int, default=256)
+    parser.add_argument("--encode-batch-size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip", type=int, default=20, help="first steps left out of steps/s and GPU-busy %%")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--train-length", type=int, default=128)
+    parser.add_argument("--loader-workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    device = pick_device()
+    report: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__, "threads": torch.get_num_threads()}
+    shape = synthetic_msmarco(root / "data", args.passages, args.steps * args.batch_size, 0)
+    data = load_dataset(root / "data")
+    checkpoint = root / "start"
+    init_model(ModelConfig(name=model_source(args.model, args.random_init, root)), checkpoint)
+    report["collection"] = shape
+    texts = passage_texts(data.corpus)[: args.encode_passages or None]
+    report["encode"] = bench_encode(checkpoint, texts, args.encode_length, args.encode_batch_size, args.precision)
+    print(json.dumps(report["encode"]), flush=True)
+    qrels = data.split_qrels("train")
+    pairs = training_pairs(data.corpus, qrels, args.steps * args.batch_size)
+    report["train"] = []
+    for workers in args.loader_workers:
+        report["train"].append(bench_train(checkpoint, data, pairs, args, workers, root / f"train-{workers}"))
+        print(json.dumps(report["train"][-1]), flush=True)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
