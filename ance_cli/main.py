@@ -328,6 +328,8 @@ def gc(
                                            "built from)")] = 3,
     keep_refreshes: Annotated[int, typer.Option(min=1, help="Of each kept run, keep the encodings and indexes of "
                                                 "its last N refreshes")] = 2,
+    keep_rankings: Annotated[bool, typer.Option("--keep-rankings/--drop-rankings", help="Keep the kept refreshes' "
+                                                "rankings (retrieve folders), or drop every ended run's")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")] = False,
 ):
     """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
@@ -338,7 +340,8 @@ def gc(
     def body():
         if not Path(work_dir).is_dir():
             raise AnceError(f"{work_dir}: no such work folder")
-        plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes), dry_run)
+        plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes,
+                                                   keep_rankings=keep_rankings), dry_run)
         verb = "would remove" if dry_run else "removed"
         for folder in plan.remove:
             typer.echo(f"{verb}  {folder.stage}/{folder.key}")

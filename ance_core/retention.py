@@ -12,6 +12,7 @@ lock nobody holds (the run was killed) counts as an ended run.
   unset) keep their big files: the `encode` folder, its `encode-shard` folders, the indexes built on it and the
   rankings searched in them (`retrieve`). Older refreshes go even though a kept run used them (its negatives,
   evaluations and checkpoints stay);
+- **rankings** (`keep_rankings: false`): every ended run's `retrieve` folders go, the kept refreshes' too;
 - **never removed**: the stages of a live run (its lock is held), the model `latest.json` names, a stage folder no
   run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
   refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
@@ -54,10 +55,15 @@ class RetentionConfig(StageConfig):
         None, ge=1, description="Of each kept run, keep the corpus encodings and indexes of its last N refreshes "
         "(one per checkpoint it encoded: the largest files of a work folder); the older ones are removed, the run's "
         "other stages stay. Unset: every refresh's")
+    keep_rankings: bool = Field(
+        True, description="Keep the dense rankings (`retrieve` folders) of the kept refreshes once their run has "
+        "ended. false: they go too, as soon as the run ends: mining's ranking of every training query (500k x 200 "
+        "rows, ~0.9 GB per refresh at MS MARCO's shape) is read once, by the mining it fed, whose negatives stay "
+        "cached; a re-run of the run searches its index again")
 
     @property
     def active(self) -> bool:
-        return self.keep_runs is not None or self.keep_refreshes is not None
+        return self.keep_runs is not None or self.keep_refreshes is not None or not self.keep_rankings
 
 
 # ---------------------------------------------------------------- the record of a run's stages
@@ -228,6 +234,8 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
         encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
         for encode in encodes[-cfg.keep_refreshes:] if cfg.keep_refreshes else encodes:
             keep |= _refresh_of(folders, encode)
+    if not cfg.keep_rankings:  # ended runs' rankings: what they fed is built (a live run's stay, below)
+        keep -= {s["key"] for r in ended for s in r["stages"] if s["stage"] == "retrieve"}
     live_keys = {s["key"] for r in live for s in r["stages"] if s["key"] in folders}
     keep |= live_keys | {k for key in live_keys if folders[key].stage == "encode" for k in _refresh_of(folders, key)}
     plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),

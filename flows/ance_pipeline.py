@@ -93,7 +93,8 @@ def retain(work_dir: str, retention: RetentionConfig) -> dict:
     if not retention.active:
         return {}
     plan = collect(work_dir, retention)
-    print(f"retention ({retention.keep_runs or 'all'} runs, {retention.keep_refreshes or 'all'} refreshes each): "
+    print(f"retention ({retention.keep_runs or 'all'} runs, {retention.keep_refreshes or 'all'} refreshes each"
+          f"{'' if retention.keep_rankings else ', no rankings'}): "
           f"removed {len(plan.remove)} stage folders, {plan.freed_bytes / 2**30:.2f} GiB freed")
     return {"retention": plan.summary()}
 

@@ -79,6 +79,13 @@ def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     assert len(list((work / "encode").iterdir())) == 3
     code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"])
     assert code == 0 and "removed 2 stage folders" in out and len(list((work / "encode").iterdir())) == 1
+    with live_run(work, "run"):
+        run_stage(work, "retrieve", {"k": 0}, {}, shard)
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "2", "--dry-run"])
+    assert code == 0 and "would remove 0 stage folders" in out  # the ranking is kept by default
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "2", "--drop-rankings"])
+    assert code == 0 and "removed 1 stage folders" in out and not list((work / "retrieve").iterdir())
+    assert len(list((work / "encode").iterdir())) == 1
     code, out = _invoke(["gc", "--work-dir", str(tmp_path / "nowhere")])
     assert code == 2 and "no such work folder" in out and "Traceback" not in out
 

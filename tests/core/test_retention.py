@@ -72,6 +72,31 @@ def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
     assert not [p for p in work.glob("*/.gc-*")]
 
 
+def test_drop_rankings_removes_every_ended_runs_rankings_and_keeps_a_live_runs(tmp_path):
+    """keep_rankings false: the kept refreshes lose their `retrieve` folders (the mined negatives, encodings and
+    indexes stay); a live run's ranking stays, and so does everything else the policy keeps."""
+    work = tmp_path / "work"
+    with live_run(work, "first"):
+        start = _stage(work, "init", "pretrained", {})
+    for k in range(2):
+        with live_run(work, "retrain"):
+            start = _retrain(work, k, start)
+    policy = RetentionConfig(keep_runs=2, keep_refreshes=1, keep_rankings=False)
+    assert policy.active and RetentionConfig(keep_rankings=False).active and not RetentionConfig().active
+    with_rankings = _names(plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1)).keep)
+    assert {"run0b", "run1b"} <= set(with_rankings)
+    with live_run(work, "running"):
+        live = _stage(work, "retrieve", "run-live", {"index": "x"})
+        plan = collect(work, policy)
+        assert _names(plan.keep) == sorted(n for n in [*with_rankings, "run-live"] if n not in ("run0b", "run1b"))
+        assert live.digest not in {f.key for f in plan.remove} and Path(live.path).is_dir()
+    kept = _names(stage_folders(work).values())
+    assert "mine1" in kept and "enc1b" in kept and not {"run0b", "run1b", "run0a", "run1a"} & set(kept)
+    assert "run-live" in kept  # still there: the run ended after the collection
+    after = collect(work, policy)  # the next collection: that run has ended (and retrain 0 is no longer kept)
+    assert live.digest in {f.key for f in after.remove} and not Path(live.path).exists()
+
+
 def test_hard_linked_files_free_nothing_until_their_last_link_goes(tmp_path):
     work = tmp_path / "work"
     with live_run(work, "r1"):
