@@ -31,6 +31,7 @@ from rehearsal import synthetic_msmarco  # bench/rehearsal.py (this script runs 
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
+from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval.encode import encode_texts
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import train
@@ -83,7 +84,7 @@ def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: in
     dtype = autocast_dtype(precision, device)
     encode_texts(model, tokenizer, texts[:2 * batch_size], length, batch_size, dtype)  # warm-up: kernels, allocator
     started = time.perf_counter()
-    tokenizer(texts, truncation=True, max_length=length)
+    list(token_ids(tokenizer, texts, length))  # as encode_texts tokenizes (modeling/tokenizing.py)
     tokenize = time.perf_counter() - started
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()

@@ -36,9 +36,8 @@ from ance_core.modeling.model import (
     out_of_memory_advice,
     pick_device,
 )
+from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval.config import EncodeConfig
-
-TOKENIZE_CHUNK = 8192
 
 
 def encode_texts(
@@ -52,11 +51,9 @@ def encode_texts(
 ) -> np.ndarray:
     """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little."""
     device = next(model.parameters()).device
-    # tokenized a chunk at a time: a fast tokenizer's per-text encodings (offsets, words, ...) of a whole shard take
-    # several times the memory of the token ids kept
-    features = [ids for start in range(0, len(texts), TOKENIZE_CHUNK)
-                for ids in tokenizer(texts[start:start + TOKENIZE_CHUNK], truncation=True, max_length=max_length,
-                                     add_special_tokens=True)["input_ids"]]
+    # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
+    # ...) of a whole shard take several times the memory of the token ids kept
+    features = list(token_ids(tokenizer, texts, max_length))
     order = np.argsort([-len(ids) for ids in features], kind="stable")
     out = np.empty((len(texts), model.dim), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()

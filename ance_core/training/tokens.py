@@ -9,12 +9,13 @@ MS MARCO passages of ~75 tokens in ~0.16 GB; a text's characters are not kept.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 
 import numpy as np
 import torch
 
 from ance_core.errors import AnceError
+from ance_core.modeling.tokenizing import token_ids
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,13 @@ TOKENIZE_CHUNK = 10_000  # texts per tokenizer call
 def tokenize(tokenizer, texts: Sequence[str], max_length: int, dtype: np.dtype) -> TokenTable:
     """The ids the tokenizer gives each text with truncation=True, max_length (special tokens included).
 
-    `TOKENIZE_CHUNK` texts at a time, ids only: a fast tokenizer keeps a full Encoding (tokens, offsets, word ids) per
-    text of a call, ~5 KB each, so one call over a round's 500k queries held ~2.5 GB (measured: BENCHMARKS.md)."""
+    `TOKENIZE_CHUNK` texts at a time, ids only (modeling/tokenizing.py): a fast tokenizer keeps a full Encoding
+    (tokens, offsets, word ids) per text of a call, so one call over a round's 500k queries held ~2.5 GB (measured:
+    BENCHMARKS.md)."""
     texts = list(texts)
-    parts = [TokenTable.from_lists(tokenizer(texts[start : start + TOKENIZE_CHUNK], truncation=True,
-                                             max_length=max_length, return_attention_mask=False,
-                                             return_token_type_ids=False)["input_ids"], dtype)
-             for start in range(0, len(texts), TOKENIZE_CHUNK)]
+    ids = token_ids(tokenizer, texts, max_length, TOKENIZE_CHUNK)
+    parts = [TokenTable.from_lists(list(islice(ids, TOKENIZE_CHUNK)), dtype)
+             for _ in range(0, len(texts), TOKENIZE_CHUNK)]
     return TokenTable.concat(parts, dtype)
 
 

@@ -1,0 +1,56 @@
+"""The token ids of many texts, a chunk at a time, from a fast tokenizer's Rust core when the tokenizer has one.
+
+`tokenizer(texts, truncation=True, max_length=n)["input_ids"]` sets the truncation on the tokenizer's Rust backend,
+calls its `encode_batch` and converts every Encoding into Python lists of every field (ids, token types, attention
+mask), then keeps only the ids. `token_ids` calls `encode_batch` on a private copy of the backend set the same way
+and reads the ids alone: the same ids (tests/core/modeling/test_tokenizing.py), 1.7-1.9x faster on 100k passages on a
+16-core GPU machine, where tokenizing was 20-32% of encoding the corpus (BENCHMARKS.md). The copy (one per tokenizer
+and length, kept while the tokenizer lives) leaves the shared tokenizer's settings alone, so threads that tokenize
+with other lengths at the same time (the async inferencer's) cannot change each other's truncation. A tokenizer
+without a Rust backend is called as before.
+"""
+
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+
+CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: offsets, words) per text of a call
+
+
+_copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> {settings: its set copy}
+_copying = threading.Lock()
+
+
+def _backend(tokenizer, max_length: int):
+    """A copy of the tokenizer's Rust backend that truncates like `tokenizer(..., truncation=True, max_length=...)`
+    and pads nothing, made once per tokenizer and settings (~20 ms for a 30k vocabulary: a query encoded alone pays
+    it once) and never changed after; None for a tokenizer without one."""
+    from tokenizers import Tokenizer
+
+    shared = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if shared is None:
+        return None
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    settings = (max_length, tokenizer.truncation_side, split)
+    with _copying:
+        made = _copies.setdefault(tokenizer, {})
+        if settings not in made:
+            backend = Tokenizer.from_str(shared.to_str())
+            backend.no_padding()
+            backend.enable_truncation(max_length, stride=0, strategy="longest_first", direction=settings[1])
+            backend.encode_special_tokens = split
+            made[settings] = backend
+        return made[settings]
+
+
+def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:
+    """Each text's ids as `tokenizer(text, truncation=True, max_length=max_length)["input_ids"]` gives them (special
+    tokens included), in order, `chunk` texts per call."""
+    backend = _backend(tokenizer, max_length)
+    for start in range(0, len(texts), chunk):
+        part = list(texts[start:start + chunk])
+        if backend is not None:
+            yield from (encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True))
+        else:
+            yield from tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
+                                 return_token_type_ids=False)["input_ids"]

@@ -1,0 +1,53 @@
+"""`token_ids` (modeling/tokenizing.py) gives the ids `tokenizer(texts, truncation=True, max_length=n)` gives, through
+a private copy of the fast tokenizer's Rust backend, and leaves the shared tokenizer's settings alone."""
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from ance_core.modeling.model import resolve_model_name
+from ance_core.modeling.tokenizing import token_ids
+
+TEXTS = ["cell protein", "", "  ", "gene cancer patients study risk effect mice treatment blood disease cell protein "
+         "gene " * 40, "Ünïcode — naïve café 北京 🙂", "a [SEP] inside and a [MASK] too", "mice\r\nrisk\teffect",
+         "x" * 3000]
+
+
+@pytest.fixture(params=["tiny", "minilm"])
+def tokenizer(request):
+    if request.param == "minilm":
+        if not Path(resolve_model_name("minilm")).is_dir():
+            pytest.skip("all-MiniLM-L6-v2 is not installed")
+        return AutoTokenizer.from_pretrained(resolve_model_name("minilm"))
+    return AutoTokenizer.from_pretrained(request.getfixturevalue("tiny_model"))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("max_length", [8, 64, 512])
+def test_the_ids_are_the_tokenizers_own(tokenizer, side, max_length):
+    tokenizer.truncation_side = side
+    expected = tokenizer(TEXTS, truncation=True, max_length=max_length)["input_ids"]
+    assert tokenizer.is_fast and list(token_ids(tokenizer, TEXTS, max_length)) == expected
+    assert list(token_ids(tokenizer, TEXTS, max_length, chunk=3)) == expected  # chunk boundaries change nothing
+    assert list(token_ids(tokenizer, [], max_length)) == []
+
+
+def test_the_shared_tokenizer_keeps_its_settings(tokenizer):
+    """The copy is set, not the tokenizer another thread may be using with another length."""
+    tokenizer(["cell"], truncation=True, max_length=16, padding="max_length")
+    before = tokenizer.backend_tokenizer.truncation, tokenizer.backend_tokenizer.padding
+    list(token_ids(tokenizer, TEXTS, 8))
+    assert (tokenizer.backend_tokenizer.truncation, tokenizer.backend_tokenizer.padding) == before
+    assert before[0]["max_length"] == 16 and before[1] is not None
+
+
+def test_a_tokenizer_without_a_rust_backend_is_called_as_before():
+    class Plain:
+        is_fast = False
+
+        def __call__(self, texts, truncation, max_length, **_):
+            assert truncation
+            return {"input_ids": [[len(t), max_length] for t in texts]}
+
+    assert list(token_ids(Plain(), ["ab", "c", "def"], 9, chunk=2)) == [[2, 9], [1, 9], [3, 9]]
