@@ -150,7 +150,9 @@ def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, t
 def read_once(figures: dict[str, torch.Tensor]) -> dict[str, float]:
     """The step's device scalars as floats in one transfer: one device sync per optimizer step (each `float()` of a
     CUDA tensor is one, and the host cannot queue the next step's kernels while it waits)."""
-    values = torch.stack([t.detach().float().reshape(()) for t in figures.values()]).tolist()
+    device = max((t.device for t in figures.values()), key=lambda d: d.type != "cpu")  # (a rank with no rows: a
+    # CPU zero for its loss, beside the device's norms)
+    values = torch.stack([t.detach().float().reshape(()).to(device) for t in figures.values()]).tolist()
     return dict(zip(figures, values, strict=True))
 
 
