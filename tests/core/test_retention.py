@@ -43,13 +43,18 @@ def _names(folders):
     return sorted((f.path / "name.txt").read_text() for f in folders)
 
 
-def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
-    work = tmp_path / "work"
+def _retrained(work: Path, times: int) -> Path:
+    """A work folder after a first run and `times` retrains, each a run of its own."""
     with live_run(work, "first"):
         start = _stage(work, "init", "pretrained", {})
-    for k in range(5):
+    for k in range(times):
         with live_run(work, "retrain"):
             start = _retrain(work, k, start)
+    return work
+
+
+def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
+    work = _retrained(tmp_path / "work", 5)
     assert len(list((work / RUNS).glob("*.json"))) == 6 and not list((work / LIVE).glob("*.json"))
     (work / "mlflow.db").write_text("x")
     (work / "champion").mkdir()
@@ -75,12 +80,7 @@ def test_gc_keeps_the_last_runs_and_their_last_refreshes(tmp_path):
 def test_drop_rankings_removes_every_ended_runs_rankings_and_keeps_a_live_runs(tmp_path):
     """keep_rankings false: the kept refreshes lose their `retrieve` folders (the mined negatives, encodings and
     indexes stay); a live run's ranking stays, and so does everything else the policy keeps."""
-    work = tmp_path / "work"
-    with live_run(work, "first"):
-        start = _stage(work, "init", "pretrained", {})
-    for k in range(2):
-        with live_run(work, "retrain"):
-            start = _retrain(work, k, start)
+    work = _retrained(tmp_path / "work", 2)
     policy = RetentionConfig(keep_runs=2, keep_refreshes=1, keep_rankings=False)
     assert policy.active and RetentionConfig(keep_rankings=False).active and not RetentionConfig().active
     with_rankings = _names(plan_gc(work, RetentionConfig(keep_runs=2, keep_refreshes=1)).keep)
