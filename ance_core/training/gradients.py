@@ -1,6 +1,8 @@
 """One optimizer step's gradients: the micro-batches of gradient accumulation (one all-reduce per step under DDP),
-and cached in-batch negatives (GradCache), each with its loss read once per step."""
+and cached in-batch negatives (GradCache), each with its loss read once per step; the gradient norms the training
+log records (the whole model's and each third of its layers'), read with the loss in one transfer."""
 
+import re
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
@@ -100,3 +102,46 @@ def _set_rng_state(state: tuple) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state_all(state[1])
+
+
+# ---------------------------------------------------------------- the step's gradient norms (train_log.jsonl)
+
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+
+
+def layer_groups(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+    """The transformer layers' parameters in thirds (ANCE ICLR Fig. 4): bottom, middle, top.
+
+    Layer i of n goes to third i*3//n; with fewer than 3 layers the first is "bottom" and the last "top".
+    Embeddings and the head belong to no third (they count in the overall norm only)."""
+    indexed = [(int(m.group(1)), p) for name, p in model.named_parameters()
+               if p.requires_grad and (m := LAYER_INDEX.search(name))]
+    if not indexed:
+        return {}
+    n = max(i for i, _ in indexed) + 1
+    names = ("bottom", "middle", "top")
+    groups: dict[str, list[torch.nn.Parameter]] = {}
+    for i, p in indexed:
+        third = names[i * 3 // n] if n >= 3 else ("bottom" if i == 0 else "top")
+        groups.setdefault(third, []).append(p)
+    return groups
+
+
+def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """L2 norm of each group's gradients (call before clipping: the pre-clip norms), as tensors on the device: read
+    with the step's other figures (`read_once`)."""
+    out = {}
+    for name, params in groups.items():
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            out[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return out
+
+
+def read_once(figures: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The step's device scalars as floats in one transfer: one device sync per optimizer step (each `float()` of a
+    CUDA tensor is one, and the host cannot queue the next step's kernels while it waits)."""
+    device = max((t.device for t in figures.values()), key=lambda d: d.type != "cpu")  # (a rank with no rows: a
+    # CPU zero for its loss, beside the device's norms)
+    values = torch.stack([t.detach().float().reshape(()).to(device) for t in figures.values()]).tolist()
+    return dict(zip(figures, values, strict=True))

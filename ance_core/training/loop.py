@@ -16,7 +16,6 @@ No pickle: tensors in safetensors, everything else in JSON.
 
 import json
 import math
-import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -46,7 +45,14 @@ from ance_core.negatives.teacher import TEACHER_COLUMNS
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
-from ance_core.training.gradients import PairEncoder, accumulate_gradients, cached_gradients
+from ance_core.training.gradients import (
+    PairEncoder,
+    accumulate_gradients,
+    cached_gradients,
+    group_grad_norms,
+    layer_groups,
+    read_once,
+)
 from ance_core.training.loss import distill_loss, nll_loss
 from ance_core.training.optim import linear_schedule, make_optimizer
 from ance_core.training.ranks import current_ranks, gather_rows, rng_states, split_sizes
@@ -113,47 +119,6 @@ def continuous_schedules(steps: Sequence[int], warmup_ratio: float, resume_first
     total, offsets = sum(steps), np.cumsum([0, *steps[:-1]]).tolist()
     return [Schedule(int(offset), total, int(warmup_ratio * total), resume_first or k > 0)
             for k, offset in enumerate(offsets)]
-
-
-LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
-
-
-def layer_groups(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
-    """The transformer layers' parameters in thirds (ANCE ICLR Fig. 4): bottom, middle, top.
-
-    Layer i of n goes to third i*3//n; with fewer than 3 layers the first is "bottom" and the last "top".
-    Embeddings and the head belong to no third (they count in the overall norm only)."""
-    indexed = [(int(m.group(1)), p) for name, p in model.named_parameters()
-               if p.requires_grad and (m := LAYER_INDEX.search(name))]
-    if not indexed:
-        return {}
-    n = max(i for i, _ in indexed) + 1
-    names = ("bottom", "middle", "top")
-    groups: dict[str, list[torch.nn.Parameter]] = {}
-    for i, p in indexed:
-        third = names[i * 3 // n] if n >= 3 else ("bottom" if i == 0 else "top")
-        groups.setdefault(third, []).append(p)
-    return groups
-
-
-def group_grad_norms(groups: dict[str, list[torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
-    """L2 norm of each group's gradients (call before clipping: the pre-clip norms), as tensors on the device: read
-    with the step's other figures (`read_once`)."""
-    out = {}
-    for name, params in groups.items():
-        grads = [p.grad for p in params if p.grad is not None]
-        if grads:
-            out[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return out
-
-
-def read_once(figures: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The step's device scalars as floats in one transfer: one device sync per optimizer step (each `float()` of a
-    CUDA tensor is one, and the host cannot queue the next step's kernels while it waits)."""
-    device = max((t.device for t in figures.values()), key=lambda d: d.type != "cpu")  # (a rank with no rows: a
-    # CPU zero for its loss, beside the device's norms)
-    values = torch.stack([t.detach().float().reshape(()).to(device) for t in figures.values()]).tolist()
-    return dict(zip(figures, values, strict=True))
 
 
 def aligned_negatives(pairs: pd.DataFrame, table: pd.DataFrame, group: int) -> pd.DataFrame:
