@@ -38,29 +38,27 @@ from ance_core.training.loop import train
 
 
 class GpuSampler(threading.Thread):
-    """(time, utilization.gpu %, memory.used MiB) from `nvidia-smi -lms` until stopped."""
+    """(time, utilization.gpu %) from `nvidia-smi -lms` until stopped."""
 
     def __init__(self, every_ms: int = 100):
         super().__init__(daemon=True)
-        self.samples: list[tuple[float, float, float]] = []
-        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
-                                      "--format=csv,noheader,nounits", f"-lms={every_ms}"],
-                                     stdout=subprocess.PIPE, text=True)
+        self.samples: list[tuple[float, float]] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                      f"-lms={every_ms}"], stdout=subprocess.PIPE, text=True)
 
     def run(self) -> None:
         for line in self.proc.stdout:
             try:
-                util, mem = (float(x) for x in line.split(",")[:2])
+                self.samples.append((time.time(), float(line)))
             except ValueError:
                 continue
-            self.samples.append((time.time(), util, mem))
 
     def stop(self) -> None:
         self.proc.terminate()
         self.join(5)
 
     def busy(self, start: float, stop: float) -> tuple[float, int]:
-        window = [u for t, u, _ in self.samples if start <= t <= stop]
+        window = [u for t, u in self.samples if start <= t <= stop]
         return (float(np.mean(window)) if window else float("nan")), len(window)
 
 

@@ -13,6 +13,7 @@ without a Rust backend is called as before.
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
+from itertools import chain
 
 CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: offsets, words) per text of a call
 
@@ -43,14 +44,19 @@ def _backend(tokenizer, max_length: int):
         return made[settings]
 
 
-def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:
-    """Each text's ids as `tokenizer(text, truncation=True, max_length=max_length)["input_ids"]` gives them (special
-    tokens included), in order, `chunk` texts per call."""
+def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[list[int]]]:
+    """The ids `tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]` gives (special tokens
+    included), `chunk` texts per call and per list yielded, in order."""
     backend = _backend(tokenizer, max_length)
     for start in range(0, len(texts), chunk):
         part = list(texts[start:start + chunk])
         if backend is not None:
-            yield from (encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True))
+            yield [encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True)]
         else:
-            yield from tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
-                                 return_token_type_ids=False)["input_ids"]
+            yield tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
+                            return_token_type_ids=False)["input_ids"]
+
+
+def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:
+    """Each text's ids, in order (`token_id_chunks`, one text at a time)."""
+    return chain.from_iterable(token_id_chunks(tokenizer, texts, max_length, chunk))

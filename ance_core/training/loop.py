@@ -330,10 +330,9 @@ def train(
                 optimizer.step()
             scheduler.step()
             step += 1
-            figures = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
-            loss_value = figures["loss"]
-            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "grad_norm": figures["grad_norm"],
-                      **{k: v for k, v in figures.items() if k.startswith("grad_norm_")},
+            norms = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
+            loss_value = norms.pop("loss")
+            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
                       "examples_per_s": examples / (time.perf_counter() - started)}
             state["epoch"] = epoch
             if ranks.main:

@@ -9,13 +9,13 @@ MS MARCO passages of ~75 tokens in ~0.16 GB; a text's characters are not kept.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain
 
 import numpy as np
 import torch
 
 from ance_core.errors import AnceError
-from ance_core.modeling.tokenizing import token_ids
+from ance_core.modeling.tokenizing import token_id_chunks
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,8 @@ def tokenize(tokenizer, texts: Sequence[str], max_length: int, dtype: np.dtype) 
     `TOKENIZE_CHUNK` texts at a time, ids only (modeling/tokenizing.py): a fast tokenizer keeps a full Encoding
     (tokens, offsets, word ids) per text of a call, so one call over a round's 500k queries held ~2.5 GB (measured:
     BENCHMARKS.md)."""
-    texts = list(texts)
-    ids = token_ids(tokenizer, texts, max_length, TOKENIZE_CHUNK)
-    parts = [TokenTable.from_lists(list(islice(ids, TOKENIZE_CHUNK)), dtype)
-             for _ in range(0, len(texts), TOKENIZE_CHUNK)]
+    parts = [TokenTable.from_lists(ids, dtype)
+             for ids in token_id_chunks(tokenizer, list(texts), max_length, TOKENIZE_CHUNK)]
     return TokenTable.concat(parts, dtype)
 
 
