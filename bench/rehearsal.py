@@ -123,15 +123,23 @@ class Sampler(threading.Thread):
             time.sleep(self.every)
 
 
+def read_samples(path: Path) -> list[tuple]:
+    return [tuple(json.loads(line)) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
 def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, float]:
-    """`ance run` on a config, sampled; (its JSON result, the samples, start time, wall seconds)."""
+    """`ance run` on a config, sampled; (its JSON result, the samples, start time, wall seconds).
+
+    Resumed (`--resume`: samples of a stopped attempt beside it), the flow reuses the stage folders the stopped
+    attempt finished (each stage is cached in the work folder) and the samples and wall time cover both attempts."""
     path = root / f"{label}.json"
     path.write_text(json.dumps(config))
     env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "TQDM_DISABLE": "1",
                         "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
+    earlier = read_samples(root / f"{label}.samples")
     started = time.time()
-    with open(root / f"{label}.log", "w") as log:
+    with open(root / f"{label}.log", "a" if earlier else "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ance_cli", "run", "--config", str(path), "--json"],
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
         sampler = Sampler(proc.pid, log=root / f"{label}.samples")  # kept on disk: a run stopped early (`--partial`)
@@ -142,7 +150,9 @@ def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, f
         raise SystemExit(f"{label}: ance run failed (exit {proc.returncode}); log: {root / f'{label}.log'}\n"
                          f"{(root / f'{label}.log').read_text()[-3000:]}")
     (root / f"{label}.out").write_text(out)
-    return json.loads(out.strip().splitlines()[-1]), sampler.samples, started, time.time() - started
+    wall = time.time() - started + (earlier[-1][0] - earlier[0][0] if earlier else 0.0)
+    return json.loads(out.strip().splitlines()[-1]), earlier + sampler.samples, \
+        earlier[0][0] if earlier else started, wall
 
 
 def stage_rows(work: Path, samples: list, since: float, owned: dict) -> list[dict]:
@@ -184,10 +194,16 @@ def disk_mb(folder: Path) -> float:
 def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
     """The runs at one corpus size; each run's rows are saved (`--json`, with the sizes `done`) as soon as it ends."""
     root = tmp / f"n{passages}"
-    root.mkdir()
+    if args.resume and (root / "result.json").is_file():  # this size had ended
+        return json.loads((root / "result.json").read_text())
     began = time.time()
-    shape = synthetic_msmarco(root / "beir", passages, args.queries, args.dev_queries)
-    generated = time.time() - began
+    if args.resume and (root / "shape.json").is_file():  # a stopped rehearsal's collection and work folder
+        shape = json.loads((root / "shape.json").read_text())
+    else:
+        root.mkdir()
+        shape = synthetic_msmarco(root / "beir", passages, args.queries, args.dev_queries)
+        (root / "shape.json").write_text(json.dumps(shape | {"generate_seconds": time.time() - began}))
+    generated = shape.get("generate_seconds")
     train = {"batch_size": 32, "passage_max_length": 64, "learning_rate": 1e-3}
     # the warm-up's BM25 negatives for the queries it trains on (a seeded sample of steps x batch), not all of them
     warmup_queries = args.warmup_steps * train["batch_size"]
@@ -200,7 +216,11 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
               "eval": {"top_k": 100}, "rounds": 2, "refresh": "sync", "work_dir": str(root / "work")}
     rows, owned = [], {}
     for label in args.runs:  # the refresh mode
-        result, samples, since, wall = run_flow(config | {"refresh": label}, root, label)
+        if (root / f"{label}.out").is_file() and args.resume:  # this run had ended: its rows from its samples
+            samples = read_samples(root / f"{label}.samples")
+            since, wall = samples[0][0], samples[-1][0] - samples[0][0]
+        else:
+            _, samples, since, wall = run_flow(config | {"refresh": label}, root, label)
         for row in stage_rows(root / "work", samples, since, owned):
             rows.append(row | {"run": label, "passages": passages})
         rows.append({"run": label, "passages": passages, "stage": "(whole run)", "seconds": wall,
@@ -223,9 +243,10 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
                "checkpoints_mb": bound - shards,
                "other_mb": {d.name: disk_mb(d) for d in sorted(work.iterdir()) if d.is_dir() and d.name not in
                             ("encode", "encode-shard", "index", "train", "train-async")}}
-    shutil.rmtree(root / "beir")
     if not args.keep:
         shutil.rmtree(root)
+    else:  # the collection stays with the work folder (a run can be resumed or repeated on it)
+        (root / "result.json").write_text(json.dumps({"rows": rows, "summary": summary}))
     return {"rows": rows, "summary": summary}
 
 
@@ -236,7 +257,7 @@ def partial(root: Path) -> None:
     for label in ("sync", "async"):
         if not (root / f"{label}.samples").is_file():
             continue
-        samples = [tuple(json.loads(line)) for line in (root / f"{label}.samples").read_text().splitlines()]
+        samples = read_samples(root / f"{label}.samples")
         for row in stage_rows(root / "work", samples, samples[0][0], owned):
             rows.append(row | {"run": label, "passages": int(root.name[1:])})
     _print_rows([{"rows": rows}])
@@ -270,6 +291,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folders")
     parser.add_argument("--runs", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     parser.add_argument("--json", help="write every row and summary here")
+    parser.add_argument("--resume", help="go on with a stopped rehearsal's folder (the one --keep printed): "
+                        "each size's collection is reused, a run that ended is read back, a stopped one resumes "
+                        "from its cached stage folders")
     parser.add_argument("--partial", help="print the rows of a stopped rehearsal's <tmp>/n<passages> folder (--keep)")
     args = parser.parse_args()
     if args.partial:
@@ -279,12 +303,15 @@ def main() -> None:
 
     results = []
     # (--keep: a folder of its own, left in place; printed, for --partial)
-    with contextlib.nullcontext(tempfile.mkdtemp(dir=args.tmp)) if args.keep else \
+    if args.resume:
+        args.keep = True
+    with contextlib.nullcontext(args.resume or tempfile.mkdtemp(dir=args.tmp)) if args.keep else \
             tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         tmp = Path(tmp)
         if args.keep:
             print(f"work folders under {tmp}", flush=True)
-        model = Path(args.model) if args.model else build_tiny_model(tmp / "tiny-model")
+        model = Path(args.model) if args.model else tmp / "tiny-model" if (tmp / "tiny-model").is_dir() \
+            else build_tiny_model(tmp / "tiny-model")
         for passages in args.passages:
             results.append(rehearse(passages, args, model, tmp, results))
             if args.json:

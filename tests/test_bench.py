@@ -4,6 +4,7 @@ figures in BENCHMARKS.md come from full runs). `make bench` runs the same script
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,9 +89,11 @@ def test_memory_bench(tmp_path):
 def test_rehearsal_bench(tiny_model, tmp_path):
     """bench/rehearsal.py: the pipeline flow (sync rounds) on a tiny synthetic collection of MS MARCO's shape, a row per
     stage with its peak RSS and disk, and the work folder against the retention bound."""
-    out = bench("rehearsal.py", "--passages", "400", "--queries", "300", "--dev-queries", "30", "--warmup-steps", "2",
-                "--round-steps", "2", "--runs", "sync", "--model", str(tiny_model), "--json",
-                str(tmp_path / "rows.json"), tmp_path=tmp_path)
+    (tmp_path / "r").mkdir()
+    size = ["--passages", "400", "--queries", "300", "--dev-queries", "30", "--warmup-steps", "2", "--round-steps", "2",
+            "--runs", "sync", "--model", str(tiny_model)]
+    out = bench("rehearsal.py", *size, "--json", str(tmp_path / "rows.json"), "--keep", "--tmp", str(tmp_path / "r"),
+                tmp_path=tmp_path)
     # stage, built, seconds, peak RSS, rise, disk
     rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +(\d+) +([\d.]*)$", out, re.M)
     built = {stage: int(count) for stage, count, *_ in rows}
@@ -100,6 +103,19 @@ def test_rehearsal_bench(tiny_model, tmp_path):
     summary = json.loads((tmp_path / "rows.json").read_text())[0]["summary"]
     assert summary["encodings_kept"] <= 2 * 2 and 50 <= summary["mean_words"] <= 70  # the retention's bound
     assert re.search(r"400 passages \(mean [\d.]+ words\): work folder \d+ MB", out), out
+
+    # a rehearsal stopped before its last evaluation, resumed: the flow rebuilds that stage only (the others are
+    # cached) and the rows count every stage folder of both attempts, as one run would
+    (folder,) = (tmp_path / "r").glob("tmp*")
+    root = folder / "n400"
+    for name in ("result.json", "sync.out"):
+        (root / name).unlink()
+    last = max((root / "work" / "evaluate").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime).parent
+    shutil.rmtree(last)
+    again = bench("rehearsal.py", *size, "--resume", str(folder), tmp_path=tmp_path)
+    rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +(\d+) +([\d.]*)$", again, re.M)
+    assert {stage: int(count) for stage, count, *_ in rows} == built, again
+    assert last.is_dir() and (root / "sync.log").read_text().count("Beginning flow run") == 2
 
 
 def test_mining_bench(tmp_path):
