@@ -26,7 +26,9 @@ class TeacherConfig(StageConfig):
 
     model: str = Field(description="Hugging Face id or local path: a cross-encoder (a sequence-classification model "
                        "with one output, e.g. the MS MARCO MiniLM cross-encoders) or a bi-encoder (mean-pooled, "
-                       "cosine: sentence-transformers' models; 'minilm' is all-MiniLM-L6-v2)")
+                       "cosine: sentence-transformers' models; 'minilm' is all-MiniLM-L6-v2), or a checkpoint this "
+                       "pipeline trained (a folder with ance_model.json: its own embeddings' inner product, its "
+                       "prefixes)")
     kind: Literal["auto", "cross-encoder", "bi-encoder"] = Field(
         "auto", description="auto: a cross-encoder when the model's architecture is a sequence classifier")
     temperature: float = Field(1.0, gt=0, description="The teacher's scores are divided by it before the softmax "

@@ -1,7 +1,9 @@
 """A teacher's scores of the mined groups, for distillation (`mining.teacher`): a cross-encoder or a bi-encoder scores
 each (query, positive) and (query, negative) of the mined table, every draw's negatives included, and training adds
 KL(teacher || student) over each query's group to its contrastive loss (training/loss.py `distill_loss`) — what
-sentence-transformers' DistillKLDivLoss and tevatron's distillation train on, usually from a cross-encoder.
+sentence-transformers' DistillKLDivLoss and tevatron's distillation train on, usually from a cross-encoder. A
+checkpoint this pipeline trained is a bi-encoder teacher scored as it retrieves (its head, pooling and prefixes): a
+stronger run's model (e.g. the `full` recipe's) can teach another run offline.
 
 The scores, divided by the teacher's temperature, go into the table beside the ids they score: `teacher_positive`
 (one per pair) and `teacher_negatives` (one per negative; the later draws' in `redrawn_teacher`, negatives/mining.py
@@ -10,6 +12,7 @@ REDRAWN).
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ance_core.data.corpus import CorpusRows
 from ance_core.errors import AnceError
-from ance_core.modeling.model import pick_device, resolve_model_name
+from ance_core.modeling.model import META_FILE, load_checkpoint, pick_device, resolve_model_name
 from ance_core.negatives.config import TeacherConfig
 
 TEACHER_COLUMNS = ("teacher_positive", "teacher_negatives")
@@ -32,6 +35,16 @@ class Teacher:
 
         self.cfg, self.device = cfg, device or pick_device()
         source = resolve_model_name(cfg.model)
+        self.checkpoint = None
+        if (Path(source) / META_FILE).is_file():  # a checkpoint this pipeline trained: it scores as it retrieves
+            if cfg.kind == "cross-encoder":
+                raise AnceError(f"mining.teacher.model '{cfg.model}': a bi-encoder checkpoint of this pipeline, "
+                                "not a cross-encoder; set teacher.kind to auto or bi-encoder")
+            model, self.tokenizer, meta = load_checkpoint(source, self.device)
+            if model.projector is not None:
+                raise AnceError(f"mining.teacher.model '{cfg.model}': a compressed checkpoint; use its teacher")
+            self.kind, self.model, self.checkpoint = "bi-encoder", model.eval(), meta
+            return
         try:
             config = AutoConfig.from_pretrained(source)
             self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -85,9 +98,24 @@ class Teacher:
             mask = inputs["attention_mask"].unsqueeze(-1).float()
             return torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1)
 
+        if self.checkpoint is not None:
+            return self._checkpoint(queries, passages)
         cfg = self.cfg
         queries, passages = [cfg.query_prefix + q for q in queries], [cfg.passage_prefix + p for p in passages]
         return (embed(queries) * embed(passages)).sum(-1).cpu().numpy()
+
+    def _checkpoint(self, queries: list[str], passages: list[str]) -> np.ndarray:
+        """The inner product of a pipeline checkpoint's own embeddings (its pooling, head and prefixes; its query
+        length, and the passage length capped by `max_length`): the score it retrieves by."""
+        meta = self.checkpoint
+
+        def embed(texts: list[str], length: int) -> torch.Tensor:
+            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=length, return_tensors="pt")
+            return self.model(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)).float()
+
+        q = embed(meta.queries(queries), meta.query_max_length)
+        p = embed(meta.passages(passages), min(meta.passage_max_length, self.cfg.max_length))
+        return (q * p).sum(-1).cpu().numpy()
 
 
 def with_teacher_scores(table: pd.DataFrame, cfg: TeacherConfig, corpus: CorpusRows, queries: pd.DataFrame,

@@ -71,6 +71,28 @@ def test_a_plain_encoder_is_a_bi_encoder_and_bad_teachers_are_refused(tiny_model
     assert "teacher" not in repr(MiningConfig()) and "teacher" not in MiningConfig().model_dump()
 
 
+def test_a_pipeline_checkpoint_teaches_with_the_scores_it_retrieves_by(tiny_model, tmp_path):
+    """A checkpoint this pipeline wrote (ance_model.json) is loaded whole — head, LayerNorm, prefixes — and scores a
+    pair by the inner product of its own query and passage embeddings, as retrieval does; not as a plain encoder."""
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model, load_checkpoint
+    from ance_core.retrieval.encode import encode_texts
+
+    init_model(ModelConfig(name=str(tiny_model), query_max_length=16, passage_max_length=32, query_prefix="q: ",
+                           passage_prefix="p: "), tmp_path / "ckpt")
+    teacher = Teacher(TeacherConfig(model=str(tmp_path / "ckpt"), max_length=24))
+    queries, passages = ["cell protein", "mice"], ["cell protein binds gene", "gene cancer in mice"]
+    scores = teacher.score(queries, passages)
+    model, tokenizer, meta = load_checkpoint(tmp_path / "ckpt")
+    q = encode_texts(model, tokenizer, meta.queries(queries), 16, 8, None)
+    p = encode_texts(model, tokenizer, meta.passages(passages), 24, 8, None)
+    assert scores == pytest.approx((q * p).sum(1), abs=1e-4)
+    plain = Teacher(TeacherConfig(model=str(tiny_model), max_length=24)).score(queries, passages)
+    assert not np.allclose(scores, plain, atol=1e-3)  # the head and LayerNorm are part of the score
+    with pytest.raises(AnceError, match="not a cross-encoder"):
+        Teacher(TeacherConfig(model=str(tmp_path / "ckpt"), kind="cross-encoder"))
+
+
 def test_the_distillation_term_is_the_kl_of_the_groups_softmaxes():
     torch.manual_seed(0)
     q, p = torch.randn(3, 4), torch.randn(3 * 2, 4)
