@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from rehearsal import synthetic_msmarco  # bench/rehearsal.py (this script runs as bench/gpu.py)
+from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this script runs as bench/gpu.py)
 
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.config import ModelConfig

@@ -35,69 +35,11 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
+from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this script runs as bench/rehearsal.py)
 
 from ance_core.retention import RetentionConfig, collect
 
 ROOT = Path(__file__).resolve().parents[1]
-MEAN_WORDS, SIGMA = 60, 0.45  # log-normal passage length: mean exp(mu + sigma^2 / 2) = 60 words
-LONG_EVERY, VOCABULARY = 2000, 30_000
-
-
-def vocabulary(size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` distinct pseudo-words of 2-4 syllables."""
-    syllables = np.array([c + v for c in "bcdfghklmnprstvz" for v in ("a", "e", "i", "o", "u", "ai", "ou")])
-    words: dict[str, None] = dict.fromkeys(sorted(STOPWORDS_EN))  # the most frequent words, as in English
-    while len(words) < size:
-        n = rng.integers(2, 5)
-        words["".join(rng.choice(syllables, n))] = None
-    return np.array(list(words), dtype=object)
-
-
-def synthetic_msmarco(folder: Path, passages: int, queries: int, dev_queries: int, seed: int = 0) -> dict:
-    """A BEIR folder of MS MARCO's shape (see the module docstring), written a block of passages at a time."""
-    rng = np.random.default_rng(seed)
-    vocab = vocabulary(VOCABULARY, rng)
-    zipf = 1 / np.arange(1, len(vocab) + 1) ** 1.05
-    zipf /= zipf.sum()
-    (folder / "qrels").mkdir(parents=True)
-    mu = np.log(MEAN_WORDS) - SIGMA ** 2 / 2
-    positives = rng.integers(0, passages, queries + 200)
-    wanted = np.zeros(passages, dtype=bool)
-    wanted[positives] = True
-    words_of: dict[int, np.ndarray] = {}  # the positives' words, for their queries
-    lengths_total = 0
-    with open(folder / "corpus.jsonl", "w") as f:
-        for start in range(0, passages, 100_000):
-            n = min(100_000, passages - start)
-            lengths = np.maximum(5, rng.lognormal(mu, SIGMA, n).astype(np.int64))
-            long = rng.random(n) < 1 / LONG_EVERY
-            lengths[long] = rng.integers(300, 2001, long.sum())
-            lengths_total += int(lengths.sum())
-            ids = rng.choice(len(vocab), size=int(lengths.sum()), p=zipf)
-            bounds = np.concatenate([[0], np.cumsum(lengths)])
-            lines = []
-            for i in range(n):
-                words = ids[bounds[i]:bounds[i + 1]]
-                if wanted[start + i]:
-                    words_of[start + i] = words
-                lines.append(json.dumps({"_id": f"d{start + i}", "title": "", "text": " ".join(vocab[words])}))
-            f.write("\n".join(lines) + "\n")
-    with open(folder / "queries.jsonl", "w") as f, open(folder / "qrels" / "train.tsv", "w") as train, \
-            open(folder / "qrels" / "test.tsv", "w") as test:
-        train.write("query-id\tcorpus-id\tscore\n")
-        test.write("query-id\tcorpus-id\tscore\n")
-        for i, doc in enumerate(positives):
-            words = words_of[int(doc)]
-            text = " ".join(vocab[np.concatenate([rng.choice(words, min(6, len(words)), replace=False),
-                                                  rng.integers(0, len(vocab), 2)])])
-            f.write(json.dumps({"_id": f"q{i}", "text": text}) + "\n")
-            (train if i < queries else test).write(f"q{i}\td{doc}\t1\n")
-    return {"passages": passages, "mean_words": lengths_total / passages, "queries": queries,
-            "dev_fraction": dev_queries / queries}
-
-
 class Sampler(threading.Thread):
     """(time, VmRSS MB, VmHWM MB) of a process every `every` seconds until it ends."""
 
@@ -263,6 +205,54 @@ def partial(root: Path) -> None:
     _print_rows([{"rows": rows}])
 
 
+def train_alone(root: Path, steps: int) -> None:
+    """`--train-alone <tmp>/n<passages>`: the first ANCE round's training (the sync run's round 1: its checkpoint,
+    mined table and data folder from the work folder) again, `steps` steps into a scratch folder, in a fresh process
+    that ran no other stage: its peak RSS (VmHWM) and its rise over the process after its imports. In the flow the
+    stage shares one process with every stage before it, whose heap it inherits (the rows' peaks carry that)."""
+    for manifest in sorted((root / "work" / "train").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime):
+        m = json.loads(manifest.read_text())
+        folders = {k: root / "work" / stage / m["inputs"][k]
+                   for k, stage in (("checkpoint", "train"), ("negatives", "mine"), ("data", "data"))}
+        if m["config"].get("round") == 1 and all(f.is_dir() for f in folders.values()):
+            break
+    else:
+        raise SystemExit(f"{root}: no round-1 training whose checkpoint, negatives and data folders are all kept")
+    spec = {k: str(v) for k, v in folders.items()} | {
+        "train": json.loads((root / "sync.json").read_text())["ance"] | {"max_steps": steps}}
+    with tempfile.TemporaryDirectory(dir=root) as out:
+        proc = subprocess.run([sys.executable, __file__, "--train-stage", json.dumps(spec | {"out": out})],
+                              capture_output=True, text=True, env=os.environ | {"TQDM_DISABLE": "1"}, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"the training failed:\n{proc.stderr[-3000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{root.name[1:]} passages: round-1 training alone, {r['pairs']} pairs, {steps} steps: "
+          f"{r['seconds']:.0f} s, peak RSS {r['peak_mb']:.0f} MB, after imports {r['imports_mb']:.0f} MB, "
+          f"rise {r['peak_mb'] - r['imports_mb']:.0f} MB")
+
+
+def _train_stage(spec: dict) -> None:
+    """The child of `train_alone`: the train task's body (tasks/train.py `train_round`) on the spec's folders."""
+    from ance_core.artifacts import NEGATIVES
+    from ance_core.data.corpus import ParquetCorpus
+    from ance_core.data.dataset import read_tables
+    from ance_core.negatives.mining import read_training_pairs
+    from ance_core.training.config import TrainConfig
+    from ance_core.training.loop import train
+
+    def status(field: str) -> float:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field))
+        return int(line.split()[1]) / 1024
+
+    imports, started = status("VmRSS"), time.time()
+    tables = read_tables(spec["data"], corpus_columns=[])
+    pairs = read_training_pairs(Path(spec["negatives"], NEGATIVES))
+    train(spec["checkpoint"], pairs, ParquetCorpus.of_folder(spec["data"]), tables.split_queries("train"),
+          tables.relevant("train"), TrainConfig(**spec["train"]), Path(spec["out"]), round_=1)
+    print(json.dumps({"pairs": len(pairs), "seconds": time.time() - started, "imports_mb": imports,
+                      "peak_mb": status("VmHWM")}))
+
+
 def _print_rows(results: list[dict]) -> None:
     print(f"{'passages':>9} {'run':6} {'stage':16} {'built':>5} {'seconds':>8} {'peak RSS MB':>12} {'rise MB':>8} "
           f"{'disk MB':>9}")
@@ -295,9 +285,17 @@ def main() -> None:
                         "each size's collection is reused, a run that ended is read back, a stopped one resumes "
                         "from its cached stage folders")
     parser.add_argument("--partial", help="print the rows of a stopped rehearsal's <tmp>/n<passages> folder (--keep)")
+    parser.add_argument("--train-alone", help="run a kept <tmp>/n<passages> folder's first round of training again "
+                        "in a fresh process (--train-steps steps) and print its peak RSS")
+    parser.add_argument("--train-steps", type=int, default=20)
+    parser.add_argument("--train-stage", help=argparse.SUPPRESS)  # train-alone's child process
     args = parser.parse_args()
     if args.partial:
         return partial(Path(args.partial))
+    if args.train_stage:
+        return _train_stage(json.loads(args.train_stage))
+    if args.train_alone:
+        return train_alone(Path(args.train_alone), args.train_steps)
     sys.path.insert(0, str(ROOT))
     from tests.tiny import build_tiny_model
 

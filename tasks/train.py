@@ -30,6 +30,7 @@ from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig, MiningConfig
+from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import TrainConfig
@@ -78,7 +79,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             return launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
                           env={FAULT_HOOK: "tasks.common"})
         tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
-        pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
+        pairs = read_training_pairs(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
                      tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_)
 
@@ -189,7 +190,7 @@ class AsyncNegatives:
             return None
         self.logger.info(f"step {step}: swapped in negatives mined with the step-"
                          f"{self.refresh.state['in_use']['checkpoint_step']} checkpoint")
-        return pd.read_parquet(Path(swapped, NEGATIVES))
+        return read_training_pairs(Path(swapped, NEGATIVES))
 
     def resume(self, resumed_step: int, snapshot_steps: list[int]) -> str | None:
         """After a restart: keep the negatives that were in use (their folder; None: the first ones), re-launch the
@@ -270,7 +271,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
     def build(out: Path):
         tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
-        pairs = pd.read_parquet(Path(negatives.path, NEGATIVES))
+        pairs = read_training_pairs(Path(negatives.path, NEGATIVES))
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
@@ -305,7 +306,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             def update(step: int) -> pd.DataFrame | None:
                 table = async_negatives.update(step)
                 if table is None and restored:
-                    table = pd.read_parquet(Path(restored[0], NEGATIVES))
+                    table = read_training_pairs(Path(restored[0], NEGATIVES))
                 restored.clear()
                 return table
 

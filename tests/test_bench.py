@@ -116,6 +116,8 @@ def test_rehearsal_bench(tiny_model, tmp_path):
     rows = re.findall(r"^ +400 sync +([\w-]+) +(\d+) +([\d.]+) +(\d+|-) +(\d+) +([\d.]*)$", again, re.M)
     assert {stage: int(count) for stage, count, *_ in rows} == built, again
     assert last.is_dir() and (root / "sync.log").read_text().count("Beginning flow run") == 2
+    alone = bench("rehearsal.py", "--train-alone", str(root), "--train-steps", "2", tmp_path=tmp_path)
+    assert re.search(r"^400 passages: round-1 training alone, \d+ pairs, 2 steps: \d+ s, peak RSS \d+ MB", alone, re.M)
 
 
 def test_mining_bench(tmp_path):

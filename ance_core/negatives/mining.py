@@ -16,10 +16,12 @@ which; the table's `fallback` column counts them per row.
 """
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ance_core.errors import AnceError, preview, warn
 from ance_core.negatives.candidates import Candidates, pair_candidates, read_ranking
@@ -212,6 +214,13 @@ def negative_draws(table: pd.DataFrame) -> int:
         return 1
     n = len(table["negative_ids"].iloc[0])
     return 1 + (len(table["redrawn_ids"].iloc[0]) // n if n else 0)
+
+
+def read_training_pairs(path: str | Path) -> pd.DataFrame:
+    """A mined table as training reads it: without the negatives' ranks and scores (kept for the statistics and
+    the UI; ~100 MB of per-row arrays at 500k pairs)."""
+    names = pq.read_schema(path).names
+    return pd.read_parquet(path, columns=[c for c in names if c not in ("negative_ranks", "negative_scores")])
 
 
 def epoch_negatives(table: pd.DataFrame, draw: int) -> pd.DataFrame:

@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -41,6 +40,7 @@ from ance_core.artifacts import TRAIN_LOG
 from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
+from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import rank_refresh
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import Schedule, train
@@ -150,7 +150,7 @@ def main(spec_path: str) -> None:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", **timeout)
     try:
         tables = read_tables(spec["data"], corpus_columns=[])  # the passages are read by row, as needed
-        pairs = pd.read_parquet(spec["negatives"])
+        pairs = read_training_pairs(spec["negatives"])
         schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
         out = Path(spec["out"])
         hooks = {}

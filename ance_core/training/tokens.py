@@ -52,10 +52,17 @@ class TokenTable:
         before = np.cumsum(lengths) - lengths  # where each text starts in the result
         return lengths, np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()))
 
-    def take(self, positions: np.ndarray) -> "TokenTable":
-        """The texts at `positions`, in that order."""
-        lengths, flat = self._spans(np.asarray(positions, np.int64))
-        return TokenTable(self.values[flat], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    def take(self, positions: np.ndarray, chunk: int = 65_536) -> "TokenTable":
+        """The texts at `positions`, in that order; `chunk` texts' flat indices at a time (int64 indices of every
+        token at once are 4x the uint16 ids: ~1 GB transient for a round's 730k passages at 2M, BENCHMARKS.md)."""
+        positions = np.asarray(positions, np.int64)
+        lengths = self.offsets[positions + 1] - self.offsets[positions]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        values = np.empty(int(offsets[-1]), self.values.dtype)
+        for start in range(0, len(positions), chunk):
+            stop = min(start + chunk, len(positions))
+            values[offsets[start]:offsets[stop]] = self.values[self._spans(positions[start:stop])[1]]
+        return TokenTable(values, offsets)
 
     def pad(self, positions: np.ndarray, pad_id: int, left: bool = False) -> dict[str, torch.Tensor]:
         """input_ids and attention_mask (k, longest) int64 of the texts at `positions`, padded with `pad_id` on the

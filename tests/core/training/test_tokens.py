@@ -36,6 +36,8 @@ def test_take_and_concat_keep_each_texts_ids(tiny_model):
     picked = whole.take(np.array([4, 0, 2]))
     again = tokenize(tokenizer, [TEXTS[4], TEXTS[0], TEXTS[2]], 8, dtype)
     assert np.array_equal(picked.values, again.values) and np.array_equal(picked.offsets, again.offsets)
+    chunked = whole.take(np.array([4, 0, 2]), chunk=2)  # the flat indices a chunk of texts at a time: the same table
+    assert np.array_equal(chunked.values, again.values) and np.array_equal(chunked.offsets, again.offsets)
     assert len(whole.take(np.array([], np.int64))) == 0
 
 
