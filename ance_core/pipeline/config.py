@@ -228,8 +228,10 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as e:
             raise AnceError(f"--set {item}: the value is not valid YAML: {e}") from None
-        if not isinstance(value, str) and value is not None and _text_field(schema, parts):
-            value = text.strip()
+        if value is not None and text.strip()[:1] not in ("'", '"') and _text_field(schema, parts):
+            # a text field takes the text as typed: YAML would drop a trailing space ('query: ', a prefix) or read
+            # 'query: ' as a mapping and 2019 as a number; a quoted value is YAML's string
+            value = text.lstrip()
         node = out
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)

@@ -124,6 +124,8 @@ def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_p
     assert recipe_config("full", ["ance.epochs=3"]).ance.epochs == 3 and recipe_config("full").rounds == 2
     assert load_config(None, CompareConfig, ["samplers=[ance, bm25]"]).samplers == ["ance", "bm25"]
     assert load_config(path, sets=["data.eval_split=2019"]).data.eval_split == "2019"  # a string field keeps text
+    prefixed = load_config(path, sets=["model.query_prefix=query: ", 'model.passage_prefix="passage: "']).model
+    assert (prefixed.query_prefix, prefixed.passage_prefix) == ("query: ", "passage: ")  # the trailing space kept
     for sets, named in ((["ance.learning_rat=3e-5"], "ance.learning_rat"), (["rounds=two"], "rounds"),
                         (["rounds.x=1"], "'rounds' is a value"), (["ance"], "expected key=value"),
                         (["ance..lr=1"], "expected key=value")):
