@@ -23,6 +23,7 @@ from ance_core.data.corpus import CorpusRows
 from ance_core.errors import AnceError
 from ance_core.modeling.model import META_FILE, load_checkpoint, pick_device, resolve_model_name
 from ance_core.negatives.config import TeacherConfig
+from ance_core.retrieval.encode import encode_texts
 
 TEACHER_COLUMNS = ("teacher_positive", "teacher_negatives")
 
@@ -107,15 +108,11 @@ class Teacher:
     def _checkpoint(self, queries: list[str], passages: list[str]) -> np.ndarray:
         """The inner product of a pipeline checkpoint's own embeddings (its pooling, head and prefixes; its query
         length, and the passage length capped by `max_length`): the score it retrieves by."""
-        meta = self.checkpoint
-
-        def embed(texts: list[str], length: int) -> torch.Tensor:
-            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=length, return_tensors="pt")
-            return self.model(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)).float()
-
-        q = embed(meta.queries(queries), meta.query_max_length)
-        p = embed(meta.passages(passages), min(meta.passage_max_length, self.cfg.max_length))
-        return (q * p).sum(-1).cpu().numpy()
+        meta, size = self.checkpoint, len(queries)  # (one batch: `score` cut them; its autocast applies)
+        q = encode_texts(self.model, self.tokenizer, meta.queries(queries), meta.query_max_length, size, None)
+        p = encode_texts(self.model, self.tokenizer, meta.passages(passages),
+                         min(meta.passage_max_length, self.cfg.max_length), size, None)
+        return (q * p).sum(-1)
 
 
 def with_teacher_scores(table: pd.DataFrame, cfg: TeacherConfig, corpus: CorpusRows, queries: pd.DataFrame,
