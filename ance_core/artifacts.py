@@ -46,6 +46,7 @@ INDEX_WINDOWS = "window"  # index (MaxP): the window number of each index row
 RUN = "run.parquet"  # retrieve / bm25-run: (query_id, doc_id, rank, score[, window])
 POSITIVE_SCORES = "positive_scores.parquet"  # retrieve: every labelled positive's exact score, retrieved or not
 NEGATIVES = "negatives.parquet"  # mine: (query, positive, negative ids, ranks, scores) per training pair
+CANDIDATES = "candidates.parquet"  # dev-candidates: (query_id, doc_id) of each dev query a stage's dev checks rank
 TRAIN_LOG = "train_log.jsonl"  # train / train-async / compress (ConAE): one JSON line per optimizer step
 ASYNC_STATE = "async_state.jsonl"  # train-async: the refresh state as events (swaps, waits, staleness per step)
 ASYNC_STATE_V1 = "async_state.json"  # the same as one JSON document rewritten every step (folders from before the log)

@@ -79,10 +79,11 @@ def train_and_evaluate(c: PipelineConfig) -> dict:
         label, checkpoint, async_refresh = ance_rounds_async(run, label, checkpoint)
     else:
         for k in range(1, c.rounds + 1):  # ANCE rounds: encode -> index -> mine -> train
-            refs = run.mine(f"ANCE round {k}", label, checkpoint, c.mining, k, train=round_cfg)
-            run.evaluate(label, checkpoint, refs)
-            checkpoint = run.train(f"ANCE round {k}", label, checkpoint, refs["mine"], round_cfg, c.mining.sampler,
-                                   schedules.next(refs["mine"]), round_=k)
+            run.evaluate(label, checkpoint)
+            start = run.start_of(f"ANCE round {k}", label)  # the best model so far on dev
+            refs = run.mine(f"ANCE round {k}", start, run.models[start]["checkpoint"], c.mining, k, train=round_cfg)
+            checkpoint = run.train(f"ANCE round {k}", start, run.models[start]["checkpoint"], refs["mine"], round_cfg,
+                                   c.mining.sampler, schedules.next(refs["mine"], restart=start != label), round_=k)
             label = f"ANCE round {k}"
     run.evaluate(label, checkpoint)
     return finish(run, label, checkpoint, async_refresh)
@@ -104,8 +105,10 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     negatives in the background; each round's snapshot is evaluated (encoded and indexed by the inferencer: cached).
     Returns the last round's label, the final checkpoint and the refresh record (swaps, staleness, waits)."""
     c = run.c
-    refs = run.mine("ANCE round 1", label, checkpoint, c.mining, 1, train=c.ance)
-    run.evaluate(label, checkpoint, refs)
+    run.evaluate(label, checkpoint)
+    start = run.start_of("ANCE round 1", label)  # the best model so far on dev
+    checkpoint = run.models[start]["checkpoint"]
+    refs = run.mine("ANCE round 1", start, checkpoint, c.mining, 1, train=c.ance)
     with run.tracking.live("ANCE (async)", run.log.timings):
         state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
                             c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data,
@@ -114,6 +117,7 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     observe_refs(trained)  # (answered from Prefect's cache: no run_stage ran here)
     trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))
+    label = start
     for k in range(1, c.rounds + 1):
         run.trained(f"ANCE round {k}", label, negatives_in_use(trained["refresh"], k, refs["mine"]), c.mining.sampler)
         label = f"ANCE round {k}"

@@ -21,7 +21,7 @@ from ance_core.data.sources import resolve_dataset
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
-from ance_core.pipeline.report import StageTiming, read_report
+from ance_core.pipeline.report import DEV_KEY, StageTiming, read_metrics, read_report, select_model
 from ance_core.training.config import TrainConfig
 from tasks.analysis import analyse_negatives
 from tasks.bm25 import bm25_run
@@ -30,7 +30,7 @@ from tasks.data import prepare_data
 from tasks.evaluate import evaluate
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
-from tasks.train import Schedule, train_round
+from tasks.train import DevInputs, Schedule, dev_candidates, train_round
 from tracking.closing import closing_lines
 from tracking.run import PipelineTracking, run_url
 
@@ -56,6 +56,7 @@ class RunBook:
         self.trained_on: dict[str, ArtifactRef] = {}  # label -> the mined negatives it trained on
         self.started_from: dict[str, str] = {}  # label -> the label of the model it trained from
         self.stats: dict[str, ArtifactRef] = {}  # label -> its negatives analysis
+        self.dev_runs: dict[str, ArtifactRef] = {}  # label (BM25 too) -> its ranking of the dev split
 
     def prepare_data(self) -> ArtifactRef:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
@@ -79,6 +80,8 @@ class RunBook:
             ref = self.log.run("BM25", "evaluate" if split == self.eval_split else "evaluate-dev", evaluate, run,
                                self.data, split, self.wd, self.c.eval)
             self._record_evaluation("BM25", split, ref)
+            if split == self.dev_split:
+                self.dev_runs["BM25"] = run
 
     def mine(self, label: str, model: str | None, checkpoint: ArtifactRef | None, mining: MiningConfig, round_: int,
              scorer: str | None = None, train: TrainConfig | None = None) -> dict[str, ArtifactRef]:
@@ -96,15 +99,44 @@ class RunBook:
                 self.log.timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
         return refs
 
+    def start_of(self, stage: str, last: str) -> str:
+        """The model `stage` trains from: the best model so far on the dev split (`select_model`: on a tie the later
+        one), `last` (the previous stage's) unless an earlier model scores higher, and `last` without dev scores."""
+        scored = [{"model": label, DEV_KEY: read_metrics(self.dev[label])["ndcg_at_10"]}
+                  for label in self.models if label != "BM25" and label in self.dev]
+        best = select_model(scored, [r["model"] for r in scored]) or last
+        if best != last:
+            dev = {r["model"]: r[DEV_KEY] for r in scored}
+            print(f"{stage} starts from {best} (dev nDCG@10 {dev[best]:.4f}), the best model so far on the dev split: "
+                  f"{last} scored {dev[last]:.4f}")
+        return best
+
     def train(self, label: str, started_from: str, checkpoint: ArtifactRef, negatives: ArtifactRef,
               cfg: TrainConfig, sampler: str, schedule: Schedule | None = None, round_: int = 0) -> ArtifactRef:
         """Train `label` (ANCE round `round_`; 0: the warm-up) from `started_from`'s checkpoint on `negatives` (mined
         with `sampler`), its steps streamed to MLflow while it trains."""
+        dev = self.dev_inputs(label, started_from)
         with self.tracking.live(label, self.log.timings):
             trained = self.log.run(label, "train", train_round, checkpoint, negatives, self.data, self.split, cfg,
-                                   self.wd, schedule, round_)
+                                   self.wd, schedule, round_, dev)
         self.trained(label, started_from, negatives, sampler)
         return trained
+
+    def dev_inputs(self, label: str, started_from: str) -> DevInputs | None:
+        """The dev checks of the stage training `label` from `started_from` (`dev_check`; None when off, or without a
+        dev split or the starting model's dev ranking): their candidate set from BM25's and the starting model's
+        rankings of the dev split."""
+        check = getattr(self.c, "dev_check", None)
+        if check is None or not check.active or self.dev_split is None:
+            return None
+        if started_from not in self.dev_runs or "BM25" not in self.dev_runs:
+            return None
+        runs = [self.dev_runs["BM25"], self.dev_runs[started_from]]
+        candidates = self.log.run(label, "dev-candidates", dev_candidates, runs, self.data, self.dev_split,
+                                  check.depth, self.wd)
+        start_score = read_metrics(self.dev[started_from])["ndcg_at_10"]
+        return DevInputs(candidates, self.dev_split, check, start_score, self.c.encode,
+                         self.c.eval.ignore_identical_ids)
 
     def trained(self, label: str, started_from: str, negatives: ArtifactRef | None, sampler: str) -> None:
         """Record that `label` was trained from the model `started_from` on `negatives` (mined with `sampler`)."""
@@ -127,6 +159,7 @@ class RunBook:
         self._record_evaluation(label, self.eval_split, refs["evaluate"])
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])
+            self.dev_runs[label] = refs["retrieve-dev"]
         if label in self.trained_on:
             # the ranking the next round's mining made with this model, when it ranked every training query (it
             # ranks at least the analysis's depth: the samplers that rank with the model rank 100 deep or more)

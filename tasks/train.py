@@ -17,7 +17,9 @@ from prefect.exceptions import MissingContextError
 
 from ance_core.artifacts import (
     ASYNC_REFRESH,
+    CANDIDATES,
     NEGATIVES,
+    RUN,
     ArtifactRef,
     is_complete,
     observe_refs,
@@ -26,14 +28,15 @@ from ance_core.artifacts import (
     stage_key,
 )
 from ance_core.data.config import DataConfig
-from ance_core.data.corpus import ParquetCorpus
+from ance_core.data.corpus import ParquetCorpus, read_corpus_rows
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig, MiningConfig
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
-from ance_core.training.config import TrainConfig
+from ance_core.training.config import DevCheckConfig, TrainConfig
+from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidate_pairs
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import Schedule, continuous_schedules, planned_steps, train
 from ance_core.training.state import checkpoint_step
@@ -56,6 +59,8 @@ def _progress_callback(every: int = 10):
         logger = logging.getLogger("ance")
 
     def log(record: dict) -> None:
+        if DEV_METRIC in record:
+            logger.info(f"step {record['step']}: dev nDCG@10 {record[DEV_METRIC]:.4f} (candidate set)")
         if record["step"] % every == 0:
             logger.info(f"step {record['step']}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, "
                         f"grad norm {record['grad_norm']:.2f}, {record['examples_per_s']:.1f} examples/s")
@@ -63,15 +68,60 @@ def _progress_callback(every: int = 10):
     return log
 
 
+@dataclasses.dataclass(frozen=True)
+class DevInputs:
+    """A training stage's dev checks (training/devcheck.py): its candidate set (a `dev-candidates` stage), the dev
+    split, the checks' config, the starting model's dev nDCG@10, and how passages are encoded and judged."""
+
+    candidates: ArtifactRef
+    split: str
+    cfg: DevCheckConfig
+    start_score: float | None
+    encode: EncodeConfig
+    ignore_identical_ids: bool = True
+
+    def key(self) -> dict:
+        return {"split": self.split, "check": self.cfg, "start_score": self.start_score, "encode": self.encode,
+                "ignore_identical_ids": self.ignore_identical_ids}
+
+    def stage_dev(self, data: ArtifactRef, tables) -> StageDev:
+        pairs = pd.read_parquet(Path(self.candidates.path, CANDIDATES))
+        passages = read_corpus_rows(data.path, sorted(set(pairs["doc_id"])))
+        check = DevCheck(pairs, tables.split_queries(self.split), tables.split_qrels(self.split), passages,
+                         self.encode, self.ignore_identical_ids)
+        return StageDev(check, self.cfg, self.start_score)
+
+
+@stage_task("dev-candidates")
+def dev_candidates(runs: list[ArtifactRef], data: ArtifactRef, split: str, depth: int, work_dir: str) -> ArtifactRef:
+    """The candidate set of a training stage's dev checks: each query of the dev `split`, the top `depth` of each run
+    (BM25's, the starting model's) and its relevant documents."""
+
+    def build(out):
+        qrels = read_tables(data.path, corpus_columns=[]).split_qrels(split)
+        ranked = [pd.read_parquet(Path(run.path, RUN), columns=["query_id", "doc_id", "rank"]) for run in runs]
+        pairs = candidate_pairs(ranked, qrels, depth)
+        pairs.to_parquet(out / CANDIDATES, index=False)
+        return {"queries": int(pairs["query_id"].nunique()), "passages": int(pairs["doc_id"].nunique()),
+                "pairs": len(pairs)}
+
+    inputs = {"runs": [run.digest for run in runs], "data": data.digest}
+    return run_stage(work_dir, "dev-candidates", {"split": split, "depth": depth}, inputs, build)
+
+
 @stage_task("train")
 def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
-                work_dir: str, schedule: Schedule | None = None, round_: int = 0) -> ArtifactRef:
+                work_dir: str, schedule: Schedule | None = None, round_: int = 0, dev: DevInputs | None = None
+                ) -> ArtifactRef:
     """Train from a checkpoint on mined negatives (within a shared learning-rate `schedule`, if given) as ANCE round
-    `round_` (0: the warm-up; it seeds the batch order and dropout); a retried or re-run task resumes from its last
-    checkpoint."""
+    `round_` (0: the warm-up; it seeds the batch order and dropout), with `dev` checks if given; a retried or re-run
+    task resumes from its last checkpoint."""
 
     def build(out):
         callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train")]
+        if cfg.world_size > 1 and dev is not None:
+            raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
+                            "dev_check.per_epoch: 0")
         if cfg.world_size > 1:
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
@@ -81,12 +131,16 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
         pairs = read_training_pairs(Path(negatives.path, NEGATIVES))
         return train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
-                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_)
+                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_,
+                     dev=dev.stage_dev(data, tables) if dev is not None else None)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
     if round_:  # (the warm-up's key is the one it had before rounds were seeded apart)
         config["round"] = round_
+    if dev is not None:  # (a stage without dev checks keeps the key it had before them)
+        config["dev"] = dev.key()
+        inputs["dev_candidates"] = dev.candidates.digest
     return run_stage(work_dir, "train", config, inputs, build, resumable=True)
 
 
@@ -99,13 +153,17 @@ class SchedulePlan:
         self.mode, self.stages, self.resume_first = mode, stages, resume_first
         self.planned: list[Schedule] | None = None
 
-    def next(self, negatives: ArtifactRef) -> Schedule | None:
+    def next(self, negatives: ArtifactRef, restart: bool = False) -> Schedule | None:
+        """The next stage's schedule. `restart`: the stage does not continue the previous one (it starts from an
+        earlier model, the best on dev): it and the stages after it become one schedule of their own, warmed up
+        again, with a fresh optimizer."""
         if self.mode != "continuous" or not self.stages:
             return None
-        if self.planned is None:
+        if self.planned is None or restart:
+            left = self.stages[len(self.stages) - len(self.planned):] if self.planned is not None else self.stages
             pairs = read_manifest(negatives.path)["summary"]["pairs"]
-            steps = [planned_steps(pairs, cfg) for cfg in self.stages]
-            self.planned = continuous_schedules(steps, self.stages[0].warmup_ratio, self.resume_first)
+            steps = [planned_steps(pairs, cfg) for cfg in left]
+            self.planned = continuous_schedules(steps, left[0].warmup_ratio, self.resume_first and not restart)
         return self.planned.pop(0)
 
 

@@ -23,11 +23,13 @@ from ance_core.negatives.samplers import WITHOUT_MODEL
 from ance_core.retention import RetentionConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.stage_config import StageConfig
-from ance_core.training.config import AnceTrainConfig, TrainConfig
+from ance_core.training.config import AnceTrainConfig, DevCheckConfig, TrainConfig
 
 
 class PipelineConfig(StageConfig):
     """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
+
+    UNSAID = {"dev_check": DevCheckConfig()}  # (added after configs had digests: left out while off)
 
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -41,6 +43,10 @@ class PipelineConfig(StageConfig):
     mining: MiningConfig = MiningConfig()
     ance: AnceTrainConfig = AnceTrainConfig()
     eval: EvalConfig = EvalConfig()
+    dev_check: DevCheckConfig = Field(
+        DevCheckConfig(), description="Dev evaluation inside each training stage (the warm-up and synchronous rounds): "
+        "its best check kept as the stage's model, a stage that stopped improving ended early (off by default: "
+        "per_epoch 0)")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
     schedule: Literal["per-stage", "continuous"] = Field(
         "continuous", description="per-stage: each training stage warms up and decays its own learning rate. "
@@ -131,6 +137,18 @@ class PipelineConfig(StageConfig):
             if getattr(self, mining).teacher is not None and getattr(self, train).distill_weight == 0:
                 raise ValueError(f"{mining}.teacher is set but {train}.distill_weight is 0: its scores would be "
                                  f"computed and not trained on; set {train}.distill_weight > 0 or unset the teacher")
+        return self
+
+    @model_validator(mode="after")
+    def _dev_checks_in_one_process(self) -> "PipelineConfig":
+        if self.dev_check.active:
+            for name in ("warmup", "ance"):
+                if getattr(self, name).world_size > 1:
+                    raise ValueError(f"dev_check scores the model in one training process, but {name}.world_size is "
+                                     f"{getattr(self, name).world_size}; set dev_check.per_epoch: 0")
+            if self.data.dev_split is None:
+                raise ValueError("dev_check scores the dev split, and data.dev_split is null; set "
+                                 "dev_check.per_epoch: 0 or name a dev split")
         return self
 
     @model_validator(mode="after")

@@ -67,17 +67,26 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
     for s in stages:
         per_model[s["for"]] = per_model.get(s["for"], 0.0) + s["seconds"]
     show_dev = bool(dev) and dev_split != split
-    header = ["model", *(f"{dev_split} nDCG@10",) * show_dev, *COLUMNS.values(), "stage time (s)"]
+    started_from = started_from or {}
+    show_from = bool(started_from)
+    header = ["model", *("trained from",) * show_from, *(f"{dev_split} nDCG@10",) * show_dev, *COLUMNS.values(),
+              "stage time (s)"]
     rows = [[f"**{r['model']}** (result)" if r["model"] == chosen else r["model"],
+             *((started_from.get(r["model"], "—"),) * show_from),
              *((f"{r[DEV_KEY]:.4f}" if DEV_KEY in r else "—",) * show_dev),
              *(f"{r[k]:.4f}" for k in COLUMNS), f"{per_model.get(r['model'], 0.0):.0f}"] for r in results]
+    models = [r["model"] for r in results if r["model"] != "BM25"]  # in the order they were trained
+    skipped = [f"{label} trained from {start}, the best model before it on the {dev_split} split, not from "
+               f"{models[models.index(label) - 1]}" for label, start in started_from.items()
+               if label in models and models.index(label) > 0 and models[models.index(label) - 1] != start]
     stages_md = markdown_table(["for", "stage", "seconds"],
                                [[s["for"], s["stage"], f"{s['seconds']:.1f}"] for s in stages])
     total = sum(s["seconds"] for s in stages)
     chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models, the starting one "
                  f"included ({split} is never used to choose).\n\n" if chosen else "")
     warnings_md = "".join(f"**Warning:** {w}.\n\n" for w in warnings)
-    markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{chosen_md}{warnings_md}"
+    skipped_md = "".join(f"{line}.\n\n" for line in skipped)
+    markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{chosen_md}{skipped_md}{warnings_md}"
                 f"Stage time: wall seconds of the builds that produced and evaluated each model (a reused stage counts "
                 f"the time it took when it was built).\n\n"
                 f"### Wall time per stage (total {total:.0f} s)\n\n{stages_md}\n")

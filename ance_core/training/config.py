@@ -97,3 +97,28 @@ class AnceTrainConfig(TrainConfig):
 
     epochs: int = Field(2, ge=1, description="Passes over the round's mined (query, positive) pairs")
 
+
+
+class DevCheckConfig(StageConfig):
+    """Dev evaluation inside each training stage (`dev_check`): a few times an epoch the dev queries are scored on a
+    fixed candidate set, the stage's best check is kept as its model, and a stage whose dev score stopped rising ends
+    early. The candidates of each dev query: BM25's top `depth`, the stage's starting model's top `depth` and the
+    query's relevant documents; only their passages are encoded at a check (never more than the corpus). On the
+    starting model the candidate-set nDCG@10 is its full-corpus one (its own top `depth` are in the set); on a trained
+    model it is the nDCG@10 of re-ranking that set (RESULTS.md: its agreement with the full-corpus score)."""
+
+    per_epoch: int = Field(0, ge=0, description="Checks per epoch of each training stage, and one at its last step "
+                           "(0: none; the stage's model is its last step's)")
+    patience: int | None = Field(2, ge=1, description="End a stage early once this many checks in a row have not "
+                                 "beaten its best (null: never)")
+    depth: int = Field(100, ge=1, description="Candidates per dev query from BM25 and from the starting model each")
+    keep_best: bool = Field(True, description="The stage's model is its best check's (the starting model when no check "
+                            "beat it); false: its last step's")
+
+    @property
+    def active(self) -> bool:
+        return self.per_epoch > 0
+
+    def every(self, steps_per_epoch: int) -> int:
+        """Optimizer steps between checks."""
+        return max(1, round(steps_per_epoch / self.per_epoch))

@@ -45,6 +45,7 @@ from ance_core.negatives.teacher import TEACHER_COLUMNS
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
+from ance_core.training.devcheck import BEST, DEV_METRIC, BestStep, StageDev
 from ance_core.training.gradients import (
     PairEncoder,
     accumulate_gradients,
@@ -162,6 +163,7 @@ def train(
     on_snapshot: SnapshotHook | None = None,
     schedule: Schedule | None = None,
     round_: int = 0,
+    dev: StageDev | None = None,
 ) -> dict:
     """Train from `init_checkpoint` on mined (query, positive, negatives) rows; write the result into `out`.
     `relevant`: every labelled-relevant document per query, masked out where it would be another query's in-batch
@@ -188,6 +190,11 @@ def train(
     table for the same (query, positive) rows, which replaces the one in use without changing the data order.
     After each step in `snapshot_steps`, a resumable checkpoint is written and `on_snapshot(step, save)` is called;
     `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
+
+    `dev` (training/devcheck.py): the dev split scored on its candidate set `dev.cfg.per_epoch` times an epoch and at
+    the last step (each score in its step's record, `dev_ndcg_at_10`); the stage ends early after `dev.cfg.patience`
+    checks in a row below its best, and its result is the best check's state (the starting model's, step 0, when no
+    check beat it) unless `dev.cfg.keep_best` is off. A new best also takes a resumable checkpoint.
 
     Other resumable checkpoints follow `cfg.checkpoint_seconds` / `cfg.checkpoint_every` (training/checkpointing.py);
     they are written in the background, and each is on disk before `train` returns or raises, before a snapshot
@@ -247,8 +254,8 @@ def train(
     if (resume := latest_checkpoint(out)) is not None:
         step = load_state(resume, model, optimizer, scheduler, scaler, ranks)
     log_path = out / TRAIN_LOG
+    kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
     if ranks.main:
-        kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
         write_text(log_path, "".join(ln + "\n" for ln in kept))  # a new file: a reader tailing the old one sees it
     encoder = PairEncoder(model)
     if ranks.world > 1:
@@ -281,6 +288,7 @@ def train(
 
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
+    best = _dev_start(dev, out, step, [json.loads(ln) for ln in kept], state, ranks)
     model.train()
     thirds = layer_groups(model)
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=not ranks.main)
@@ -335,20 +343,29 @@ def train(
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
                       "examples_per_s": examples / (time.perf_counter() - started)}
             state["epoch"] = epoch
+            improved = False
+            if best is not None and (step % dev.cfg.every(per_epoch) == 0 or step == total):
+                record[DEV_METRIC] = dev.check.score(model, tokenizer, meta)
+                model.train()
+                improved = best.checked(step, record[DEV_METRIC])
+                bar.set_postfix(loss=f"{loss_value:.4f}", dev=f"{record[DEV_METRIC]:.4f}")
             if ranks.main:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
             snapshot = step in snapshot_steps and step < total
+            keep = improved and step < total  # a new best: resumable from it before it is kept as the best
             due = step < total and cadence.due(step)  # (on every rank: a collective with the seconds cadence)
-            if snapshot or due:
+            if snapshot or due or keep:
                 rng = rng_states(ranks)  # every rank's: a collective
                 cadence.taken()
                 if ranks.main:
                     writer.write(capture_state(step=step, rng=rng, **state))  # copied here, written in the background
-            if ranks.main and (snapshot or drills_armed()):
+            if ranks.main and (snapshot or keep or drills_armed()):
                 writer.wait()  # on disk before on_snapshot publishes the step, or a drill below stops the process
+            if keep:
+                best.save(out, lambda folder, step=step, rng=rng: save_state(folder, step=step, rng=rng, **state))
             if ranks.world > 1:
                 fault_point(f"train-rank{ranks.rank}", step)  # a drill stops one rank here (tests)
             if not ranks.main:
@@ -357,6 +374,10 @@ def train(
                 on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)
+            if best is not None and dev.cfg.patience is not None and best.since_best() >= dev.cfg.patience:
+                print(f"dev check: {dev.cfg.patience} checks without beating step {best.step}'s dev nDCG@10 "
+                      f"{best.score:.4f}; the stage ends at step {step} of {total}")
+                break
     bar.close()
     rng = rng_states(ranks)
     if ranks.world > 1:
@@ -366,5 +387,31 @@ def train(
     save_state(out, step=step, rng=rng, **state)
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     losses = [json.loads(ln)["loss"] for ln in log_path.read_text().splitlines()]
-    return {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],
-            "last_loss": losses[-1], "resumed_from_step": int(resume.name[5:]) if resume else 0}
+    summary = {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],
+               "last_loss": losses[-1], "resumed_from_step": int(resume.name[5:]) if resume else 0}
+    if best is not None:
+        if dev.cfg.keep_best and best.step != step:
+            print(f"dev check: the stage's model is step {best.step}'s (dev nDCG@10 {best.score:.4f}"
+                  + (", the starting model" if best.step == 0 else "") + f"), not step {step}'s")
+            best.restore(out)
+        shutil.rmtree(out / BEST, ignore_errors=True)
+        summary |= best.summary() | {"planned_steps": total} | dev.check.size
+    return summary
+
+
+def _dev_start(dev: StageDev | None, out: Path, step: int, records: list[dict], state: dict, ranks) -> BestStep | None:
+    """The stage's best step so far (training/devcheck.py), None without dev checks. A fresh stage keeps its starting
+    state as the best (step 0: its score is the starting model's evaluation, or a check now)."""
+    if dev is None:
+        return None
+    if ranks.world > 1:
+        raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
+                        "dev_check.per_epoch: 0")
+    start_score = dev.start_score
+    if start_score is None and step == 0:
+        start_score = dev.check.score(state["model"], state["tokenizer"], state["meta"])
+    best = BestStep.resume(out, records, start_score if start_score is not None else float("-inf"))
+    if step == 0:
+        rng = rng_states(ranks)
+        best.save(out, lambda folder: save_state(folder, step=0, rng=rng, **state))
+    return best

@@ -5,8 +5,8 @@ many weak positives (tests/tiny.py: build_graded_dataset), with the real all-Min
   outscore their positive. At the default learning rate the random grade-1 links cost this small dev split only
   0.002-0.01 nDCG@10 (within its noise), so the run that must be caught is made plainly harmful with a learning
   rate 50x the default (a misconfigured run; 12 steps of it are plenty): its warm-up scores worse on the dev split
-  than the model it started from, the run's result is that starting model, and the run warns (closing lines,
-  --json, MLflow);
+  than the model it started from, the ANCE round after it starts from that better model (the best so far on dev),
+  the run's result is that starting model, and the run warns (closing lines, --json, MLflow);
 - with the default (`auto`: each query's own top grade on graded qrels) it trains on the grade-2 positives only,
   says what it left out, and does not make the model worse."""
 
@@ -24,17 +24,20 @@ def graded(scifact_dir, tmp_path_factory):
     return build_graded_dataset(scifact_dir, tmp_path_factory.mktemp("graded") / "graded", documents=250)
 
 
-def run_pipeline(data, tmp_path, min_relevance, **train) -> tuple[dict, str]:
+def run_pipeline(data, tmp_path, min_relevance, rounds: int = 0, **train) -> tuple[dict, str]:
     train = {"epochs": 1, "batch_size": 16, "passage_max_length": 64} | train  # (64 tokens: the harm shows as well)
     config = {"data": {"dataset": str(data), "train_min_relevance": min_relevance, "dev_fraction": 0.25},
-              "model": {"passage_max_length": 64}, "warmup": train, "rounds": 0, "work_dir": str(tmp_path / "work")}
+              "model": {"passage_max_length": 64}, "warmup": train, "ance": train, "rounds": rounds,
+              "work_dir": str(tmp_path / "work")}
     return run_pipeline_cli(config, tmp_path, timeout=1200)
 
 
 def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
-    result, out = run_pipeline(graded, tmp_path, 1, learning_rate=1e-3, max_steps=12)  # harm shows in a few steps
+    result, out = run_pipeline(graded, tmp_path, 1, rounds=1, learning_rate=1e-3, max_steps=12)  # harm in a few steps
     dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
     assert dev["warmup"] < dev["zero-shot"] - 0.02, dev  # the failure, reproduced
+    # the round starts from the best model so far on dev, not from the warm-up that made it worse
+    assert "ANCE round 1 trained from zero-shot, the best model before it on the dev split, not from warmup" in out
     assert result["selected"] == "zero-shot" and result["final_checkpoint"].split("/")[-2] == "model"
     warning = next(w for w in result["warnings"] if w.startswith("warmup made the model worse on the dev split"))
     assert f"WARNING: {warning}" in out and "Result: zero-shot" in out

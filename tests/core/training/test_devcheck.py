@@ -1,0 +1,150 @@
+"""Dev evaluation inside a training stage (training/devcheck.py): the candidate set, its score against the full-corpus
+evaluation, and the loop's best step, early stop and resume."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ance_core.modeling.config import ModelConfig
+from ance_core.modeling.model import init_model, load_checkpoint
+from ance_core.retrieval.config import EncodeConfig
+from ance_core.retrieval.encode import encode_documents, encode_queries
+from ance_core.retrieval.evaluate import evaluate_run
+from ance_core.training.config import DevCheckConfig, TrainConfig
+from ance_core.training.devcheck import BEST, DEV_METRIC, DevCheck, StageDev, candidate_pairs
+from ance_core.training.loop import train
+from tests.tiny import training_tables
+
+CFG = TrainConfig(max_steps=6, batch_size=4, learning_rate=1e-3, precision="fp32", warmup_ratio=0.0,
+                  checkpoint_seconds=0)  # 10 pairs: 3 steps an epoch, 2 epochs
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("init")
+    init_model(ModelConfig(name=str(tiny_model)), ckpt)
+    return ckpt, *training_tables()
+
+
+def _weights(folder):
+    return load_file(folder / "model.safetensors") | load_file(folder / "head.safetensors")
+
+
+def _same(a, b) -> bool:
+    a, b = _weights(a), _weights(b)
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_candidates_are_each_runs_top_k_and_the_relevant_documents_of_the_dev_queries():
+    bm25 = pd.DataFrame({"query_id": ["a"] * 3 + ["b"] * 2 + ["x"], "doc_id": ["d1", "d2", "d3", "d4", "d5", "d9"],
+                         "rank": [1, 2, 3, 1, 2, 1]})
+    dense = pd.DataFrame({"query_id": ["a", "a", "b"], "doc_id": ["d3", "d7", "d5"], "rank": [2, 1, 1]})
+    qrels = pd.DataFrame({"query_id": ["a", "b", "b"], "doc_id": ["d8", "d5", "d6"], "relevance": [1, 2, 0]})
+    pairs = candidate_pairs([bm25, dense], qrels, depth=2)
+    assert sorted(map(tuple, pairs.to_numpy())) == [("a", "d1"), ("a", "d2"), ("a", "d3"), ("a", "d7"), ("a", "d8"),
+                                                    ("b", "d4"), ("b", "d5")]  # d6 is judged not relevant; x: no dev
+
+
+def test_a_check_over_the_whole_corpus_is_the_full_corpus_evaluation(setup):
+    ckpt, _, corpus, queries, relevant = setup
+    qrels = pd.DataFrame([(q, d, 1) for q, docs in relevant.items() for d in docs],
+                         columns=["query_id", "doc_id", "relevance"])
+    pairs = pd.DataFrame([(q, d) for q in queries["query_id"] for d in corpus["doc_id"]],
+                         columns=["query_id", "doc_id"])
+    check = DevCheck(pairs, queries, qrels, corpus, EncodeConfig(precision="fp32"))
+    model, tokenizer, meta = load_checkpoint(ckpt)
+    score = check.score(model, tokenizer, meta)
+    docs, ids, _ = encode_documents(model, tokenizer, meta, corpus, EncodeConfig(precision="fp32"))
+    q = encode_queries(model, tokenizer, queries["text"].tolist(), meta, EncodeConfig(precision="fp32"))
+    scores = q @ docs.T
+    run = pd.DataFrame([(queries["query_id"][i], ids[j], float(scores[i, j]))
+                        for i in range(len(q)) for j in np.argsort(-scores[i])[:20]],
+                       columns=["query_id", "doc_id", "score"])
+    assert score == pytest.approx(evaluate_run(run, qrels)[0]["ndcg_at_10"], abs=1e-6)
+    assert check.size == {"queries": 10, "passages": 30, "pairs": 300}
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class ScriptedCheck:
+    """A DevCheck whose scores are given: the loop's decisions, apart from what a model scores."""
+
+    size = {"queries": 1, "passages": 1, "pairs": 1}
+
+    def __init__(self, scores):
+        self.scores, self.calls = list(scores), 0
+
+    def score(self, model, tokenizer, meta) -> float:
+        self.calls += 1
+        return self.scores.pop(0)
+
+
+def _log(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_the_best_check_is_the_stages_model_and_a_falling_stage_ends_early(setup, tmp_path):
+    ckpt, *tables = setup
+    def stop_after_2(record):
+        if record["step"] == 2:
+            raise Crash
+
+    with pytest.raises(Crash):  # the state after step 2 of the same 6-step schedule, without checks
+        train(ckpt, *tables, CFG.model_copy(update={"checkpoint_every": 2}), tmp_path / "plain",
+              callbacks=[stop_after_2])
+    straight = tmp_path / "plain" / "checkpoints" / "step-000002"
+    dev = StageDev(ScriptedCheck([0.3, 0.5, 0.4, 0.45, 0.9]), DevCheckConfig(per_epoch=3, patience=2), 0.2)
+    summary = train(ckpt, *tables, CFG, tmp_path / "checked", dev=dev)
+    # a check after every step: 0.3, 0.5 (best, step 2), 0.4, 0.45: two without a new best, the stage ends at step 4
+    assert summary["steps"] == 4 and summary["best_step"] == 2 and summary["dev_checks"] == 4
+    assert [r.get(DEV_METRIC) for r in _log(tmp_path / "checked")] == [0.3, 0.5, 0.4, 0.45]
+    assert _same(tmp_path / "checked", straight) and not (tmp_path / "checked" / BEST).exists()
+    trained = load_file(tmp_path / "checked" / "optimizer.safetensors")  # the best step's training state too
+    assert all(torch.equal(v, load_file(straight / "optimizer.safetensors")[k]) for k, v in trained.items())
+
+
+def test_no_check_above_the_starting_model_gives_it_back_and_keep_best_off_gives_the_last_step(setup, tmp_path):
+    ckpt, *tables = setup
+    dev = StageDev(ScriptedCheck([0.1, 0.2]), DevCheckConfig(per_epoch=1, patience=None), 0.5)
+    summary = train(ckpt, *tables, CFG, tmp_path / "worse", dev=dev)
+    assert summary["best_step"] == 0 and summary["steps"] == 6  # checks at steps 3 and 6 (one an epoch)
+    assert _same(tmp_path / "worse", ckpt)
+    dev = StageDev(ScriptedCheck([0.1, 0.2]), DevCheckConfig(per_epoch=1, patience=None, keep_best=False), 0.5)
+    train(ckpt, *tables, CFG, tmp_path / "last", dev=dev)
+    plain = tmp_path / "plain"
+    train(ckpt, *tables, CFG, plain)
+    assert _same(tmp_path / "last", plain)  # checks change nothing of what is trained
+
+
+def test_without_a_starting_score_step_zero_is_checked(setup, tmp_path):
+    ckpt, *tables = setup
+    check = ScriptedCheck([0.4, 0.3, 0.35])
+    summary = train(ckpt, *tables, CFG, tmp_path, dev=StageDev(check, DevCheckConfig(per_epoch=1, patience=None)))
+    assert check.calls == 3 and summary["best_step"] == 0 and _same(tmp_path, ckpt)
+
+
+def test_a_resumed_stage_keeps_its_best_and_ends_as_an_uninterrupted_one(setup, tmp_path):
+    ckpt, *tables = setup
+    scores = [0.3, 0.5, 0.4, 0.45, 0.2, 0.1]
+    cfg = DevCheckConfig(per_epoch=3, patience=3)
+    whole = train(ckpt, *tables, CFG, tmp_path / "whole", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
+
+    def crash_after_4(record):
+        if record["step"] == 4:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(ckpt, *tables, CFG, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores), cfg, 0.2),
+              callbacks=[crash_after_4])
+    # resumed from step 2 (the new best's checkpoint): the checks of steps 3 and 4 are made again
+    resumed = train(ckpt, *tables, CFG, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores[2:]), cfg, 0.2))
+    assert resumed["resumed_from_step"] == 2
+    assert resumed["best_step"] == whole["best_step"] == 2 and resumed["steps"] == whole["steps"] == 5
+    assert _same(tmp_path / "whole", tmp_path / "resumed")
+    assert [r.get(DEV_METRIC) for r in _log(tmp_path / "resumed")] == scores[:5]
