@@ -1,9 +1,10 @@
-"""Classic IR test collections (CISI, NPL, LISA) as BEIR folders with a train/test split of their judged queries,
+"""Classic IR test collections (CISI, NPL, LISA, MED) as BEIR folders with a train/test split of their judged queries,
 for the recipe search across collections (bench/recipes.py, RESULTS.md). The data itself is never part of the
 project: give the folder that holds the collections' original files (public copies live in several GitHub
-repositories, e.g. lorainemg/information-retrieval-system, resources/corpus/{cisi,npl,lisa}) and an output folder.
+repositories, e.g. lorainemg/information-retrieval-system, resources/corpus/{cisi,npl,lisa}, and
+lailaglez/belief-network-irs, med/ for MED's MED.ALL, MED.QRY, MED.REL) and an output folder.
 
-    python bench/classic_collections.py --raw <folder with cisi/ npl/ lisa/> --out ../collections [cisi npl lisa]
+    python bench/classic_collections.py --raw <folder with cisi/ npl/ lisa/ med/> --out ../collections [cisi ...]
 
 Each judged query goes to test or train by a sha256 of (collection, query id): `--test-fraction` of them to test; the
 pipeline carves its dev split from train (data.dev_fraction). Cranfield and NFCorpus are deliberately not converted:
@@ -79,7 +80,20 @@ def lisa(raw: Path):
     return docs, queries, qrels
 
 
-READERS = {"cisi": cisi, "npl": npl, "lisa": lisa}
+def med(raw: Path):
+    """Medline (Glasgow): MED.ALL and MED.QRY hold `.I`/`.W` records; MED.REL lines `query 0 document relevance`."""
+    docs = {k: {"title": "", "text": r.get("W", "")} for k, r in tagged(raw / "MED.ALL").items()}
+    queries = {k: r.get("W", "") for k, r in tagged(raw / "MED.QRY").items()}
+    qrels: dict[str, dict[str, int]] = {}
+    for line in (raw / "MED.REL").read_text().splitlines():
+        if fields := line.split():
+            q, d, rel = fields[0], fields[-2], int(fields[-1])
+            if rel > 0:
+                qrels.setdefault(q, {})[d] = rel
+    return docs, queries, qrels
+
+
+READERS = {"cisi": cisi, "npl": npl, "lisa": lisa, "med": med}
 
 
 def write(folder: Path, name: str, docs: dict, queries: dict, qrels: dict, test_fraction: float) -> str:
@@ -105,12 +119,12 @@ def write(folder: Path, name: str, docs: dict, queries: dict, qrels: dict, test_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help=f"of {', '.join(READERS)} (default: all)")
+    parser.add_argument("names", nargs="*", help=f"of {', '.join(READERS)} (default: each --raw has a folder of)")
     parser.add_argument("--raw", type=Path, required=True, help="holds <name>/ with each collection's original files")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--test-fraction", type=float, default=0.4)
     args = parser.parse_args()
-    for name in args.names or list(READERS):
+    for name in args.names or [n for n in READERS if (args.raw / n).is_dir()] or list(READERS):
         if name not in READERS:
             parser.error(f"unknown collection '{name}': choose from {', '.join(READERS)}")
         print(write(args.out / name, name, *READERS[name](args.raw / name), args.test_fraction))
