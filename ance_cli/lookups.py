@@ -64,3 +64,53 @@ def corpus_titles(dataset: str) -> dict[str, str]:
 
     corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
     return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+
+
+def chosen_fusion(text: str, model: Path, work_dir: str):
+    """`ance search --fusion`: auto (the fusion of the work folder's newest run when its result is this model fused
+    with BM25, else RRF), rrf, or the dense ranking's weight in a convex combination (0 < w < 1)."""
+    import json
+
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.fusion import Fusion
+
+    if text == "rrf":
+        return Fusion("rrf")
+    if text == "auto":
+        latest = Path(work_dir) / "latest.json"
+        record = json.loads(latest.read_text()) if latest.is_file() else {}
+        same = record.get("checkpoint") and Path(record["checkpoint"]).resolve() == model.resolve()
+        return Fusion.of(record["fusion"]) if same and "fusion" in record else Fusion("rrf")
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = -1.0
+    if not 0 < weight < 1:
+        raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
+                        "(e.g. 0.7)")
+    return Fusion("convex", weight)
+
+
+def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion,
+                  depth: int = 1000):
+    """The hits of `query` by `model`'s ranking fused with BM25's over `dataset`'s corpus (each `depth` deep; the BM25
+    index is the work folder's, built once)."""
+    import pandas as pd
+
+    from ance_core.data.config import DataConfig
+    from ance_core.retrieval.bm25 import BM25
+    from ance_core.retrieval.config import BM25Config
+    from ance_core.retrieval.fusion import fuse
+    from ance_core.retrieval.search import Hit, search_text
+    from tasks.bm25 import bm25_index
+    from tasks.common import faults_off
+    from tasks.data import prepare_data
+
+    with faults_off():
+        data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
+        bm25 = BM25.load(bm25_index(data, BM25Config(), work_dir), BM25Config())
+    sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)
+    dense = pd.DataFrame([("q", h.doc_id, h.score) for h in search_text(model, index, query, depth)],
+                         columns=["query_id", "doc_id", "score"])
+    run = fuse(dense, sparse, fusion, top_k)
+    return [Hit(d, float(s)) for d, s in zip(run["doc_id"], run["score"], strict=True)]

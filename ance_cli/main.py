@@ -22,7 +22,7 @@ from ance_cli.guard import (
     one_line_user_errors,
     plain_warnings,
 )
-from ance_cli.lookups import corpus_titles, evaluation_data, index_of, score_run
+from ance_cli.lookups import chosen_fusion, corpus_titles, evaluation_data, hybrid_search, index_of, score_run
 
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
              "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
@@ -58,7 +58,7 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         summary = {k: v for k, v in chosen.items() if k != "model"}
         keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
                 "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
-                "retention")
+                "retention", "started_from")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
@@ -260,8 +260,15 @@ def search(
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
     trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
     query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file")] = "q1",
+    hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse the model's ranking with BM25's over --dataset's "
+                                         "corpus (its BM25 index in --work-dir, built once)")] = False,
+    fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one the work folder's newest run chose "
+                                        "for this model on its dev split, else rrf), rrf, or the dense ranking's "
+                                        "weight in a convex combination of normalised scores, e.g. 0.7")] = "auto",
+    work_dir: Annotated[str, typer.Option(help="--hybrid: the work folder of the data and BM25 stages")] = "work",
 ):
-    """Print the top hits of a query (and write them as a TREC run file with --trec)."""
+    """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
+    BM25's."""
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
     from ance_core.retrieval.search import search_text
@@ -270,7 +277,14 @@ def search(
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
-        hits = search_text(model, index_of(model, index), query, top_k)
+        if hybrid:
+            if dataset is None:
+                raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
+            how = chosen_fusion(fusion, model, work_dir)
+            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how)
+            typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
+        else:
+            hits = search_text(model, index_of(model, index), query, top_k)
         if trec is not None:
             import pandas as pd
 

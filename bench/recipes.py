@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="work folders' root (default: a temporary folder)")
     parser.add_argument("--log", type=Path, help="append a JSON line per run here")
     parser.add_argument("--test", action="store_true", help="also print the test split's nDCG@10")
+    parser.add_argument("--record-test", action="store_true", help="record the test split's metrics in --log without "
+                        "printing them (for the tables computed once a recipe is chosen; never read while choosing)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     root = args.work or Path(tempfile.mkdtemp(prefix="ance-recipes-"))
@@ -74,8 +76,10 @@ def main() -> None:
             if args.log:
                 record = {"label": args.label, "recipe": args.recipe, "sets": args.sets, "collection": dataset.name,
                           "seed": seed, "seconds": round(wall, 1), "selected": result.get("selected"),
-                          "dev": {r["model"]: r["dev"] for r in rows}}
-                if args.test:
+                          "started_from": result.get("started_from"), "dev": {r["model"]: r["dev"] for r in rows},
+                          "stages": [{k: s[k] for k in ("for", "stage", "seconds", "cached")}
+                                     for s in result.get("stages", [])]}
+                if args.test or args.record_test:
                     record["test"] = {r["model"]: r["test"] for r in rows}
                 with open(args.log, "a") as f:
                     f.write(json.dumps(record) + "\n")

@@ -24,6 +24,7 @@ from ance_core.training.loop import check_precision
 from flows.book import RunBook
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
+from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
 from tasks.model import init_checkpoint
 from tasks.train import SchedulePlan, train_async
@@ -86,6 +87,7 @@ def train_and_evaluate(c: PipelineConfig) -> dict:
                                    c.mining.sampler, schedules.next(refs["mine"], restart=start != label), round_=k)
             label = f"ANCE round {k}"
     run.evaluate(label, checkpoint)
+    run.hybrid(label)
     return finish(run, label, checkpoint, async_refresh)
 
 
@@ -141,7 +143,9 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     stages = [s | {"path": t.ref.path, "cached": t.ref.cached}
               for s, t in zip(result["stages"], log.timings, strict=True)]
     final = run.models[chosen]
-    record_latest(c.work_dir, final["checkpoint"], chosen, next(r for r in result["results"] if r["model"] == chosen))
+    fusion = read_fusion(final["fusion"]).as_dict() if "fusion" in final else None
+    record_latest(c.work_dir, final["checkpoint"], chosen, next(r for r in result["results"] if r["model"] == chosen),
+                  fusion)
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own

@@ -28,6 +28,7 @@ from tasks.bm25 import bm25_run
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate
+from tasks.fusion import fused_run, fusion_choice, read_fusion
 from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
 from tasks.train import DevInputs, Schedule, dev_candidates, train_round
@@ -57,6 +58,7 @@ class RunBook:
         self.started_from: dict[str, str] = {}  # label -> the label of the model it trained from
         self.stats: dict[str, ArtifactRef] = {}  # label -> its negatives analysis
         self.dev_runs: dict[str, ArtifactRef] = {}  # label (BM25 too) -> its ranking of the dev split
+        self.eval_runs: dict[str, ArtifactRef] = {}  # label (BM25 too) -> its ranking of the evaluation split
 
     def prepare_data(self) -> ArtifactRef:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
@@ -80,8 +82,7 @@ class RunBook:
             ref = self.log.run("BM25", "evaluate" if split == self.eval_split else "evaluate-dev", evaluate, run,
                                self.data, split, self.wd, self.c.eval)
             self._record_evaluation("BM25", split, ref)
-            if split == self.dev_split:
-                self.dev_runs["BM25"] = run
+            (self.dev_runs if split == self.dev_split else self.eval_runs)["BM25"] = run
 
     def mine(self, label: str, model: str | None, checkpoint: ArtifactRef | None, mining: MiningConfig, round_: int,
              scorer: str | None = None, train: TrainConfig | None = None) -> dict[str, ArtifactRef]:
@@ -99,13 +100,15 @@ class RunBook:
                 self.log.timings.append(StageTiming(for_label, "retrieve-train" if name == "retrieve" else name, ref))
         return refs
 
-    def start_of(self, stage: str, last: str) -> str:
-        """The model `stage` trains from: the best model so far on the dev split (`select_model`: on a tie the later
-        one), `last` (the previous stage's) unless an earlier model scores higher, and `last` without dev scores."""
+    def start_of(self, stage: str, last: str, quiet: bool = False) -> str:
+        """The model `stage` trains from: the best dense model so far on the dev split (`select_model`: on a tie the
+        later one), `last` (the previous stage's) unless an earlier model scores higher, and `last` without dev
+        scores."""
         scored = [{"model": label, DEV_KEY: read_metrics(self.dev[label])["ndcg_at_10"]}
-                  for label in self.models if label != "BM25" and label in self.dev]
+                  for label, model in self.models.items() if label != "BM25" and label in self.dev
+                  and "fusion" not in model]
         best = select_model(scored, [r["model"] for r in scored]) or last
-        if best != last:
+        if best != last and not quiet:
             dev = {r["model"]: r[DEV_KEY] for r in scored}
             print(f"{stage} starts from {best} (dev nDCG@10 {dev[best]:.4f}), the best model so far on the dev split: "
                   f"{last} scored {dev[last]:.4f}")
@@ -157,6 +160,7 @@ class RunBook:
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
                               "index": exact or refs["index"]}
         self._record_evaluation(label, self.eval_split, refs["evaluate"])
+        self.eval_runs[label] = refs["retrieve"]
         if "evaluate-dev" in refs:
             self._record_evaluation(label, self.dev_split, refs["evaluate-dev"])
             self.dev_runs[label] = refs["retrieve-dev"]
@@ -168,6 +172,28 @@ class RunBook:
             self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint, self.models[label]["index"],
                                                   self.data, self.split, c.encode, c.index, self.wd,
                                                   self.models.get(self.started_from[label]), shared)
+
+    def hybrid(self, last: str) -> str | None:
+        """The hybrid row (`hybrid`): the best dense model on the dev split (`last` without one) fused with BM25, the
+        fusion chosen on the dev split (RRF without one), evaluated on both splits like a model; a candidate for the
+        run's result. Its label, or None when the config has it off or BM25 ranked no evaluation split."""
+        if not getattr(self.c, "hybrid", False) or "BM25" not in self.eval_runs:
+            return None
+        dense = self.start_of("hybrid", last, quiet=True)
+        label = f"{dense} + BM25"
+        dev = self.dev_split if dense in self.dev_runs and "BM25" in self.dev_runs else None
+        choice = self.log.run(label, "fusion", fusion_choice, self.dev_runs.get(dense) if dev else None,
+                              self.dev_runs.get("BM25") if dev else None, self.data, dev, self.wd, self.c.eval)
+        splits = [(self.eval_split, self.eval_runs, "")] + ([(dev, self.dev_runs, "-dev")] if dev else [])
+        for split, runs, suffix in splits:
+            fused = self.log.run(label, f"fuse{suffix}", fused_run, runs[dense], runs["BM25"], choice, self.wd,
+                                 self.c.eval.top_k)
+            ref = self.log.run(label, f"evaluate{suffix}", evaluate, fused, self.data, split, self.wd, self.c.eval)
+            self._record_evaluation(label, split, ref)
+        self.models[label] = self.models[dense] | {"fusion": choice}
+        print(f"hybrid: {dense} fused with BM25 by {read_fusion(choice).label()}"
+              + (f" (chosen on the {dev} split)" if dev else " (no dev split to choose on)"))
+        return label
 
     def _record_evaluation(self, label: str, split: str, ref: ArtifactRef) -> None:
         if split == self.eval_split:

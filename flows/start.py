@@ -14,13 +14,16 @@ from tracking.registry import champion_checkpoint
 LATEST = "latest.json"
 
 
-def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict) -> None:
+def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict, fusion: dict | None = None
+                  ) -> None:
     """<work_dir>/latest.json names the newest run's result (its best model on the dev split): where `retrain` starts
-    from when the registry has no champion."""
+    from when the registry has no champion. A hybrid result's `fusion` (method, weight) is what `ance search --hybrid`
+    fuses the checkpoint's ranking with BM25's by."""
     run = flow_run.get_id()
     write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "model": label,
                                         "metrics": metrics, "flow_run_id": run,
-                                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+               | ({"fusion": fusion} if fusion is not None else {}))
 
 
 def trained_checkpoint(work_dir: str | Path, dataset: str, explicit: str | None = None) -> tuple[str, str]:

@@ -88,7 +88,7 @@ class DevInputs:
         pairs = pd.read_parquet(Path(self.candidates.path, CANDIDATES))
         passages = read_corpus_rows(data.path, sorted(set(pairs["doc_id"])))
         check = DevCheck(pairs, tables.split_queries(self.split), tables.split_qrels(self.split), passages,
-                         self.encode, self.ignore_identical_ids)
+                         self.encode, self.ignore_identical_ids, self.cfg.passage_max_length)
         return StageDev(check, self.cfg, self.start_score)
 
 

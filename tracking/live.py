@@ -16,7 +16,8 @@ from tracking.client import BATCH, Tracker, metric_key
 if TYPE_CHECKING:
     from mlflow.entities import Metric
 
-STEP_KEYS = ["loss", "lr", "grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top", "examples_per_s"]
+STEP_KEYS = ["loss", "lr", "grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top",
+             "dev_check_ndcg_at_10", "examples_per_s"]  # (a dev check's score on the steps that have one)
 PARENT_KEYS = STEP_KEYS[:-1]  # the parent run's curves span all stages on one global step axis
 LIVE_INTERVAL = float(os.environ.get("ANCE_MLFLOW_LIVE_INTERVAL", "5"))
 

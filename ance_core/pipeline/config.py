@@ -29,7 +29,7 @@ from ance_core.training.config import AnceTrainConfig, DevCheckConfig, TrainConf
 class PipelineConfig(StageConfig):
     """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
 
-    UNSAID = {"dev_check": DevCheckConfig()}  # (added after configs had digests: left out while off)
+    UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True}  # (added after configs had digests: left out at these)
 
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -47,6 +47,9 @@ class PipelineConfig(StageConfig):
         DevCheckConfig(), description="Dev evaluation inside each training stage (the warm-up and synchronous rounds): "
         "its best check kept as the stage's model, a stage that stopped improving ended early (off by default: "
         "per_epoch 0)")
+    hybrid: bool = Field(True, description="A hybrid row in the results: the best dense model on the dev split fused "
+                         "with BM25 (reciprocal-rank fusion or a convex combination of per-query normalised scores, "
+                         "chosen on the dev split), a candidate for the run's result like any model")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
     schedule: Literal["per-stage", "continuous"] = Field(
         "continuous", description="per-stage: each training stage warms up and decays its own learning rate. "

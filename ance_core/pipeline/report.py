@@ -91,7 +91,8 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
                 f"the time it took when it was built).\n\n"
                 f"### Wall time per stage (total {total:.0f} s)\n\n{stages_md}\n")
     return {"dataset": dataset, "split": split, "dev_split": dev_split if dev else None, "results": results,
-            "selected": chosen, "warnings": warnings, "stages": stages, "markdown": markdown}
+            "selected": chosen, "warnings": warnings, "stages": stages, "started_from": started_from,
+            "markdown": markdown}
 
 
 def write_report(report: dict, folder: Path) -> None:

@@ -112,6 +112,9 @@ class DevCheckConfig(StageConfig):
     patience: int | None = Field(2, ge=1, description="End a stage early once this many checks in a row have not "
                                  "beaten its best (null: never)")
     depth: int = Field(100, ge=1, description="Candidates per dev query from BM25 and from the starting model each")
+    passage_max_length: int | None = Field(
+        None, ge=8, description="Passage tokens a check encodes (FirstP); unset: the model's, as the evaluation "
+        "encodes. Fewer tokens make a check cheaper and its score further from the full-corpus one (RESULTS.md)")
     keep_best: bool = Field(True, description="The stage's model is its best check's (the starting model when no check "
                             "beat it); false: its last step's")
 

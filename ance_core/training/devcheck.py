@@ -9,9 +9,10 @@ evaluation does (trec_eval through ir_measures; a hit whose id is the query's dr
 `BestStep` is the loop's side: which step is best so far and whether the stage should stop. The best step's state is
 kept in `<out>/best/` (model and training state, written after the resumable checkpoint of that step, so a resumed
 stage never holds a best from a step it has not reached yet); the score of every check is in the step's train_log
-record (`dev_ndcg_at_10`), so a resumed stage rebuilds its history from the log it keeps.
+record (`dev_check_ndcg_at_10`), so a resumed stage rebuilds its history from the log it keeps.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from ance_core.retrieval.encode import encode_documents, encode_queries
 from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
 from ance_core.training.config import DevCheckConfig
 
-DEV_METRIC = "dev_ndcg_at_10"
+DEV_METRIC = "dev_check_ndcg_at_10"
 BEST = "best"
 BEST_JSON = "dev_best.json"
 
@@ -51,9 +52,11 @@ class DevCheck:
     """nDCG@10 of a model on the dev queries, over their candidate set (module docstring)."""
 
     def __init__(self, pairs: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, passages: pd.DataFrame,
-                 encode: EncodeConfig, ignore_identical_ids: bool = True):
+                 encode: EncodeConfig, ignore_identical_ids: bool = True, passage_max_length: int | None = None):
         """`pairs`: (query_id, doc_id) candidates; `queries`: the dev queries (query_id, text); `qrels`: their
-        judgements; `passages`: the candidates' corpus rows (doc_id, title, text)."""
+        judgements; `passages`: the candidates' corpus rows (doc_id, title, text); `passage_max_length`: the passage
+        tokens encoded (FirstP; default the checkpoint's)."""
+        self.passage_max_length = passage_max_length
         missing = set(pairs["doc_id"]) - set(passages["doc_id"].astype(str))
         if missing:
             raise AnceError(f"dev check: {len(missing)} candidate documents are not in the corpus (e.g. "
@@ -66,10 +69,13 @@ class DevCheck:
 
     @property
     def size(self) -> dict[str, int]:
-        return {"queries": len(self.queries), "passages": len(self.passages), "pairs": len(self.pairs)}
+        return {"dev_check_queries": len(self.queries), "dev_check_passages": len(self.passages),
+                "dev_check_pairs": len(self.pairs)}
 
     def score(self, model, tokenizer, meta) -> float:
         """The dev nDCG@10 of `model` (left in eval mode: the caller puts it back to training)."""
+        if self.passage_max_length is not None and meta.document_mode == "firstp":
+            meta = dataclasses.replace(meta, passage_max_length=self.passage_max_length)
         with torch.inference_mode():
             docs, ids, _ = encode_documents(model, tokenizer, meta, self.passages, self.encode)
             q = encode_queries(model, tokenizer, self.queries["text"].tolist(), meta, self.encode)

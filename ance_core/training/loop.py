@@ -192,9 +192,9 @@ def train(
     `save(folder)` writes the current model there (for the inferencer to encode the corpus with).
 
     `dev` (training/devcheck.py): the dev split scored on its candidate set `dev.cfg.per_epoch` times an epoch and at
-    the last step (each score in its step's record, `dev_ndcg_at_10`); the stage ends early after `dev.cfg.patience`
-    checks in a row below its best, and its result is the best check's state (the starting model's, step 0, when no
-    check beat it) unless `dev.cfg.keep_best` is off. A new best also takes a resumable checkpoint.
+    the last step (each score in its step's record, `dev_check_ndcg_at_10`); the stage ends early after
+    `dev.cfg.patience` checks in a row below its best, and its result is the best check's state (the starting model's,
+    step 0, when no check beat it) unless `dev.cfg.keep_best` is off. A new best also takes a resumable checkpoint.
 
     Other resumable checkpoints follow `cfg.checkpoint_seconds` / `cfg.checkpoint_every` (training/checkpointing.py);
     they are written in the background, and each is on disk before `train` returns or raises, before a snapshot

@@ -82,13 +82,16 @@ def test_every_stage_wrote_its_artifacts(pipeline, tiny_scifact):
 def test_metrics_are_numbers_in_range(pipeline):
     _, result, _ = pipeline
     models = [r["model"] for r in result["results"]]
-    assert models == ["BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))]
+    dense = ["zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))]
+    dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
+    best_dense = [m for m in dense if dev[m] == max(dev[d] for d in dense)][-1]
+    assert models == ["BM25", *dense, f"{best_dense} + BM25"]  # the hybrid row: the best dense model on dev + BM25
     for row in result["results"]:
         for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000"):
             assert 0.0 <= row[key] <= 1.0
     assert result["results"][0]["ndcg_at_10"] > 0.5  # BM25 on a 200-document subset finds the positives
-    # the run's result is its best model on the dev split (BM25 is not a model), whatever the test split says
-    dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
+    # the run's result is its best model on the dev split (BM25 is not a model, the hybrid is), whatever the test
+    # split says
     models = [m for m in dev if m != "BM25"]
     best = max(dev[m] for m in models)
     assert result["selected"] == [m for m in models if dev[m] == best][-1]
@@ -96,10 +99,15 @@ def test_metrics_are_numbers_in_range(pipeline):
     assert result["ndcg_at_10"] == chosen["ndcg_at_10"]
     assert f"**{result['selected']}** (result)" in Path(result["report_dir"], "results.md").read_text()
     stages = {(s["for"], s["stage"]): s["path"] for s in result["stages"]}
-    assert result["final_checkpoint"] == (stages[(result["selected"], "train")] if result["selected"] != "zero-shot"
+    checkpoint_of = result["selected"].removesuffix(" + BM25")  # a hybrid result's checkpoint is its dense model's
+    assert result["final_checkpoint"] == (stages[(checkpoint_of, "train")] if checkpoint_of != "zero-shot"
                                           else stages[("zero-shot", "init")])
+    fusion = json.loads(Path(stages[(f"{best_dense} + BM25", "fusion")], "fusion.json").read_text())
+    assert fusion["split"] == "dev" and len(fusion["candidates"]) == 10
+    hybrid = next(r for r in result["results"] if r["model"] == f"{best_dense} + BM25")
+    assert hybrid["dev_ndcg_at_10"] == pytest.approx(max(c["dev_ndcg_at_10"] for c in fusion["candidates"]))
     # training moved the model: the final checkpoint ranks differently from the starting one
-    dense = [r for r in result["results"] if r["model"] != "BM25"]
+    dense = [r for r in result["results"] if r["model"] in dense]
     assert len({round(r["ndcg_at_10"], 6) for r in dense} | {round(r["recall_at_100"], 6) for r in dense}) > 2
 
 
@@ -138,6 +146,17 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                                     "--trec", str(tmp_path / "hits.trec"), "--query-id", "q7"])
     assert trec.exit_code == 0 and [line.split()[:4] for line in (tmp_path / "hits.trec").read_text().splitlines()] \
         == [["q7", "Q0", line.split()[2], str(k)] for k, line in enumerate(lines, 1)]
+    # --hybrid: the same ranking fused with BM25's over the dataset's corpus (by RRF: another work folder's run)
+    fused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k",
+                                     "3", "--dataset", str(tiny_scifact), "--hybrid",
+                                     "--work-dir", str(tmp_path / "w")])
+    assert fused.exit_code == 0, fused.output
+    head, *hits = fused.output.strip().splitlines()
+    assert "fused with BM25's by RRF (k=60)" in head and len(hits) == 3
+    assert all(0 < float(line.split()[1]) <= round(2 / 61, 4) for line in hits)  # at most 1/61 from each run
+    refused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index),
+                                       "--hybrid"])
+    assert refused.exit_code == 2 and "--hybrid needs --dataset" in refused.output
     # any system's TREC run scored as the pipeline scores: the result's own evaluation run gives its metrics
     evaluation = next(s["path"] for s in result["stages"]
                       if s["stage"] == "evaluate" and s["for"] == result["selected"])
@@ -154,9 +173,11 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
-    # the same checkpoint evaluated on its own (other encode batch size: bf16 rounding may differ slightly)
-    assert metrics["recall_at_1000"] == pytest.approx(result["recall_at_1000"], abs=0.02)
-    assert metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"], abs=0.03)
+    # the same checkpoint evaluated on its own (other encode batch size: bf16 rounding may differ slightly); a hybrid
+    # result's checkpoint is its dense model's
+    row = next(r for r in result["results"] if r["model"] == result["selected"].removesuffix(" + BM25"))
+    assert metrics["recall_at_1000"] == pytest.approx(row["recall_at_1000"], abs=0.02)
+    assert metrics["ndcg_at_10"] == pytest.approx(row["ndcg_at_10"], abs=0.03)
 
 
 @PIPELINE
@@ -173,8 +194,9 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     names = {r.info.run_name: r for r in children}
+    hybrid = result["results"][-1]["model"]  # "<the best dense model on dev> + BM25"
     assert set(names) == {"BM25", "zero-shot", "warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1)),
-                          "compression"}
+                          hybrid, "compression"} and hybrid.endswith(" + BM25")
     assert names["warmup"].data.metrics["time_train_s"] > 0
     for key in ("grad_norm", "grad_norm_bottom", "grad_norm_top", "examples_per_s"):  # the tiny BERT has 2 layers
         assert len(client.get_metric_history(names["warmup"].info.run_id, key)) == 3, key
@@ -286,8 +308,10 @@ def test_compression_table_of_the_final_model(pipeline):
     variants = [("teacher", 32)] + [(m, d) for d in DIMS for m in ("conae", "pca", "truncate")]
     assert [(r["method"], r["dim"], r["index"]) for r in rows] == [(m, d, i) for m, d in variants for i in INDEXES]
     teacher = rows[0]
-    # the teacher's flat row is the pipeline's own final evaluation (same checkpoint, same corpus encoding)
-    assert teacher["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"])
+    # the teacher's flat row is the pipeline's own final evaluation (same checkpoint, same corpus encoding; a hybrid
+    # result's checkpoint is its dense model's)
+    dense = next(r for r in result["results"] if r["model"] == result["selected"].removesuffix(" + BM25"))
+    assert teacher["ndcg_at_10"] == pytest.approx(dense["ndcg_at_10"])
     assert teacher["checkpoint_path"] == result["final_checkpoint"]
     for r in rows:
         assert 0 <= r["ndcg_at_10"] <= 1 and 0 <= r["recall_at_100"] <= 1
@@ -388,7 +412,9 @@ def test_queries_bm25_cannot_match_get_fallback_negatives_and_the_run_completes(
               "model": {"name": str(tiny_model), "passage_max_length": 48}, "warmup": train, "ance": train,
               "encode": {"batch_size": 32}, "bm25_negatives": {"num_negatives": 2}, "mining": {"top_k": 40}}
     result, stdout = run_pipeline_cli(config, tmp_path)
-    assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
+    # no dev split: the hybrid row is the last model fused with BM25 by RRF
+    assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1",
+                                                       "ANCE round 1 + BM25"]
     warned = [w for w in result["warnings"] if "missing negatives were drawn uniformly from the corpus" in w]
     assert len(warned) == 1 and "2 of 42 queries" in warned[0] and "q-oov, q-stop" in warned[0]
     assert "WARNING: mining (bm25" in stdout  # in the closing lines too
@@ -432,7 +458,7 @@ def test_a_round_distils_from_a_teacher_on_a_draw_of_negatives_per_epoch(tiny_sc
     config["ance"] = config["ance"] | {"max_steps": None, "epochs": 2}
     config["mining"] = {"top_k": 50, "num_negatives": 2, "teacher": {"model": str(teacher), "max_length": 64}}
     result, _ = run_pipeline_cli(config, tmp_path)
-    assert [r["model"] for r in result["results"]] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
+    assert [r["model"] for r in result["results"]][:4] == ["BM25", "zero-shot", "warmup", "ANCE round 1"]
     mined = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "mine"))
     assert read_manifest(mined)["summary"]["draws"] == 2
     table = pd.read_parquet(Path(mined, "negatives.parquet"))

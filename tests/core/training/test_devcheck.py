@@ -65,7 +65,7 @@ def test_a_check_over_the_whole_corpus_is_the_full_corpus_evaluation(setup):
                         for i in range(len(q)) for j in np.argsort(-scores[i])[:20]],
                        columns=["query_id", "doc_id", "score"])
     assert score == pytest.approx(evaluate_run(run, qrels)[0]["ndcg_at_10"], abs=1e-6)
-    assert check.size == {"queries": 10, "passages": 30, "pairs": 300}
+    assert check.size == {"dev_check_queries": 10, "dev_check_passages": 30, "dev_check_pairs": 300}
 
 
 class Crash(RuntimeError):
@@ -75,7 +75,7 @@ class Crash(RuntimeError):
 class ScriptedCheck:
     """A DevCheck whose scores are given: the loop's decisions, apart from what a model scores."""
 
-    size = {"queries": 1, "passages": 1, "pairs": 1}
+    size = {"dev_check_queries": 1, "dev_check_passages": 1, "dev_check_pairs": 1}
 
     def __init__(self, scores):
         self.scores, self.calls = list(scores), 0

@@ -1,0 +1,51 @@
+"""Hybrid retrieval (ance_core/retrieval/fusion.py): the two fusions by hand, and the choice on the dev split."""
+
+import pandas as pd
+import pytest
+
+from ance_core.errors import AnceError
+from ance_core.retrieval.fusion import Fusion, candidates, choose_fusion, fuse
+
+
+def _run(rows):
+    return pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
+
+
+DENSE = _run([("q", "a", 0.9), ("q", "b", 0.5), ("q", "c", 0.1)])
+BM25 = _run([("q", "c", 12.0), ("q", "d", 6.0), ("q", "b", 2.0)])
+
+
+def test_reciprocal_rank_fusion_sums_one_over_k_plus_rank_of_each_run():
+    run = fuse(DENSE, BM25, Fusion("rrf"))
+    expected = {"a": 1 / 61, "b": 1 / 62 + 1 / 63, "c": 1 / 63 + 1 / 61, "d": 1 / 62}
+    assert dict(zip(run["doc_id"], run["score"], strict=True)) == pytest.approx(expected)
+    assert run["doc_id"].tolist() == ["c", "b", "a", "d"] and run["rank"].tolist() == [1, 2, 3, 4]
+
+
+def test_a_convex_combination_scales_each_runs_scores_of_the_query_to_0_1():
+    run = fuse(DENSE, BM25, Fusion("convex", 0.7))
+    # dense: a 1, b 0.5, c 0 (min-max); bm25: c 1, d 0.4, b 0; a document a run missed gets 0 from it
+    expected = {"a": 0.7, "b": 0.7 * 0.5, "c": 0.3, "d": 0.3 * 0.4}
+    assert dict(zip(run["doc_id"], run["score"], strict=True)) == pytest.approx(expected)
+
+
+def test_depth_cuts_each_run_and_the_result():
+    run = fuse(DENSE, BM25, Fusion("rrf"), depth=1)
+    assert run["doc_id"].tolist() == ["a"]  # a (dense #1) and c (bm25 #1) tie at 1/61: the first in id order
+
+
+def test_the_dev_split_chooses_and_a_tie_goes_to_the_simpler_fusion():
+    qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
+    chosen, scored = choose_fusion(DENSE, BM25, qrels)
+    assert len(scored) == len(candidates()) == 10
+    best = max(s["dev_ndcg_at_10"] for s in scored)
+    assert chosen.method == "convex" and best == 1.0  # a first needs the dense run's weight above BM25's
+    first = next(s for s in scored if s["dev_ndcg_at_10"] == best)
+    assert (chosen.method, chosen.weight) == (first["method"], first["weight"]) and chosen.weight == 0.6
+    qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["b"], "relevance": [1]})
+    assert choose_fusion(DENSE, BM25, qrels)[0] == Fusion("rrf")  # b is second under RRF and under w = 0.5
+
+
+def test_an_empty_dev_run_is_refused():
+    with pytest.raises(AnceError, match="a dev run is empty"):
+        choose_fusion(DENSE.iloc[:0], BM25, pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]}))
