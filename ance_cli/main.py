@@ -58,7 +58,7 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         summary = {k: v for k, v in chosen.items() if k != "model"}
         keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
                 "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
-                "retention", "started_from")
+                "retention", "started_from", "fusion")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
@@ -116,13 +116,86 @@ def demo(
 def run(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config; without one, "
                                                 "the pipeline's defaults (and --set on top)")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Start from a recipe (demo, full; auto: chosen on the dataset's "
+                                               "dev split by `ance tune`, then trained), the config file's sections "
+                                               "merged over it")] = None,
+    budget_minutes: Annotated[float | None, typer.Option(help="--recipe auto: wall minutes of the search's trials "
+                                                         "(default: the search's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="--recipe auto: a search setting, as "
+                                                        "`ance tune --tune-set`")] = None,
 ):
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
     from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.recipes import AUTO, recipe_config
 
-    guard(lambda: _run_pipeline(load_config(config, sets=sets or ()), as_json))
+    def body():
+        if recipe is None:
+            return _run_pipeline(load_config(config, sets=sets or ()), as_json)
+        if recipe != AUTO:
+            return _run_pipeline(recipe_config(recipe, sets or (), config), as_json)
+        tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets)
+        typer.echo(tuned["markdown"])
+        from ance_core.pipeline.config import PipelineConfig
+
+        _run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json)
+
+    guard(body)
+
+
+def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
+          recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
+    """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
+    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.recipes import recipe_config
+    from ance_core.pipeline.tune import TuneConfig
+    from flows.ance_pipeline import check_pipeline
+    from flows.tune import tune_recipe
+
+    given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
+             if v is not None}
+    tune = load_config(None, TuneConfig, tune_sets or (), base=given)
+    base = recipe_config(tune.recipe, sets or (), config)
+    check_pipeline(base)
+    _preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True)
+    return tune_recipe(base, tune)
+
+
+@app.command()
+def tune(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config merged over "
+                                                "the base recipe (the dataset, the model, ...)")] = None,
+    recipe: Annotated[str, typer.Option(help="The recipe the candidates vary (the baseline)")] = "demo",
+    budget_minutes: Annotated[float | None, typer.Option(help="Wall minutes of trials (default 90)")] = None,
+    seeds: Annotated[list[int] | None, typer.Option("--seed", help="The rungs' seeds (repeatable; default 42 43 "
+                                                    "44)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the winner's whole config here (YAML, for `ance run "
+                                             "--config`)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the choice as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="Override a search setting: "
+                                                        "learning_rates, positives, warmup_epochs, eta, margin "
+                                                        "(e.g. --tune-set learning_rates=[4e-5,1e-5])")] = None,
+):
+    """Choose a recipe on the dataset's dev split: variants of --recipe (learning rate, which graded positives train,
+    warm-up epochs) as trials with successive halving over seeds; prints the table and the winner."""
+
+    def body():
+        result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)
+        typer.echo(result["markdown"])
+        typer.echo(f"recipe search report: {result['report_dir']}; the winner's config: "
+                   f"{result['report_dir']}/recipe.yaml")
+        if out is not None:
+            import shutil
+
+            shutil.copyfile(Path(result["report_dir"], "recipe.yaml"), out)
+            typer.echo(f"written: {out}")
+        if as_json:
+            typer.echo(json.dumps({k: result[k] for k in ("winner", "overrides", "reason", "stopped", "report_dir",
+                                                          "mlflow_run_id", "trials")}))
+
+    guard(body)
 
 
 @app.command()

@@ -21,7 +21,7 @@ from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import StageTiming
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.loop import check_precision
-from flows.book import RunBook
+from flows.book import RunBook, Trial
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
 from tasks.fusion import read_fusion
@@ -54,11 +54,13 @@ def check_pipeline(c: PipelineConfig) -> None:
             check_lengths(teacher.model, {f"{name}.teacher.max_length": teacher.max_length})
 
 
-def train_and_evaluate(c: PipelineConfig) -> dict:
+def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
+    """The pipeline's stages and the run's end; `trial`: a trial of a recipe search (flows/tune.py), which records
+    nothing outside its MLflow run (no latest.json, registry or compression)."""
     check_pipeline(c)
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
-    run = RunBook(c, "ance-train", next_mining=c.mining)
+    run = RunBook(c, "ance-train", next_mining=c.mining, trial=trial)
     run.prepare_data()
     run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)
@@ -144,8 +146,9 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
               for s, t in zip(result["stages"], log.timings, strict=True)]
     final = run.models[chosen]
     fusion = read_fusion(final["fusion"]).as_dict() if "fusion" in final else None
-    record_latest(c.work_dir, final["checkpoint"], chosen, next(r for r in result["results"] if r["model"] == chosen),
-                  fusion)
+    if run.trial is None:
+        record_latest(c.work_dir, final["checkpoint"], chosen,
+                      next(r for r in result["results"] if r["model"] == chosen), fusion)
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
@@ -154,7 +157,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
         os.replace(png, plots / png.name)  # each file whole, whichever run renames last
     shutil.rmtree(drawing, ignore_errors=True)
     extra = {"async_refresh": async_refresh} if async_refresh is not None else {}
-    if c.compression is not None:  # the chosen model, from the corpus encoding its evaluation made
+    if c.compression is not None and run.trial is None:  # the chosen model, from the corpus encoding its evaluation
         compressed = compress_model(final["checkpoint"], final["encode"], run.data, c.compression, run.split,
                                     c.data.eval_split, c.encode, c.index, c.work_dir, c.eval)
         tracked["compression"] = log_compression(run.tracking.tracker, run.tracking.parent, compressed, c.compression,
@@ -163,6 +166,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
                                 "rows": public_rows(compressed["rows"])}
         tracked |= run.tracking.tracker.summary()
     run.conclude(tracked, result, chosen)
+    extra |= {"fusion": fusion} if fusion is not None else {}
     return result | extra | {"stages": stages, "selected": chosen, "final_checkpoint": final["checkpoint"].path,
                              "last_checkpoint": checkpoint.path, "report_dir": summary.path, "plots_dir": str(plots),
                              "negatives": run.negatives(), "tracking": tracked, "mlflow_run_id": tracked["run_id"],

@@ -9,6 +9,7 @@ then logs and prints the run's end; it decides nothing (the report task selects 
 """
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact
@@ -36,15 +37,31 @@ from tracking.closing import closing_lines
 from tracking.run import PipelineTracking, run_url
 
 
+@dataclass(frozen=True)
+class Trial:
+    """A pipeline run as a trial of a recipe search: the search's MLflow experiment and run, the trial's name."""
+
+    experiment: str
+    parent_run: str | None
+    name: str
+
+
 class RunBook:
-    def __init__(self, config, experiment: str, dev: bool = True, next_mining: MiningConfig | None = None):
+    def __init__(self, config, experiment: str, dev: bool = True, next_mining: MiningConfig | None = None,
+                 trial: "Trial | None" = None):
         """`dev`: evaluate every model on the dev split too and let the report choose the run's result on it (a
         comparison does neither). `next_mining`: the rounds' mining, whose dense ranking the negatives analysis
-        shares (cached) instead of ranking the training queries once more."""
+        shares (cached) instead of ranking the training queries once more. `trial`: the run is a trial of a recipe
+        search (`ance tune`): its MLflow run is nested under the search's, and nothing is registered or linked."""
         self.c, self.wd, self.split = config, config.work_dir, config.data.train_split
         self.log = StageLog()
-        self.tracking = PipelineTracking(config, flow_tags(), experiment=experiment)
-        link_mlflow_run(self.tracking)
+        self.trial = trial
+        if trial is not None:
+            self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment,
+                                             trial_of=trial.parent_run, name=trial.name)
+        else:
+            self.tracking = PipelineTracking(config, flow_tags(), experiment=experiment)
+            link_mlflow_run(self.tracking)
         self.with_dev, self.next_mining = dev, next_mining
         self.eval_split = config.data.eval_split
         self.dev_split: str | None = None
@@ -236,7 +253,8 @@ class RunBook:
         run's MLflow link."""
         closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None)
         print("\n".join(closing))
-        link_mlflow_run(self.tracking, result["markdown"], closing)
+        if self.trial is None:
+            link_mlflow_run(self.tracking, result["markdown"], closing)
 
 
 def flow_tags() -> dict[str, str]:

@@ -77,14 +77,18 @@ class PipelineTracking:
     """
 
     def __init__(self, config: BaseModel, flow_tags: dict[str, str], experiment: str = "ance-train",
-                 tracker: Tracker | None = None):
+                 tracker: Tracker | None = None, trial_of: str | None = None, name: str | None = None):
+        """`trial_of`: the run is a trial of a recipe search (`ance tune`), nested under that search's run (an id of
+        `experiment`'s): its checkpoints are not logged nor registered."""
         self.config = config
         self.tracker = tracker or Tracker(config.work_dir, experiment)
         self.tracker.context = {k: v for k, v in flow_tags.items() if k == "prefect.flow_run_id"}
         self.tags = {k: v for k, v in flow_tags.items() if v} | {
             "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
-        name = f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
-        self.parent = self.tracker.start_run(name, tags=self.tags)
+        self.trial = trial_of is not None
+        name = name or f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
+        self.parent = self.tracker.start_run(name, parent_id=trial_of, tags=self.tags | (
+            {"trial": "true"} if self.trial else {}))
         self.tracker.log_params(self.parent, flatten(config))
         self.children: dict[str, str | None] = {}
         self.inputs: list = []  # the run's datasets (set_dataset), logged on every run of the record
@@ -170,13 +174,16 @@ class PipelineTracking:
                 tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
                                     ["staleness"], global_step)
             global_step += len(records)
-            log_checkpoint(tracker, child, t.ref.path)
+            if not self.trial:
+                log_checkpoint(tracker, child, t.ref.path)
             if t.label in results:
                 versions.append((t.label, child, results[t.label]))
             elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
                 versions.append((t.label, child, results[report["results"][-1]["model"]]))
                 if selected is not None and selected[0] == report["results"][-1]["model"]:
                     selected = (t.label, selected[1])
+        if self.trial:  # a trial's models are compared, not kept: nothing is registered
+            versions, selected = [], None
         if selected is not None and selected[0] not in {label for label, _, _ in versions}:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
             log_checkpoint(tracker, self.child(label), selected[1].path)
@@ -229,9 +236,9 @@ class PipelineTracking:
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
             for name in ("results.md", "results.csv"):
                 tracker.log_artifact(parent, tmp / name, "report")
-        decision = register_models(tracker, model_name(report["dataset"]), versions, report["dataset"],
-                                   report["split"], selected[0] if selected is not None and dev_setting else None,
-                                   dev_setting)
+        decision = {} if self.trial else register_models(
+            tracker, model_name(report["dataset"]), versions, report["dataset"], report["split"],
+            selected[0] if selected is not None and dev_setting else None, dev_setting)
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:

@@ -205,15 +205,7 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
     overrides (`apply_sets`) on top; errors name the file, the offending field or the override."""
     raw: Any = dict(base or {})
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise AnceError(f"{path}: config file not found")
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+        raw = read_config_file(path)
     raw = apply_sets(raw, sets, schema)
     try:
         return schema.model_validate(raw)
@@ -221,6 +213,20 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
         where = f"{path}: " if path is not None else ""
         also = f" (with {' '.join(f'--set {s}' for s in sets)})" if sets else ""
         raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML or JSON config file's mapping of sections; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise AnceError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
+    return raw
 
 
 def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:

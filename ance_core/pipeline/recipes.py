@@ -9,13 +9,18 @@ the search log, the three-seed tables and the paired comparisons).
   default stays 2e-5.
 - `full` (`make quality`, `ance demo --recipe full`): 2 SimANS rounds, 2 epochs per stage (dev search run s6), with
   the demo's learning rate of 4e-5 (taken from the demo's search, not searched on `full` itself).
+- `auto` (`ance run --recipe auto`, `ance tune`): no fixed config; a search on the collection's own dev split over
+  variants of `demo` (learning rate, which graded positives train, warm-up epochs: pipeline/tune.py), its winner
+  trained (flows/tune.py).
 """
 
+import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ance_core.errors import AnceError
-from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.pipeline.config import PipelineConfig, load_config, read_config_file
 
 RECIPES: dict[str, dict[str, Any]] = {
     "demo": {"mining": {"sampler": "simans"}, "warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}},
@@ -24,9 +29,20 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe_config(name: str, sets: Sequence[str] = (), **overrides: Any) -> PipelineConfig:
-    """The pipeline config of a recipe, with top-level `overrides` (e.g. work_dir) and then `--set` overrides
-    (`key.sub=value`, pipeline/config.py `apply_sets`) on top."""
+AUTO = "auto"  # chosen per collection on its dev split by a recipe search (flows/tune.py), not a fixed config
+
+
+def recipe_config(name: str, sets: Sequence[str] = (), path: str | Path | None = None, **overrides: Any
+                  ) -> PipelineConfig:
+    """The pipeline config of a recipe, with a config file's sections (`path`) merged over it, top-level `overrides`
+    (e.g. work_dir), and then `--set` overrides (`key.sub=value`, pipeline/config.py `apply_sets`) on top."""
     if name not in RECIPES:
-        raise AnceError(f"unknown recipe '{name}'; choose one of {', '.join(RECIPES)}")
-    return load_config(None, PipelineConfig, sets, base=RECIPES[name] | overrides)
+        raise AnceError(f"unknown recipe '{name}'; choose one of {', '.join([*RECIPES, AUTO])}")
+    base = copy.deepcopy(RECIPES[name])
+    if path is not None:
+        for section, value in read_config_file(path).items():
+            if isinstance(value, dict) and isinstance(base.get(section), dict):
+                base[section] = base[section] | value
+            else:
+                base[section] = value
+    return load_config(None, PipelineConfig, sets, base=base | overrides)

@@ -1,0 +1,170 @@
+"""A recipe chosen on the user's own dev split (`ance tune`, `recipe: auto`): a small set of candidate recipes run as
+trials with successive halving over seeds, paired with the baseline recipe, the winner required to beat it by a
+margin.
+
+The candidates (`candidates`): the base recipe (`TuneConfig.recipe`, the baseline: the first and simplest) and its
+variants over the learning rate of both stages, which graded positives train (each query's top grade, the
+collection's top grade, every relevant document: one candidate where the qrels are binary) and the warm-up's epochs.
+A candidate's simplicity is the number of settings it changes; the order of the lists breaks ties.
+
+The rungs (`Rung`, `plan_rungs`): rung 0 trains every candidate's warm-up only, under the first seed; each later rung
+runs the whole recipe of the best 1/eta of the rung before (and the baseline, always: the others are paired with it)
+under one more seed than the rung before, its score the mean over its seeds. A trial's score is the dev nDCG@10 of
+the dense model the run would deliver: its best on the dev split, the starting (pretrained) model included.
+
+The decision (`decide`): among the candidates the last rung ran, the best mean paired difference to the baseline over
+their common seeds; it wins when that difference is above `margin`, else the baseline stays (the simpler candidate on
+ties). A time budget (minutes of trials) stops the search early; the decision is then made on the trials run.
+"""
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ance_core.stage_config import StageConfig
+
+PositivesRule = Literal["query-top", "collection-top", "all"]
+
+
+class TuneConfig(StageConfig):
+    """What `ance tune` searches and how long (module docstring)."""
+
+    recipe: str = Field("demo", description="The recipe the candidates vary (the baseline candidate itself)")
+    learning_rates: list[float] = Field([4e-5, 2e-5], min_length=1, description="Learning rates of both training "
+                                        "stages (the recipe's own is the baseline's)")
+    positives: list[PositivesRule] = Field(
+        ["query-top", "collection-top", "all"], min_length=1, description="Which graded positives train: each query's "
+        "top grade (train_min_relevance auto), the collection's top grade, every relevant document (grade 1); one "
+        "candidate on binary qrels")
+    warmup_epochs: list[int] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
+    seeds: list[int] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung k runs the whole "
+                             "recipe under the first k + 1 (rung 0, the warm-ups, under the first)")
+    eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
+    margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
+                          "difference over the seeds both ran)")
+    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops at the first "
+                                  "trial that would not fit, and decides on the trials run")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "TuneConfig":
+        for name in ("learning_rates", "positives", "warmup_epochs", "seeds"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a value twice: {values}")
+        return self
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    overrides: dict[str, Any]  # dotted config keys -> values (`--set`), empty for the baseline
+    changes: int = 0  # settings changed from the baseline (the learning rate of both stages is one)
+
+    def sets(self) -> list[str]:
+        return [f"{key}={value}" for key, value in self.overrides.items()]
+
+
+def positive_grade(rule: PositivesRule, grades: list[int]) -> int | str:
+    """`data.train_min_relevance` of a positives rule on a train split whose positive grades are `grades`."""
+    if rule == "query-top":
+        return "auto"
+    return max(grades) if rule == "collection-top" else min(grades)
+
+
+def candidates(cfg: TuneConfig, learning_rate: float, min_relevance: int | str, warmup_epochs: int,
+               grades: list[int]) -> list[Candidate]:
+    """The distinct candidates, simplest first; the first is the baseline (the recipe's `learning_rate`,
+    `min_relevance` and `warmup_epochs`). On binary qrels (fewer than two positive grades) every positives rule
+    trains the same pairs: the recipe's rule only."""
+    grades = sorted(set(grades)) or [1]
+    rules = cfg.positives if len(grades) > 1 else [None]
+    out: dict[tuple, Candidate] = {}
+    for lr, rule, epochs in itertools.product([learning_rate, *cfg.learning_rates], [None, *rules],
+                                              [warmup_epochs, *cfg.warmup_epochs]):
+        grade = min_relevance if rule is None else positive_grade(rule, grades)
+        if (lr, grade, epochs) in out:
+            continue
+        overrides: dict[str, Any] = {}
+        parts = []
+        if lr != learning_rate:
+            overrides |= {"warmup.learning_rate": lr, "ance.learning_rate": lr}
+            parts.append(f"lr {lr:g}")
+        if grade != min_relevance:
+            overrides["data.train_min_relevance"] = grade
+            parts.append(f"positives {rule} (train_min_relevance {grade})")
+        if epochs != warmup_epochs:
+            overrides["warmup.epochs"] = epochs
+            parts.append(f"warm-up {epochs} epoch{'s' * (epochs != 1)}")
+        out[(lr, grade, epochs)] = Candidate(", ".join(parts) or f"{cfg.recipe} (baseline)", overrides, len(parts))
+    return sorted(out.values(), key=lambda c: c.changes)  # (stable: the lists' order breaks ties)
+
+
+@dataclass
+class Scores:
+    """The trials' scores: candidate name -> {(seed, whole recipe?): dev nDCG@10}."""
+
+    order: list[str]  # the candidates, simplest first (the baseline first)
+    values: dict[str, dict[tuple[int, bool], float]] = field(default_factory=dict)
+
+    def add(self, name: str, seed: int, full: bool, score: float) -> None:
+        self.values.setdefault(name, {})[(seed, full)] = score
+
+    def mean(self, name: str, seeds: list[int], full: bool) -> float | None:
+        got = [self.values.get(name, {}).get((s, full)) for s in seeds]
+        return statistics.fmean(got) if got and None not in got else None
+
+    def ranked(self, names: list[str], seeds: list[int], full: bool) -> list[str]:
+        """`names` with a score on every seed, best mean first; on a tie the simpler."""
+        scored = [(self.mean(n, seeds, full), n) for n in names if self.mean(n, seeds, full) is not None]
+        return [n for _, n in sorted(scored, key=lambda x: (-round(x[0], 10), self.order.index(x[1])))]
+
+    def paired(self, name: str, baseline: str) -> list[float]:
+        """Per common seed of the whole recipe: the candidate's score minus the baseline's."""
+        mine, base = self.values.get(name, {}), self.values.get(baseline, {})
+        return [mine[k] - base[k] for k in sorted(mine) if k[1] and k in base]
+
+
+@dataclass(frozen=True)
+class Rung:
+    number: int
+    seeds: list[int]
+    full: bool  # the whole recipe, or the warm-up only (rung 0)
+
+
+def rungs(cfg: TuneConfig) -> list[Rung]:
+    """Rung 0: the warm-ups under the first seed; rung k: the whole recipe under the first k seeds (k >= 1)."""
+    return [Rung(0, cfg.seeds[:1], False), *(Rung(k, cfg.seeds[:k], True) for k in range(1, len(cfg.seeds) + 1))]
+
+
+def survivors(scores: Scores, names: list[str], rung: Rung, eta: int) -> list[str]:
+    """The candidates the rung after `rung` runs: its best ceil(n/eta) (the baseline kept apart)."""
+    ranked = scores.ranked(names, rung.seeds, rung.full)
+    return ranked[:max(1, math.ceil(len(names) / eta))]
+
+
+def decide(scores: Scores, baseline: str, margin: float) -> tuple[str, dict[str, Any]]:
+    """The winner (module docstring) and the evidence: per candidate its seeds of the whole recipe, mean score and
+    mean paired difference to the baseline."""
+    table = {}
+    for name in scores.order:
+        diffs = scores.paired(name, baseline)
+        full = {s: v for (s, f), v in scores.values.get(name, {}).items() if f}
+        if full:
+            table[name] = {"seeds": sorted(full), "mean": statistics.fmean(full.values()),
+                           "paired_diff": statistics.fmean(diffs) if diffs and name != baseline else None,
+                           "paired_diffs": diffs if name != baseline else []}
+    rivals = [n for n in table if n != baseline and table[n]["paired_diff"] is not None]
+    most = max((len(table[n]["seeds"]) for n in rivals), default=0)
+    finalists = [n for n in rivals if len(table[n]["seeds"]) == most]
+    best = max(finalists, key=lambda n: (round(table[n]["paired_diff"], 10), -scores.order.index(n)), default=None)
+    if best is not None and table[best]["paired_diff"] > margin:
+        return best, {"table": table, "reason": f"{best} beat {baseline} by {table[best]['paired_diff']:+.4f} dev "
+                      f"nDCG@10 (mean over seeds {table[best]['seeds']}; margin {margin})"}
+    reason = (f"no candidate beat {baseline} by more than {margin} (the best, {best}: "
+              f"{table[best]['paired_diff']:+.4f} over seeds {table[best]['seeds']})" if best is not None
+              else f"no candidate ran the whole recipe beside {baseline}")
+    return baseline, {"table": table, "reason": reason}

@@ -1,0 +1,60 @@
+"""The recipe search's logic (ance_core/pipeline/tune.py): candidates, rungs, survivors and the decision."""
+
+import pytest
+
+from ance_core.pipeline.tune import Scores, TuneConfig, candidates, decide, rungs, survivors
+
+
+def test_binary_qrels_have_one_positives_rule_and_the_baseline_comes_first():
+    pool = candidates(TuneConfig(), 4e-5, "auto", 1, grades=[1])
+    assert [c.name for c in pool] == ["demo (baseline)", "warm-up 2 epochs", "lr 2e-05", "lr 2e-05, warm-up 2 epochs"]
+    assert pool[0].overrides == {} and [c.changes for c in pool] == [0, 1, 1, 2]
+    assert pool[2].sets() == ["warmup.learning_rate=2e-05", "ance.learning_rate=2e-05"]
+
+
+def test_graded_qrels_add_the_collections_top_grade_and_every_relevant_document():
+    pool = candidates(TuneConfig(warmup_epochs=[1]), 4e-5, "auto", 1, grades=[1, 2, 3])
+    rules = {c.overrides.get("data.train_min_relevance") for c in pool}
+    assert rules == {None, 3, 1} and len(pool) == 6  # 3 rules x 2 learning rates, the baseline's "auto" unsaid
+    assert pool[0].name == "demo (baseline)" and max(c.changes for c in pool) == 2
+
+
+def test_rungs_add_a_seed_each_after_the_warmups():
+    assert [(r.number, r.seeds, r.full) for r in rungs(TuneConfig(seeds=[1, 2, 3]))] == [
+        (0, [1], False), (1, [1], True), (2, [1, 2], True), (3, [1, 2, 3], True)]
+
+
+def _scores(values: dict[str, dict[tuple[int, bool], float]]) -> Scores:
+    scores = Scores(list(values))
+    for name, runs in values.items():
+        for (seed, full), v in runs.items():
+            scores.add(name, seed, full, v)
+    return scores
+
+
+def test_survivors_are_the_best_third_and_a_tie_keeps_the_simpler():
+    scores = _scores({"base": {(1, False): 0.5}, "a": {(1, False): 0.6}, "b": {(1, False): 0.6},
+                      "c": {(1, False): 0.4}})
+    rung = rungs(TuneConfig(seeds=[1]))[0]
+    assert survivors(scores, ["base", "a", "b", "c"], rung, eta=3) == ["a", "b"]  # ceil(4/3) = 2
+    assert survivors(scores, ["base", "a", "b", "c"], rung, eta=4) == ["a"]
+
+
+def test_a_candidate_wins_only_by_more_than_the_margin_over_the_seeds_it_shares_with_the_baseline():
+    runs = {"base": {(1, True): 0.50, (2, True): 0.52, (3, True): 0.51},
+            "a": {(1, True): 0.53, (2, True): 0.52, (3, True): 0.52},  # +0.0133
+            "b": {(1, True): 0.60}}  # ran one seed: not a finalist beside a candidate that ran three
+    winner, evidence = decide(_scores(runs), "base", margin=0.005)
+    assert winner == "a" and evidence["table"]["a"]["paired_diff"] == pytest.approx(0.04 / 3)
+    assert decide(_scores(runs), "base", margin=0.02)[0] == "base"  # not by more than the margin: the baseline
+    tied = {"base": {(1, True): 0.5}, "a": {(1, True): 0.5}}
+    winner, evidence = decide(_scores(tied), "base", margin=0.0)
+    assert winner == "base" and "no candidate beat" in evidence["reason"]
+    assert decide(_scores({"base": {(1, True): 0.5}}), "base", 0.0) == ("base", {
+        "table": {"base": {"seeds": [1], "mean": 0.5, "paired_diff": None, "paired_diffs": []}},
+        "reason": "no candidate ran the whole recipe beside base"})
+
+
+def test_a_setting_listed_twice_is_refused():
+    with pytest.raises(ValueError, match="seeds lists a value twice"):
+        TuneConfig(seeds=[1, 1])

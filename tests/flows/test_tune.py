@@ -1,0 +1,71 @@
+"""`ance tune` and `ance run --recipe auto` end to end on the tiny pipeline (ephemeral Prefect server, the work
+folder's MLflow store): every trial a cached task with its MLflow run nested under the search's, successive halving
+over two seeds, the decision written as a report and a config, and the auto run reusing the winner's trial."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.tiny import tiny_pipeline_config
+
+pytestmark = pytest.mark.slow
+
+
+def _ance(args: list[str], tmp_path, timeout: int = 1500) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_the_winner(tiny_scifact, tiny_model,
+                                                                                       tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    settings = ["--tune-set", "seeds=[42,43]", "--tune-set", "learning_rates=[5e-4]", "--tune-set", "warmup_epochs=[1]"]
+    search = ["--config", str(tmp_path / "c.json"), *settings]
+    proc = _ance(["tune", *search, "--out", str(tmp_path / "chosen.yaml"), "--json"], tmp_path)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    trials = result["trials"]
+    # two candidates (the base at 1e-3, and 5e-4): rung 0 their warm-ups (seed 42), then the better one and the
+    # baseline as whole recipes under seed 42, then under 42 and 43 (only 43 is new)
+    assert [(t["rung"], t["full"], t["seed"]) for t in trials] == [
+        (0, False, 42), (0, False, 42), (1, True, 42), (1, True, 42), (2, True, 43), (2, True, 43)] or [
+        (t["rung"], t["full"], t["seed"]) for t in trials] == [(0, False, 42), (0, False, 42), (1, True, 42),
+                                                               (2, True, 43)]
+    names = {t["candidate"] for t in trials}
+    baseline = "demo (baseline)"
+    assert baseline in names and names <= {baseline, "lr 0.0005"}
+    assert result["winner"] in names and result["reason"]
+    for t in trials:  # a trial's score is the dev nDCG@10 of the dense model it delivers
+        record = json.loads(Path(t["path"], "trial.json").read_text())
+        dense = [r for r in record["results"] if r["model"] != "BM25" and not r["model"].endswith(" + BM25")]
+        assert t["score"] == max(r["dev_ndcg_at_10"] for r in dense)
+        assert ("ANCE round 1" in {r["model"] for r in record["results"]}) == t["full"]
+    chosen = yaml.safe_load((tmp_path / "chosen.yaml").read_text())
+    assert chosen["warmup"]["learning_rate"] == (5e-4 if result["winner"] == "lr 0.0005" else 1e-3)
+    assert "**Chosen:" in proc.stdout and "| candidate | overrides |" in proc.stdout
+    # MLflow: the search's run, every trial's run nested under it, nothing registered by a trial
+    client = MlflowClient(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.tags["winner"] == result["winner"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "tune")} == {
+        "tune/tune.md", "tune/tune.json", "tune/recipe.yaml"}
+    nested = client.search_runs([parent.info.experiment_id],
+                                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(nested) == len(trials) and all(r.data.tags.get("trial") == "true" for r in nested)
+    assert not client.search_registered_models()
+    assert not (tmp_path / "work" / "latest.json").exists()
+
+    # the same search again: every trial cached; `ance run --recipe auto` trains the winner (its trial's stages)
+    again = _ance(["run", "--recipe", "auto", "--config", str(tmp_path / "c.json"), "--json", *settings], tmp_path)
+    assert f"{len(trials)} trials ({len(trials)} cached)" in again.stdout
+    run = json.loads(again.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "work" / "latest.json").is_file() and client.search_registered_models()
+    assert "ANCE round 1" in {r["model"] for r in run["results"]}
