@@ -152,6 +152,10 @@ class PipelineConfig(StageConfig):
             if self.data.dev_split is None:
                 raise ValueError("dev_check scores the dev split, and data.dev_split is null; set "
                                  "dev_check.per_epoch: 0 or name a dev split")
+            for name in ("warmup", "ance"):
+                if getattr(self, name).ema_decay is not None and self.dev_check.keep_best:
+                    raise ValueError(f"dev_check keeps a stage's best step's weights, {name}.ema_decay their "
+                                     "average: set one of them (or dev_check.keep_best: false)")
         return self
 
     @model_validator(mode="after")

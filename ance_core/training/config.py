@@ -15,7 +15,8 @@ NOT_IN_KEY = (*CADENCE, "loader_workers")
 class TrainConfig(StageConfig):
     """NLL over 1 positive + n mined negatives per query (ANCE eq. 5), optionally with in-batch negatives."""
 
-    UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0}  # (added after stage keys existed: left out unset)
+    UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0, "ema_decay": None}  # (added after stage keys existed:
+    # left out at these values)
 
     epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs when set")
@@ -62,6 +63,11 @@ class TrainConfig(StageConfig):
     distill_weight: float = Field(
         1.0, ge=0, description="Weight of the KL term toward a teacher's scores of each query's group, when its "
         "negatives carry them (mining.teacher): loss = NLL + distill_weight x KL")
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1, description="Weight averaging: an exponential moving average of the weights over the "
+        "stage's steps (shadow = decay x shadow + (1 - decay) x weights after each step, from the first step's "
+        "weights), which becomes the stage's model at its end; unset: the last step's weights. Kept with the "
+        "optimizer's state, so a resumed stage ends with the same average")
     loader_workers: int = Field(
         0, ge=0, repr=False, description="DataLoader worker processes that pad each step's micro-batches from the "
         "pre-tokenized texts (0: the training thread does it; 1-2 on a GPU keep the next steps ready). Not part of "

@@ -286,6 +286,7 @@ def train(
 
     left_padded = pad_settings(tokenizer)[1]
 
+    averaged = WeightAverage(model, optimizer, cfg.ema_decay, fresh=step == 0) if cfg.ema_decay else None
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
     best = _dev_start(dev, out, step, [json.loads(ln) for ln in kept], state, ranks)
@@ -337,6 +338,8 @@ def train(
             else:
                 optimizer.step()
             scheduler.step()
+            if averaged is not None:
+                averaged.update()
             step += 1
             norms = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
             loss_value = norms.pop("loss")
@@ -382,6 +385,8 @@ def train(
     rng = rng_states(ranks)
     if ranks.world > 1:
         dist.barrier()  # every rank done before rank 0 writes the result
+    if averaged is not None:
+        averaged.apply()  # the stage's model: the average of its weights over its steps
     if not ranks.main:
         return {"steps": step}
     save_state(out, step=step, rng=rng, **state)
@@ -397,6 +402,36 @@ def train(
         shutil.rmtree(out / BEST, ignore_errors=True)
         summary |= best.summary() | {"planned_steps": total} | dev.check.size
     return summary
+
+
+class WeightAverage:
+    """An exponential moving average of the trainable weights (`ema_decay`), kept in the optimizer's per-parameter
+    state (key "ema": saved, resumed and carried with the moments). A fresh stage starts it from its first step's
+    weights (dropping a previous stage's, which a continued optimizer state carries)."""
+
+    KEY = "ema"
+
+    def __init__(self, model: torch.nn.Module, optimizer, decay: float, fresh: bool):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.decay = optimizer, decay
+        if fresh:
+            for p in self.params:
+                self.optimizer.state.get(p, {}).pop(self.KEY, None)
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for p in self.params:
+            state = self.optimizer.state[p]  # (set by the optimizer's first step: the moments come first)
+            if self.KEY not in state:
+                state[self.KEY] = p.detach().float().clone()
+            else:
+                state[self.KEY].lerp_(p.detach().float(), 1 - self.decay)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        for p in self.params:
+            if self.KEY in self.optimizer.state.get(p, {}):
+                p.copy_(self.optimizer.state[p][self.KEY].to(p.dtype))
 
 
 def _dev_start(dev: StageDev | None, out: Path, step: int, records: list[dict], state: dict, ranks) -> BestStep | None:

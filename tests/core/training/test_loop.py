@@ -388,3 +388,29 @@ def test_a_teachers_scores_add_the_distillation_term(setup, tmp_path):
     _same_training(tmp_path / "plain", tmp_path / "w0")
     assert _losses(tmp_path / "w1")[0] > _losses(tmp_path / "plain")[0]
     assert _weights(tmp_path / "w1")["norm.weight"].ne(_weights(tmp_path / "plain")["norm.weight"]).any()
+
+
+def test_weight_averaging_ends_with_the_average_and_resumes_to_the_same_one(setup, tmp_path):
+    ckpt, *rest = setup
+    plain = tmp_path / "plain"
+    train(ckpt, *rest, CFG, plain)
+    ema = CFG.model_copy(update={"ema_decay": 0.5})
+    averaged = tmp_path / "ema"
+    train(ckpt, *rest, ema, averaged)
+    a, p = _weights(averaged), _weights(plain)
+    assert any(not torch.equal(a[k], p[k]) for k in a)  # the average of the steps' weights, not the last step's
+    near = tmp_path / "near"  # a decay near 0 keeps the last step's weights
+    train(ckpt, *rest, CFG.model_copy(update={"ema_decay": 1e-9}), near)
+    n = _weights(near)
+    assert all(torch.allclose(n[k], p[k], atol=1e-6) for k in n)
+
+    def stop_after_3(record):
+        if record["step"] == 3:
+            raise SimulatedCrash("simulated crash")
+
+    resumed = tmp_path / "resumed"
+    with pytest.raises(SimulatedCrash):
+        train(ckpt, *rest, ema, resumed, callbacks=[stop_after_3])
+    train(ckpt, *rest, ema, resumed)  # from the step-2 checkpoint: the average is in the optimizer's saved state
+    r = _weights(resumed)
+    assert all(torch.equal(a[k], r[k]) for k in a)
