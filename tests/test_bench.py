@@ -139,8 +139,23 @@ def test_recipes_bench(tiny_scifact, tiny_model, tmp_path):
                 "--log", str(tmp_path / "log.jsonl"), *[a for s in tiny for a in ("--set", s)], tmp_path=tmp_path)
     assert "test" not in out.splitlines()[0] and "selected:" in out
     record = json.loads((tmp_path / "log.jsonl").read_text())
-    assert record["label"] == "smoke" and set(record["dev"]) == {"BM25", "zero-shot", "warmup", "ANCE round 1"}
+    models = {"BM25", "zero-shot", "warmup", "ANCE round 1"}
+    assert record["label"] == "smoke" and set(record["dev"]) - models == {next(m for m in record["dev"]
+                                                                             if m.endswith(" + BM25"))}
     assert all(0 <= v <= 1 for v in record["dev"].values()) and "test" not in record
+    # the dev check's cost and agreement on the run's trained models, at two depths and two lengths
+    work = tmp_path / "w" / tiny_scifact.name / "work"
+    out = bench("devcheck.py", str(work), "--depths", "5", "50", "--lengths", "0", "24", tmp_path=tmp_path)
+    rows = [line for line in out.splitlines() if line.startswith(("work", tiny_scifact.name))]
+    assert len(rows) == 2 * 2 * 2  # warm-up and round 1 x depths x lengths
+    full_depth = [line.split() for line in rows if line.split()[-7] == "50" and line.split()[-6] == "48"]
+    assert len(full_depth) == 2 and all(abs(float(r[-2])) < 0.02 for r in full_depth)  # the whole corpus: as evaluated
+    assert "per setting" in out
+    # a soup of the two trained checkpoints, scored by `ance evaluate`
+    trained = [s["path"] for s in json.loads(Path(next((work / "reports").glob("*/results.json"))).read_text())[
+        "stages"] if s["stage"] == "train"]
+    bench("soup.py", *trained, "--out", str(tmp_path / "soup"), tmp_path=tmp_path)
+    assert (tmp_path / "soup" / "model.safetensors").is_file() and (tmp_path / "soup" / "ance_model.json").is_file()
 
 
 def test_classic_collections_convert_each_format_to_a_beir_folder(tmp_path):
