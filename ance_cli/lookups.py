@@ -67,20 +67,24 @@ def corpus_titles(dataset: str) -> dict[str, str]:
 
 
 def chosen_fusion(text: str, model: Path, work_dir: str):
-    """`ance search --fusion`: auto (the fusion of the work folder's newest run when its result is this model fused
-    with BM25, else RRF), rrf, or the dense ranking's weight in a convex combination (0 < w < 1)."""
+    """`ance search --fusion` and the BM25 settings to fuse with: auto (what the work folder's newest run chose for
+    this model, its hybrid row's fusion and BM25 config, recorded in latest.json when the run's result is this model
+    or its hybrid; else RRF with the default BM25), rrf, or the dense ranking's weight in a convex combination."""
     import json
 
     from ance_core.errors import AnceError
+    from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import Fusion
 
-    if text == "rrf":
-        return Fusion("rrf")
+    latest = Path(work_dir) / "latest.json"
+    record = json.loads(latest.read_text()) if latest.is_file() else {}
+    same = record.get("checkpoint") and Path(record["checkpoint"]).resolve() == model.resolve()
+    recorded = record.get("fusion") if same else None
+    bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     if text == "auto":
-        latest = Path(work_dir) / "latest.json"
-        record = json.loads(latest.read_text()) if latest.is_file() else {}
-        same = record.get("checkpoint") and Path(record["checkpoint"]).resolve() == model.resolve()
-        return Fusion.of(record["fusion"]) if same and "fusion" in record else Fusion("rrf")
+        return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25
+    if text == "rrf":
+        return Fusion("rrf"), bm25
     try:
         weight = float(text)
     except ValueError:
@@ -88,18 +92,17 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     if not 0 < weight < 1:
         raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
                         "(e.g. 0.7)")
-    return Fusion("convex", weight)
+    return Fusion("convex", weight), bm25
 
 
-def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion,
+def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion, bm25_cfg,
                   depth: int = 1000):
-    """The hits of `query` by `model`'s ranking fused with BM25's over `dataset`'s corpus (each `depth` deep; the BM25
-    index is the work folder's, built once)."""
+    """The top `top_k` hits of `query` by `model`'s ranking fused with BM25's over `dataset`'s corpus, each ranking
+    `depth` deep as the pipeline fuses them (the BM25 index is the work folder's, built once)."""
     import pandas as pd
 
     from ance_core.data.config import DataConfig
     from ance_core.retrieval.bm25 import BM25
-    from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import fuse
     from ance_core.retrieval.search import Hit, search_text
     from tasks.bm25 import bm25_index
@@ -108,9 +111,9 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
 
     with faults_off():
         data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
-        bm25 = BM25.load(bm25_index(data, BM25Config(), work_dir), BM25Config())
+        bm25 = BM25.load(bm25_index(data, bm25_cfg, work_dir), bm25_cfg)
     sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)
     dense = pd.DataFrame([("q", h.doc_id, h.score) for h in search_text(model, index, query, depth)],
                          columns=["query_id", "doc_id", "score"])
-    run = fuse(dense, sparse, fusion, top_k)
+    run = fuse(dense, sparse, fusion, depth).head(top_k)
     return [Hit(d, float(s)) for d, s in zip(run["doc_id"], run["score"], strict=True)]

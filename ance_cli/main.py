@@ -336,8 +336,9 @@ def search(
     hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse the model's ranking with BM25's over --dataset's "
                                          "corpus (its BM25 index in --work-dir, built once)")] = False,
     fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one the work folder's newest run chose "
-                                        "for this model on its dev split, else rrf), rrf, or the dense ranking's "
-                                        "weight in a convex combination of normalised scores, e.g. 0.7")] = "auto",
+                                        "on its dev split, when its result is this model or its hybrid row; else "
+                                        "rrf), rrf, or the dense ranking's weight in a convex combination of "
+                                        "normalised scores, e.g. 0.7")] = "auto",
     work_dir: Annotated[str, typer.Option(help="--hybrid: the work folder of the data and BM25 stages")] = "work",
 ):
     """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
@@ -353,8 +354,8 @@ def search(
         if hybrid:
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
-            how = chosen_fusion(fusion, model, work_dir)
-            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how)
+            how, bm25_cfg = chosen_fusion(fusion, model, work_dir)
+            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how, bm25_cfg)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, index_of(model, index), query, top_k)

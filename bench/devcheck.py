@@ -7,8 +7,7 @@ passages it encodes.
     python bench/devcheck.py <work folder> [<work folder> ...] --depths 20 50 100 --lengths 0 128
 
 (`0`: the model's own length, as the evaluation encodes.) Prints one row per (run, model, depth, length), then per
-(depth, length) the mean and largest absolute difference and the mean seconds, and whether the checks order each
-run's trained models as the full-corpus scores do.
+(depth, length) the mean and largest absolute difference, the mean seconds and passages.
 """
 
 import argparse

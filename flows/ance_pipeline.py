@@ -18,7 +18,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.report import StageTiming
+from ance_core.pipeline.report import HYBRID, StageTiming, dense_of
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.loop import check_precision
 from flows.book import RunBook, Trial
@@ -78,7 +78,9 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
                                schedules.next(negatives))
         label = "warmup"
     async_refresh = None
-    if c.refresh == "async" and c.rounds:
+    if c.warmup_only and not c.start_checkpoint:
+        pass  # the warm-up alone (the recipe search's first rung)
+    elif c.refresh == "async" and c.rounds:
         label, checkpoint, async_refresh = ance_rounds_async(run, label, checkpoint)
     else:
         for k in range(1, c.rounds + 1):  # ANCE rounds: encode -> index -> mine -> train
@@ -145,14 +147,18 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     stages = [s | {"path": t.ref.path, "cached": t.ref.cached}
               for s, t in zip(result["stages"], log.timings, strict=True)]
     final = run.models[chosen]
-    fusion = read_fusion(final["fusion"]).as_dict() if "fusion" in final else None
+    # a hybrid result's checkpoint is its dense model's: that model is the champion candidate (its own dev score, so
+    # champions compare like with like), and the fusion the run chose for it is recorded for `ance search --hybrid`
+    hybrid = run.models.get(dense_of(chosen) + HYBRID, {})
+    fusion = read_fusion(hybrid["fusion"]).as_dict() | {"bm25": c.bm25.model_dump(mode="json"),
+                                                        "result": chosen} if "fusion" in hybrid else None
     if run.trial is None:
         record_latest(c.work_dir, final["checkpoint"], chosen,
                       next(r for r in result["results"] if r["model"] == chosen), fusion)
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
-    tracked = run.track(result, drawing, (chosen, final["checkpoint"]), async_refresh)
+    tracked = run.track(result, drawing, (dense_of(chosen), final["checkpoint"]), async_refresh)
     for png in drawing.iterdir():
         os.replace(png, plots / png.name)  # each file whole, whichever run renames last
     shutil.rmtree(drawing, ignore_errors=True)

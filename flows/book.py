@@ -4,8 +4,10 @@ stages.
 `RunBook` opens the run's MLflow record (and links it from the Prefect flow run), and records every model the run
 produces as it goes: its checkpoint, corpus encoding and index, its evaluations on the evaluation split and the dev
 split, the negatives it trained on and the model it started from, its negatives analysis, and every stage run under
-the label it ran for (`StageLog`: the report's wall-time table). It runs a model's evaluation chain and the report,
-then logs and prints the run's end; it decides nothing (the report task selects the run's result on the dev split).
+the label it ran for (`StageLog`: the report's wall-time table). It runs a model's evaluation chain, the hybrid row
+and the report, then logs and prints the run's end. It decides two things on the dev split: which model a stage
+starts from (`start_of`: the best so far) and which dense model the hybrid row fuses; the report task selects the
+run's result.
 """
 
 from collections.abc import Iterable
@@ -19,6 +21,7 @@ from prefect.settings import PREFECT_UI_URL
 from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
 from ance_core.data.dataset import check_trainable, read_tables
 from ance_core.data.sources import resolve_dataset
+from ance_core.errors import warn
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
@@ -57,7 +60,7 @@ class RunBook:
         self.log = StageLog()
         self.trial = trial
         if trial is not None:
-            self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment,
+            self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment, trial=True,
                                              trial_of=trial.parent_run, name=trial.name)
         else:
             self.tracking = PipelineTracking(config, flow_tags(), experiment=experiment)
@@ -147,7 +150,11 @@ class RunBook:
         dev split or the starting model's dev ranking): their candidate set from BM25's and the starting model's
         rankings of the dev split."""
         check = getattr(self.c, "dev_check", None)
-        if check is None or not check.active or self.dev_split is None:
+        if check is None or not check.active:
+            return None
+        if self.dev_split is None:
+            warn(f"dev_check is on, but the run has no dev split ({self.c.data.dev_split} is neither a split of the "
+                 f"dataset nor carved from it): {label} trains without dev checks")
             return None
         if started_from not in self.dev_runs or "BM25" not in self.dev_runs:
             return None

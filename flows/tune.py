@@ -9,8 +9,8 @@ under the first seed is one of the trials (every stage cached), so the search's 
 """
 
 import json
-import math
 import time
+import traceback
 from pathlib import Path
 
 import yaml
@@ -19,8 +19,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
+from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
-from ance_core.pipeline.report import DEV_KEY, markdown_table
+from ance_core.pipeline.report import DEV_KEY, is_hybrid, markdown_table
 from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, candidates, decide, rungs, survivors
 from ance_core.retention import live_run
 from flows.ance_pipeline import train_and_evaluate
@@ -35,21 +36,29 @@ TRIAL_JSON, TUNE_JSON, TUNE_MD, RECIPE_YAML = "trial.json", "tune.json", "tune.m
 SEED_FIELDS = ("warmup", "ance", "mining", "bm25_negatives")
 
 
-def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bool) -> PipelineConfig:
-    """The pipeline config of a trial: the base with the candidate's overrides, the seed of every stage, and (the
-    warm-up rung) no rounds."""
+def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bool, local: bool = False
+                 ) -> PipelineConfig:
+    """The pipeline config of a trial: the base with the candidate's overrides and the seed of every stage; the
+    warm-up rung (not `full`) trains the warm-up only, planned as in the whole recipe (`warmup_only`: the same
+    warm-up, which the whole recipe's trial then reuses). `local`: the trial's own stages in its process (a trial
+    that is itself a Ray task)."""
     raw = apply_sets(base.model_dump(mode="json"), [*candidate.sets(), *(f"{f}.seed={seed}" for f in SEED_FIELDS)],
                      PipelineConfig)
     if not full:
-        raw["rounds"] = 0
+        raw["warmup_only"] = True
+    if local:
+        raw["execution"] = {"task_runner": "local"}
     return PipelineConfig.model_validate(raw)
 
 
-def dense_score(result: dict) -> tuple[str, float]:
-    """The dense model a run delivers (its best on the dev split, the starting one included; no hybrid row) and its
-    dev nDCG@10."""
-    dense = [r for r in result["results"] if r["model"] != "BM25" and not r["model"].endswith(" + BM25")
-             and DEV_KEY in r]
+def trial_score(result: dict, full: bool) -> tuple[str, float]:
+    """What a trial scores on the dev split (nDCG@10), and of which model: a whole recipe, the dense model it delivers
+    (its best, the starting one included; no hybrid row); the warm-up rung, the warm-up itself."""
+    dense = [r for r in result["results"] if r["model"] != "BM25" and not is_hybrid(r["model"]) and DEV_KEY in r]
+    if not dense:
+        raise AnceError("a trial's models have no dev score: the search needs a dev split")
+    if not full:
+        dense = [r for r in dense if r["model"] == "warmup"] or dense
     best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
     return best["model"], best[DEV_KEY]
 
@@ -58,15 +67,17 @@ def dense_score(result: dict) -> tuple[str, float]:
 def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = None, name: str = "trial"
           ) -> ArtifactRef:
     """One pipeline run of a search (`config`: a candidate under a seed), its result kept as trial.json: every model's
-    dev and evaluation metrics, the dense model it delivers and its dev nDCG@10 (the trial's score)."""
+    dev and evaluation metrics, and the trial's score (`trial_score`) with its model."""
 
     def build(out):
         started = time.time()
         result = train_and_evaluate(config, Trial(EXPERIMENT, parent_run, name))
-        model, score = dense_score(result)
+        model, score = trial_score(result, full=not config.warmup_only)
         record = {"score": score, "model": model, "selected": result["selected"], "results": result["results"],
                   "started_from": result.get("started_from"), "seconds": round(time.time() - started, 1),
-                  "mlflow_run_id": result.get("mlflow_run_id")}
+                  "mlflow_run_id": result.get("mlflow_run_id"),
+                  "stages": [{k: s[k] for k in ("for", "stage", "path", "seconds", "cached")}
+                             for s in result["stages"]]}
         write_json(out / TRIAL_JSON, record)
         return {"score": score, "model": model}
 
@@ -85,42 +96,67 @@ class Search:
         self.base, self.cfg, self.data_digest, self.tracker, self.parent = base, cfg, data_digest, tracker, parent
         self.started = time.time()
         self.trials: list[dict] = []
+        self.batches: dict[bool, list[float]] = {False: [], True: []}  # wall seconds of the batches that built
+        self.failed: list[str] = []
         self.stopped: str | None = None
 
     def seconds_left(self) -> float:
         return self.cfg.budget_minutes * 60 - (time.time() - self.started)
 
     def estimate(self, full: bool) -> float:
-        """A trial's expected seconds: the mean of those of its kind built so far (cached ones took none)."""
-        built = [t["seconds"] for t in self.trials if t["full"] == full and not t["cached"]]
-        return sum(built) / len(built) if built else 0.0
+        """A batch of trials' expected wall seconds: the mean of the batches of its kind that built (not cached)."""
+        walls = self.batches[full]
+        return sum(walls) / len(walls) if walls else 0.0
 
     def run(self, scores: Scores, chosen: list[Candidate], rung: Rung) -> None:
-        """The rung's trials of `chosen` not run yet, while the budget lasts (in order: the simplest first)."""
+        """The rung's trials of `chosen` not run yet, while the budget lasts (in order: the simplest first): one at a
+        time in this process, or `execution.workers` at once as Ray tasks (each trial's own stages then run in its
+        task). A trial that fails (after its retries) is recorded and its candidate leaves the search."""
         calls = [(c, seed) for c in chosen for seed in rung.seeds
-                 if (seed, rung.full) not in scores.values.get(c.name, {})]
+                 if (seed, rung.full) not in scores.values.get(c.name, {}) and c.name not in self.failed]
         execution = self.base.execution
-        batch = 1 if execution.task_runner == "local" else execution.workers
+        on_ray = execution.task_runner != "local"
+        batch = execution.workers if on_ray else 1
         for start in range(0, len(calls), batch):
             part = calls[start:start + batch]
-            if self.seconds_left() < self.estimate(rung.full) * math.ceil(len(part) / batch):
+            if self.seconds_left() < self.estimate(rung.full):
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                 f"{rung.number} ({len(calls) - start} of its trials not run)")
                 return
-            kwargs = [{"config": trial_config(self.base, c, seed, rung.full), "data_digest": self.data_digest,
-                       "parent_run": self.parent, "name": f"{c.name} · seed {seed}"
-                       + ("" if rung.full else " · warm-up only")} for c, seed in part]
+            kwargs = [{"config": trial_config(self.base, c, seed, rung.full, local=on_ray),
+                       "data_digest": self.data_digest, "parent_run": self.parent,
+                       "name": f"{c.name} · seed {seed}" + ("" if rung.full else " · warm-up only")}
+                      for c, seed in part]
             began = time.time()
-            refs = run_mapped(trial, kwargs, execution)
+            refs = self._mapped(kwargs, part)
+            if any(ref is not None and not ref.cached for ref in refs):
+                self.batches[rung.full].append(time.time() - began)
             for (c, seed), ref in zip(part, refs, strict=True):
+                if ref is None:
+                    continue
                 record = read_trial(ref)
                 scores.add(c.name, seed, rung.full, record["score"])
                 self.trials.append({"candidate": c.name, "seed": seed, "full": rung.full, "rung": rung.number,
                                     "score": record["score"], "model": record["model"], "cached": ref.cached,
-                                    "seconds": 0.0 if ref.cached else round((time.time() - began) / len(part), 1),
+                                    "seconds": record["seconds"] if not ref.cached else 0.0,
                                     "path": ref.path, "mlflow_run_id": record.get("mlflow_run_id")})
                 print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10 "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
+
+    def _mapped(self, kwargs: list[dict], part: list[tuple[Candidate, int]]) -> list[ArtifactRef | None]:
+        """The trials' references; None for a trial that failed (its candidate is dropped, with a warning)."""
+        try:
+            return run_mapped(trial, kwargs, self.base.execution)
+        except AnceError:
+            raise  # a bad config or dataset fails every trial the same way: the search stops, naming it
+        except Exception:
+            if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others
+                return [ref for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
+            c, seed = part[0]
+            warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} leaves "
+                 f"the search ({traceback.format_exc(limit=1).strip().splitlines()[-1]})")
+            self.failed.append(c.name)
+            return [None]
 
 
 def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tracker, parent: str | None
@@ -133,15 +169,13 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)
     print(f"recipe search: {len(pool)} candidates, rungs over seeds {cfg.seeds}, eta {cfg.eta}, margin "
           f"{cfg.margin}, budget {cfg.budget_minutes:g} minutes")
-    alive = pool
+    alive = pool[1:]  # the challengers; the baseline runs every rung beside them
     for rung in rungs(cfg):
-        state.run(scores, [baseline, *(c for c in alive if c is not baseline)], rung)
+        state.run(scores, [baseline, *alive], rung)
         if state.stopped:
             break
-        ranked = survivors(scores, [c.name for c in alive], rung, cfg.eta)
+        ranked = survivors(scores, [c.name for c in alive if c.name not in state.failed], rung, cfg.eta)
         alive = [c for c in pool if c.name in ranked]
-        if rung.full and len(rung.seeds) == len(cfg.seeds):
-            break
     winner, evidence = decide(scores, baseline.name, cfg.margin)
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
@@ -174,11 +208,13 @@ def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = Tu
     candidates vary (a recipe's config, with the user's `--set`s). Returns the winner's name, overrides and whole
     config, and where the search's report is."""
     if config.data.dev_split is None:
-        from ance_core.errors import AnceError
-
         raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
     with live_run(config.work_dir, "ance-tune"):
         data = run_task(prepare_data, config.data, config.work_dir)
+        if config.data.dev_split not in read_manifest(data.path)["summary"].get("splits", []):
+            raise AnceError(f"ance tune chooses on the dev split, and {config.data.dataset} has none: no split "
+                            f"'{config.data.dev_split}', and data.dev_fraction {config.data.dev_fraction} carved "
+                            "none from the training queries (raise it, or add the split)")
         tracker = Tracker(config.work_dir, EXPERIMENT)
         tags = {k: v for k, v in flow_tags().items() if v} | {"dataset": config.data.dataset}
         parent = tracker.start_run(f"{EXPERIMENT} {tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)

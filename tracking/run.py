@@ -21,6 +21,7 @@ from ance_core.data.dataset import read_tables
 from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs, read_stats
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
+from ance_core.pipeline.report import last_dense
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
 from tracking.registry import log_checkpoint, model_name, register_models
@@ -77,15 +78,16 @@ class PipelineTracking:
     """
 
     def __init__(self, config: BaseModel, flow_tags: dict[str, str], experiment: str = "ance-train",
-                 tracker: Tracker | None = None, trial_of: str | None = None, name: str | None = None):
-        """`trial_of`: the run is a trial of a recipe search (`ance tune`), nested under that search's run (an id of
-        `experiment`'s): its checkpoints are not logged nor registered."""
+                 tracker: Tracker | None = None, trial: bool = False, trial_of: str | None = None,
+                 name: str | None = None):
+        """`trial`: the run is a trial of a recipe search (`ance tune`): its checkpoints are not logged nor
+        registered; nested under the search's run `trial_of` (an id of `experiment`'s) when there is one."""
         self.config = config
         self.tracker = tracker or Tracker(config.work_dir, experiment)
         self.tracker.context = {k: v for k, v in flow_tags.items() if k == "prefect.flow_run_id"}
         self.tags = {k: v for k, v in flow_tags.items() if v} | {
             "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
-        self.trial = trial_of is not None
+        self.trial = trial
         name = name or f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
         self.parent = self.tracker.start_run(name, parent_id=trial_of, tags=self.tags | (
             {"trial": "true"} if self.trial else {}))
@@ -179,8 +181,8 @@ class PipelineTracking:
             if t.label in results:
                 versions.append((t.label, child, results[t.label]))
             elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
-                versions.append((t.label, child, results[report["results"][-1]["model"]]))
-                if selected is not None and selected[0] == report["results"][-1]["model"]:
+                versions.append((t.label, child, results[last_dense(report["results"])]))
+                if selected is not None and selected[0] == last_dense(report["results"]):
                     selected = (t.label, selected[1])
         if self.trial:  # a trial's models are compared, not kept: nothing is registered
             versions, selected = [], None
@@ -223,7 +225,7 @@ class PipelineTracking:
                     tracker.log_artifacts(child, dev[label].path, "evaluation-dev")
                 tracker.end_run(child)
                 table.append({"model": label, **metrics})
-            result_label = report.get("selected") or report["results"][-1]["model"]
+            result_label = report.get("selected") or last_dense(report["results"])
             tracker.log_metrics(parent, results[result_label])
             tracker.set_tags(parent, {"result_model": result_label} | (
                 {"warnings": "\n".join(report["warnings"])[:5000]} if report.get("warnings") else {}))

@@ -29,7 +29,8 @@ from ance_core.training.config import AnceTrainConfig, DevCheckConfig, TrainConf
 class PipelineConfig(StageConfig):
     """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
 
-    UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True}  # (added after configs had digests: left out at these)
+    UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True, "warmup_only": False}  # (added after configs had
+    # digests: left out at these values)
 
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -51,6 +52,9 @@ class PipelineConfig(StageConfig):
                          "with BM25 (reciprocal-rank fusion or a convex combination of per-query normalised scores, "
                          "chosen on the dev split), a candidate for the run's result like any model")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
+    warmup_only: bool = Field(False, description="Train and evaluate the warm-up only, planned as in the whole run "
+                              "(with schedule: continuous its learning-rate schedule spans the rounds it would have: "
+                              "the same warm-up, cached for the whole run); the recipe search's first rung")
     schedule: Literal["per-stage", "continuous"] = Field(
         "continuous", description="per-stage: each training stage warms up and decays its own learning rate. "
         "continuous: the warm-up and the rounds are one run: one learning-rate schedule over all their steps (warm-up "

@@ -36,13 +36,20 @@ def recipe_config(name: str, sets: Sequence[str] = (), path: str | Path | None =
                   ) -> PipelineConfig:
     """The pipeline config of a recipe, with a config file's sections (`path`) merged over it, top-level `overrides`
     (e.g. work_dir), and then `--set` overrides (`key.sub=value`, pipeline/config.py `apply_sets`) on top."""
+    if name == AUTO:
+        raise AnceError("recipe 'auto' is chosen on the dataset's dev split by a search: `ance run --recipe auto` "
+                        f"(or `ance tune`); here choose one of {', '.join(RECIPES)}")
     if name not in RECIPES:
-        raise AnceError(f"unknown recipe '{name}'; choose one of {', '.join([*RECIPES, AUTO])}")
+        raise AnceError(f"unknown recipe '{name}'; choose one of {', '.join(RECIPES)} (or `ance run --recipe auto`)")
     base = copy.deepcopy(RECIPES[name])
-    if path is not None:
-        for section, value in read_config_file(path).items():
-            if isinstance(value, dict) and isinstance(base.get(section), dict):
-                base[section] = base[section] | value
-            else:
-                base[section] = value
-    return load_config(None, PipelineConfig, sets, base=base | overrides)
+    if path is None:
+        return load_config(None, PipelineConfig, sets, base=base | overrides)
+    for section, value in read_config_file(path).items():
+        if isinstance(value, dict) and isinstance(base.get(section), dict):
+            base[section] = base[section] | value
+        else:
+            base[section] = value
+    try:
+        return load_config(None, PipelineConfig, sets, base=base | overrides)
+    except AnceError as e:  # the file's name, as a config file's own errors give it
+        raise AnceError(f"{path} (over recipe '{name}'): {e}") from None

@@ -14,6 +14,21 @@ from ance_core.artifacts import METRICS, RESULTS_JSON, RESULTS_MD, ArtifactRef, 
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
 DEV_KEY = "dev_ndcg_at_10"
+HYBRID = " + BM25"  # the label of a hybrid row: "<its dense model> + BM25"
+
+
+def is_hybrid(label: str) -> bool:
+    return label.endswith(HYBRID)
+
+
+def dense_of(label: str) -> str:
+    """The dense model of a row: itself, or a hybrid row's."""
+    return label.removesuffix(HYBRID)
+
+
+def last_dense(results: list[dict]) -> str:
+    """The last dense model of a run's rows (neither BM25 nor a hybrid row): the run's result without a dev split."""
+    return [r["model"] for r in results if r["model"] != "BM25" and not is_hybrid(r["model"])][-1]
 
 
 @dataclass(frozen=True)
@@ -33,9 +48,11 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def select_model(results: list[dict], candidates: list[str]) -> str | None:
-    """The candidate with the best dev nDCG@10 (on a tie, the later one: it trained more); None without dev scores."""
-    scored = [(r[DEV_KEY], k, r["model"]) for k, r in enumerate(results) if r["model"] in candidates and DEV_KEY in r]
-    return max(scored)[2] if scored else None
+    """The candidate with the best dev nDCG@10 (on a tie a dense model before a hybrid row, whose fusion was itself
+    chosen on these queries, then the later one: it trained more); None without dev scores."""
+    scored = [(r[DEV_KEY], not is_hybrid(r["model"]), k, r["model"]) for k, r in enumerate(results)
+              if r["model"] in candidates and DEV_KEY in r]
+    return max(scored)[3] if scored else None
 
 
 def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[str]:

@@ -7,10 +7,12 @@ variants over the learning rate of both stages, which graded positives train (ea
 collection's top grade, every relevant document: one candidate where the qrels are binary) and the warm-up's epochs.
 A candidate's simplicity is the number of settings it changes; the order of the lists breaks ties.
 
-The rungs (`Rung`, `plan_rungs`): rung 0 trains every candidate's warm-up only, under the first seed; each later rung
-runs the whole recipe of the best 1/eta of the rung before (and the baseline, always: the others are paired with it)
-under one more seed than the rung before, its score the mean over its seeds. A trial's score is the dev nDCG@10 of
-the dense model the run would deliver: its best on the dev split, the starting (pretrained) model included.
+The rungs (`Rung`, `rungs`): rung 0 trains every candidate's warm-up only (planned as in its whole recipe), under
+the first seed, and scores the warm-up; rung 1 runs the whole recipe of the best 1/eta of the challengers under the
+first seed, and each rung after the best 1/eta of the rung before under one more seed, ranked by the mean over its
+seeds. The baseline runs every rung beside them (the others are paired with it). A whole recipe's trial scores the
+dev nDCG@10 of the dense model the run would deliver: its best on the dev split, the starting (pretrained) model
+included.
 
 The decision (`decide`): among the candidates the last rung ran, the best mean paired difference to the baseline over
 their common seeds; it wins when that difference is above `margin`, else the baseline stays (the simpler candidate on
@@ -41,8 +43,8 @@ class TuneConfig(StageConfig):
         "top grade (train_min_relevance auto), the collection's top grade, every relevant document (grade 1); one "
         "candidate on binary qrels")
     warmup_epochs: list[int] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
-    seeds: list[int] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung k runs the whole "
-                             "recipe under the first k + 1 (rung 0, the warm-ups, under the first)")
+    seeds: list[int] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the "
+                             "warm-ups) and rung 1 (whole recipes) run under the first, each rung after under one more")
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")
@@ -141,7 +143,7 @@ def rungs(cfg: TuneConfig) -> list[Rung]:
 
 
 def survivors(scores: Scores, names: list[str], rung: Rung, eta: int) -> list[str]:
-    """The candidates the rung after `rung` runs: its best ceil(n/eta) (the baseline kept apart)."""
+    """The challengers (`names`: the baseline is not one) the rung after `rung` runs: its best ceil(n/eta)."""
     ranked = scores.ranked(names, rung.seeds, rung.full)
     return ranked[:max(1, math.ceil(len(names) / eta))]
 

@@ -108,8 +108,9 @@ class AnceTrainConfig(TrainConfig):
 class DevCheckConfig(StageConfig):
     """Dev evaluation inside each training stage (`dev_check`): a few times an epoch the dev queries are scored on a
     fixed candidate set, the stage's best check is kept as its model, and a stage whose dev score stopped rising ends
-    early. The candidates of each dev query: BM25's top `depth`, the stage's starting model's top `depth` and the
-    query's relevant documents; only their passages are encoded at a check (never more than the corpus). On the
+    early (with schedule: continuous the stages after it keep their planned place in the schedule). The candidates of
+    each dev query: BM25's top `depth`, the stage's starting model's top `depth` and the query's relevant documents;
+    only their passages are encoded at a check (never more than the corpus). On the
     starting model the candidate-set nDCG@10 is its full-corpus one (its own top `depth` are in the set); on a trained
     model it is the nDCG@10 of re-ranking that set (RESULTS.md: its agreement with the full-corpus score)."""
 
@@ -117,7 +118,8 @@ class DevCheckConfig(StageConfig):
                            "(0: none; the stage's model is its last step's)")
     patience: int | None = Field(2, ge=1, description="End a stage early once this many checks in a row have not "
                                  "beaten its best (null: never)")
-    depth: int = Field(100, ge=1, description="Candidates per dev query from BM25 and from the starting model each")
+    depth: int = Field(100, ge=10, description="Candidates per dev query from BM25 and from the starting model each "
+                       "(at least 10: the starting model's own top 10, whose nDCG@10 the set keeps)")
     passage_max_length: int | None = Field(
         None, ge=8, description="Passage tokens a check encodes (FirstP); unset: the model's, as the evaluation "
         "encodes. Fewer tokens make a check cheaper and its score further from the full-corpus one (RESULTS.md)")

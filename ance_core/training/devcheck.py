@@ -113,6 +113,8 @@ class BestStep:
     def resume(cls, out: Path, records: list[dict], start_score: float) -> "BestStep":
         """From the stage folder and its kept train_log records (a fresh stage: none, the start is step 0)."""
         history = [(r["step"], r[DEV_METRIC]) for r in records if DEV_METRIC in r]
+        if not (out / BEST).exists() and (out / f".{BEST}-old").exists():  # stopped between save's two renames
+            os.replace(out / f".{BEST}-old", out / BEST)
         saved = out / BEST / BEST_JSON
         if saved.is_file():
             best = json.loads(saved.read_text())
@@ -142,13 +144,18 @@ class BestStep:
         os.replace(partial, out / BEST)
         shutil.rmtree(old, ignore_errors=True)
 
+    @staticmethod
+    def clear(out: Path) -> None:
+        for name in (BEST, f".{BEST}-partial", f".{BEST}-old"):
+            shutil.rmtree(out / name, ignore_errors=True)
+
     def restore(self, out: Path) -> None:
-        """Make the stage's result (its files in `out`) the best step's state, and drop `<out>/best`."""
-        best = out / BEST
-        for path in best.iterdir():  # the checkpoint's files and its training state (what `write_state` wrote)
+        """Make the stage's result (its files in `out`) the best step's state: copies of `<out>/best`'s files, which
+        stay until the caller drops them."""
+        for path in (out / BEST).iterdir():  # the checkpoint's files and its training state (`write_state`'s)
             if path.is_file() and path.name != BEST_JSON:
-                os.replace(path, out / path.name)
-        shutil.rmtree(best, ignore_errors=True)
+                shutil.copyfile(path, out / f".{path.name}.restoring")
+                os.replace(out / f".{path.name}.restoring", out / path.name)
 
     def summary(self) -> dict:
         return {"best_step": self.step, "best_dev_ndcg_at_10": round(self.score, 6), "dev_checks": len(self.history)}

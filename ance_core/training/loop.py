@@ -390,16 +390,16 @@ def train(
     if not ranks.main:
         return {"steps": step}
     save_state(out, step=step, rng=rng, **state)
+    if best is not None and dev.cfg.keep_best and best.step != step:
+        print(f"dev check: the stage's model is step {best.step}'s (dev nDCG@10 {best.score:.4f}"
+              + (", the starting model" if best.step == 0 else "") + f"), not step {step}'s")
+        best.restore(out)  # (a copy: killed before the checkpoints go, the stage resumes with its best intact)
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+    shutil.rmtree(out / BEST, ignore_errors=True)
     losses = [json.loads(ln)["loss"] for ln in log_path.read_text().splitlines()]
     summary = {"steps": step, "pairs": len(pairs), "group_size": group, "first_loss": losses[0],
                "last_loss": losses[-1], "resumed_from_step": int(resume.name[5:]) if resume else 0}
     if best is not None:
-        if dev.cfg.keep_best and best.step != step:
-            print(f"dev check: the stage's model is step {best.step}'s (dev nDCG@10 {best.score:.4f}"
-                  + (", the starting model" if best.step == 0 else "") + f"), not step {step}'s")
-            best.restore(out)
-        shutil.rmtree(out / BEST, ignore_errors=True)
         summary |= best.summary() | {"planned_steps": total} | dev.check.size
     return summary
 
@@ -442,6 +442,8 @@ def _dev_start(dev: StageDev | None, out: Path, step: int, records: list[dict], 
     if ranks.world > 1:
         raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
                         "dev_check.per_epoch: 0")
+    if step == 0:  # a fresh stage (or one whose checkpoints had gone): a best left by an earlier attempt is not its
+        BestStep.clear(out)
     start_score = dev.start_score
     if start_score is None and step == 0:
         start_score = dev.check.score(state["model"], state["tokenizer"], state["meta"])

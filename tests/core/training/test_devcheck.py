@@ -148,3 +148,14 @@ def test_a_resumed_stage_keeps_its_best_and_ends_as_an_uninterrupted_one(setup, 
     assert resumed["best_step"] == whole["best_step"] == 2 and resumed["steps"] == whole["steps"] == 5
     assert _same(tmp_path / "whole", tmp_path / "resumed")
     assert [r.get(DEV_METRIC) for r in _log(tmp_path / "resumed")] == scores[:5]
+
+
+def test_a_best_left_by_an_earlier_attempt_does_not_outlive_a_fresh_start(setup, tmp_path):
+    """A stage started again from step 0 (its checkpoints gone) does not take an earlier attempt's best as its own."""
+    ckpt, *tables = setup
+    stale = tmp_path / BEST
+    stale.mkdir(parents=True)
+    (stale / "dev_best.json").write_text(json.dumps({"step": 5, "score": 0.99}))
+    summary = train(ckpt, *tables, CFG, tmp_path, dev=StageDev(ScriptedCheck([0.3, 0.6]), DevCheckConfig(
+        per_epoch=1, patience=None), 0.2))
+    assert summary["best_step"] == 6 and summary["best_dev_ndcg_at_10"] == 0.6
