@@ -18,7 +18,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.report import HYBRID, StageTiming, dense_of
+from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.loop import check_precision
 from flows.book import RunBook, Trial
@@ -158,7 +158,8 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
-    tracked = run.track(result, drawing, (dense_of(chosen), final["checkpoint"]), async_refresh)
+    package = run.retrieval_package(chosen) if is_hybrid(chosen) and run.trial is None else None
+    tracked = run.track(result, drawing, (dense_of(chosen), final["checkpoint"]), async_refresh, retrieval=package)
     for png in drawing.iterdir():
         os.replace(png, plots / png.name)  # each file whole, whichever run renames last
     shutil.rmtree(drawing, ignore_errors=True)

@@ -18,17 +18,18 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
-from ance_core.artifacts import ArtifactRef, read_manifest, stage_warnings
+from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
 from ance_core.data.dataset import check_trainable, read_tables
 from ance_core.data.sources import resolve_dataset
 from ance_core.errors import warn
+from ance_core.export.hybrid import package_bytes, write_package
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.report import DEV_KEY, StageTiming, read_metrics, read_report, select_model
 from ance_core.training.config import TrainConfig
 from tasks.analysis import analyse_negatives
-from tasks.bm25 import bm25_run
+from tasks.bm25 import bm25_index, bm25_run
 from tasks.common import StageLog, run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate
@@ -47,6 +48,9 @@ class Trial:
     experiment: str
     parent_run: str | None
     name: str
+
+
+MAX_PACKAGE_BYTES = 512 * 2**20  # a hybrid result's retrieval package logged with its version, up to this size
 
 
 class RunBook:
@@ -249,11 +253,30 @@ class RunBook:
         return list(dict.fromkeys(w for folder in folders for w in stage_warnings(folder)))
 
     def track(self, result: dict, plots_dir: Path, selected: tuple[str, ArtifactRef] | None = None,
-              async_refresh: dict | None = None, extra_plots: Iterable[Path] = ()) -> dict:
+              async_refresh: dict | None = None, extra_plots: Iterable[Path] = (), retrieval: Path | None = None
+              ) -> dict:
         """Log the rest of the run to MLflow (tracking.run.PipelineTracking.finish); never fails the run."""
         return self.tracking.finish_safely(result, self.log.timings, self.evaluations, self.data.path, self.stats,
                                            async_refresh, extra_plots=extra_plots, plots_dir=plots_dir,
-                                           selected=selected, dev=self.dev, dev_setting=self.dev_setting)
+                                           selected=selected, dev=self.dev, dev_setting=self.dev_setting,
+                                           retrieval=retrieval)
+
+    def retrieval_package(self, label: str) -> Path | None:
+        """The retrieval package of a hybrid row's dense model (its corpus encoding, the BM25 index, the fusion:
+        ance_core/export/hybrid.py), a stage of its own; None (with a warning) above `MAX_PACKAGE_BYTES`."""
+        model = self.models[label]
+        index = bm25_index(self.data, self.c.bm25, self.wd)
+        size = package_bytes(model["encode"].path, index)
+        if size > MAX_PACKAGE_BYTES:
+            warn(f"the run's result {label} is served without its retrieval package: the corpus's embeddings and BM25 "
+                 f"index take {size / 2**20:.0f} MB (more than {MAX_PACKAGE_BYTES / 2**20:.0f} MB to log with every "
+                 "version); its MLflow model encodes text only")
+            return None
+        fusion = read_fusion(model["fusion"])
+        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25, "fusion": fusion.as_dict()},
+                        {"encode": model["encode"].digest, "data": self.data.digest},
+                        lambda out: write_package(out, model["encode"].path, index, self.c.bm25, fusion))
+        return Path(ref.path)
 
     def conclude(self, tracked: dict, result: dict, selected: str | None = None) -> None:
         """Print the run's closing lines (warnings, result, MLflow) and put them, with the results table, on the flow

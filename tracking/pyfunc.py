@@ -5,15 +5,17 @@ so each registered version of `ance-<dataset>` is an MLflow model that encodes t
 
     model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")
     model.predict(["what causes fever?"], params={"kind": "query"})     # (n, dim) float32; kind passage by default
+    model.predict(["what causes fever?"], params={"kind": "search", "k": 10})  # hits, when the version can search
 
     mlflow models serve -m models:/ance-scifact@champion --env-manager local -h 127.0.0.1 -p 5001
     curl -d '{"inputs": ["what causes fever?"], "params": {"kind": "query"}}' \\
          -H 'Content-Type: application/json' 127.0.0.1:5001/invocations        # {"predictions": [[...]]}
 
 The files (`mlflow_model_files`): MLmodel (flavor, signature: a string column in, a float32 tensor (-1, dim) out,
-the parameter `kind`), the input example, and the environment (requirements.txt, python_env.yaml, conda.yaml:
-this project's runtime packages at the versions that logged the model). The loader imports this project, so the
-serving environment is one where it is installed (`--env-manager local` from its virtual environment).
+the parameters `kind`, and `k` and `mode` of a search), the input example, and the environment (requirements.txt,
+python_env.yaml, conda.yaml: this project's runtime packages at the versions that logged the model). The loader
+imports this project, so the serving environment is one where it is installed (`--env-manager local` from its
+virtual environment).
 """
 
 from pathlib import Path
@@ -27,21 +29,35 @@ from ance_core.export.encoder import Encoder
 from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
+SIGNATURE = "s2"  # the signature's version (s2: the search parameters k and mode): its files are written again
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
                 "mlflow")  # what loading and encoding import (this project's own package comes on top)
 
 
 class EmbeddingModel:
-    """What `_load_pyfunc` returns: pyfunc's predict for a checkpoint."""
+    """What `_load_pyfunc` returns: pyfunc's predict for a checkpoint. `kind` query or passage: the embeddings;
+    `kind` search, on a version that carries a retrieval package (the run's result was a hybrid row:
+    ance_core/export/hybrid.py): the top `k` hits of each text by `mode` (hybrid: the run's fusion of its dense ranking
+    with BM25's; dense; bm25), one row per hit (query: the text's position, rank, doc_id, score)."""
 
     def __init__(self, checkpoint: str | Path):
+        self.checkpoint = Path(checkpoint)
         self.encoder = Encoder(checkpoint)
+        self.searcher = None
 
-    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None):
         from mlflow.exceptions import MlflowException
 
-        kind = (params or {}).get("kind", "passage")
+        params = params or {}
+        kind = params.get("kind", "passage")
         try:
+            if kind == "search":
+                if self.searcher is None:
+                    from ance_core.export.hybrid import HybridSearch
+
+                    self.searcher = HybridSearch(self.checkpoint, self.encoder)
+                return self.searcher.search(_texts(model_input), int(params.get("k", 10)),
+                                            params.get("mode", "hybrid"))
             return self.encoder.encode(_texts(model_input), kind=kind)
         except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message
             raise MlflowException.invalid_parameter_value(str(e)) from None
@@ -80,13 +96,14 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
-    folder = Path(models_dir) / checkpoint_digest(checkpoint)
+    folder = Path(models_dir) / f"{checkpoint_digest(checkpoint)}-{SIGNATURE}"
     if not (folder / "MLmodel").is_file():
         dim = EmbeddingModel(checkpoint).encoder.dim
         signature = ModelSignature(
             inputs=Schema([ColSpec("string")]),
             outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
-            params=ParamSchema([ParamSpec("kind", "string", "passage")]),
+            params=ParamSchema([ParamSpec("kind", "string", "passage"), ParamSpec("k", "long", 10),
+                                ParamSpec("mode", "string", "hybrid")]),
         )
         with atomic_folder(folder) as tmp:  # two runs logging the same checkpoint each write a whole folder
             mlflow.pyfunc.save_model(tmp, loader_module=__name__, signature=signature,

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>/: the logged MLflow model descriptions
 
 
-def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> None:
+def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
+                   ) -> None:
     """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state, and
     the files that make `checkpoint/` an MLflow model that encodes text (tracking/pyfunc.py): a registered version
-    loads with `mlflow.pyfunc.load_model` and serves with `mlflow models serve`."""
+    loads with `mlflow.pyfunc.load_model` and serves with `mlflow models serve`. `retrieval`: a retrieval package
+    (ance_core/export/hybrid.py) logged as `checkpoint/retrieval/`, with which the served model searches."""
+    from ance_core.export.hybrid import RETRIEVAL
     from tracking.pyfunc import mlflow_model_files
 
     files = model_files(folder)
@@ -36,6 +39,8 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path) -> 
                       "mlflow.pyfunc cannot load this version", stacklevel=2)
     for path in files:
         tracker.log_artifact(run_id, path, "checkpoint")
+    if retrieval is not None:
+        tracker.log_artifacts(run_id, retrieval, f"checkpoint/{RETRIEVAL}")
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,

@@ -150,10 +150,12 @@ class PipelineTracking:
     def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
                async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
                plots_dir: Path | None = None, selected: tuple[str, ArtifactRef] | None = None,
-               dev: dict[str, ArtifactRef] | None = None, dev_setting: str | None = None) -> dict:
+               dev: dict[str, ArtifactRef] | None = None, dev_setting: str | None = None,
+               retrieval: Path | None = None) -> dict:
         """Log the rest of the run (see the class docstring). `selected`: the run's result (label, checkpoint), the
         champion candidate; `dev`: each model's evaluation on the dev split, logged beside the other; `dev_setting`:
-        the dev split's name and content digest (a champion's dev score is compared only on the same one)."""
+        the dev split's name and content digest (a champion's dev score is compared only on the same one);
+        `retrieval`: the retrieval package logged with the selected checkpoint (a hybrid result's)."""
         tracker, parent = self.tracker, self.parent
         stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
@@ -177,7 +179,8 @@ class PipelineTracking:
                                     ["staleness"], global_step)
             global_step += len(records)
             if not self.trial:
-                log_checkpoint(tracker, child, t.ref.path)
+                package = retrieval if selected is not None and t.label == selected[0] else None
+                log_checkpoint(tracker, child, t.ref.path, package)
             if t.label in results:
                 versions.append((t.label, child, results[t.label]))
             elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
@@ -188,7 +191,7 @@ class PipelineTracking:
             versions, selected = [], None
         if selected is not None and selected[0] not in {label for label, _, _ in versions}:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
-            log_checkpoint(tracker, self.child(label), selected[1].path)
+            log_checkpoint(tracker, self.child(label), selected[1].path, retrieval)
             versions.append((label, self.child(label), results[label]))
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)

@@ -51,7 +51,7 @@ def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
     assert parent.data.tags["result_model"] == result["selected"]
     assert "made the model worse" in parent.data.tags["warnings"]
     champion = client.get_model_version_by_alias(f"ance-{graded.name}", "champion")
-    assert champion.tags["label"] == result["selected"]  # the candidate is the run's result, chosen on dev
+    assert champion.tags["label"] == "zero-shot"  # the run's result chosen on dev (a hybrid's: its dense model)
 
 
 def test_the_default_trains_on_the_top_grade_and_does_not_hurt(graded, tmp_path):

@@ -64,6 +64,14 @@ def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_th
     assert len(nested) == len(trials) and all(r.data.tags.get("trial") == "true" for r in nested)
     assert not client.search_registered_models()
     assert not (tmp_path / "work" / "latest.json").exists()
+    # the test split, read once the choice is made: the baseline's and the winner's runs under each seed
+    bench = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench" / "tune_results.py"),
+                            str(tmp_path / "work"), "--json", str(tmp_path / "test.json")],
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    summary = json.loads((tmp_path / "test.json").read_text())[0]
+    assert summary["winner"] == result["winner"] and set(summary["recipes"][baseline]) == {"42", "43"}
+    assert "max(BM25, zero-shot)" in bench.stdout
 
     # the same search again: every trial cached; `ance run --recipe auto` trains the winner (its trial's stages)
     again = _ance(["run", "--recipe", "auto", "--config", str(tmp_path / "c.json"), "--json", *settings], tmp_path)

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 
 from ance_core.compression.conae import Projector
 from ance_core.export.encoder import Encoder
+from ance_core.export.hybrid import HybridSearch, copy_package
 from ance_core.modeling.model import model_files, write_compressed_checkpoint
 from ance_core.pipeline.report import DEV_KEY
 from tests.tiny import REPO, free_port, random_head_checkpoint, wait_answering
@@ -28,11 +30,11 @@ PASSAGES = ["Vitamin D supplementation and cancer incidence: a randomized trial"
 COMPRESSED_DIM = 8
 
 
-def _register(tracker, name: str, label: str, checkpoint: Path, dev: float) -> None:
+def _register(tracker, name: str, label: str, checkpoint: Path, dev: float, retrieval: Path | None = None) -> None:
     from tracking.registry import log_checkpoint, register_models
 
     run = tracker.start_run(label)
-    log_checkpoint(tracker, run, checkpoint)
+    log_checkpoint(tracker, run, checkpoint, retrieval)
     metrics = {"ndcg_at_10": 0.25, DEV_KEY: dev}
     register_models(tracker, name, [(label, run, metrics)], "scifact", "test", candidate=label, dev_setting="0.2/42")
     tracker.end_run(run)
@@ -48,11 +50,38 @@ def registry(tiny_model, tmp_path_factory):
     champion = random_head_checkpoint(tiny_model, tmp / "champion", pooling="cls")
     compressed = tmp / "compressed"
     write_compressed_checkpoint(champion, Projector.truncation(Encoder(champion).dim, COMPRESSED_DIM), compressed)
+    package = _retrieval_package(champion, tmp)
+    searchable = tmp / "searchable"  # the champion as its version holds it: with its retrieval package
+    shutil.copytree(champion, searchable)
+    copy_package(package, searchable)
     tracker = Tracker(tmp / "work", "ance-train")
     _register(tracker, "ance-scifact", "warm-up", first, 0.1)
-    _register(tracker, "ance-scifact", "ANCE round 1", champion, 0.2)
+    _register(tracker, "ance-scifact", "ANCE round 1", champion, 0.2, package)
     _register(tracker, "ance-scifact-compressed", "conae-8", compressed, 0.1)
-    return {"uri": tracker.uri, "work": tmp / "work", "champion": champion, "compressed": compressed}
+    return {"uri": tracker.uri, "work": tmp / "work", "champion": champion, "compressed": compressed,
+            "searchable": searchable}
+
+
+def _retrieval_package(checkpoint: Path, tmp: Path) -> Path:
+    """A hybrid result's retrieval package (ance_core/export/hybrid.py) over a 30-passage corpus."""
+    from ance_core.export.hybrid import write_package
+    from ance_core.modeling.model import load_checkpoint
+    from ance_core.retrieval.bm25 import BM25
+    from ance_core.retrieval.config import BM25Config, EncodeConfig
+    from ance_core.retrieval.encode import encode_documents
+    from ance_core.retrieval.fusion import Fusion
+    from tests.tiny import training_tables
+
+    corpus = training_tables()[1]
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    emb, ids, _ = encode_documents(model, tokenizer, meta, corpus, EncodeConfig(precision="fp32"))
+    (tmp / "encode").mkdir()
+    np.save(tmp / "encode" / "emb_00000.npy", emb.astype(np.float16))
+    (tmp / "encode" / "docids.txt").write_text("\n".join(ids) + "\n")
+    (tmp / "bm25").mkdir()
+    BM25.build([corpus], BM25Config(), spill=tmp / "bm25").save(tmp / "bm25")
+    write_package(tmp / "package", tmp / "encode", tmp / "bm25", BM25Config(), Fusion("rrf"))
+    return tmp / "package"
 
 
 @pytest.fixture
@@ -74,8 +103,28 @@ def test_a_registered_version_loads_as_a_pyfunc_model_that_encodes_queries_and_p
     assert not np.allclose(model.predict(QUERIES[1:]), queries[1:], atol=1e-3)  # a passage is cut later than a query
     schema = model.metadata.get_output_schema().to_dict()[0]
     assert list(schema["tensor-spec"]["shape"]) == [-1, encoder.dim]
-    assert model.metadata.get_params_schema().to_dict()[0] == {"name": "kind", "type": "string", "default": "passage",
-                                                                "shape": None}
+    assert model.metadata.get_params_schema().to_dict() == [
+        {"name": "kind", "type": "string", "default": "passage", "shape": None},
+        {"name": "k", "type": "long", "default": 10, "shape": None},
+        {"name": "mode", "type": "string", "default": "hybrid", "shape": None}]
+
+
+def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_cannot(registry, tracking_uri):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from ance_core.export.hybrid import HybridSearch
+
+    model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")
+    searcher = HybridSearch(registry["searchable"])
+    for mode in ("hybrid", "dense", "bm25"):
+        hits = model.predict(QUERIES, params={"kind": "search", "k": 3, "mode": mode})
+        assert list(hits.columns) == ["query", "rank", "doc_id", "score"]
+        pd.testing.assert_frame_equal(hits, searcher.search(QUERIES, 3, mode), check_exact=False, atol=1e-5)
+    assert len(model.predict(QUERIES, params={"kind": "search", "k": 3})) == 6  # both queries have 3 fused hits
+    plain = mlflow.pyfunc.load_model("models:/ance-scifact/1")
+    with pytest.raises(MlflowException, match="no retrieval package"):
+        plain.predict(QUERIES, params={"kind": "search"})
 
 
 def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, tracking_uri):
@@ -153,6 +202,11 @@ def test_mlflow_models_serve_answers_with_the_pipelines_embeddings(registry):
                       else httpx.post(url, json=bad, timeout=120))
             assert 400 <= answer.status_code < 500 and says in answer.text, (bad, answer.status_code, answer.text)
         assert httpx.post(url, json={"inputs": PASSAGES[:1]}, timeout=120).status_code == 200  # still serving
+        # the champion carries a retrieval package: it searches, one record per hit
+        answer = httpx.post(url, json={"inputs": QUERIES[:1], "params": {"kind": "search", "k": 2}}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        expected = HybridSearch(registry["searchable"]).search(QUERIES[:1], 2)
+        assert [r["doc_id"] for r in answer.json()["predictions"]] == expected["doc_id"].tolist()
     finally:
         _stop(server)
 

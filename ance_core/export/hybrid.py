@@ -1,0 +1,113 @@
+"""A checkpoint with what it needs to retrieve on its own: the corpus's dense embeddings (its encode stage's shards and
+doc ids), the corpus's BM25 index and the fusion the run chose on its dev split. A registered version whose run's
+result was a hybrid row carries this package as `checkpoint/retrieval/`, so the served MLflow model searches as the
+run's result did (tracking/pyfunc.py, `params={"kind": "search"}`):
+
+    searcher = HybridSearch("<checkpoint folder with retrieval/>")
+    searcher.search(["does vitamin D lower cancer risk"], k=10)             # hybrid: the run's fusion
+    searcher.search([...], k=10, mode="dense")                              # or the dense ranking alone, or "bm25"
+
+Scores: dense ones are inner products of the query's embedding with the stored (float16) passage embeddings, exact
+(a matrix product in blocks); BM25's come from the stored index; both are fused by the recorded fusion over each
+ranking's top `depth` (1000, as the pipeline fused them).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, link_or_copy
+from ance_core.errors import AnceError
+from ance_core.export.encoder import Encoder
+from ance_core.retrieval.bm25 import BM25
+from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.fusion import Fusion, fuse
+
+RETRIEVAL = "retrieval"  # the package's folder inside a checkpoint folder
+PACKAGE = "package.json"  # the fusion, the BM25 config and the sizes
+MODES = ("hybrid", "dense", "bm25")
+DEPTH = 1000
+BLOCK = 65_536  # passages scored per matrix product
+
+
+def write_package(out: Path, encode: str | Path, bm25_index: str | Path, bm25: BM25Config, fusion: Fusion) -> dict:
+    """The retrieval package of a checkpoint into `out`: hard links (or copies) of its corpus encoding's shards and doc
+    ids and of the BM25 index's files, and package.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    shards = sorted(Path(encode).glob(EMBEDDING_SHARDS))
+    if not shards:
+        raise AnceError(f"{encode}: no embedding shards to package")
+    for path in [*shards, Path(encode) / DOCIDS]:
+        link_or_copy(path, out / path.name)
+    (out / "bm25").mkdir(exist_ok=True)
+    for path in Path(bm25_index).iterdir():
+        if path.is_file() and path.name != "manifest.json":
+            link_or_copy(path, out / "bm25" / path.name)
+    record = {"fusion": fusion.as_dict(), "bm25": bm25.model_dump(mode="json"), "depth": DEPTH,
+              "passages": sum(len(np.load(p, mmap_mode="r")) for p in shards)}
+    (out / PACKAGE).write_text(json.dumps(record, indent=1))
+    return record
+
+
+def package_bytes(encode: str | Path, bm25_index: str | Path) -> int:
+    files = [*Path(encode).glob(EMBEDDING_SHARDS), *Path(bm25_index).iterdir()]
+    return sum(p.stat().st_size for p in files if p.is_file())
+
+
+def copy_package(package: Path, checkpoint_copy: Path) -> None:
+    """Put a package into a (downloaded or exported) checkpoint folder as its `retrieval/`."""
+    shutil.copytree(package, checkpoint_copy / RETRIEVAL, dirs_exist_ok=True)
+
+
+class HybridSearch:
+    """Search with a checkpoint folder that holds a retrieval package (module docstring)."""
+
+    def __init__(self, checkpoint: str | Path, encoder: Encoder | None = None):
+        folder = Path(checkpoint) / RETRIEVAL
+        if not (folder / PACKAGE).is_file():
+            raise AnceError(f"{checkpoint}: no retrieval package ({RETRIEVAL}/{PACKAGE}); only a version whose run's "
+                            "result was a hybrid row carries one")
+        record = json.loads((folder / PACKAGE).read_text())
+        self.fusion, self.depth = Fusion.of(record["fusion"]), record.get("depth", DEPTH)
+        self.encoder = encoder or Encoder(checkpoint)
+        self.shards = [np.load(p, mmap_mode="r") for p in sorted(folder.glob(EMBEDDING_SHARDS))]
+        self.doc_ids = np.array((folder / DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
+        self.bm25 = BM25.load(folder / "bm25", BM25Config.model_validate(record["bm25"]))
+        if self.encoder.model.projector is not None or self.encoder.meta.document_mode != "firstp":
+            raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")
+
+    def _dense(self, queries: pd.DataFrame, depth: int) -> pd.DataFrame:
+        q = self.encoder.encode(queries["text"].tolist(), kind="query")
+        scores = np.concatenate([q @ block[s:s + BLOCK].astype(np.float32).T for block in self.shards
+                                 for s in range(0, len(block), BLOCK)], axis=1)
+        k = min(depth, scores.shape[1])
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        rows = []
+        for i, query_id in enumerate(queries["query_id"]):
+            order = top[i][np.argsort(-scores[i, top[i]], kind="stable")]
+            rows += [(query_id, self.doc_ids[j], float(scores[i, j])) for j in order]
+        return pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
+
+    def search(self, texts: list[str], k: int = 10, mode: str = "hybrid") -> pd.DataFrame:
+        """The top `k` of each text: (query, rank, doc_id, score), `query` the text's position in `texts`."""
+        if mode not in MODES:
+            raise AnceError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+        if k < 1:
+            raise AnceError(f"k {k}: ask for at least one hit")
+        queries = pd.DataFrame({"query_id": [str(i) for i in range(len(texts))], "text": list(texts)})
+        if queries.empty:
+            return pd.DataFrame(columns=["query", "rank", "doc_id", "score"])
+        dense = self._dense(queries, self.depth) if mode != "bm25" else None
+        sparse = self.bm25.search(queries, self.depth) if mode != "dense" else None
+        if mode == "hybrid":
+            run = fuse(dense, sparse, self.fusion, self.depth)
+        else:
+            run = (dense if mode == "dense" else sparse)[["query_id", "doc_id", "score"]]
+        run = run.sort_values(["query_id", "score"], ascending=[True, False], kind="stable")
+        run = run.groupby("query_id", sort=False).head(k).copy()
+        run["rank"] = run.groupby("query_id").cumcount() + 1
+        run["query"] = run["query_id"].astype(int)
+        return run.sort_values(["query", "rank"])[["query", "rank", "doc_id", "score"]].reset_index(drop=True)

@@ -1,0 +1,85 @@
+"""A checkpoint's retrieval package (ance_core/export/hybrid.py): its searches are the pipeline's own rankings —
+dense by exact inner product over the stored encoding, BM25 from the stored index, hybrid by the recorded fusion."""
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ance_core.errors import AnceError
+from ance_core.export.hybrid import RETRIEVAL, HybridSearch, package_bytes, write_package
+from ance_core.modeling.model import load_checkpoint
+from ance_core.retrieval.bm25 import BM25
+from ance_core.retrieval.config import BM25Config, EncodeConfig
+from ance_core.retrieval.encode import encode_documents, encode_queries
+from ance_core.retrieval.fusion import Fusion, fuse
+from tests.tiny import random_head_checkpoint, training_tables
+
+QUERIES = ["alpha beta", "gamma", "a query of words no passage has: zzyqx"]
+
+
+@pytest.fixture(scope="module")
+def packaged(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hybrid")
+    checkpoint = random_head_checkpoint(tiny_model, tmp / "checkpoint")
+    corpus = training_tables()[1]
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    emb, ids, _ = encode_documents(model, tokenizer, meta, corpus, EncodeConfig(precision="fp32"))
+    encode = tmp / "encode"
+    encode.mkdir()
+    np.save(encode / "emb_00000.npy", emb[:20].astype(np.float16))  # two shards, stored as the encode stage does
+    np.save(encode / "emb_00001.npy", emb[20:].astype(np.float16))
+    (encode / "docids.txt").write_text("\n".join(ids) + "\n")
+    index = tmp / "bm25"
+    index.mkdir()
+    BM25.build([corpus], BM25Config(), spill=index).save(index)
+    fusion = Fusion("convex", 0.7)
+    record = write_package(checkpoint / RETRIEVAL, encode, index, BM25Config(), fusion)
+    assert record["passages"] == 30 and package_bytes(encode, index) > emb[:1].nbytes
+    return checkpoint, corpus, emb, ids, index, fusion
+
+
+def test_dense_bm25_and_hybrid_searches_are_the_pipelines_rankings(packaged):
+    checkpoint, corpus, emb, ids, index, fusion = packaged
+    searcher = HybridSearch(checkpoint)
+    model, tokenizer, meta = load_checkpoint(checkpoint)
+    q = encode_queries(model, tokenizer, QUERIES, meta, EncodeConfig(precision="fp32"))
+    stored = emb.astype(np.float16).astype(np.float32)
+    dense = searcher.search(QUERIES, k=5, mode="dense")
+    assert dense["query"].tolist() == [0] * 5 + [1] * 5 + [2] * 5 and dense["rank"].tolist() == [1, 2, 3, 4, 5] * 3
+    row = {d: j for j, d in enumerate(ids)}
+    for i in range(len(QUERIES)):  # (the corpus repeats its texts: tied documents may come in either order)
+        scores = q[i] @ stored.T
+        hits = dense[dense["query"] == i]
+        assert hits["score"].to_numpy() == pytest.approx(np.sort(scores)[::-1][:5], abs=1e-4)
+        assert hits["score"].to_numpy() == pytest.approx(scores[[row[d] for d in hits["doc_id"]]], abs=1e-4)
+    queries = pd.DataFrame({"query_id": ["0", "1", "2"], "text": QUERIES})
+    sparse = BM25.load(index, BM25Config()).search(queries, 1000)
+    bm25 = searcher.search(QUERIES, k=3, mode="bm25")
+    assert 2 not in set(bm25["query"])  # no word of the third query is indexed: BM25 has no hit for it
+    assert bm25[bm25["query"] == 0]["doc_id"].tolist() == sparse[sparse["query_id"] == "0"]["doc_id"].tolist()[:3]
+    dense_run = pd.DataFrame([(str(i), ids[j], float(q[i] @ stored[j])) for i in range(3) for j in range(30)],
+                             columns=["query_id", "doc_id", "score"])
+    expected = fuse(dense_run, sparse, fusion, 1000)
+    hybrid = searcher.search(QUERIES, k=4)
+    for i in range(len(QUERIES)):
+        want = expected[expected["query_id"] == str(i)]
+        got = hybrid[hybrid["query"] == i]
+        assert got["score"].to_numpy() == pytest.approx(want["score"].to_numpy()[:4], abs=1e-4)
+        fused = dict(zip(want["doc_id"], want["score"], strict=True))
+        assert got["score"].to_numpy() == pytest.approx([fused[d] for d in got["doc_id"]], abs=1e-4)
+
+
+def test_bad_requests_and_a_checkpoint_without_a_package_are_one_clear_line(packaged, tmp_path):
+    checkpoint = packaged[0]
+    searcher = HybridSearch(checkpoint)
+    with pytest.raises(AnceError, match="mode 'sparse': use one of hybrid, dense, bm25"):
+        searcher.search(QUERIES, mode="sparse")
+    with pytest.raises(AnceError, match="k 0"):
+        searcher.search(QUERIES, k=0)
+    assert searcher.search([], k=3).empty
+    bare = tmp_path / "bare"
+    shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns(RETRIEVAL))
+    with pytest.raises(AnceError, match="no retrieval package"):
+        HybridSearch(bare)
