@@ -67,9 +67,10 @@ def corpus_titles(dataset: str) -> dict[str, str]:
 
 
 def chosen_fusion(text: str, model: Path, work_dir: str):
-    """`ance search --fusion` and the BM25 settings to fuse with: auto (what the work folder's newest run chose for
-    this model, its hybrid row's fusion and BM25 config, recorded in latest.json when the run's result is this model
-    or its hybrid; else RRF with the default BM25), rrf, or the dense ranking's weight in a convex combination."""
+    """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what the work
+    folder's newest run chose for this model, its hybrid row's fusion, BM25 config and depth, recorded in latest.json
+    when the run's result is this model or its hybrid; else RRF with the default BM25, 1000 deep), rrf, or the dense
+    ranking's weight in a convex combination."""
     import json
 
     from ance_core.errors import AnceError
@@ -81,10 +82,11 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     same = record.get("checkpoint") and Path(record["checkpoint"]).resolve() == model.resolve()
     recorded = record.get("fusion") if same else None
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
+    depth = recorded.get("depth", 1000) if recorded else 1000
     if text == "auto":
-        return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25
+        return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
     if text == "rrf":
-        return Fusion("rrf"), bm25
+        return Fusion("rrf"), bm25, depth
     try:
         weight = float(text)
     except ValueError:
@@ -92,7 +94,7 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     if not 0 < weight < 1:
         raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
                         "(e.g. 0.7)")
-    return Fusion("convex", weight), bm25
+    return Fusion("convex", weight), bm25, depth
 
 
 def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion, bm25_cfg,

@@ -354,8 +354,8 @@ def search(
         if hybrid:
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
-            how, bm25_cfg = chosen_fusion(fusion, model, work_dir)
-            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how, bm25_cfg)
+            how, bm25_cfg, depth = chosen_fusion(fusion, model, work_dir)
+            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, index_of(model, index), query, top_k)

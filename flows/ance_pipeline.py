@@ -78,7 +78,7 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
                                schedules.next(negatives))
         label = "warmup"
     async_refresh = None
-    if c.warmup_only and not c.start_checkpoint:
+    if c.warmup_only:
         pass  # the warm-up alone (the recipe search's first rung)
     elif c.refresh == "async" and c.rounds:
         label, checkpoint, async_refresh = ance_rounds_async(run, label, checkpoint)
@@ -142,7 +142,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     chosen = result["selected"] or last
     print(result["markdown"])
     reused = [s for s in log.timings if s.ref.cached]
-    print(f"{len(reused)} of {len(log.timings)} stages reused from earlier runs")
+    print(f"{len(reused)} of {len(log.timings)} stages reused (built by an earlier run, or earlier in this one)")
     # the report may be reused from a work folder that was since moved or copied: the folders are this run's
     stages = [s | {"path": t.ref.path, "cached": t.ref.cached}
               for s, t in zip(result["stages"], log.timings, strict=True)]
@@ -151,7 +151,8 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     # champions compare like with like), and the fusion the run chose for it is recorded for `ance search --hybrid`
     hybrid = run.models.get(dense_of(chosen) + HYBRID, {})
     fusion = read_fusion(hybrid["fusion"]).as_dict() | {"bm25": c.bm25.model_dump(mode="json"),
-                                                        "result": chosen} if "fusion" in hybrid else None
+                                                        "depth": c.eval.top_k, "result": chosen} \
+        if "fusion" in hybrid else None
     if run.trial is None:
         record_latest(c.work_dir, final["checkpoint"], chosen,
                       next(r for r in result["results"] if r["model"] == chosen), fusion)

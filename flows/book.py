@@ -265,6 +265,10 @@ class RunBook:
         """The retrieval package of a hybrid row's dense model (its corpus encoding, the BM25 index, the fusion:
         ance_core/export/hybrid.py), a stage of its own; None (with a warning) above `MAX_PACKAGE_BYTES`."""
         model = self.models[label]
+        if read_manifest(model["encode"].path)["summary"].get("document_mode") == "maxp":
+            warn(f"the run's result {label} is served without a retrieval package: a MaxP model's encoding has a row "
+                 "per window, which the package's search does not rank; its MLflow model encodes text only")
+            return None
         index = bm25_index(self.data, self.c.bm25, self.wd)
         size = package_bytes(model["encode"].path, index)
         if size > MAX_PACKAGE_BYTES:
@@ -273,9 +277,10 @@ class RunBook:
                  "version); its MLflow model encodes text only")
             return None
         fusion = read_fusion(model["fusion"])
-        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25, "fusion": fusion.as_dict()},
+        depth = self.c.eval.top_k
+        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25, "fusion": fusion.as_dict(), "depth": depth},
                         {"encode": model["encode"].digest, "data": self.data.digest},
-                        lambda out: write_package(out, model["encode"].path, index, self.c.bm25, fusion))
+                        lambda out: write_package(out, model["encode"].path, index, self.c.bm25, fusion, depth))
         return Path(ref.path)
 
     def conclude(self, tracked: dict, result: dict, selected: str | None = None) -> None:

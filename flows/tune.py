@@ -94,6 +94,7 @@ class Search:
     def __init__(self, base: PipelineConfig, cfg: TuneConfig, data_digest: str, tracker: Tracker,
                  parent: str | None):
         self.base, self.cfg, self.data_digest, self.tracker, self.parent = base, cfg, data_digest, tracker, parent
+        self.baseline: str | None = None  # the baseline candidate's name (set by `search`)
         self.started = time.time()
         self.trials: list[dict] = []
         self.batches: dict[bool, list[float]] = {False: [], True: []}  # wall seconds of the batches that built
@@ -147,12 +148,14 @@ class Search:
         """The trials' references; None for a trial that failed (its candidate is dropped, with a warning)."""
         try:
             return run_mapped(trial, kwargs, self.base.execution)
-        except AnceError:
+        except (AnceError, ValueError):
             raise  # a bad config or dataset fails every trial the same way: the search stops, naming it
         except Exception:
             if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others
                 return [ref for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
             c, seed = part[0]
+            if c.name == self.baseline:  # every other candidate is paired with it: the search cannot go on
+                raise
             warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} leaves "
                  f"the search ({traceback.format_exc(limit=1).strip().splitlines()[-1]})")
             self.failed.append(c.name)
@@ -167,6 +170,7 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     pool = candidates(cfg, base.warmup.learning_rate, base.data.train_min_relevance, base.warmup.epochs, grades)
     baseline = pool[0]
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)
+    state.baseline = baseline.name
     print(f"recipe search: {len(pool)} candidates, rungs over seeds {cfg.seeds}, eta {cfg.eta}, margin "
           f"{cfg.margin}, budget {cfg.budget_minutes:g} minutes")
     alive = pool[1:]  # the challengers; the baseline runs every rung beside them

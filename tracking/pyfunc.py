@@ -31,14 +31,17 @@ from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
 SIGNATURE = "s2"  # the signature's version (s2: the search parameters k and mode): its files are written again
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
-                "mlflow")  # what loading and encoding import (this project's own package comes on top)
+                "mlflow", "bm25s", "PyStemmer")  # what loading, encoding and a search import (this project's own
+# package comes on top; a retrieval package's BM25 index is in bm25s's format)
 
 
 class EmbeddingModel:
     """What `_load_pyfunc` returns: pyfunc's predict for a checkpoint. `kind` query or passage: the embeddings;
     `kind` search, on a version that carries a retrieval package (the run's result was a hybrid row:
     ance_core/export/hybrid.py): the top `k` hits of each text by `mode` (hybrid: the run's fusion of its dense ranking
-    with BM25's; dense; bm25), one row per hit (query: the text's position, rank, doc_id, score)."""
+    with BM25's; dense; bm25), one row per hit (query: the text's position, rank, doc_id, score). (The signature
+    declares the embeddings' tensor, which a search does not return: a signature has one output; MLflow checks inputs
+    and parameters, not outputs. `k` is an integer.)"""
 
     def __init__(self, checkpoint: str | Path):
         self.checkpoint = Path(checkpoint)
@@ -88,7 +91,8 @@ def _load_pyfunc(path: str) -> EmbeddingModel:
 
 def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[Path]:
     """Write the MLflow model description of `checkpoint` (once per checkpoint content, under
-    <models_dir>/<checkpoint digest>/) and return its files, to be logged beside the checkpoint's model files."""
+    <models_dir>/<checkpoint digest>-<signature version>/) and return its files, to be logged beside the checkpoint's
+    model files."""
     from tracking.client import configure_mlflow
 
     configure_mlflow()

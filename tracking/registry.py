@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 
-MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>/: the logged MLflow model descriptions
+MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>-<signature>/: MLflow model descriptions
 
 
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
@@ -163,9 +163,18 @@ def _find_version(uri: str, store: str, name: str, alias: str | None = None, num
 
 
 def _download(client: "MlflowClient", version, uri: str, dest: str | Path) -> str:
-    """The version's files (its source is runs:/<run id>/checkpoint, `register_models`) downloaded into `dest`."""
+    """The version's checkpoint files (its source is runs:/<run id>/checkpoint, `register_models`) downloaded into
+    `dest`: the model and its MLflow description, not a retrieval package (retraining and exporting use neither)."""
+    from ance_core.export.hybrid import RETRIEVAL
+
+    path = version.source.split("/", 3)[-1]
     try:
-        return client.download_artifacts(version.run_id, version.source.split("/", 3)[-1], str(dest))
+        folder = Path(dest) / path
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in client.list_artifacts(version.run_id, path):
+            if Path(item.path).name != RETRIEVAL:
+                client.download_artifacts(version.run_id, item.path, str(folder))  # into folder/<its name>
+        return str(folder)
     except Exception as e:
         raise AnceError(f"{uri}: downloading version {version.version} failed ({type(e).__name__}: "
                         f"{str(e)[:200]})") from None

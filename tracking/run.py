@@ -179,8 +179,11 @@ class PipelineTracking:
                                     ["staleness"], global_step)
             global_step += len(records)
             if not self.trial:
-                package = retrieval if selected is not None and t.label == selected[0] else None
-                log_checkpoint(tracker, child, t.ref.path, package)
+                # the result's checkpoint (an asynchronous trainer's final one is its last round's) gets the package
+                last_round = t is last_train and t.label not in results
+                result = selected is not None and (t.label == selected[0] or (
+                    last_round and selected[0] == last_dense(report["results"])))
+                log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
             if t.label in results:
                 versions.append((t.label, child, results[t.label]))
             elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated

@@ -1,7 +1,8 @@
 """A checkpoint with what it needs to retrieve on its own: the corpus's dense embeddings (its encode stage's shards and
 doc ids), the corpus's BM25 index and the fusion the run chose on its dev split. A registered version whose run's
-result was a hybrid row carries this package as `checkpoint/retrieval/`, so the served MLflow model searches as the
-run's result did (tracking/pyfunc.py, `params={"kind": "search"}`):
+result was a hybrid row carries this package as `checkpoint/retrieval/` (a FirstP, uncompressed model's, up to 512 MB:
+flows/book.py `retrieval_package`), so the served MLflow model searches as the run's result did (tracking/pyfunc.py,
+`params={"kind": "search"}`):
 
     searcher = HybridSearch("<checkpoint folder with retrieval/>")
     searcher.search(["does vitamin D lower cancer risk"], k=10)             # hybrid: the run's fusion
@@ -9,7 +10,7 @@ run's result did (tracking/pyfunc.py, `params={"kind": "search"}`):
 
 Scores: dense ones are inner products of the query's embedding with the stored (float16) passage embeddings, exact
 (a matrix product in blocks); BM25's come from the stored index; both are fused by the recorded fusion over each
-ranking's top `depth` (1000, as the pipeline fused them).
+ranking's top `depth` (the run's `eval.top_k`, as the pipeline fused them).
 """
 
 import json
@@ -31,11 +32,14 @@ PACKAGE = "package.json"  # the fusion, the BM25 config and the sizes
 MODES = ("hybrid", "dense", "bm25")
 DEPTH = 1000
 BLOCK = 65_536  # passages scored per matrix product
+QUERY_CHUNK = 64  # queries scored against the corpus at once
 
 
-def write_package(out: Path, encode: str | Path, bm25_index: str | Path, bm25: BM25Config, fusion: Fusion) -> dict:
+def write_package(out: Path, encode: str | Path, bm25_index: str | Path, bm25: BM25Config, fusion: Fusion,
+                  depth: int = DEPTH) -> dict:
     """The retrieval package of a checkpoint into `out`: hard links (or copies) of its corpus encoding's shards and doc
-    ids and of the BM25 index's files, and package.json."""
+    ids and of the BM25 index's files, and package.json (`depth`: how deep each ranking is fused, the pipeline's
+    `eval.top_k`)."""
     out.mkdir(parents=True, exist_ok=True)
     shards = sorted(Path(encode).glob(EMBEDDING_SHARDS))
     if not shards:
@@ -46,7 +50,7 @@ def write_package(out: Path, encode: str | Path, bm25_index: str | Path, bm25: B
     for path in Path(bm25_index).iterdir():
         if path.is_file() and path.name != "manifest.json":
             link_or_copy(path, out / "bm25" / path.name)
-    record = {"fusion": fusion.as_dict(), "bm25": bm25.model_dump(mode="json"), "depth": DEPTH,
+    record = {"fusion": fusion.as_dict(), "bm25": bm25.model_dump(mode="json"), "depth": depth,
               "passages": sum(len(np.load(p, mmap_mode="r")) for p in shards)}
     (out / PACKAGE).write_text(json.dumps(record, indent=1))
     return record
@@ -80,15 +84,19 @@ class HybridSearch:
             raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")
 
     def _dense(self, queries: pd.DataFrame, depth: int) -> pd.DataFrame:
+        """Each query's top `depth` by inner product, `QUERY_CHUNK` queries at a time (their scores against the whole
+        corpus held at once: 64 x N float32)."""
         q = self.encoder.encode(queries["text"].tolist(), kind="query")
-        scores = np.concatenate([q @ block[s:s + BLOCK].astype(np.float32).T for block in self.shards
-                                 for s in range(0, len(block), BLOCK)], axis=1)
-        k = min(depth, scores.shape[1])
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         rows = []
-        for i, query_id in enumerate(queries["query_id"]):
-            order = top[i][np.argsort(-scores[i, top[i]], kind="stable")]
-            rows += [(query_id, self.doc_ids[j], float(scores[i, j])) for j in order]
+        for start in range(0, len(q), QUERY_CHUNK):
+            part = q[start:start + QUERY_CHUNK]
+            scores = np.concatenate([part @ block[s:s + BLOCK].astype(np.float32).T for block in self.shards
+                                     for s in range(0, len(block), BLOCK)], axis=1)
+            k = min(depth, scores.shape[1])
+            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+            for i, query_id in enumerate(queries["query_id"].iloc[start:start + QUERY_CHUNK]):
+                order = top[i][np.argsort(-scores[i, top[i]], kind="stable")]
+                rows += [(query_id, self.doc_ids[j], float(scores[i, j])) for j in order]
         return pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
 
     def search(self, texts: list[str], k: int = 10, mode: str = "hybrid") -> pd.DataFrame:

@@ -147,6 +147,13 @@ class PipelineConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
+    def _warmup_only_has_a_warmup(self) -> "PipelineConfig":
+        if self.warmup_only and self.start_checkpoint:
+            raise ValueError("warmup_only trains the BM25 warm-up only, and a start_checkpoint run has none (its "
+                             "rounds start from the checkpoint); unset one of them")
+        return self
+
+    @model_validator(mode="after")
     def _dev_checks_in_one_process(self) -> "PipelineConfig":
         if self.dev_check.active:
             for name in ("warmup", "ance"):

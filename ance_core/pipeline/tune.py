@@ -48,8 +48,9 @@ class TuneConfig(StageConfig):
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")
-    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops at the first "
-                                  "trial that would not fit, and decides on the trials run")
+    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
+                                  "(or a batch of Ray trials) that the time of those before it says would not fit, "
+                                  "and decides on the trials run")
 
     @model_validator(mode="after")
     def _distinct(self) -> "TuneConfig":

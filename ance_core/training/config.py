@@ -65,9 +65,10 @@ class TrainConfig(StageConfig):
         "negatives carry them (mining.teacher): loss = NLL + distill_weight x KL")
     ema_decay: float | None = Field(
         None, gt=0, lt=1, description="Weight averaging: an exponential moving average of the weights over the "
-        "stage's steps (shadow = decay x shadow + (1 - decay) x weights after each step, from the first step's "
-        "weights), which becomes the stage's model at its end; unset: the last step's weights. Kept with the "
-        "optimizer's state, so a resumed stage ends with the same average")
+        "stage's steps (shadow = d x shadow + (1 - d) x weights after step t, d = min(decay, (1 + t) / (10 + t)), "
+        "from the first step's weights), which becomes the stage's model at its end; unset: the last step's weights. "
+        "Kept with the optimizer's state, so a resumed stage ends with the same average. Dev checks and async "
+        "snapshots see the raw weights")
     loader_workers: int = Field(
         0, ge=0, repr=False, description="DataLoader worker processes that pad each step's micro-batches from the "
         "pre-tokenized texts (0: the training thread does it; 1-2 on a GPU keep the next steps ready). Not part of "

@@ -113,8 +113,12 @@ class BestStep:
     def resume(cls, out: Path, records: list[dict], start_score: float) -> "BestStep":
         """From the stage folder and its kept train_log records (a fresh stage: none, the start is step 0)."""
         history = [(r["step"], r[DEV_METRIC]) for r in records if DEV_METRIC in r]
-        if not (out / BEST).exists() and (out / f".{BEST}-old").exists():  # stopped between save's two renames
-            os.replace(out / f".{BEST}-old", out / BEST)
+        if not (out / BEST).exists():  # stopped between save's two renames: the newer best if it was whole
+            partial, old = out / f".{BEST}-partial", out / f".{BEST}-old"
+            if (partial / BEST_JSON).is_file():
+                os.replace(partial, out / BEST)
+            elif old.exists():
+                os.replace(old, out / BEST)
         saved = out / BEST / BEST_JSON
         if saved.is_file():
             best = json.loads(saved.read_text())

@@ -338,9 +338,9 @@ def train(
             else:
                 optimizer.step()
             scheduler.step()
-            if averaged is not None:
-                averaged.update()
             step += 1
+            if averaged is not None:
+                averaged.update(step)
             norms = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
             loss_value = norms.pop("loss")
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
@@ -419,13 +419,17 @@ class WeightAverage:
                 self.optimizer.state.get(p, {}).pop(self.KEY, None)
 
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, step: int) -> None:
+        """After optimizer step `step` (1-based) of the stage: the decay is min(decay, (1 + step) / (10 + step)), so
+        the first steps' weights do not dominate a short stage's average (TensorFlow's ExponentialMovingAverage with
+        num_updates)."""
+        decay = min(self.decay, (1 + step) / (10 + step))
         for p in self.params:
             state = self.optimizer.state[p]  # (set by the optimizer's first step: the moments come first)
             if self.KEY not in state:
                 state[self.KEY] = p.detach().float().clone()
             else:
-                state[self.KEY].lerp_(p.detach().float(), 1 - self.decay)
+                state[self.KEY].lerp_(p.detach().float(), 1 - decay)
 
     @torch.no_grad()
     def apply(self) -> None:

@@ -108,8 +108,10 @@ def resume_optimizer(folder: Path, optimizer) -> None:
         raise AnceError(f"{folder}: no optimizer state to continue from (schedule: continuous needs the previous "
                         "stage's training folder)")
     device = next(p for group in optimizer.param_groups for p in group["params"]).device
-    optimizer.load_state_dict({"state": _optimizer_moments(folder, device),
-                               "param_groups": optimizer.state_dict()["param_groups"]})
+    moments = _optimizer_moments(folder, device)
+    for entries in moments.values():  # a previous stage's weight average (`ema_decay`) is its own, not carried on
+        entries.pop("ema", None)
+    optimizer.load_state_dict({"state": moments, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 def load_state(folder: Path, model: BiEncoder, optimizer, scheduler, scaler, ranks: Ranks) -> int:
