@@ -6,6 +6,7 @@ User errors (bad data, bad config, missing files) print one line and exit with s
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -62,29 +63,41 @@ def _print_pipeline(result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
-def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False) -> None:
+def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0) -> None:
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
-    train split must have positives).
+    train split must have positives, and each of its queries `negatives` documents not relevant to it).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
+    from ance_core.artifacts import writable_work_dir
     from ance_core.data.dataset import check_trainable, read_tables
     from ance_core.data.sources import resolve_dataset
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
-    with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
-        tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[])
-    for split in splits:
-        tables.split_qrels(split)
-    if trains:
-        check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split)
+    fresh = not Path(work_dir).expanduser().exists()
+    writable_work_dir(work_dir)
+    try:
+        with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
+            tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=["doc_id"] if trains else [])
+        for split in splits:
+            tables.split_qrels(split)
+        if trains:
+            check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
+                            negatives)
+    except Exception:
+        folder = Path(work_dir).expanduser()
+        if fresh and not any(not p.name.startswith(".") for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)  # the empty folder this command made is not left behind
+        raise  # (a validated data stage is kept: it is whole, and the next run reuses it)
 
 
 def _run_pipeline(config, as_json: bool) -> None:
+    from ance_core.pipeline.config import negatives_needed
     from flows.ance_pipeline import ance_pipeline, check_pipeline
 
     check_pipeline(config)
-    _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True)
+    _preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True,
+               negatives=negatives_needed(config))
     _print_pipeline(ance_pipeline(config), as_json)
 
 
@@ -147,7 +160,7 @@ def run(
 def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
           recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
     """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
-    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.config import load_config, negatives_needed
     from ance_core.pipeline.recipes import recipe_config
     from ance_core.pipeline.tune import TuneConfig
     from flows.ance_pipeline import check_pipeline
@@ -158,7 +171,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     tune = load_config(None, TuneConfig, tune_sets or (), base=given)
     base = recipe_config(tune.recipe, sets or (), config)
     check_pipeline(base)
-    _preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True)
+    _preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
+               negatives=negatives_needed(base))
     return tune_recipe(base, tune)
 
 
@@ -205,13 +219,14 @@ def compare(
     sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
 ):
     """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
-    from ance_core.pipeline.config import CompareConfig, load_config
+    from ance_core.pipeline.config import CompareConfig, load_config, negatives_needed
 
     def body():
         from flows.compare import compare_negatives
 
         c = load_config(config, CompareConfig, sets or ())
-        _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split), trains=True)
+        _preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split), trains=True,
+                   negatives=negatives_needed(c))
         result = compare_negatives(c)
         _print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
                      ("results", "train_seconds", "tracking", "table") if as_json else ())

@@ -93,6 +93,22 @@ def stage_key(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
     return digest_of({"stage": stage, "config": config, "inputs": dict(inputs), "version": ance_core.__version__})
 
 
+def writable_work_dir(work_dir: str | Path) -> Path:
+    """`work_dir` created if it is missing and checked writable (a file made and removed in it): before any work, so
+    that a folder that cannot hold the stages is one clear error, not a traceback from the first stage."""
+    from ance_core.errors import AnceError
+
+    folder = Path(work_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise AnceError(f"work_dir {folder}: cannot be created or written ({e.strerror or type(e).__name__}); set "
+                        "work_dir (--set work_dir=... or --work-dir) to a folder you can write to") from None
+    return folder
+
+
 def is_complete(folder: str | Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 

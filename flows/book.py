@@ -19,13 +19,14 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
-from ance_core.data.dataset import check_trainable, read_tables
+from ance_core.data.dataset import check_trainable, read_tables, warn_shared_queries
 from ance_core.data.sources import resolve_dataset
 from ance_core.errors import warn
 from ance_core.export.hybrid import package_bytes, write_package
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
+from ance_core.pipeline.config import negatives_needed
 from ance_core.pipeline.report import DEV_KEY, StageTiming, read_metrics, read_report, select_model
 from ance_core.training.config import TrainConfig
 from tasks.analysis import analyse_negatives
@@ -88,7 +89,9 @@ class RunBook:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
         cfg = self.c.data  # a run that would find nothing to train on stops here, before any other work
         folder = resolve_dataset(cfg.dataset, cfg.data_home, download=False)
-        check_trainable(read_tables(self.data.path, corpus_columns=[]), folder, cfg.train_split)
+        tables = read_tables(self.data.path, corpus_columns=["doc_id"])
+        check_trainable(tables, folder, cfg.train_split, negatives_needed(self.c))
+        warn_shared_queries(tables, cfg.eval_split, cfg.train_split, cfg.dev_split)
         summary = read_manifest(self.data.path)["summary"]
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
@@ -278,7 +281,7 @@ class RunBook:
             return None
         fusion = read_fusion(model["fusion"])
         depth = self.c.eval.top_k
-        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25, "fusion": fusion.as_dict(), "depth": depth},
+        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25.scoring(), "fusion": fusion.as_dict(), "depth": depth},
                         {"encode": model["encode"].digest, "data": self.data.digest},
                         lambda out: write_package(out, model["encode"].path, index, self.c.bm25, fusion, depth))
         return Path(ref.path)

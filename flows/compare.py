@@ -45,9 +45,10 @@ def compare(c: CompareConfig) -> dict:
     rankings: dict[str, tuple[ArtifactRef, ArtifactRef]] = {}  # dense sampler -> (its ranking, its negatives)
     for sampler in c.samplers:  # each from the warm-up checkpoint, with the same budget
         spec = get_sampler(sampler)
-        mining = c.mining.model_copy(update={"sampler": sampler, "top_k": c.mining.top_k if spec.needs_model else None})
+        mining = c.sampler_mining(sampler)
         round_cfg = train_config_for(mining, c.ance)
-        mined = run.mine(sampler, WARMUP, warm, mining, 1, train=round_cfg)
+        # the warm-up scores BM25 candidates for mining.margin, as the starting model does in the pipeline's warm-up
+        mined = run.mine(sampler, WARMUP, warm, mining, 1, scorer=WARMUP, train=round_cfg)
         trained = run.train(sampler, WARMUP, warm, mined["mine"], round_cfg, sampler, round_=1)
         run.evaluate(sampler, trained)
         profiles[sampler] = run_task(score_profile_task, trained, run.models[sampler]["index"], data, eval_split, wd)

@@ -19,14 +19,15 @@ def bm25_index(data: ArtifactRef, cfg: BM25Config, work_dir: str) -> Path:
     def build(out):
         return BM25.build(corpus_chunks(data.path, INDEX_CHUNK), cfg, spill=out).save(out)
 
-    return Path(run_stage(work_dir, "bm25-index", {"bm25": cfg}, {"data": data.digest}, build).path)
+    return Path(run_stage(work_dir, "bm25-index", {"bm25": cfg.scoring()}, {"data": data.digest}, build).path)
 
 
 @stage_task("bm25-run")
 def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_dir: str, sample: dict | None = None
              ) -> ArtifactRef:
     """BM25 top-k for the queries of a split (or a mining round's `sample` of them): the baseline run, or the
-    candidates for BM25 negatives."""
+    candidates for BM25 negatives. `cfg.top_k` is not read (`top_k` is the depth): callers that mine pass
+    `cfg.scoring()`, so that the evaluation's depth is in no key of the training chain."""
 
     def build(out):
         index = bm25_index(data, cfg, work_dir)
@@ -37,5 +38,6 @@ def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_di
         write_run(run, out / RUN)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
-    config = {"bm25": cfg, "split": split, "top_k": top_k} | ({"sample": sample} if sample is not None else {})
+    config = {"bm25": cfg.scoring(), "split": split, "top_k": top_k}
+    config |= {"sample": sample} if sample is not None else {}
     return run_stage(work_dir, "bm25", config, {"data": data.digest}, build)

@@ -40,7 +40,8 @@ def refresh_negatives(checkpoint: ArtifactRef | None, data: ArtifactRef, split: 
         refs["retrieve"] = run_task(dense_run, checkpoint, refs["index"], data, split, mining.depth, encode, index,
                                     work_dir, mining.sample(round_))
     if spec.uses_bm25:
-        refs["bm25"] = run_task(bm25_run, data, bm25, split, mining.depth, work_dir, mining.sample(round_))
+        refs["bm25"] = run_task(bm25_run, data, bm25.scoring(), split, mining.depth, work_dir,
+                               mining.sample(round_))
         if mining.margin is not None and scorer is None:
             raise AnceError(f"mining.margin with sampler '{mining.sampler}' needs a model to score the BM25 candidates "
                             "(the warm-up uses the starting model)")

@@ -1,7 +1,7 @@
 """A teacher's scores of the mined groups, for distillation (`mining.teacher`): a cross-encoder or a bi-encoder scores
 each (query, positive) and (query, negative) of the mined table, every draw's negatives included, and training adds
-KL(teacher || student) over each query's group to its contrastive loss (training/loss.py `distill_loss`) — what
-sentence-transformers' DistillKLDivLoss and tevatron's distillation train on, usually from a cross-encoder. A
+KL(teacher || student) over each query's group to its contrastive loss (training/loss.py `distill_loss`, which says
+how it differs from sentence-transformers' DistillKLDivLoss: the temperature is the teacher's alone, no T²). A
 checkpoint this pipeline trained is a bi-encoder teacher scored as it retrieves (its head, pooling and prefixes): a
 stronger run's model (e.g. the `full` recipe's) can teach another run offline.
 

@@ -19,7 +19,7 @@ from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.modeling.config import ModelConfig
 from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
-from ance_core.negatives.samplers import WITHOUT_MODEL
+from ance_core.negatives.samplers import WITHOUT_MODEL, get_sampler
 from ance_core.retention import RetentionConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.stage_config import StageConfig
@@ -205,13 +205,36 @@ class CompareConfig(StageConfig):
         if len(set(self.samplers)) != len(self.samplers):
             raise ValueError(f"samplers lists one twice: {self.samplers}")
         self.as_pipeline()  # the warm-up's checks (splits differ, a warm-up sampler that needs no model)
+        for sampler in self.samplers:  # each sampler's options, before any stage trains (not after the first ones)
+            self.sampler_mining(sampler)
         return self
+
+    def sampler_mining(self, sampler: str) -> MiningConfig:
+        """The shared `mining` options with `sampler` (and `top_k` only for the samplers that rank with the model),
+        validated as a whole: an option the sampler cannot take (`margin` without a model, `teacher` without a
+        group) is refused naming the sampler."""
+        fields = self.mining.model_dump() | {"sampler": sampler,
+                                             "top_k": self.mining.top_k if get_sampler(sampler).needs_model else None}
+        try:
+            return MiningConfig.model_validate(fields)
+        except ValidationError as e:
+            reasons = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
+            raise ValueError(f"samplers: '{sampler}' cannot take the shared mining options: {reasons}") from None
 
     def as_pipeline(self) -> PipelineConfig:
         """The pipeline config of the warm-up (shared stages, shared cache)."""
         fields = {k: getattr(self, k) for k in ("data", "model", "bm25", "bm25_negatives", "warmup", "encode", "index",
                                                  "mining", "ance", "eval", "work_dir")}
         return PipelineConfig(**fields, rounds=0)
+
+
+def negatives_needed(config: PipelineConfig | CompareConfig) -> int:
+    """How many negatives a pair needs from the corpus in this run: the most any of its mined samplers draws (0 when
+    none mines: in-batch and nce negatives are other queries' passages)."""
+    samplers = [(config.bm25_negatives, config.bm25_negatives.sampler)]
+    rounds = config.samplers if isinstance(config, CompareConfig) else [config.mining.sampler] * bool(config.rounds)
+    samplers += [(config.mining, sampler) for sampler in rounds]
+    return max((mining.num_negatives for mining, sampler in samplers if get_sampler(sampler).mines), default=0)
 
 
 def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineConfig, sets: Sequence[str] = (),

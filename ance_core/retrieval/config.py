@@ -18,6 +18,11 @@ class BM25Config(StageConfig):
     stopwords: str | None = "en"
     top_k: int = Field(1000, ge=1, description="Depth of the evaluation run")
 
+    def scoring(self) -> "BM25Config":
+        """This config without the evaluation depth: what an index and a ranking depend on (the BM25 index's key,
+        the warm-up's candidates), so that changing `top_k` re-runs only the evaluation."""
+        return self.model_copy(update={"top_k": type(self).model_fields["top_k"].default})
+
 
 class EncodeConfig(StageConfig):
     """Corpus/query encoding: length-sorted dynamic padding, streamed to .npy shards."""

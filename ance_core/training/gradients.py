@@ -25,9 +25,10 @@ class PairEncoder(torch.nn.Module):
 
 
 def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss_of: Callable[[object], torch.Tensor],
-                         accumulation: int, world: int, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+                         world: int, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
     """Forward and backward of the micro-batches of one optimizer step; returns the step's loss (a tensor on the
-    device: reading it is the caller's one device sync per step).
+    device: reading it is the caller's one device sync per step): the mean of the micro-batches' losses, however
+    many the step has (grad_accumulation, or fewer when the pairs run out: a stage of fewer pairs than one batch).
 
     Under DDP (`world` > 1) the gradient is all-reduced once, in the last micro-batch's backward: the others run
     forward and backward inside `no_sync()`, since DDP decides at forward time whether the backward all-reduces.
@@ -36,7 +37,7 @@ def accumulate_gradients(encoder: torch.nn.Module, micro_batches: Sequence, loss
     for b, batch in enumerate(micro_batches):
         last = b == len(micro_batches) - 1
         with encoder.no_sync() if world > 1 and not last else nullcontext():
-            loss = loss_of(batch) / accumulation
+            loss = loss_of(batch) / len(micro_batches)
             scaled = loss * world
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         total = loss.detach() if total is None else total + loss.detach()
@@ -60,8 +61,8 @@ def chunk_inputs(batch: dict, chunk: int, group: int, left: bool) -> list[tuple[
 
 
 def cached_gradients(encoder: torch.nn.Module, micro_batches: Sequence[dict], embed: Callable, loss_of: Callable,
-                     chunk: int, group: int, left: bool, accumulation: int, world: int,
-                     scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+                     chunk: int, group: int, left: bool, world: int, scaler: torch.amp.GradScaler | None = None
+                     ) -> torch.Tensor:
     """`accumulate_gradients` with cached in-batch negatives (GradCache, Gao et al. 2021): each micro-batch is
     embedded `chunk` queries at a time without a graph (`embed(queries, passages)` -> float (q, p)), the loss of the
     whole micro-batch (`loss_of(batch, q, p)`) is backpropagated to those embeddings only, and each chunk is embedded
@@ -80,7 +81,7 @@ def cached_gradients(encoder: torch.nn.Module, micro_batches: Sequence[dict], em
                 q, p = embed(queries, passages)
                 qs.append(q), ps.append(p)
         q, p = torch.cat(qs).requires_grad_(), torch.cat(ps).requires_grad_()
-        loss = loss_of(batch, q, p) / accumulation
+        loss = loss_of(batch, q, p) / len(micro_batches)
         scaled = loss * world
         (scaler.scale(scaled) if scaler is not None else scaled).backward()  # into q.grad, p.grad only
         q_grad, p_grad = q.grad.split([len(x) for x in qs]), p.grad.split([len(x) for x in ps])

@@ -321,11 +321,10 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader
             if cfg.grad_cache_chunk is None:
-                step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, cfg.grad_accumulation,
-                                                 ranks.world, scaler)
+                step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, ranks.world, scaler)
             else:
                 step_loss = cached_gradients(encoder, micro_batches, embed, batch_loss, cfg.grad_cache_chunk, group,
-                                             left_padded, cfg.grad_accumulation, ranks.world, scaler)
+                                             left_padded, ranks.world, scaler)
             examples = sum(b["rows"] for b in micro_batches)
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -343,6 +342,11 @@ def train(
                 averaged.update(step)
             norms = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
             loss_value = norms.pop("loss")
+            if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
+                stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
+                raise AnceError(f"{stage}: the loss is {loss_value} at step {step} (learning_rate "
+                                f"{cfg.learning_rate:g}, precision {cfg.precision}); training stopped and nothing was "
+                                "published: lower the learning rate (or max_grad_norm), or train in fp32")
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
                       "examples_per_s": examples / (time.perf_counter() - started)}
             state["epoch"] = epoch

@@ -36,12 +36,16 @@ def nll_loss(
     return F.cross_entropy(scores.float(), target)
 
 
-def distill_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, teacher: torch.Tensor,
-                 temperature: float = 1.0) -> torch.Tensor:
-    """KL(teacher || student) over each query's group (its positive and its mined negatives): the teacher's scores
-    (B, G) divided by `temperature` against the student's q·p over the same G passages, batch mean (the distillation
-    of sentence-transformers' DistillKLDivLoss; the student's scale is its own, as in the NLL)."""
+def distill_loss(q: torch.Tensor, p: torch.Tensor, group_size: int, teacher: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) over each query's group (its positive and its mined negatives), batch mean: softmax of
+    the teacher's logits (B, G) against the log-softmax of the student's q·p over the same G passages.
+
+    Not sentence-transformers' DistillKLDivLoss, which divides student and teacher scores by one temperature and
+    multiplies the loss by T². Here the temperature is the teacher's alone (`TeacherConfig.temperature`, applied
+    when its scores are stored: negatives/teacher.py), putting a teacher's scale (cross-encoder logits: 1, a
+    bi-encoder's cosines: ~0.05) on the student's; the student keeps its own scale (its q·p, as in the contrastive
+    NLL beside it), and there is no T² factor (`train.distill_weight` weighs the term)."""
     B = q.size(0)
     student = torch.einsum("bh,bgh->bg", q, p.view(B, group_size, -1)).float()
-    target = F.log_softmax(teacher.float() / temperature, dim=1)
+    target = F.log_softmax(teacher.float(), dim=1)
     return F.kl_div(F.log_softmax(student, dim=1), target, log_target=True, reduction="batchmean")

@@ -51,6 +51,29 @@ def test_bad_data_names_file_and_line_before_any_work(tmp_path):
     assert not any(p.is_file() and ".locks" not in p.parts for p in work.rglob("*"))
 
 
+def test_a_work_dir_that_cannot_be_created_is_one_line_before_any_work(tmp_path):
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    (tmp_path / "a-file").write_text("")
+    work = tmp_path / "a-file" / "work"  # under a file: no one can create it (root included)
+    for args in (["bm25", "--dataset", str(ds), "--work-dir", str(work)],
+                 ["run", "--set", f"data.dataset={ds}", "--set", f"work_dir={work}"]):
+        code, out = _invoke(args)
+        assert code == 2 and f"error: work_dir {work}: cannot be created or written (Not a directory)" in out, out
+        assert "Traceback" not in out and len(set(out.strip().splitlines())) == 1, out  # (stderr read twice)
+    assert not (tmp_path / "ds" / ".ance").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "ds"]
+
+
+def test_a_one_document_corpus_is_refused_before_any_stage(tmp_path):
+    queries = [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "z"}]
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], queries,
+                    {"train": [("q1", "d1", 1)], "test": [("q2", "d1", 1)]})
+    code, out = _invoke(["run", "--set", f"data.dataset={ds}", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "1 'train' queries have fewer than 1 documents that are not relevant to them" in out, out
+    assert "(q1; 'q1': 0 of the corpus's 1)" in out and "Traceback" not in out
+    assert sorted(p.name for p in (tmp_path / "w").iterdir() if not p.name.startswith(".")) == ["data"]  # only it
+
+
 def test_missing_split_is_refused_before_any_work(tmp_path):
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
                     {"train": [("q1", "d1", 1)]})

@@ -16,7 +16,9 @@ def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_sci
     train = {"max_steps": 2, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
     config = {"samplers": SAMPLERS, "data": {"dataset": str(tiny_scifact)},
               "model": {"name": str(tiny_model), "passage_max_length": 48}, "warmup": train, "ance": train,
-              "encode": {"batch_size": 32}, "mining": {"top_k": 40, "num_negatives": 2}, "work_dir": str(tmp_path)}
+              "encode": {"batch_size": 32}, "work_dir": str(tmp_path),
+              # margin: a shared option the BM25 sampler takes too (its candidates scored by the warm-up)
+              "mining": {"top_k": 40, "num_negatives": 2, "margin": 0.5}}
     (tmp_path / "compare.yaml").write_text(json.dumps(config))
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "compare", "--config", str(tmp_path / "compare.yaml"),
                            "--json"], capture_output=True, text=True, timeout=900,

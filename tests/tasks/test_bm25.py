@@ -26,3 +26,28 @@ def test_bm25_runs_of_two_splits_share_one_saved_index_and_match_an_index_in_mem
     assert len(indexes) == 1 and read_manifest(indexes[0])["summary"]["documents"] == len(tables.corpus)
     other = bm25_run.fn(data, BM25Config(k1=1.2), "test", 50, work)  # another config: another index
     assert len(list((tmp_path / "work" / "bm25-index").glob("[!.]*"))) == 2 and other.path != ref.path
+
+
+def test_the_evaluation_depth_is_in_no_key_of_the_training_chain(tiny_scifact, tmp_path):
+    """`bm25.top_k` is how deep the BM25 baseline is evaluated: changing it re-runs that evaluation, not the index nor
+    the warm-up's candidates (issue 41: it used to rebuild the index and retrain every stage)."""
+    from ance_core.negatives.config import MiningConfig
+
+    work = str(tmp_path / "work")
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), work)
+    shallow, deep = BM25Config(top_k=20), BM25Config(top_k=1000)
+    depth = MiningConfig().depth
+    runs = [bm25_run.fn(data, cfg.scoring(), "train", depth, work) for cfg in (shallow, deep)]
+    assert runs[0].path == runs[1].path and shallow.scoring() == deep.scoring() == BM25Config()
+    assert len(list((tmp_path / "work" / "bm25-index").glob("[!.]*"))) == 1
+    baseline = bm25_run.fn(data, shallow, "test", shallow.top_k, work)  # the baseline itself: its own depth
+    assert len(list((tmp_path / "work" / "bm25-index").glob("[!.]*"))) == 1 and baseline.path != runs[0].path
+    # the warm-up's negatives, through the cached tasks a pipeline runs: the same folders at either depth
+    from ance_core.retrieval.config import EncodeConfig, IndexConfig
+    from tasks.refresh import refresh_negatives
+
+    mining = MiningConfig(sampler="bm25")
+    refs = [refresh_negatives(None, data, "train", EncodeConfig(), IndexConfig(), mining, 0, work, cfg)
+            for cfg in (shallow, deep)]
+    assert refs[0]["bm25"].path == refs[1]["bm25"].path and refs[1]["bm25"].cached
+    assert refs[0]["mine"].path == refs[1]["mine"].path and refs[1]["mine"].cached

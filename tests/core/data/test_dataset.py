@@ -1,4 +1,5 @@
 import json
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -379,6 +380,41 @@ def test_a_train_split_without_positives_is_refused_naming_its_file(beir):
     with pytest.raises(DataError, match=r"qrels/train.tsv: split 'train' has no positive .*nothing to train on"):
         check_trainable(ds, beir, "train")
     check_trainable(ds, beir, "test")  # q2 -> d2
+
+
+def test_a_training_query_with_no_document_left_to_be_a_negative_is_refused_naming_it(beir):
+    """q1 is relevant to d0 and d1, which are never its negatives: of 4 documents 2 are left. Needing 3 negatives, or
+    with every document relevant, the pre-flight refuses it by name instead of the mining failing after BM25 and a
+    corpus encoding (issue 41)."""
+    from ance_core.data.dataset import check_trainable
+
+    ds = load_dataset(beir)
+    check_trainable(ds, beir, "train", negatives=2)
+    with pytest.raises(DataError, match=r"qrels/train.tsv: 1 'train' queries have fewer than 3 documents that are not "
+                                        r"relevant to them, so no negative can be mined \(q1; 'q1': 2 of the "
+                                        r"corpus's 4\): add documents"):
+        check_trainable(ds, beir, "train", negatives=3)
+    rows = "".join(f"q1\td{i}\t1\n" for i in range(4))  # every document relevant to q1
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + rows)
+    with pytest.raises(DataError, match=r"fewer than 1 documents .*'q1': 0 of the corpus's 4"):
+        check_trainable(load_dataset(beir), beir, "train", negatives=1)
+    check_trainable(load_dataset(beir), beir, "train", negatives=0)  # in-batch negatives need none from the corpus
+
+
+def test_evaluation_queries_that_also_train_are_one_warning_naming_them(beir):
+    from ance_core.data.dataset import warn_shared_queries
+
+    ds = load_dataset(beir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_shared_queries(ds, "test", "train", "dev")  # distinct queries (and no dev split): silent
+    rows = "query-id\tcorpus-id\tscore\nq1\td0\t1\nq2\td2\t1\n"  # q1 is a training query too
+    (beir / "qrels" / "test.tsv").write_text(rows)
+    with pytest.warns(AnceWarning) as caught:
+        warn_shared_queries(load_dataset(beir), "test", "train", None)
+    assert [str(w.message) for w in caught] == [
+        "1 of the 2 'test' queries are also 'train' queries (q1): the run trains or chooses on them, so its 'test' "
+        "figures are inflated; use splits with distinct queries"]
 
 
 def test_the_data_stage_writes_the_corpus_as_it_reads_it_and_checks_it_the_same(tmp_path, monkeypatch):

@@ -131,3 +131,16 @@ def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_p
                         (["ance..lr=1"], "expected key=value")):
         with pytest.raises(AnceError, match=re.escape(named)):
             load_config(path, sets=sets)
+
+
+def test_compare_refuses_a_shared_mining_option_a_sampler_cannot_take_before_any_work():
+    """mining is shared by every sampler compared: one that cannot take an option is refused when the config is read,
+    naming the sampler, not after the samplers before it trained (model_copy skips the validators)."""
+    from ance_core.pipeline.config import CompareConfig
+
+    teacher = {"teacher": {"model": "minilm"}}
+    with pytest.raises(ValueError, match="samplers: 'in-batch' cannot take the shared mining options: teacher: sampler "
+                                         "'in-batch' mines no negatives"):
+        CompareConfig(samplers=["bm25", "ance", "in-batch"], mining=teacher)
+    assert CompareConfig(samplers=["bm25", "ance"], mining=teacher).sampler_mining("bm25").teacher.model == "minilm"
+    assert CompareConfig(samplers=["bm25"]).sampler_mining("bm25").top_k is None  # BM25's depth is its own

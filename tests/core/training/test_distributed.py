@@ -335,7 +335,7 @@ def _count_all_reduces(rank: int, world: int, init_file: str, counts) -> None:
 
         model.register_comm_hook(dist.group.WORLD, hook)
         batches = [torch.full((2, 4), float(rank + m)) for m in range(3)]
-        loss = accumulate_gradients(model, batches, lambda x: model(x).sum(), 3, world)
+        loss = accumulate_gradients(model, batches, lambda x: model(x).sum(), world)
         counts[rank] = (len(calls), float(loss), model.module.weight.grad.clone())
     finally:
         dist.destroy_process_group()

@@ -123,6 +123,19 @@ def test_gradient_accumulation_equals_one_larger_batch(setup, no_dropout, tmp_pa
     assert logs[0]["loss"] == pytest.approx(logs[1]["loss"], rel=1e-5)
 
 
+def test_a_stage_of_fewer_pairs_than_one_accumulated_batch_takes_the_step_of_its_pairs(setup, no_dropout, tmp_path):
+    """4 pairs, batch_size 2 × grad_accumulation 4: the one step has 2 micro-batches, not 4. Its gradient and logged
+    loss are those of the 4 pairs (as 2 × 2 accumulated), not scaled by 2/4 (issue 41)."""
+    _, negatives, *rest = setup
+    negatives = negatives.head(4)
+    base = dict(max_steps=1, in_batch_negatives=False, precision="fp32", checkpoint_every=0, learning_rate=1e-3)
+    train(no_dropout, negatives, *rest, TrainConfig(batch_size=2, grad_accumulation=4, **base), tmp_path / "short")
+    train(no_dropout, negatives, *rest, TrainConfig(batch_size=2, grad_accumulation=2, **base), tmp_path / "whole")
+    logs = [json.loads((tmp_path / f / "train_log.jsonl").read_text()) for f in ("short", "whole")]
+    assert logs[0]["loss"] == pytest.approx(logs[1]["loss"], rel=1e-5)
+    assert logs[0]["grad_norm"] == pytest.approx(logs[1]["grad_norm"], rel=1e-4)
+
+
 def test_bf16_autocast_is_applied_and_stays_close_to_fp32(setup, no_dropout, tmp_path):
     _, *rest = setup
     base = dict(max_steps=1, batch_size=4, precision="fp32", checkpoint_every=0, learning_rate=1e-3)
@@ -359,13 +372,13 @@ def test_the_cached_pass_replays_each_chunks_dropout():
     batch = {"queries": {"input_ids": ids, "attention_mask": mask},
              "passages": {"input_ids": ids.repeat_interleave(2, 0), "attention_mask": mask.repeat_interleave(2, 0)}}
     loss_of = lambda b, q, p: nll_loss(q, p, 2, True)  # noqa: E731
-    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1, 1)
+    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1)
     first, second = seen[:2], seen[2:]
     for a, b in zip(first, second, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     dropout.p = 0.0
     grad, embedding.weight.grad = embedding.weight.grad.clone(), None
-    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1, 1)
+    cached_gradients(embedding, [batch], embed, loss_of, 4, 2, False, 1)
     cached = embedding.weight.grad.clone()
     embedding.weight.grad = None
     loss_of(batch, *embed(batch["queries"], batch["passages"])).backward()
@@ -414,3 +427,27 @@ def test_weight_averaging_ends_with_the_average_and_resumes_to_the_same_one(setu
     train(ckpt, *rest, ema, resumed)  # from the step-2 checkpoint: the average is in the optimizer's saved state
     r = _weights(resumed)
     assert all(torch.equal(a[k], r[k]) for k in a)
+
+
+def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, tmp_path, monkeypatch):
+    """A learning rate that makes the loss NaN stops training at the first such step, one line naming the stage, the
+    step and the learning rate, before a checkpoint of it is written (issue 41: it trained every step on NaN)."""
+    import ance_core.training.loop as loop
+    from ance_core.errors import AnceError
+    from ance_core.training.state import latest_checkpoint
+
+    calls, nll = [0], loop.nll_loss
+
+    def diverging(*args, **kwargs):
+        calls[0] += 1
+        loss = nll(*args, **kwargs)
+        return loss * float("nan") if calls[0] >= 2 else loss
+
+    monkeypatch.setattr(loop, "nll_loss", diverging)
+    cfg = CFG.model_copy(update={"checkpoint_every": 1, "learning_rate": 3.0})
+    message = (r"^ANCE round 2: the loss is nan at step 2 \(learning_rate 3, precision fp32\); training stopped and "
+               "nothing was published: lower the learning rate")
+    with pytest.raises(AnceError, match=message):
+        train(*setup, cfg, tmp_path / "out", round_=2)
+    assert calls[0] == 2 and latest_checkpoint(tmp_path / "out").name.endswith("1")  # step 1's, not step 2's
+    assert not (tmp_path / "out" / "model.safetensors").exists()
