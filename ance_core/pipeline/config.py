@@ -98,19 +98,6 @@ class PipelineConfig(StageConfig):
         return self
 
     @model_validator(mode="after")
-    def _a_continuous_schedule_knows_its_steps(self) -> "PipelineConfig":
-        """schedule: continuous sizes every stage when the first one starts, from the first stage's (query, positive)
-        pairs. With a sample of queries per stage (`queries`) a round's pairs are other ones, in another number: an
-        epoch-based round would overrun the schedule or never reach its end."""
-        sampled = [f"{name}.queries" for name in ("bm25_negatives", "mining") if getattr(self, name).queries]
-        if self.schedule == "continuous" and self.rounds and self.ance.max_steps is None and sampled:
-            raise ValueError(f"schedule: continuous plans the rounds' steps from the warm-up's pairs, but "
-                             f"{' and '.join(sampled)} samples each stage's queries anew, so a round's pairs are "
-                             "others, in another number; set ance.max_steps (each round's steps fixed), or schedule: "
-                             "per-stage, or unset " + " and ".join(sampled))
-        return self
-
-    @model_validator(mode="after")
     def _inferencer_is_async(self) -> "PipelineConfig":
         if self.inferencer.mode == "deployment" and self.refresh != "async":
             raise ValueError("inferencer.mode 'deployment' runs the refreshes of refresh: async; with refresh "

@@ -103,25 +103,10 @@ def test_a_deployment_inferencer_needs_the_async_refresh_and_a_server():
 def test_the_async_refresh_refuses_a_query_sample_drawn_again_each_round():
     """The async trainer swaps the negatives of its first round's rows: another round's sample has other rows."""
     with pytest.raises(ValidationError, match=r"mining.queries \(1000\) draws other training queries each round"):
-        PipelineConfig(refresh="async", rounds=2, mining={"queries": 1000}, ance={"max_steps": 100})
-    steps = {"ance": {"max_steps": 100}}  # (a sample of queries: each round's steps fixed, see below)
-    PipelineConfig(refresh="sync", rounds=2, mining={"queries": 1000}, **steps)
-    PipelineConfig(refresh="async", rounds=1, mining={"queries": 1000}, **steps)  # one refresh: nothing is swapped
-    PipelineConfig(refresh="async", rounds=2, bm25_negatives={"queries": 1000}, **steps)  # the warm-up's sample
-
-
-def test_a_continuous_schedule_refuses_epoch_rounds_over_a_sample_of_queries():
-    """schedule: continuous sizes the rounds from the warm-up's pairs; with `queries` a round's pairs are others, in
-    another number (issue 41: a ValueError after the warm-up, or a schedule that never decays). Refused before any
-    work, saying what to set; fixed round steps, or a schedule per stage, plan nothing from the warm-up."""
-    for sampled in ({"mining": {"queries": 100}}, {"bm25_negatives": {"queries": 100}}):
-        name = next(iter(sampled))
-        with pytest.raises(ValidationError, match=rf"schedule: continuous plans the rounds' steps from the warm-up's "
-                                                  rf"pairs, but {name}.queries samples .*set ance.max_steps"):
-            PipelineConfig(**sampled)
-        PipelineConfig(**sampled, ance={"max_steps": 10})
-        PipelineConfig(**sampled, schedule="per-stage")
-        PipelineConfig(**sampled, rounds=0)
+        PipelineConfig(refresh="async", rounds=2, mining={"queries": 1000})
+    PipelineConfig(refresh="sync", rounds=2, mining={"queries": 1000})
+    PipelineConfig(refresh="async", rounds=1, mining={"queries": 1000})  # one refresh: nothing is swapped
+    PipelineConfig(refresh="async", rounds=2, bm25_negatives={"queries": 1000})  # the warm-up's sample
 
 
 def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_path):
