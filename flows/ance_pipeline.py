@@ -27,6 +27,7 @@ from flows.start import record_latest, trained_checkpoint
 from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
 from tasks.model import init_checkpoint
+from tasks.mine import stage_pairs
 from tasks.train import SchedulePlan, train_async
 
 
@@ -65,12 +66,14 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
     run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)
     rounds_cfgs = [round_cfg] * (c.rounds if c.refresh == "sync" else 0)
+    rounds_pairs = [stage_pairs(run.data, run.split, c.mining, k) for k in range(1, len(rounds_cfgs) + 1)]
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
         label, checkpoint = "start", ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint))
-        schedules = SchedulePlan(c.schedule, rounds_cfgs)
+        schedules = SchedulePlan(c.schedule, rounds_cfgs, pairs=rounds_pairs)
     else:  # the BM25 warm-up, from the pretrained model
         warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
-        schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs])
+        schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs],
+                                 pairs=[stage_pairs(run.data, run.split, c.bm25_negatives, 0), *rounds_pairs])
         checkpoint = run.log.run("zero-shot", "init", init_checkpoint, c.model, c.work_dir)
         run.evaluate("zero-shot", checkpoint)
         negatives = run.mine("warmup", None, None, c.bm25_negatives, 0, scorer="zero-shot", train=warm_cfg)["mine"]

@@ -80,10 +80,15 @@ def epoch_draws(data: ArtifactRef, split: str, cfg: MiningConfig, round_: int, t
         return 1
     if train.max_steps is None:
         return min(train.epochs, MAX_DRAWS)
-    tables = read_tables(data.path, corpus_columns=[])  # the steps' epochs follow the number of pairs
-    positives = tables.positives(split)
-    pairs = sum(len(positives[q]) for q in round_sample(list(positives), cfg.queries, cfg.seed, round_))
-    return min(planned_epochs(pairs, train), MAX_DRAWS)
+    return min(planned_epochs(stage_pairs(data, split, cfg, round_), train), MAX_DRAWS)  # epochs follow the pairs
+
+
+def stage_pairs(data: ArtifactRef, split: str, cfg: MiningConfig, round_: int) -> int:
+    """The (query, positive) pairs a stage mining with `cfg` in round `round_` trains on, known before it is mined
+    (its negatives hold one row per pair): every training query's positives, or those of the round's sample of the
+    queries (`cfg.queries`), drawn as `mine_negatives` draws it."""
+    positives = read_tables(data.path, corpus_columns=[]).positives(split)
+    return sum(len(positives[q]) for q in round_sample(list(positives), cfg.queries, cfg.seed, round_))
 
 
 def ranking_rows(path: Path, query_ids: list[str] | None) -> pa.Table:

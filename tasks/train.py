@@ -146,11 +146,16 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
 class SchedulePlan:
     """The learning-rate schedule of each training stage of a run, in order: None (each stage its own) or, for
-    `schedule: continuous`, its part of one schedule over all of them (ance_core.training.loop.Schedule). The step
-    counts come from the first stage's negatives (one row per training pair, whatever the sampler)."""
+    `schedule: continuous`, its part of one schedule over all of them (ance_core.training.loop.Schedule). `pairs`:
+    each stage's (query, positive) pairs, known before it is mined (tasks/mine.py `stage_pairs`: a stage that mines
+    a sample of the queries trains on other pairs, in another number); without them every stage is planned from the
+    first stage's negatives (one row per training pair, whatever the sampler)."""
 
-    def __init__(self, mode: str, stages: list[TrainConfig], resume_first: bool = False):
-        self.mode, self.stages, self.resume_first = mode, stages, resume_first
+    def __init__(self, mode: str, stages: list[TrainConfig], resume_first: bool = False,
+                 pairs: list[int] | None = None):
+        if pairs is not None and len(pairs) != len(stages):
+            raise ValueError(f"{len(pairs)} pair counts for {len(stages)} training stages")
+        self.mode, self.stages, self.resume_first, self.pairs = mode, stages, resume_first, pairs
         self.planned: list[Schedule] | None = None
 
     def next(self, negatives: ArtifactRef, restart: bool = False) -> Schedule | None:
@@ -160,9 +165,10 @@ class SchedulePlan:
         if self.mode != "continuous" or not self.stages:
             return None
         if self.planned is None or restart:
-            left = self.stages[len(self.stages) - len(self.planned):] if self.planned is not None else self.stages
-            pairs = read_manifest(negatives.path)["summary"]["pairs"]
-            steps = [planned_steps(pairs, cfg) for cfg in left]
+            first = len(self.stages) - len(self.planned) if self.planned is not None else 0
+            left = self.stages[first:]
+            pairs = self.pairs[first:] if self.pairs else [read_manifest(negatives.path)["summary"]["pairs"]] * len(left)
+            steps = [planned_steps(n, cfg) for n, cfg in zip(pairs, left, strict=True)]
             self.planned = continuous_schedules(steps, left[0].warmup_ratio, self.resume_first and not restart)
         return self.planned.pop(0)
 
