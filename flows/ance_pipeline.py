@@ -26,8 +26,8 @@ from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
 from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
-from tasks.model import init_checkpoint
 from tasks.mine import stage_pairs
+from tasks.model import init_checkpoint
 from tasks.train import SchedulePlan, train_async
 
 
