@@ -193,7 +193,8 @@ class StageCache(CachePolicy):
             extra = self.extra(inputs)
             if extra is None:  # the content cannot be read without running the task: do not cache
                 return None
-            parts["extra"] = extra
+            if extra != {}:  # (an empty one adds nothing: the key it had without)
+                parts["extra"] = extra
         key = f"{task_ctx.task.name}-{digest_of(parts, 32)}"
         return key if _record_usable(key) else f"{key}-rebuild-{uuid.uuid4().hex[:12]}"
 

@@ -4,9 +4,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
+from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, digest_of, file_digest, run_stage
 from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
+from ance_core.modeling.model import META_FILE, checkpoint_digest
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.negatives.randomness import round_sample
@@ -20,7 +21,28 @@ MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, s
 MAX_DRAWS = 8  # negatives drawn per pair for a stage of several epochs: one per epoch, cycling after this many
 
 
-@stage_task("mine-negatives")
+TEACHER_FILES = (".safetensors", ".bin", ".json", ".txt", ".model")  # what a local teacher folder computes with
+
+
+def teacher_digest(cfg: MiningConfig) -> str | None:
+    """The content of a local teacher (a checkpoint retrained at the same path is another teacher, with other
+    scores): a pipeline checkpoint's `checkpoint_digest`, another folder's weights, config and vocabulary files. None
+    without a teacher, or for a hub id (or the 'minilm' alias), which its name in the config names."""
+    if cfg.teacher is None or not (path := Path(cfg.teacher.model).expanduser()).is_dir():
+        return None
+    if (path / META_FILE).is_file():
+        return checkpoint_digest(path)
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TEACHER_FILES))
+    return digest_of({p.name: file_digest(p) for p in files})
+
+
+def _teacher_key(inputs: dict) -> dict:
+    """The task cache's share of `teacher_digest` (the stage folder's key holds it too)."""
+    digest = teacher_digest(inputs["cfg"])
+    return {"teacher": digest} if digest else {}
+
+
+@stage_task("mine-negatives", extra_key=_teacher_key)
 def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: str, cfg: MiningConfig, round_: int,
                    work_dir: str, scorer: dict[str, ArtifactRef] | None = None,
                    train: TrainConfig | None = None) -> ArtifactRef:
@@ -62,6 +84,8 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     config = {"mining": cfg, "split": split, "round": round_, "draws": 2}
     if cfg.margin is not None:  # s⁺ − m·|s⁺| since issue 30 ((1 − m)·s⁺ before: other negatives when s⁺ < 0)
         config["margin_rule"] = "relative-to-abs"
+        if cfg.sampler == "simans":  # SimANS under a margin changed its draws without a key change (issue 41)
+            config["margin_rule"] += ", simans 2"
     if draws > 1:
         config["epoch_draws"] = draws
     # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)
@@ -70,6 +94,8 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     inputs |= {f"{name}_run": rankings[name].digest for name in names[1:]}
     if scorer is not None:
         inputs |= {"scorer_checkpoint": scorer["checkpoint"].digest, "scorer_index": scorer["index"].digest}
+    if (teacher := teacher_digest(cfg)) is not None:  # its content, not only its path (issue 41)
+        inputs["teacher"] = teacher
     return run_stage(work_dir, "mine", config, inputs, build)
 
 

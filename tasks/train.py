@@ -167,7 +167,8 @@ class SchedulePlan:
         if self.planned is None or restart:
             first = len(self.stages) - len(self.planned) if self.planned is not None else 0
             left = self.stages[first:]
-            pairs = self.pairs[first:] if self.pairs else [read_manifest(negatives.path)["summary"]["pairs"]] * len(left)
+            known = self.pairs[first:] if self.pairs else None
+            pairs = known or [read_manifest(negatives.path)["summary"]["pairs"]] * len(left)
             steps = [planned_steps(n, cfg) for n, cfg in zip(pairs, left, strict=True)]
             self.planned = continuous_schedules(steps, left[0].warmup_ratio, self.resume_first and not restart)
         return self.planned.pop(0)

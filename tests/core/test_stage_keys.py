@@ -73,3 +73,23 @@ def test_the_checkpoint_cadence_is_in_no_stage_key():
     train_key = lambda c: stage_key("train", {"train": c, "split": "train"}, {"checkpoint": "c" * 16})  # noqa: E731
     assert train_key(other) == train_key(cfg) == "513825b7842a6bb4"
     assert TrainConfig.model_validate(other.model_dump(mode="json")) == other
+
+
+def test_every_stage_has_a_rule_and_each_rule_is_pinned():
+    """Every stage the code builds (each name given to run_stage or stage_key) has a rule in STAGE_RULES, and the
+    table and a key per stage are pinned here: a change that alters a stage's output bumps its rule (its key moves,
+    its old folders are not handed out as new ones), and this test is updated with it, on purpose (issue 41)."""
+    import re
+    from pathlib import Path
+
+    from ance_core.artifacts import STAGE_RULES
+
+    root = Path(__file__).resolve().parents[2]
+    built = set()
+    for folder in ("ance_core", "tasks", "flows", "tracking", "ance_cli"):
+        for path in (root / folder).rglob("*.py"):
+            built |= set(re.findall(r"(?:run_stage|stage_key)\([^,()]+, *\"([a-z0-9-]+)\"", path.read_text()))
+    assert built == set(STAGE_RULES)
+    assert STAGE_RULES == dict.fromkeys(sorted(STAGE_RULES), 0)  # bumped: none yet
+    keys = {name: stage_key(name, {"probe": 1}, {"input": "d" * 16}) for name in sorted(STAGE_RULES)}
+    assert digest_of(keys) == "0396f8ba7096823f"

@@ -12,7 +12,7 @@ from ance_core.negatives.config import MiningConfig, TeacherConfig
 from ance_core.negatives.mining import epoch_negatives, sample_negatives
 from ance_core.negatives.teacher import Teacher, group_teacher_scores, with_teacher_scores
 from ance_core.training.loss import distill_loss
-from tests.tiny import build_tiny_cross_encoder, training_tables
+from tests.tiny import build_tiny_cross_encoder, random_head_checkpoint, training_tables
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,29 @@ def test_the_teachers_batch_size_is_in_no_key_and_an_unused_teacher_is_refused(t
         PipelineConfig(mining={"teacher": {"model": "x"}}, ance={"distill_weight": 0})
     cls = Teacher(TeacherConfig(model=str(tiny_model), pooling="cls", query_prefix="cell "))
     assert cls.score(["protein"], ["cell protein"])[0] == pytest.approx(1.0, abs=1e-5)  # the prefix makes them one
+
+
+def test_a_teacher_retrained_at_the_same_path_is_another_teacher(tiny_model, tiny_scifact, tmp_path):
+    """The mine stage (folder and task cache) is keyed by the teacher's content, not its path: a checkpoint written
+    again at the same path with other weights scores again (issue 41: its old scores were reused)."""
+    import shutil
+
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+    from tasks.data import prepare_data
+    from tasks.mine import _teacher_key, mine_negatives, teacher_digest
+
+    work, teacher = str(tmp_path / "work"), tmp_path / "teacher"
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), work)
+    cfg = MiningConfig(sampler="random", queries=4, teacher={"model": str(teacher), "max_length": 24})
+    mine = lambda: mine_negatives.fn({}, data, "train", cfg, 1, work)  # noqa: E731
+    init_model(ModelConfig(name=str(tiny_model)), teacher)
+    first, again = mine(), mine()
+    assert again.path == first.path and again.cached
+    shutil.rmtree(teacher)
+    random_head_checkpoint(tiny_model, teacher)  # another head: another model at the same path
+    retrained = mine()
+    assert retrained.path != first.path and not retrained.cached
+    assert _teacher_key({"cfg": cfg}) == {"teacher": teacher_digest(cfg)}  # the task cache's key moves with it
+    assert teacher_digest(MiningConfig()) is None and _teacher_key({"cfg": MiningConfig(teacher={"model": "x"})}) == {}
