@@ -63,4 +63,5 @@ def test_a_round_over_a_sample_of_queries_counts_the_samples_pairs(tiny_scifact,
     for cfg in (MiningConfig(sampler="random"), MiningConfig(sampler="random", queries=7)):
         for round_ in (1, 2):
             mined = mine_negatives.fn({}, data, "train", cfg, round_, str(tmp_path))
-            assert stage_pairs(data, "train", cfg, round_) == len(read_training_pairs(f"{mined.path}/negatives.parquet"))
+            rows = len(read_training_pairs(f"{mined.path}/negatives.parquet"))
+            assert stage_pairs(data, "train", cfg, round_) == rows
