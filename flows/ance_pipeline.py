@@ -120,7 +120,7 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     refs = run.mine("ANCE round 1", start, checkpoint, c.mining, 1, train=c.ance)
     with run.tracking.live("ANCE (async)", run.log.timings):
         state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
-                            c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data,
+                            c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data, c.bm25,
                             return_state=True)
     trained = state.result()
     observe_refs(trained)  # (answered from Prefect's cache: no run_stage ran here)

@@ -11,7 +11,7 @@ from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import read_metrics
-from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import TrainConfig
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -43,14 +43,15 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
                            round_number: int = 1, work_dir: str = "work",
                            execution: ExecutionConfig = ExecutionConfig(),
-                           result_file: str | None = None, train: TrainConfig | None = None) -> dict[str, str]:
+                           result_file: str | None = None, train: TrainConfig | None = None,
+                           bm25: BM25Config = BM25Config()) -> dict[str, str]:
     """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives
-    (with `mining.sampler`; BM25 samplers mine from a BM25 run instead). An asynchronous trainer starts it with
-    `result_file`, where the folders it built are written (tasks/inferencer.py). `train`: the config of the stage that
-    will train on them (a draw of negatives per epoch)."""
+    (with `mining.sampler`; BM25 samplers mine from a BM25 run of `bm25` instead). An asynchronous trainer starts it
+    with `result_file`, where the folders it built are written (tasks/inferencer.py). `train`: the config of the stage
+    that will train on them (a draw of negatives per epoch)."""
     tables = run_task(prepare_data, data, work_dir)
     refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
-                             round_number, work_dir, execution=execution, train=train)
+                             round_number, work_dir, bm25, execution=execution, train=train)
     print("negatives: " + refs["mine"].path)
     folders = {name: r.path for name, r in refs.items()}
     if result_file:

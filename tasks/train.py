@@ -34,7 +34,7 @@ from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig, MiningConfig
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
-from ance_core.retrieval.config import EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import DevCheckConfig, TrainConfig
 from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidate_pairs
 from ance_core.training.distributed import FAULT_HOOK, launch
@@ -321,16 +321,21 @@ def _snapshot_watch(async_negatives: AsyncNegatives, out: Path, snapshot_steps: 
 def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactRef, split: str, cfg: TrainConfig,
                 rounds: int, encode: EncodeConfig, index: IndexConfig, mining: MiningConfig,
                 max_staleness: int | None, work_dir: str, execution: ExecutionConfig = ExecutionConfig(),
-                inferencer: InferencerConfig = InferencerConfig(), data_config: DataConfig | None = None) -> dict:
+                inferencer: InferencerConfig = InferencerConfig(), data_config: DataConfig | None = None,
+                bm25: BM25Config = BM25Config()) -> dict:
     """All ANCE rounds as one continuous training run (one optimizer, one LR schedule over rounds x the steps of a
     round) whose negatives are refreshed in the background from the checkpoint at the end of each round: by a thread
     of this task, or (`inferencer.mode: deployment`) by flow runs of the inferencer's deployment started for the
-    dataset `data_config` (the one `data` was prepared from).
+    dataset `data_config` (the one `data` was prepared from). `bm25`: the run's BM25 (a sampler that mines a BM25
+    ranking, `ance+bm25`, mines the same as the synchronous rounds, from the run's one BM25 index).
 
     Returns the final checkpoint, the round snapshots (evaluated by the flow) and the staleness/wait record."""
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
               "max_staleness": max_staleness, "round": 1}  # seeded as round 1 (training/loop.py stage_seed)
+    bm25 = bm25.scoring()  # (the evaluation depth is in no key)
+    if mining.spec.uses_bm25:  # (only then: the other samplers' keys are those of before)
+        config["bm25"] = bm25
     key = stage_key("train-async", config, inputs)
     report: dict = {}
 
@@ -340,7 +345,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         per_round = planned_steps(len(pairs), cfg)
         snapshot_steps = [k * per_round for k in range(1, rounds)]
         refresh_args = dict(data=data, split=split, encode=encode, index=index, mining=mining, work_dir=work_dir,
-                            execution=execution, train=cfg)  # a round's steps: a draw of negatives per epoch
+                            execution=execution, train=cfg,  # a round's steps: a draw of negatives per epoch
+                            bm25=bm25)
         remote = None
         if inferencer.mode == "deployment":
             if data_config is None:

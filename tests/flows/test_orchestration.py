@@ -126,9 +126,11 @@ def test_killed_run_resumes_from_completed_stages_and_last_checkpoint(base, tmp_
 
 def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_path):
     """Async mode: the trainer keeps going on round-1 negatives, then swaps in those mined with its step-6
-    checkpoint; max_staleness=7 makes it wait at step 8 at the latest (tiny steps outrun the inferencer)."""
+    checkpoint; max_staleness=7 makes it wait at step 8 at the latest (tiny steps outrun the inferencer). The rounds
+    mine the ANN and the run's own BM25 (not BM25's defaults: one BM25 index for the whole run)."""
     config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
-                         ance=TRAIN | {"max_steps": 6}, refresh="async", max_staleness=7)
+                         ance=TRAIN | {"max_steps": 6}, refresh="async", max_staleness=7, bm25={"k1": 1.2},
+                         mining={"sampler": "ance+bm25"})
     result, log = run(tmp_path, config)
     refresh = result["async_refresh"]
     assert refresh["steps_per_round"] == 6 and not refresh["refresh_errors"]
@@ -159,6 +161,7 @@ def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_pa
     assert set(result["negatives"]) == {"warmup", "ANCE round 1", "ANCE round 2"}
     versions = client.search_model_versions(f"run_id = '{trainer}'")
     assert len(versions) == 1 and versions[0].tags["label"] == "ANCE (async)"
+    assert len(list((tmp_path / "work" / "bm25-index").glob("[!.]*"))) == 1  # the inferencer's BM25 is the run's
     again, _ = run(tmp_path, config)
     assert all(by_stage(again).values()) and again["async_refresh"] == refresh
 

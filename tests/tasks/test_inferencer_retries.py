@@ -179,3 +179,28 @@ def test_a_completed_run_without_its_result_is_a_failed_try(tmp_path, monkeypatc
     with pytest.raises(AnceError, match="try-2: completed without a readable result in .*step-6.json"):
         run_refresh()
     assert len(server.created) == 3
+
+
+def test_the_refresh_flow_run_gets_the_runs_bm25_and_every_parameter_binds(tmp_path, monkeypatch):
+    """The deployment's refresh mines with the run's BM25 (ance+bm25: issue 41 found it mined with BM25's defaults,
+    from a second index), and each parameter is one the flow takes."""
+    import inspect
+
+    from ance_core.retrieval.config import BM25Config
+    from flows.stages import refresh_negatives_flow
+
+    sent = {}
+
+    def run_deployment(name, parameters, timeout, flow_run_name, idempotency_key, tags):
+        sent.update(parameters)
+        raise RuntimeError("stop here")  # the parameters are what is checked
+
+    monkeypatch.setattr(inferencer, "run_deployment", run_deployment)
+    monkeypatch.setattr(inferencer, "_transient_retried", lambda fn, *a, **k: fn(*a, **k))
+    remote = inferencer.DeploymentInferencer(InferencerConfig(mode="deployment"), DataConfig(), logging.getLogger("t"))
+    args = {"encode": EncodeConfig(), "index": IndexConfig(), "mining": MiningConfig(sampler="ance+bm25"),
+            "execution": ExecutionConfig(), "work_dir": tmp_path, "bm25": BM25Config(k1=1.2)}
+    with pytest.raises(RuntimeError, match="stop here"):
+        remote.refresh(ArtifactRef(str(tmp_path / "snap"), "d"), 6, 1, args, tmp_path / "trainer", "key")
+    inspect.signature(refresh_negatives_flow.fn).bind(**sent)
+    assert BM25Config.model_validate(sent["bm25"]) == BM25Config(k1=1.2)
