@@ -11,7 +11,8 @@ several) makes the named task raise `InjectedFault` once per process (the retry 
 process can be killed at a known point, or kill its process at once (`:exit`, once across all processes: the first
 to get there creates the file named by `ANCE_FAULT_SIGNAL`, which is required; a killed Ray worker). Without
 `@<step>` it fires when the task starts. With it, at a point inside the task's work: `train@N` / `train-async@N`
-after optimizer step N (and its checkpoint, when one is due), `encode-corpus@N` after the N-th corpus shard is
+after optimizer step N (and its checkpoint, when one is due), `snapshot@N` between an asynchronous trainer's
+step-N checkpoint and the publication of its step-N snapshot, `encode-corpus@N` after the N-th corpus shard is
 written (in its shard task), `build-index@1` after the index file is written and before its doc ids,
 `prepare-data@1` between the data tables (ance_core/faults.py). `:hang` first creates the file named by
 `ANCE_FAULT_SIGNAL`, if set. `<spec>#<n>` fires the n-th time the point is reached instead of the first

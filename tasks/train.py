@@ -31,6 +31,7 @@ from ance_core.data.config import DataConfig
 from ance_core.data.corpus import ParquetCorpus, read_corpus_rows
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError
+from ance_core.modeling.model import model_files
 from ance_core.negatives.config import InferencerConfig, MiningConfig
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard, RefreshState, snapshot_folder
@@ -39,7 +40,7 @@ from ance_core.training.config import DevCheckConfig, TrainConfig
 from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidate_pairs
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import Schedule, continuous_schedules, planned_steps, train
-from ance_core.training.state import checkpoint_step
+from ance_core.training.state import checkpoint_step, latest_checkpoint
 from tasks.common import inject_fault, stage_task
 from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
@@ -178,14 +179,15 @@ def _snapshot_config(step: int, trainer_key: str) -> tuple[dict, dict]:
     return {"step": step}, {"trainer": trainer_key}
 
 
-def snapshot_ref(work_dir: str, trainer_key: str, step: int) -> ArtifactRef:
-    """The published checkpoint of an asynchronous trainer at a step (it must exist)."""
+def snapshot_ref(work_dir: str, trainer_key: str, step: int, trainer: Path | None = None) -> ArtifactRef:
+    """The published checkpoint of an asynchronous trainer at a step (it must exist). `trainer`: the trainer's folder
+    (its `.partial-` one while it trains), named by the error."""
     config, inputs = _snapshot_config(step, trainer_key)
     key = stage_key("snapshot", config, inputs)
     folder = Path(work_dir) / "snapshot" / key
     if not is_complete(folder):
         raise AnceError(f"{folder}: the step-{step} checkpoint of trainer {trainer_key} is missing; delete "
-                        f"{Path(work_dir) / 'train-async' / trainer_key} to train again")
+                        f"{trainer or Path(work_dir) / 'train-async' / trainer_key} to train again")
     ref = ArtifactRef(str(folder), key, read_manifest(folder).get("seconds", 0.0), cached=True)
     observe_refs(ref)  # not built by run_stage here: recorded by the live run all the same
     return ref
@@ -267,8 +269,11 @@ class AsyncNegatives:
             saved = snapshot_folder(self.out, step)
             if saved.is_dir():  # DDP: rank 0 saved it; the task may have stopped before it published it
                 self.on_snapshot(step, _copy_from(saved))
+            elif step == resumed_step:  # stopped after the step's checkpoint, maybe before its snapshot was published:
+                # the checkpoint resumed from is that model (published now unless it was: run_stage reuses it)
+                self.on_snapshot(step, _model_files_from(latest_checkpoint(self.out)))
             else:
-                self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step))
+                self.publish(step, snapshot_ref(self.work_dir, self.trainer_key, step, self.out))
         return in_use
 
     def finish(self, rounds: int) -> dict:
@@ -294,6 +299,16 @@ def _copy_from(saved: Path):
 
     def save(folder: Path) -> None:
         shutil.copytree(saved, folder, dirs_exist_ok=True)
+
+    return save
+
+
+def _model_files_from(checkpoint: Path):
+    """A snapshot stage's `save`: the model files of a resumable checkpoint (not its optimizer state)."""
+
+    def save(folder: Path) -> None:
+        for path in model_files(checkpoint):
+            shutil.copy2(path, folder / path.name)
 
     return save
 

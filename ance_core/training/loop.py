@@ -378,6 +378,7 @@ def train(
             if not ranks.main:
                 continue
             if snapshot and on_snapshot is not None:
+                fault_point("snapshot", step)  # a drill: the step's checkpoint is on disk, its snapshot not published
                 on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)

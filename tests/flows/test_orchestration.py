@@ -166,6 +166,24 @@ def test_async_refresh_swaps_in_fresh_negatives(tiny_scifact, tiny_model, tmp_pa
     assert all(by_stage(again).values()) and again["async_refresh"] == refresh
 
 
+def test_async_trainer_killed_between_its_checkpoint_and_its_snapshot_resumes(tiny_scifact, tiny_model, tmp_path):
+    """Killed at step 6 with the step's checkpoint written and its snapshot stage not yet published (issue 41: the
+    re-run found no snapshot and stopped, naming a folder that does not exist): the re-run resumes from that
+    checkpoint, publishes the snapshot from it, refreshes with it and completes."""
+    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
+                         ance=TRAIN | {"max_steps": 6}, refresh="async")
+    kill_when_hung(tmp_path, config, "snapshot@6")
+    work = tmp_path / "work"
+    assert len(list(work.glob("train-async/.partial-*/checkpoints/step-000006"))) == 1
+    assert not list(work.glob("snapshot/[!.]*"))  # the window: checkpointed, not published
+
+    result, _ = run(tmp_path, config)
+    trainer = next(s for s in result["stages"] if s["stage"] == "train" and s["for"] == "ANCE (async)")
+    assert json.loads(Path(trainer["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 6
+    assert len(list(work.glob("snapshot/[!.]*"))) == 1 and not result["async_refresh"]["refresh_errors"]
+    assert [r["model"] for r in result["results"]][-3:-1] == ["ANCE round 1", "ANCE round 2"]  # (+ the hybrid)
+
+
 def test_async_trainer_killed_after_its_snapshot_resumes(tiny_scifact, tiny_model, tmp_path):
     """Kill the async trainer at step 8 (after the step-6 snapshot, with a refresh maybe in flight); the re-run
     resumes from the step-8 checkpoint, re-launches the refresh and records every step's staleness once."""
