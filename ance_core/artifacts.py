@@ -197,6 +197,33 @@ def observe_refs(result: Any) -> None:
             observe_refs(item)
 
 
+def _refs_of(result: Any) -> list[ArtifactRef]:
+    if isinstance(result, ArtifactRef):
+        return [result]
+    items = result if isinstance(result, (list, tuple)) else result.values() if isinstance(result, dict) else []
+    return [ref for item in items for ref in _refs_of(item)]
+
+
+def hold_refs(result: Any) -> bool:
+    """`observe_refs` under each stage folder's lock, the one garbage collection removes a folder under
+    (retention.collect): a folder still whole is recorded by the live runs before gc can decide on it. False when one
+    is gone or half there (removed since the result was made: a task answered from Prefect's cache after gc took its
+    folder); the caller builds it again."""
+    whole = True
+    for ref in _refs_of(result):
+        folder = Path(ref.path)
+        locks = folder.parent.parent / ".locks"
+        if not locks.is_dir():  # not a stage folder of a work folder (a checkpoint given from elsewhere)
+            observe_refs(ref)
+            continue
+        with FileLock(locks / f"{folder.parent.name}-{folder.name}.lock"):
+            if is_complete(folder):
+                _observe(folder.parent.name, ref)
+            else:
+                whole = False
+    return whole
+
+
 def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping[str, str],
                  build: Callable[[Path], Mapping[str, Any] | None], resumable: bool) -> ArtifactRef:
     """`run_stage` under its lock: reuse a folder another run completed meanwhile, else build it."""

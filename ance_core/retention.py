@@ -104,8 +104,10 @@ class LiveRun:
 
 
 @contextmanager
-def live_run(work_dir: str | Path, name: str) -> Iterator[LiveRun]:
-    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails."""
+def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[LiveRun]:
+    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails.
+    `keep=False`: a part of another run (an asynchronous trainer's refresh, started on its own worker), protected
+    while it works and not an ended run of its own afterwards (the trainer's run records what it used)."""
     run = LiveRun(work_dir, name)
     run.lock.acquire()
     write_json(run.path, run.record)
@@ -116,7 +118,7 @@ def live_run(work_dir: str | Path, name: str) -> Iterator[LiveRun]:
     stage_observers.append(observe)
     try:
         yield run
-        run.finish()
+        run.finish() if keep else run.path.unlink(missing_ok=True)
     finally:
         stage_observers.remove(observe)
         run.lock.release()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from ance_core.artifacts import ArtifactRef, observe_refs
+from ance_core.artifacts import ArtifactRef, hold_refs, observe_refs
 from ance_core.errors import AnceError
-from ance_core.modeling.model import check_lengths, checkpoint_digest, pick_device
+from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, is_hybrid
@@ -69,6 +69,7 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
     rounds_pairs = [stage_pairs(run.data, run.split, c.mining, k) for k in range(1, len(rounds_cfgs) + 1)]
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
         label, checkpoint = "start", ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint))
+        hold_refs(checkpoint_ref(c.start_checkpoint))  # a checkpoint inside the work folder: this run uses it
         schedules = SchedulePlan(c.schedule, rounds_cfgs, pairs=rounds_pairs)
     else:  # the BM25 warm-up, from the pretrained model
         warm_cfg = train_config_for(c.bm25_negatives, c.warmup)

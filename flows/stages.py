@@ -11,6 +11,7 @@ from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import read_metrics
+from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import TrainConfig
 from tasks.common import run_task
@@ -25,6 +26,11 @@ from tasks.train import train_round
 def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     """Train the starting model on BM25 negatives (the paper's warm-up; `bm25_negatives.sampler` picks others) and
     evaluate it."""
+    with live_run(config.work_dir, "bm25-warmup"):  # the stages it uses, which garbage collection leaves
+        return _bm25_warmup(config)
+
+
+def _bm25_warmup(config: PipelineConfig) -> dict:
     c, wd, split = config, config.work_dir, config.data.train_split
     data = run_task(prepare_data, c.data, wd)
     warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
@@ -49,13 +55,14 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
     (with `mining.sampler`; BM25 samplers mine from a BM25 run of `bm25` instead). An asynchronous trainer starts it
     with `result_file`, where the folders it built are written (tasks/inferencer.py). `train`: the config of the stage
     that will train on them (a draw of negatives per epoch)."""
-    tables = run_task(prepare_data, data, work_dir)
-    refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
-                             round_number, work_dir, bm25, execution=execution, train=train)
+    with live_run(work_dir, "refresh-negatives", keep=result_file is None):  # a trainer's refresh: part of its run
+        tables = run_task(prepare_data, data, work_dir)
+        refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
+                                 round_number, work_dir, bm25, execution=execution, train=train)
+        folders = {name: r.path for name, r in refs.items()}
+        if result_file:  # (while recorded: the trainer records them once it reads this)
+            write_json(result_file, folders)
     print("negatives: " + refs["mine"].path)
-    folders = {name: r.path for name, r in refs.items()}
-    if result_file:
-        write_json(result_file, folders)
     return folders
 
 
@@ -64,7 +71,8 @@ def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: Encode
                 work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """The corpus encoded with a checkpoint: a task per shard of `encode.shard_size` documents on the `execution`
     runner, assembled into one encode folder (the one the pipeline's stages use)."""
-    tables = run_task(prepare_data, data, work_dir)
-    ref = run_task(encode_corpus, checkpoint_ref(checkpoint), tables, encode, work_dir, execution)
+    with live_run(work_dir, "encode"):  # the stages it uses, which garbage collection leaves
+        tables = run_task(prepare_data, data, work_dir)
+        ref = run_task(encode_corpus, checkpoint_ref(checkpoint), tables, encode, work_dir, execution)
     print(f"corpus encoding: {ref.path}")
     return {"encode": ref.path, "seconds": ref.seconds, "cached": ref.cached}

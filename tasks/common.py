@@ -42,7 +42,7 @@ from prefect.tasks import Task, exponential_backoff
 from pydantic import BaseModel
 
 import ance_core
-from ance_core.artifacts import ArtifactRef, digest_of, is_complete, observe_refs
+from ance_core.artifacts import ArtifactRef, digest_of, hold_refs, is_complete
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
@@ -227,10 +227,17 @@ def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = No
 
 
 def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
-    """Call a stage task and return its reference, marked `cached` when Prefect answered from its cache."""
+    """Call a stage task and return its reference, marked `cached` when Prefect answered from its cache.
+
+    A cached answer ran no run_stage here: its folders are recorded by the live run under their stage locks
+    (`hold_refs`), and if garbage collection removed one between Prefect's answer and that record, the task runs
+    again (its cache record now names a missing folder, so its key is a rebuild's: `StageCache`)."""
     state = stage(*args, return_state=True, **kwargs)
     ref = state.result()
-    observe_refs(ref)  # a cached answer ran no run_stage here: the live run records its folders all the same
+    if not hold_refs(ref):
+        state = stage(*args, return_state=True, **kwargs)
+        ref = state.result()
+        hold_refs(ref)
     return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")
 
 

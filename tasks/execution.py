@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.tasks import Task
 
-from ance_core.artifacts import ArtifactRef, observe_refs
+from ance_core.artifacts import ArtifactRef, hold_refs
 from ance_core.errors import AnceError
 from ance_core.retrieval.config import ExecutionConfig
 from tasks.common import FAULT_ENV, FAULT_SIGNAL_ENV, ChildTasksFailed, run_task
@@ -48,13 +48,21 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
     with runner, remote_options(**resources):
         futures = [runner.submit(stage, kwargs) for kwargs in calls]
-        for future in futures:
-            future.wait()
+        held, pending = {}, set(range(len(futures)))
+        while pending:  # each result recorded by this process's live run as soon as its task ends (built on Ray's
+            for k in sorted(pending):  # workers: no run_stage here), not after the last one: garbage collection
+                state = futures[k].state  # could take a shard folder while the others run
+                if state.is_final():
+                    pending.discard(k)
+                    held[k] = state.is_completed() and hold_refs(state.result())
+            if pending:
+                futures[min(pending)].wait(timeout=1.0)
     refs = []
     for k, future in enumerate(futures):
         with _after_retries(stage, k, len(calls)):
             refs.append(future.state.result())  # the first failed task's error
-    observe_refs(refs)  # built on Ray's workers: recorded by this process's live run
+            if not held[k]:  # its folder went between its end and its record: built again, here
+                refs[k] = run_task(stage, **calls[k])
     return [dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
             for ref, future in zip(refs, futures, strict=True)]
 

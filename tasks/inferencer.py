@@ -24,7 +24,7 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelled, Cancelling, Crashed
 
-from ance_core.artifacts import ArtifactRef, observe_refs, write_json
+from ance_core.artifacts import ArtifactRef, hold_refs, write_json
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig
@@ -201,7 +201,8 @@ def _read_result(result_file: Path, wait_s: float = 10) -> tuple[str | None, str
         try:
             folders = json.loads(result_file.read_text())
             mined = folders["mine"]
-            observe_refs([ArtifactRef(path, Path(path).name, cached=True) for path in folders.values()])
+            if not hold_refs([ArtifactRef(path, Path(path).name, cached=True) for path in folders.values()]):
+                return f"its folders were removed before this run recorded them ({result_file})", None
             return None, mined
         except (OSError, ValueError, KeyError) as e:
             if time.monotonic() > deadline:

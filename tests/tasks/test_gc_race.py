@@ -1,0 +1,75 @@
+"""Garbage collection beside a live run, in the windows where a run holds a stage folder it has not recorded yet
+(issue 41): a task answered from Prefect's cache, and the stage flows behind the deployments. Real Prefect flows
+(the session's server, or an ephemeral one) and a real `collect`."""
+
+import uuid
+from pathlib import Path
+
+from prefect import flow
+
+from ance_core.artifacts import ArtifactRef, is_complete, run_stage
+from ance_core.retention import LIVE, RUNS, RetentionConfig, collect, live_run
+from tasks.common import run_task, stage_task
+
+
+@stage_task("gc-race-stage")
+def _stage(work_dir: str, name: str) -> ArtifactRef:
+    return run_stage(work_dir, "encode", {"name": name}, {}, lambda out: (out / "name.txt").write_text(name) and None)
+
+
+@flow(name="gc-race")
+def _uses(work_dir: str, name: str, gc_between: bool = False) -> dict:
+    """Use the stage through run_task; `gc_between`: a garbage collection runs between Prefect's (cached) answer and
+    the run's record of its folder."""
+    calls = []
+
+    def racing(*args, **kwargs):
+        state = _stage(*args, **kwargs)
+        calls.append(state.name)
+        if gc_between and len(calls) == 1:
+            collect(work_dir, RetentionConfig(keep_runs=1))  # the folder's only run is no longer a kept one
+        return state
+
+    with live_run(work_dir, "user"):
+        ref = run_task(racing, work_dir, name)
+        return {"calls": calls, "path": ref.path, "whole": is_complete(ref.path)}
+
+
+def test_a_cached_answer_whose_folder_gc_removed_meanwhile_is_built_again_and_recorded(tmp_path):
+    work, name = str(tmp_path / "work"), uuid.uuid4().hex  # (a name of its own: a cache of its own)
+    first = _uses(work, name)
+    assert first["calls"] == ["Completed"] and first["whole"]
+    with live_run(work, "another"):  # an ended run after it: keep_runs 1 keeps this one's stages, not the first's
+        pass
+    second = _uses(work, name, gc_between=True)
+    # Prefect answered from its cache, gc then took the folder (no live run had it yet): built again, not handed out
+    assert second["calls"] == ["Cached", "Completed"] and second["whole"] and second["path"] == first["path"]
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []  # the last run recorded it: kept
+    assert Path(second["path"], "name.txt").read_text() == name
+
+
+def test_the_stage_flows_record_their_stages_as_runs_of_the_work_folder(tiny_scifact, tiny_model, tmp_path):
+    """The encode flow (as bm25-warmup) records what it uses while it runs and as an ended run; a trainer's refresh
+    (refresh-negatives with a result file) is recorded while it runs and leaves no run of its own: the trainer's run
+    records its folders (flows/stages.py; before, these flows were protected only by the hour's grace)."""
+    import json
+
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+    from ance_core.negatives.config import MiningConfig
+    from ance_core.retrieval.config import EncodeConfig
+    from flows.stages import encode_flow, refresh_negatives_flow
+
+    work, checkpoint = tmp_path / "work", tmp_path / "checkpoint"
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), checkpoint)
+    data = DataConfig(dataset=str(tiny_scifact))
+    encode_flow(str(checkpoint), data, EncodeConfig(batch_size=64), str(work))
+    runs = [json.loads(p.read_text()) for p in (work / RUNS).glob("*.json")]
+    assert [r["name"] for r in runs] == ["encode"]
+    assert {s["stage"] for s in runs[0]["stages"]} >= {"data", "encode"}
+    result = tmp_path / "result.json"
+    folders = refresh_negatives_flow(str(checkpoint), data, mining=MiningConfig(sampler="random"),
+                                     work_dir=str(work), result_file=str(result))
+    assert json.loads(result.read_text()) == folders and is_complete(folders["mine"])
+    assert len(list((work / RUNS).glob("*.json"))) == 1 and not list((work / LIVE).glob("*.json"))
