@@ -294,6 +294,39 @@ class AsyncNegatives:
                 "refresh_errors": self.board.read()[2]}
 
 
+def _crash_task_runs_beside(reason: str) -> None:
+    """Set Crashed the task runs of this task's flow run that are still Running or Pending, other than this one: a
+    stopped process takes the inferencer's threads (daemons) down with it, and their task runs would stay Running on
+    the server, where Prefect's own handler crashes only the flow run and the task run it was in. Best effort: the
+    server may be going away too."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.context import TaskRunContext
+    from prefect.states import Crashed
+
+    context = TaskRunContext.get()
+    if context is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            running = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[context.task_run.flow_run_id])),
+                task_run_filter=TaskRunFilter(state=TaskRunFilterState(
+                    type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
+            for run in running:
+                if run.id != context.task_run.id:
+                    client.set_task_run_state(run.id, Crashed(message=reason), force=True)
+    except Exception as e:  # noqa: BLE001
+        logging.getLogger(__name__).warning(f"could not end the refresh's task runs: {e}")
+
+
 def _copy_from(saved: Path):
     """A snapshot stage's `save`: the model files rank 0 saved."""
 
@@ -403,7 +436,13 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}
 
-    final = run_stage(work_dir, "train-async", config, inputs, build, resumable=True)
+    try:
+        final = run_stage(work_dir, "train-async", config, inputs, build, resumable=True)
+    except (Exception, GeneratorExit):
+        raise
+    except BaseException:  # stopped (SIGTERM, Ctrl-C): so are the inferencer threads' task runs
+        _crash_task_runs_beside("the asynchronous trainer was stopped; its refresh ended with it")
+        raise
     if not report:  # built before: read back what the run recorded
         report.update(json.loads((Path(final.path) / ASYNC_REFRESH).read_text()))
     per_round = report["steps_per_round"]

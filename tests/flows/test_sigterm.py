@@ -123,3 +123,32 @@ def _states_of_this_run(api: str, root: Path) -> list[str]:
         if mine and all(s in ENDED for s in mine) or time.time() > deadline:
             return mine
         time.sleep(1)
+
+
+def test_one_sigterm_during_an_async_refresh_ends_the_inferencers_task_runs_too(tiny_scifact, tiny_model, tmp_path,
+                                                                                 prefect_server):
+    """refresh: async in thread mode, stopped while the inferencer thread encodes the step-4 snapshot (its second
+    shard): the task runs of that thread end with the flow run, none is left Running on the server (issue 41)."""
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=2, steps=4) | {"refresh": "async"}
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "PREFECT_API_URL"} | {"PREFECT_API_URL": prefect_server}
+    # corpus encodings: the zero-shot model's, the warm-up's, then the inferencer's of the step-4 snapshot
+    code = _terminate_when_hung(tmp_path, config, env, "encode-corpus@2#3")
+    assert code != 0, _tail(tmp_path)
+    assert _states_of_this_run(prefect_server, tmp_path) == ["CRASHED"]
+    states = _task_run_states(prefect_server, tmp_path)
+    assert any(name.startswith("encode-shard") for name, _ in states), states  # the inferencer's tasks are there
+    assert not [name for name, state in states if state == "RUNNING"], states
+
+
+def _task_run_states(api: str, root: Path) -> list[tuple[str, str]]:
+    """[name, state type] of the task runs of this test's flow run, once none is Running or after a deadline."""
+    flow_run = next(r for r in httpx.post(f"{api}/flow_runs/filter", json={"limit": 200}, timeout=30).json()
+                    if str(root / "work") in json.dumps(r.get("parameters", {})))
+    deadline = time.time() + 60
+    while True:  # the server records the runs' ends from their events: late on a busy machine
+        runs = httpx.post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run["id"]]}},
+                                                            "limit": 200}, timeout=30).json()
+        states = [(r["name"], r["state_type"]) for r in runs]
+        if all(state != "RUNNING" for _, state in states) or time.time() > deadline:
+            return states
+        time.sleep(2)
