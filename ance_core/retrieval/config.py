@@ -55,7 +55,11 @@ class ExecutionConfig(StageConfig):
 class IndexConfig(StageConfig):
     """The faiss index the training rounds mine from: exact IndexFlatIP (the paper's, the default) or an approximate
     IVF-Flat or HNSW one, in `shards` parts searched together (faiss IndexShards); on the GPU when faiss-gpu and CUDA
-    are present (one part per GPU). Evaluation always searches an exact flat index."""
+    are present (one part per GPU), or, for a flat index where CUDA is present and faiss has no GPU support, by torch
+    (`backend`). Evaluation always searches an exact flat index."""
+
+    UNSAID = {"backend": "auto"}  # (added after stage keys existed: left out while it holds its default)
+    NOT_IN_KEY = ("backend",)  # where the exact search runs, not what it finds
 
     type: Literal["flat", "ivf", "hnsw"] = Field(
         "flat", description="flat: exact inner product (the paper's); ivf: IVF-Flat, nprobe of nlist lists; hnsw: "
@@ -74,6 +78,11 @@ class IndexConfig(StageConfig):
                               "GpuClonerOptions.useFloat16): half the GPU memory of a flat or IVF index, scores from "
                               "float16 vectors (what the shards store by default)")
     search_batch_size: int = Field(4096, ge=1, description="Queries per faiss search call (BLAS-sized)")
+    backend: Literal["auto", "faiss", "torch"] = Field(
+        "auto", repr=False, description="What searches a flat index. auto: faiss (on the GPU with faiss-gpu), or torch "
+        "on a CUDA GPU when faiss has no GPU support (retrieval/torch_index.py: blocked float32 products of float16 "
+        "vectors, the same rankings as faiss's, a corpus larger than GPU memory searched a block at a time); faiss; "
+        "torch: on the GPU when CUDA is present, else on the CPU. Approximate indexes are always faiss's")
 
     def exact(self) -> "IndexConfig":
         """The flat index of the same placement (evaluation's)."""

@@ -56,6 +56,13 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+def torch_backend(cfg: IndexConfig) -> bool:
+    """Whether a flat index is searched by torch (`index.backend`; auto: on a CUDA GPU that faiss cannot use)."""
+    if cfg.backend == "auto":
+        return cfg.device != "cpu" and torch.cuda.is_available() and not gpu_available()
+    return cfg.backend == "torch"
+
+
 PART = "index-part-{:04d}"
 FAISS_TYPES = {"flat": "IndexFlatIP", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSWFlat"}
 
@@ -214,10 +221,32 @@ class SearchIndex:
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
         self._rows: ShardRows | None = None
+        self.batch_size = cfg.search_batch_size
         if (folder / FLAT).is_file():
             self._rows = ShardRows(folder)
             if not len(self._rows):
                 raise AnceError(f"{folder}: a flat index without its vectors (no {EMBEDDING_SHARDS} shards)")
+        if self._rows is not None and torch_backend(cfg):  # exact search by torch: a GPU without faiss-gpu
+            from ance_core.retrieval.torch_index import TorchFlatIndex
+
+            device = "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
+            if cfg.device == "gpu" and device != "cuda":
+                raise RuntimeError("index.device is 'gpu' but no CUDA GPU is visible")
+            self.index, self.backend = TorchFlatIndex(iter(self._rows), device), f"torch-{device}"
+            self._is_hnsw, self.on_gpu, self._cpu_parts = False, False, None
+            self._offsets = np.array([0, self.index.ntotal])
+        else:
+            self._load_faiss(folder, cfg)
+        self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
+        window_file = folder / INDEX_WINDOWS
+        self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
+                        else np.zeros(len(self.docids), dtype=np.int64))
+        self.documents = len(set(self.docids)) if window_file.is_file() else len(self.docids)
+        self.max_windows = int(self.windows.max()) + 1 if len(self.windows) else 1
+        self.batch_size = cfg.search_batch_size
+
+    def _load_faiss(self, folder: Path, cfg: IndexConfig) -> None:
+        if self._rows is not None:
             parts_wanted = json.loads((folder / FLAT).read_text())["parts"]
             d = self._rows.shards[0].shape[1]
             parts = _fill(faiss.IndexFlatIP(d), parts_wanted, len(self._rows), iter(self._rows))
@@ -235,6 +264,7 @@ class SearchIndex:
         self.on_gpu = cfg.device != "cpu" and gpu_available() and not self._is_hnsw
         if cfg.device == "gpu" and not self.on_gpu:
             raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
+        self.backend = "faiss-gpu" if self.on_gpu else "faiss"
         self._offsets = np.cumsum([0, *(part.ntotal for part in parts)])
         self._cpu_parts: list[faiss.Index] | None = parts  # faiss's GPU search returns at most GPU_MAX_K per query
         if self.on_gpu:
@@ -249,13 +279,6 @@ class SearchIndex:
                 self._cpu_parts = None  # rebuilt from the shards only if a search goes deeper than the GPU's limit
         self._parts = parts
         self.index = _together(parts)
-        self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
-        window_file = folder / INDEX_WINDOWS
-        self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
-                        else np.zeros(len(self.docids), dtype=np.int64))
-        self.documents = len(set(self.docids)) if window_file.is_file() else len(self.docids)
-        self.max_windows = int(self.windows.max()) + 1 if len(self.windows) else 1
-        self.batch_size = cfg.search_batch_size
 
     @functools.cached_property
     def _cpu_index(self) -> faiss.Index:

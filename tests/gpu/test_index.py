@@ -65,3 +65,28 @@ def test_a_float16_gpu_copy_ranks_like_the_cpu_index_within_float16_rounding(ind
     overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(cpu_ids, gpu_ids, strict=True)])
     assert overlap >= 0.9
     np.testing.assert_allclose(half.vectors(["d5"]), np.load(index_dir / "emb_00000.npy")[[5]], atol=0)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_torch_backend_on_the_gpu_returns_the_cpu_top_k(index_dir, device, resident):
+    """index.backend torch (auto's choice where faiss has no GPU support): float16 vectors on the GPU, float32
+    products; the CPU faiss index over the same float16-rounded vectors ranks the same (ties aside), resident or a
+    block at a time, k beyond faiss-gpu's limit included."""
+    import faiss
+
+    from ance_core.retrieval.torch_index import TorchFlatIndex
+
+    vectors = np.concatenate([np.load(index_dir / "emb_00000.npy"), np.load(index_dir / "emb_00001.npy")])
+    rounded = vectors.astype(np.float16).astype(np.float32) if device.type == "cuda" else vectors
+    cpu = faiss.IndexFlatIP(DIM)
+    cpu.add(rounded)
+    queries = np.random.default_rng(1).standard_normal((50, DIM)).astype(np.float32)
+    index = TorchFlatIndex([vectors[:2000], vectors[2000:]], device, resident_bytes=None if resident else 1,
+                           block_rows=700)
+    assert index.resident == resident
+    for k in (10, GPU_MAX_K + 1):
+        scores, rows = index.search(queries, k)
+        expected_scores, expected_rows = cpu.search(queries, k)
+        _assert_same_top_k((expected_scores, expected_rows), (scores, rows))
+    if device.type == "cuda":
+        assert SearchIndex(index_dir, IndexConfig(backend="torch")).backend == "torch-cuda"
