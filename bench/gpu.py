@@ -95,6 +95,22 @@ def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: in
             "passages_per_s_without_tokenizing": round(len(texts) / max(seconds - tokenize, 1e-9), 1)}
 
 
+def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batch_tokens: int, precision: str) -> dict:
+    """The same passages encoded with `batch_tokens` (encode.batch_tokens): tokenizing overlaps the model's work."""
+    device = pick_device()
+    model, tokenizer, _ = load_checkpoint(checkpoint, device)
+    dtype = autocast_dtype(precision, device)
+    encode_texts(model, tokenizer, texts[:1000], length, 0, dtype, batch_tokens=batch_tokens)  # warm-up
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    encode_texts(model, tokenizer, texts, length, 0, dtype, batch_tokens=batch_tokens)
+    sync()
+    seconds = time.perf_counter() - started
+    return {"passages": len(texts), "max_length": length, "batch_tokens": batch_tokens, "seconds": round(seconds, 2),
+            "passages_per_s": round(len(texts) / seconds, 1)}
+
+
 def training_pairs(corpus: pd.DataFrame, qrels: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
     """`n` (query, positive) rows with one random passage as the negative: the shape of a mined table."""
     rng = np.random.default_rng(seed)
@@ -142,6 +158,8 @@ def main() -> None:
     parser.add_argument("--encode-passages", type=int, help="passages encoded (default: all)")
     parser.add_argument("--encode-length", type=int, default=256)
     parser.add_argument("--encode-batch-size", type=int, default=256)
+    parser.add_argument("--encode-batch-tokens", type=int, help="also encode with encode.batch_tokens this many "
+                        "(batches by padded tokens, tokenized ahead by a producer thread)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, default=20, help="first steps left out of steps/s and GPU-busy %%")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -162,6 +180,10 @@ def main() -> None:
     texts = passage_texts(data.corpus)[: args.encode_passages or None]
     report["encode"] = bench_encode(checkpoint, texts, args.encode_length, args.encode_batch_size, args.precision)
     print(json.dumps(report["encode"]), flush=True)
+    if args.encode_batch_tokens:  # batches by tokens, tokenized ahead by a producer thread (encode.batch_tokens)
+        report["encode_pipelined"] = bench_encode_pipelined(checkpoint, texts, args.encode_length,
+                                                            args.encode_batch_tokens, args.precision)
+        print(json.dumps(report["encode_pipelined"]), flush=True)
     qrels = data.split_qrels("train")
     pairs = training_pairs(data.corpus, qrels, args.steps * args.batch_size)
     report["train"] = []

@@ -12,6 +12,7 @@ tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 """
 
 import os
+import queue
 import socket
 import threading
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from ance_core.modeling.model import (
     out_of_memory_advice,
     pick_device,
 )
-from ance_core.modeling.tokenizing import token_ids
+from ance_core.modeling.tokenizing import token_id_chunks, token_ids
 from ance_core.retrieval.config import EncodeConfig
 
 
@@ -48,8 +49,13 @@ def encode_texts(
     batch_size: int,
     dtype: torch.dtype | None,
     progress: tqdm | None = None,
+    batch_tokens: int | None = None,
 ) -> np.ndarray:
-    """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little."""
+    """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little.
+    `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread
+    (`_encode_pipelined`)."""
+    if batch_tokens is not None:
+        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress)
     device = next(model.parameters()).device
     # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
     # ...) of a whole shard take several times the memory of the token ids kept
@@ -68,6 +74,75 @@ def encode_texts(
             out[idx] = emb.float().cpu().numpy()
             if progress is not None:
                 progress.update(len(idx))
+    return out
+
+
+def token_batches(lengths: list[int], batch_tokens: int) -> list[np.ndarray]:
+    """Positions of texts of these token `lengths` in batches, longest first: each batch as many texts as fit in
+    `batch_tokens` padded tokens (its count x its longest text), one text at least."""
+    order = np.argsort([-n for n in lengths], kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        longest = max(lengths[order[start]], 1)
+        size = max(1, batch_tokens // longest)
+        batches.append(order[start:start + size])
+        start += size
+    return batches
+
+
+def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int,
+                      batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None) -> np.ndarray:
+    """`encode_texts` with `batch_tokens`: a producer thread tokenizes a chunk of texts at a time (the tokenizer's
+    Rust core releases the GIL), sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and
+    pads them (pinned for a GPU), two chunks ahead of the model, which encodes them as they come."""
+    device = next(model.parameters()).device
+    out = np.empty((len(texts), model.dim), dtype=np.float32)
+    ready: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def hand(item) -> None:  # to the encoding thread, unless it has stopped
+        while not stop.is_set():
+            try:
+                return ready.put(item, timeout=0.5)
+            except queue.Full:
+                continue
+
+    def produce() -> None:
+        try:
+            offset = 0
+            for ids in token_id_chunks(tokenizer, texts, max_length):
+                batches = []
+                for rows in token_batches([len(x) for x in ids], batch_tokens):
+                    padded = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+                    if device.type == "cuda":
+                        padded = {k: v.pin_memory() for k, v in padded.items()}
+                    batches.append((rows + offset, padded))
+                offset += len(ids)
+                hand(batches)
+            hand(None)
+        except BaseException as e:  # handed to the encoding thread, which raises it
+            hand(e)
+
+    producer = threading.Thread(target=produce, name="tokenizer", daemon=True)
+    producer.start()
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+    model.eval()
+    oom = out_of_memory_advice(f"encoding batches of up to {batch_tokens} padded tokens (texts of up to {max_length} "
+                               "tokens)", "lower encode.batch_tokens (or the model's max length)")
+    try:
+        with torch.inference_mode(), autocast, oom:
+            while (chunk := ready.get()) is not None:
+                if isinstance(chunk, BaseException):
+                    raise chunk
+                for rows, batch in chunk:
+                    emb = model(batch["input_ids"].to(device, non_blocking=True),
+                                batch["attention_mask"].to(device, non_blocking=True))
+                    out[rows] = emb.float().cpu().numpy()
+                    if progress is not None:
+                        progress.update(len(rows))
+    finally:
+        stop.set()
+        producer.join()
     return out
 
 
@@ -107,7 +182,7 @@ def encode_documents(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta:
     texts, ids, windows = document_passages(tokenizer, corpus, meta)
     device = next(model.parameters()).device
     emb = encode_texts(model, tokenizer, texts, meta.passage_max_length, cfg.batch_size,
-                       autocast_dtype(cfg.precision, device), progress)
+                       autocast_dtype(cfg.precision, device), progress, cfg.batch_tokens)
     if model.projector is not None:
         emb = model.projector.docs(emb)
     return emb, ids, windows
@@ -215,7 +290,7 @@ def encode_queries(
     projected when the checkpoint is a compressed one."""
     device = next(model.parameters()).device
     emb = encode_texts(model, tokenizer, meta.queries(texts), meta.query_max_length, cfg.batch_size,
-                       autocast_dtype(cfg.precision, device))
+                       autocast_dtype(cfg.precision, device), batch_tokens=cfg.batch_tokens)
     return emb if model.projector is None else model.projector.queries(emb)
 
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model, load_checkpoint
@@ -233,3 +234,44 @@ def test_streamed_dense_run_equals_the_run_of_all_queries_at_once(checkpoint, tm
     streamed_pos = pd.read_parquet(tmp_path / "pos.parquet")
     assert len(streamed_pos) == len(scored) == 8
     np.testing.assert_allclose(streamed_pos["score"], scored["score"], atol=1e-5)
+
+
+def test_token_budgeted_batches_tokenized_ahead_encode_as_the_plain_path(checkpoint):
+    """encode.batch_tokens: batches of at most that many padded tokens, tokenized by a producer thread a chunk at a
+    time; the same embeddings as the plain path's (in input order), whatever the chunk and budget."""
+    from ance_core.modeling import tokenizing
+    from ance_core.retrieval.encode import token_batches
+
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    words = "cell protein gene binds mice cancer therapy virus".split()
+    texts = [" ".join(words[(i + j) % 8] for j in range(1 + (i * 7) % 40)) for i in range(150)]  # 1 to 40 words
+    plain = encode_texts(model, tokenizer, texts, 32, 16, None)
+    lengths = [len(x) for x in tokenizer(texts, truncation=True, max_length=32)["input_ids"]]
+    for budget in (32, 100, 10_000):
+        batches = token_batches(lengths, budget)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(150))
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget for b in batches)
+        for chunk in (7, 8192):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tokenizing, "CHUNK", chunk)
+                patch.setattr(tokenizing.token_id_chunks, "__defaults__", (chunk,))
+                ahead = encode_texts(model, tokenizer, texts, 32, 16, None, batch_tokens=budget)
+            np.testing.assert_allclose(ahead, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
+    from ance_core.retrieval.encode import _encode_pipelined
+
+    class Model(torch.nn.Module):
+        dim = 4
+
+    class Broken:
+        is_fast = False
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("tokenizer broke")
+
+    model = Model()
+    model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None)
