@@ -20,6 +20,7 @@ how many recovered by Prefect's retry, and whether that run also ends bit-identi
 
     python bench/reliability.py [--random-kills 4] [--seed 0] [--out DIR]
     python bench/reliability.py --smoke          # one kill point and the transient run, for the test suite
+    python bench/reliability.py --async-only     # the asynchronous refresh's kills alone
 
 Each run starts Prefect's ephemeral server of its own (`make demo`'s mode), unless `--prefect-api-url` names a server
 for all of them (the test suite's).
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="one kill point (mid-encoding) and the transient run, on "
                         "the warm-up alone (no ANCE round: every task kind still runs; the test suite)")
     parser.add_argument("--prefect-api-url", help="a Prefect server for every run (default: each its ephemeral one)")
+    parser.add_argument("--async-only", action="store_true", help="only the asynchronous refresh's kills")
     args = parser.parse_args()
     if args.prefect_api_url:
         PREFECT_SERVER["PREFECT_API_URL"] = args.prefect_api_url
@@ -145,17 +147,19 @@ def main() -> None:
         return tiny_pipeline_config(data, model, folder / "work", rounds=0 if args.smoke else 2,
                                     steps=3 if args.smoke else 4)
 
-    ref_dir = out / "reference"
-    ref_dir.mkdir(exist_ok=True)
-    reference, _, ref_s = run(ref_dir, config_for(ref_dir))
-    ref_weights = weights(ref_dir / "work")
-    print(f"reference run: {ref_s:.1f} s, {len(reference['stages'])} stages, {len(ref_weights)} trained models",
-          flush=True)
-
-    rng = random.Random(args.seed)
-    points = ["encode-corpus@2"] if args.smoke else HANG_POINTS
-    times = [] if args.smoke else sorted(rng.uniform(5.0, max(6.0, ref_s - 5.0)) for _ in range(args.random_kills))
-    scenarios = [(p, None) for p in points] + [(None, t) for t in times]
+    if args.async_only:
+        reference, ref_s, ref_weights, scenarios = None, 0.0, {}, []
+    else:
+        ref_dir = out / "reference"
+        ref_dir.mkdir(exist_ok=True)
+        reference, _, ref_s = run(ref_dir, config_for(ref_dir))
+        ref_weights = weights(ref_dir / "work")
+        print(f"reference run: {ref_s:.1f} s, {len(reference['stages'])} stages, {len(ref_weights)} trained models",
+              flush=True)
+        rng = random.Random(args.seed)
+        points = ["encode-corpus@2"] if args.smoke else HANG_POINTS
+        times = [] if args.smoke else sorted(rng.uniform(5.0, max(6.0, ref_s - 5.0)) for _ in range(args.random_kills))
+        scenarios = [(p, None) for p in points] + [(None, t) for t in times]
     rows = []
     for k, (point, after_s) in enumerate(scenarios):
         folder = out / f"kill-{k:02d}"
@@ -194,6 +198,9 @@ def main() -> None:
         print(f"{row['kill']:<18} {what:<28} re-run {seconds:5.1f} s: completed {row['completed']}, refresh errors "
               f"{len(row['refresh_errors'])}, leftovers {len(row['leftovers'])}", flush=True)
 
+    if args.async_only:
+        print(json.dumps({"async": async_rows}))
+        sys.exit(0 if all(r["completed"] for r in async_rows) else 1)
     folder = out / "transient"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
