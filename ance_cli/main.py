@@ -177,6 +177,21 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
 
 
 @app.command()
+def recipes(as_json: Annotated[bool, typer.Option("--json", help="Print the recipes as JSON")] = False):
+    """The named recipes (`ance run --recipe NAME`): each one's overrides of the pipeline's defaults, as --set
+    arguments, and where it was chosen."""
+    from ance_core.pipeline.recipes import AUTO, CHOSEN, RECIPES, recipe_sets
+
+    names = [*RECIPES, AUTO]
+    if as_json:
+        typer.echo(json.dumps({name: {"sets": recipe_sets(name), "chosen": CHOSEN[name]} for name in names}))
+        return
+    for name in names:
+        sets = " ".join(f"--set {s}" for s in recipe_sets(name)) or "(searched per dataset)"
+        typer.echo(f"{name}: {sets}\n    {CHOSEN[name]}")
+
+
+@app.command()
 def tune(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config merged over "
                                                 "the base recipe (the dataset, the model, ...)")] = None,

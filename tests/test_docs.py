@@ -21,7 +21,7 @@ def test_readme_config_example_is_a_valid_pipeline_config(tmp_path):
 
 def test_readme_commands_exist():
     commands = set(re.findall(r"^ance (\w+)", README, re.M))
-    assert commands == {"demo", "run", "tune", "compress", "bm25", "evaluate", "search", "export", "gc"}
+    assert commands == {"demo", "run", "recipes", "tune", "compress", "bm25", "evaluate", "search", "export", "gc"}
     for command in commands:
         assert CliRunner().invoke(app, [command, "--help"]).exit_code == 0
 

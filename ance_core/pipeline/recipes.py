@@ -31,6 +31,27 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 AUTO = "auto"  # chosen per collection on its dev split by a recipe search (flows/tune.py), not a fixed config
 
+# where each recipe was chosen, for `ance recipes` (the figures: RESULTS.md)
+CHOSEN = {
+    "demo": "SimANS rounds over ANCE-uniform on SciFact's dev split (three seeds); lr 4e-5 on the dev splits of "
+            "SciFact, CISI and NPL together (issue 30). Use it for training sets of a few dozen queries and more",
+    "full": "2 rounds and 2 epochs per stage on SciFact's dev split, with demo's learning rate (not searched on full "
+            "itself). For training sets of hundreds of queries: on a few dozen its rounds fell below the warm-up",
+    AUTO: "no fixed config: `ance run --recipe auto` searches variants of demo (learning rate, graded positives, "
+          "warm-up epochs) on the dataset's own dev split, then trains the winner (`ance tune` searches only)",
+}
+
+
+def recipe_sets(name: str) -> list[str]:
+    """A recipe's overrides of the pipeline's defaults as `--set` arguments."""
+
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [s for key, sub in value.items() for s in flat(f"{prefix}{key}.", sub)]
+        return [f"{prefix[:-1]}={value}"]
+
+    return flat("", RECIPES[name]) if name in RECIPES else []
+
 
 def recipe_config(name: str, sets: Sequence[str] = (), path: str | Path | None = None, **overrides: Any
                   ) -> PipelineConfig:

@@ -389,3 +389,20 @@ def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, 
         warnings.warn("something else", UserWarning, stacklevel=1)
     assert capsys.readouterr().err == "warning: qrels.tsv: 1 of 3 qrels name documents that are not in the corpus\n"
     assert others == ["something else"]  # other warnings as Python shows them
+
+
+def test_recipes_lists_each_recipes_overrides_which_rebuild_it():
+    """`ance recipes --json`: each recipe's --set arguments give its config over the defaults (`ance run` with
+    them trains the recipe), and where it was chosen."""
+    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.recipes import recipe_config
+
+    code, out = _invoke(["recipes", "--json"])
+    listed = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and list(listed) == ["demo", "full", "auto"]
+    for name in ("demo", "full"):
+        assert load_config(None, sets=listed[name]["sets"]) == recipe_config(name)
+        assert listed[name]["chosen"]
+    assert listed["auto"]["sets"] == [] and "dev split" in listed["auto"]["chosen"]
+    code, out = _invoke(["recipes"])
+    assert code == 0 and "demo: --set mining.sampler=simans" in out
