@@ -9,6 +9,7 @@ Files written on Windows load as they are: a UTF-8 byte-order mark and CRLF line
 A query whose text is empty is dropped with one warning naming it (it can be neither trained on nor searched for).
 """
 
+import gzip
 import itertools
 import json
 import math
@@ -84,10 +85,11 @@ def detect_format(folder: Path) -> str:
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line. A byte-order mark
-    at the start of the file and CRLF line endings (Windows tools write both) are dropped."""
+    at the start of the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read
+    decompressed (an evaluation's TREC run as MLflow keeps it)."""
     if not path.is_file():
         raise DataError(path, "file not found")
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")

@@ -182,6 +182,11 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
     code, out = _invoke([*args, "--run", str(tmp_path / "run.trec"), "--json"])
     assert code == 0, out
     assert json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75  # q1's at 1, q2's at 2
+    import gzip  # a gzipped run (as MLflow keeps an evaluation's): read as it is
+
+    (tmp_path / "run.trec.gz").write_bytes(gzip.compress((tmp_path / "run.trec").read_bytes()))
+    code, out = _invoke([*args, "--run", str(tmp_path / "run.trec.gz"), "--json"])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75, out
     code, out = _invoke([*args, "--run", str(tmp_path / "run.trec"), "--checkpoint", str(tmp_path)])
     assert code == 2 and "one of them" in out
     (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")

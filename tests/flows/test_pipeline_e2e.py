@@ -235,7 +235,16 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     files = {a.path for a in client.list_artifacts(final, "checkpoint")}
     assert {"checkpoint/model.safetensors", "checkpoint/head.safetensors", "checkpoint/tokenizer.json"} <= files
     assert "checkpoint/optimizer.safetensors" not in files
-    assert "evaluation/run.trec" in {a.path for a in client.list_artifacts(final, "evaluation")}
+    logged = {a.path: a.file_size for a in client.list_artifacts(final, "evaluation")}
+    assert "evaluation/run.trec.gz" in logged and "evaluation/run.trec" not in logged  # the TREC run, gzipped
+    from ance_core.retrieval.search import read_trec
+
+    evaluation = next(s["path"] for s in result["stages"]
+                      if s["stage"] == "evaluate" and s["for"] == f"ANCE round {ROUNDS}")
+    kept = Path(evaluation, "run.trec")
+    assert logged["evaluation/run.trec.gz"] < kept.stat().st_size / 3
+    downloaded = client.download_artifacts(final, "evaluation/run.trec.gz")
+    pd.testing.assert_frame_equal(read_trec(downloaded), read_trec(kept))  # `ance evaluate --run` reads it as it is
     sample = Path(client.download_artifacts(children["warmup"].info.run_id, "negatives/negatives_sample.md"))
     text = sample.read_text()
     assert text.count("## Query") == 10 and "- **positive**" in text and "(rank " in text
