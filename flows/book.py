@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
@@ -293,6 +293,7 @@ class RunBook:
         print("\n".join(closing))
         if self.trial is None:
             link_mlflow_run(self.tracking, result["markdown"], closing)
+            publish_tables(result["results"], self.log.timings, self.started_from)
 
 
 def flow_tags() -> dict[str, str]:
@@ -302,6 +303,21 @@ def flow_tags() -> dict[str, str]:
     if PREFECT_UI_URL.value():
         tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
     return tags
+
+
+RESULT_COLUMNS = {"dev_ndcg_at_10": "dev nDCG@10", "ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10",
+                  "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
+
+
+def publish_tables(results: list[dict], timings: list[StageTiming], started_from: dict[str, str]) -> None:
+    """The results table and the per-stage wall times as Prefect table artifacts of the flow run, keyed
+    (`ance-results`, `ance-stage-times`) so the UI's Artifacts page keeps their history across runs."""
+    rows = [{"model": r["model"], "trained from": started_from.get(r["model"], "")}
+            | {label: round(r[k], 4) if k in r else None for k, label in RESULT_COLUMNS.items()} for r in results]
+    create_table_artifact(rows, key="ance-results", description="the run's models: dev and evaluation metrics")
+    stages = [{"model": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "reused": t.ref.cached}
+              for t in timings]
+    create_table_artifact(stages, key="ance-stage-times", description="each stage's wall seconds (reused: 0 spent)")
 
 
 def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:

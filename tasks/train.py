@@ -69,6 +69,34 @@ def _progress_callback(every: int = 10):
     return log
 
 
+def _progress_artifact(total: int, what: str, every_s: float = 5.0):
+    """A training stage's progress as a Prefect progress artifact on its task run (the UI shows a bar that moves),
+    updated at most every `every_s` seconds and at the last step; nothing outside a task run. Best effort: a server
+    that does not answer leaves the training alone."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+    from prefect.context import TaskRunContext
+
+    if TaskRunContext.get() is None or total <= 0:
+        return lambda record: None
+    state = {"id": None, "at": 0.0}
+
+    def update(record: dict) -> None:
+        now, step = time.monotonic(), record["step"]
+        if now - state["at"] < every_s and step < total:
+            return
+        state["at"] = now
+        progress = round(100 * min(step, total) / total, 1)
+        try:
+            if state["id"] is None:
+                state["id"] = create_progress_artifact(progress, description=f"{what}: {total} steps")
+            else:
+                update_progress_artifact(state["id"], progress)
+        except Exception as e:  # noqa: BLE001
+            logging.getLogger("ance").debug(f"progress artifact not updated: {e}")
+
+    return update
+
+
 @dataclasses.dataclass(frozen=True)
 class DevInputs:
     """A training stage's dev checks (training/devcheck.py): its candidate set (a `dev-candidates` stage), the dev
@@ -119,7 +147,10 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     task resumes from its last checkpoint."""
 
     def build(out):
-        callbacks = [_progress_callback(), *live_callbacks(), _fault_callback("train")]
+        total = planned_steps(read_manifest(negatives.path)["summary"]["pairs"], cfg)
+        what = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
+        callbacks = [_progress_callback(), _progress_artifact(total, f"training {what}"), *live_callbacks(),
+                     _fault_callback("train")]
         if cfg.world_size > 1 and dev is not None:
             raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
                             "dev_check.per_epoch: 0")

@@ -218,6 +218,18 @@ def test_ui_triggered_run_completes_with_artifacts(stack, trained, tiny):
     report = next((work / "reports").glob("*/results.json"))
     models = [r["model"] for r in json.loads(report.read_text())["results"]]
     assert models[:4] == ["BM25", "zero-shot", "warmup", "ANCE round 1"] and models[4].endswith(" + BM25")
+    # in the Prefect UI: the results table and the stage times as keyed table artifacts of the flow run, and each
+    # training stage's progress as a progress artifact that reached 100
+    tables = {a["key"]: a for a in api(stack, "POST", "/artifacts/filter", json={"artifacts": {
+        "key": {"any_": ["ance-results", "ance-stage-times"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()}
+    assert set(tables) == {"ance-results", "ance-stage-times"} and {a["type"] for a in tables.values()} == {"table"}
+    rows = json.loads(tables["ance-results"]["data"]) if isinstance(tables["ance-results"]["data"], str) else \
+        tables["ance-results"]["data"]
+    assert [r["model"] for r in rows] == models and all("nDCG@10" in r for r in rows)
+    assert "warmup" in json.dumps(tables["ance-stage-times"]["data"])
+    progress = api(stack, "POST", "/artifacts/filter", json={"artifacts": {
+        "type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()
+    assert len(progress) >= 2 and {a["data"] for a in progress} == {100.0}, progress  # the warm-up, the round
 
 
 def test_second_run_with_same_parameters_is_all_cached(stack, trained, tiny):
