@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import logging
 import os
 import time
 import uuid
@@ -224,6 +225,34 @@ def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = No
                     **(TASK_DEFAULTS | options))(body)
 
     return wrap
+
+
+def progress_artifact(total: int, description: str, every_s: float = 5.0) -> Callable[[int], None]:
+    """`update(done)`: a long stage's progress (done of `total`) as a Prefect progress artifact on its task run (the
+    UI's bar), created at the first update and updated at most every `every_s` seconds and at the end; nothing outside
+    a task run. Best effort: a server that does not answer leaves the work alone."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+    from prefect.context import TaskRunContext
+
+    if TaskRunContext.get() is None or total <= 0:
+        return lambda done: None
+    state: dict[str, Any] = {"id": None, "at": 0.0}
+
+    def update(done: int) -> None:
+        now = time.monotonic()
+        if now - state["at"] < every_s and done < total:
+            return
+        state["at"] = now
+        progress = round(100 * min(done, total) / total, 1)
+        try:
+            if state["id"] is None:
+                state["id"] = create_progress_artifact(progress, description=description)
+            else:
+                update_progress_artifact(state["id"], progress)
+        except Exception as e:  # noqa: BLE001
+            logging.getLogger("ance").debug(f"progress artifact not updated: {e}")
+
+    return update
 
 
 def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:

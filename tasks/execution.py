@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect.client.orchestration import get_client
@@ -28,7 +28,8 @@ FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL
                  "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
 
 
-def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig) -> list[ArtifactRef]:
+def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig,
+               done: Callable[[int], None] = lambda n: None) -> list[ArtifactRef]:
     """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
     call order, each marked `cached` when Prefect answered from its cache. The first failure is raised (after that
     task's own retries, as ChildTasksFailed: the calling task does not retry it again)."""
@@ -39,6 +40,7 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         for k, kwargs in enumerate(calls):
             with _after_retries(stage, k, len(calls)):
                 refs.append(run_task(stage, **kwargs))
+            done(k + 1)
         return refs
     from prefect_ray.context import remote_options
 
@@ -55,6 +57,7 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
                 if state.is_final():
                     pending.discard(k)
                     held[k] = state.is_completed() and hold_refs(state.result())
+                    done(len(futures) - len(pending))
             if pending:
                 futures[min(pending)].wait(timeout=1.0)
     refs = []

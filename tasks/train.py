@@ -41,7 +41,7 @@ from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidat
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import Schedule, continuous_schedules, planned_steps, train
 from ance_core.training.state import checkpoint_step, latest_checkpoint
-from tasks.common import inject_fault, stage_task
+from tasks.common import inject_fault, progress_artifact, stage_task
 from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
 from tracking.live import live_callbacks
@@ -67,34 +67,6 @@ def _progress_callback(every: int = 10):
                         f"grad norm {record['grad_norm']:.2f}, {record['examples_per_s']:.1f} examples/s")
 
     return log
-
-
-def _progress_artifact(total: int, what: str, every_s: float = 5.0):
-    """A training stage's progress as a Prefect progress artifact on its task run (the UI shows a bar that moves),
-    updated at most every `every_s` seconds and at the last step; nothing outside a task run. Best effort: a server
-    that does not answer leaves the training alone."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-    from prefect.context import TaskRunContext
-
-    if TaskRunContext.get() is None or total <= 0:
-        return lambda record: None
-    state = {"id": None, "at": 0.0}
-
-    def update(record: dict) -> None:
-        now, step = time.monotonic(), record["step"]
-        if now - state["at"] < every_s and step < total:
-            return
-        state["at"] = now
-        progress = round(100 * min(step, total) / total, 1)
-        try:
-            if state["id"] is None:
-                state["id"] = create_progress_artifact(progress, description=f"{what}: {total} steps")
-            else:
-                update_progress_artifact(state["id"], progress)
-        except Exception as e:  # noqa: BLE001
-            logging.getLogger("ance").debug(f"progress artifact not updated: {e}")
-
-    return update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +121,8 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     def build(out):
         total = planned_steps(read_manifest(negatives.path)["summary"]["pairs"], cfg)
         what = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
-        callbacks = [_progress_callback(), _progress_artifact(total, f"training {what}"), *live_callbacks(),
+        bar = progress_artifact(total, f"training {what}: {total} steps")
+        callbacks = [_progress_callback(), lambda record: bar(record["step"]), *live_callbacks(),
                      _fault_callback("train")]
         if cfg.world_size > 1 and dev is not None:
             raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
