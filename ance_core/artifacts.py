@@ -213,8 +213,8 @@ def hold_refs(result: Any) -> bool:
     for ref in _refs_of(result):
         folder = Path(ref.path)
         locks = folder.parent.parent / ".locks"
-        if not locks.is_dir():  # not a stage folder of a work folder (a checkpoint given from elsewhere)
-            observe_refs(ref)
+        if folder.parent.name not in STAGE_RULES or not locks.is_dir():  # not a stage folder of a work folder (a
+            observe_refs(ref)  # checkpoint given from elsewhere, the champion downloaded for a retrain)
             continue
         with FileLock(locks / f"{folder.parent.name}-{folder.name}.lock"):
             if is_complete(folder):

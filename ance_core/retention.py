@@ -107,8 +107,12 @@ class LiveRun:
 def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[LiveRun]:
     """Record the stages of the block's run (see the module docstring); the record is kept if the block fails.
     `keep=False`: a part of another run (an asynchronous trainer's refresh, started on its own worker), protected
-    while it works and not an ended run of its own afterwards (the trainer's run records what it used)."""
+    while it works and never an ended run of its own afterwards, whether it succeeds or fails (the trainer's run
+    records what it used; a leftover record would count as an ended run and take a `keep_runs` place). Killed, its
+    record (marked `part`) is not counted as an ended run either (`_runs`)."""
     run = LiveRun(work_dir, name)
+    if not keep:
+        run.record["part"] = True
     run.lock.acquire()
     write_json(run.path, run.record)
 
@@ -118,8 +122,11 @@ def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[Liv
     stage_observers.append(observe)
     try:
         yield run
-        run.finish() if keep else run.path.unlink(missing_ok=True)
+        if keep:
+            run.finish()
     finally:
+        if not keep:
+            run.path.unlink(missing_ok=True)
         stage_observers.remove(observe)
         run.lock.release()
         Path(run.lock.lock_file).unlink(missing_ok=True)
@@ -149,7 +156,8 @@ def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
             record = json.loads(path.read_text())
         except FileNotFoundError:  # it ended since runs/ was read: its record is there now
             record, held = json.loads((work_dir / RUNS / path.name).read_text()), False
-        (live if held else ended).append(record)
+        if held or not record.get("part"):  # (a killed part of another run is no run of its own)
+            (live if held else ended).append(record)
     ended.sort(key=lambda r: r["started"])
     return ended, live
 

@@ -69,7 +69,9 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
     rounds_pairs = [stage_pairs(run.data, run.split, c.mining, k) for k in range(1, len(rounds_cfgs) + 1)]
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
         label, checkpoint = "start", ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint))
-        hold_refs(checkpoint_ref(c.start_checkpoint))  # a checkpoint inside the work folder: this run uses it
+        if not hold_refs(checkpoint_ref(c.start_checkpoint)):  # one inside the work folder: recorded as used
+            raise AnceError(f"start_checkpoint {c.start_checkpoint}: the folder is incomplete or was removed (by a "
+                            "garbage collection?); train it again or give another checkpoint")
         schedules = SchedulePlan(c.schedule, rounds_cfgs, pairs=rounds_pairs)
     else:  # the BM25 warm-up, from the pretrained model
         warm_cfg = train_config_for(c.bm25_negatives, c.warmup)

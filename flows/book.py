@@ -317,7 +317,8 @@ def publish_tables(results: list[dict], timings: list[StageTiming], started_from
     create_table_artifact(rows, key="ance-results", description="the run's models: dev and evaluation metrics")
     stages = [{"model": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "reused": t.ref.cached}
               for t in timings]
-    create_table_artifact(stages, key="ance-stage-times", description="each stage's wall seconds (reused: 0 spent)")
+    create_table_artifact(stages, key="ance-stage-times", description="each stage's wall seconds (a reused stage: "
+                          "the seconds it took when it was built)")
 
 
 def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:

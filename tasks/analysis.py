@@ -102,8 +102,8 @@ def score_profile_task(checkpoint: ArtifactRef, index: ArtifactRef, data: Artifa
         texts = queries.set_index("query_id").loc[sample, "text"].tolist()
         model, tokenizer, meta = load_checkpoint(checkpoint.path, pick_device())
         q = encode_queries(model, tokenizer, texts, meta, EncodeConfig())
-        flat = SearchIndex(index.path).index  # the model's flat index: its vectors are the exact embeddings
-        np.save(out / PROFILE, score_profile(q, flat.reconstruct_n(0, flat.ntotal), DEPTH))
+        flat = SearchIndex(index.path, IndexConfig(device="cpu", backend="faiss"))  # the model's flat index
+        np.save(out / PROFILE, score_profile(q, flat.all_vectors(), DEPTH))  # its vectors: the exact embeddings
         return {"queries": len(sample)}
 
     inputs = {"checkpoint": checkpoint.digest, "index": index.digest, "data": data.digest}

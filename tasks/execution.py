@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
+from prefect.futures import as_completed
 from prefect.tasks import Task
 
 from ance_core.artifacts import ArtifactRef, hold_refs
@@ -50,16 +51,11 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
     with runner, remote_options(**resources):
         futures = [runner.submit(stage, kwargs) for kwargs in calls]
-        held, pending = {}, set(range(len(futures)))
-        while pending:  # each result recorded by this process's live run as soon as its task ends (built on Ray's
-            for k in sorted(pending):  # workers: no run_stage here), not after the last one: garbage collection
-                state = futures[k].state  # could take a shard folder while the others run
-                if state.is_final():
-                    pending.discard(k)
-                    held[k] = state.is_completed() and hold_refs(state.result())
-                    done(len(futures) - len(pending))
-            if pending:
-                futures[min(pending)].wait(timeout=1.0)
+        number, held = {id(f): k for k, f in enumerate(futures)}, {}
+        for future in as_completed(futures):  # each result recorded by this process's live run as its task ends
+            state = future.state  # (built on Ray's workers: no run_stage here), not after the last one: garbage
+            held[number[id(future)]] = state.is_completed() and hold_refs(state.result())  # collection could take
+            done(len(held))  # a shard folder while the others run
     refs = []
     for k, future in enumerate(futures):
         with _after_retries(stage, k, len(calls)):

@@ -87,8 +87,8 @@ class DeploymentInferencer:
         }
         if args.get("train") is not None:  # the round's training: a draw of negatives per epoch
             parameters["train"] = args["train"].model_dump(mode="json")
-        if args.get("bm25") is not None:  # the run's BM25, for samplers that mine a BM25 ranking
-            parameters["bm25"] = args["bm25"].model_dump(mode="json")
+        if args.get("bm25") is not None and args["mining"].spec.uses_bm25:  # the run's BM25 (a deployment made
+            parameters["bm25"] = args["bm25"].model_dump(mode="json")  # before it took none: only when needed)
         # Prefect keeps idempotency keys per flow: a trainer folder deleted and trained again gets new keys
         key_prefix = f"{trainer_key}-{_folder_id(out)}-{self.cfg.deployment}-step-{step}"
         problems, key = [], 0

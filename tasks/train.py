@@ -51,6 +51,9 @@ def _fault_callback(name: str):
     return lambda record: inject_fault(name, step=record["step"])
 
 
+ACCUMULATION_RULE = "mean of the step's micro-batches"  # in the key of a stage with grad_accumulation > 1
+
+
 def _progress_callback(every: int = 10):
     """Training progress in the task's Prefect log (the UI shows it; tqdm's bar only reaches the terminal); outside a
     task run (`train_round.fn`, the benchmarks) in the standard logger `ance`."""
@@ -141,6 +144,8 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
+    if cfg.grad_accumulation > 1:  # a step of fewer micro-batches is their mean since issue 41 (over GA before)
+        config["accumulation"] = ACCUMULATION_RULE
     if round_:  # (the warm-up's key is the one it had before rounds were seeded apart)
         config["round"] = round_
     if dev is not None:  # (a stage without dev checks keeps the key it had before them)
@@ -385,6 +390,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
               "max_staleness": max_staleness, "round": 1}  # seeded as round 1 (training/loop.py stage_seed)
+    if cfg.grad_accumulation > 1:
+        config["accumulation"] = ACCUMULATION_RULE
     bm25 = bm25.scoring()  # (the evaluation depth is in no key)
     if mining.spec.uses_bm25:  # (only then: the other samplers' keys are those of before)
         config["bm25"] = bm25

@@ -119,8 +119,8 @@ def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, s
 
 
 TINY_COMPRESSION = {"dims": [16, 8], "index_types": ["flat", "hnsw", "ivfpq"], "epochs": 5}  # the tiny BERT's h: 32
-RUN_RECORDS = ("mlflow.db", "mlartifacts", "mlflow-models", "latest.json", "champion", "plots", ".locks", "runs",
-               ".live")
+RUN_RECORDS = ("mlflow.db", "mlartifacts", "mlflow-models", "mlflow-pending", "latest.json", "champion", "plots",
+               ".locks", "runs", ".live")
 
 
 @dataclass

@@ -199,9 +199,13 @@ class Tracker:
         self._safe("log_artifact", self.client.log_artifact, run_id, str(path), artifact_path,
                    payload={"run_id": run_id, "file": str(path), "artifact_path": artifact_path})
 
-    def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> None:
-        self._safe("log_artifacts", self.client.log_artifacts, run_id, str(folder), artifact_path,
-                   payload={"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path})
+    def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> bool:
+        """True when delivered; else the call is kept to replay, naming `folder` (which must then stay)."""
+        ok, result = self.attempt(self.client.log_artifacts, run_id, str(folder), artifact_path)
+        if not ok:
+            self.keep("log_artifacts", {"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path},
+                      result)
+        return ok
 
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is not None:

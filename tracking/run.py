@@ -9,6 +9,7 @@ import json
 import shutil
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -261,12 +262,19 @@ class PipelineTracking:
 
 def log_evaluation(tracker: Tracker, run_id: str | None, folder: str | Path, artifact_path: str) -> None:
     """An evaluation stage's files as MLflow artifacts, its TREC run gzipped (`run.trec.gz`: at 2,000 dev queries x
-    1,000 hits the plain file is 90 MB, most of the MLflow store); `ance evaluate --run` reads it as it is."""
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in Path(folder).iterdir():
-            if path.name == RUN_TREC:
-                with open(path, "rb") as src, gzip.open(Path(tmp, f"{RUN_TREC}.gz"), "wb", compresslevel=6) as dst:
-                    shutil.copyfileobj(src, dst)
-            elif path.is_file():
-                shutil.copy2(path, tmp)
-        tracker.log_artifacts(run_id, tmp, artifact_path)
+    1,000 hits the plain file is 90 MB, most of the MLflow store); `ance evaluate --run` reads it as it is. The files
+    are gathered in the work folder's `mlflow-pending/` and removed once delivered (an undelivered call is kept to
+    replay, and its folder with it)."""
+    pending = Path(tracker.work_dir) / PENDING / uuid.uuid4().hex[:16]
+    pending.mkdir(parents=True)
+    for path in Path(folder).iterdir():
+        if path.name == RUN_TREC:
+            with open(path, "rb") as src, gzip.open(pending / f"{RUN_TREC}.gz", "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
+        elif path.is_file():
+            shutil.copy2(path, pending)
+    if tracker.log_artifacts(run_id, pending, artifact_path):
+        shutil.rmtree(pending, ignore_errors=True)
+
+
+PENDING = "mlflow-pending"  # <work_dir>/mlflow-pending/<id>/: files gathered for MLflow until it has them

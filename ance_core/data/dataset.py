@@ -90,7 +90,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     if not path.is_file():
         raise DataError(path, "file not found")
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in _numbered(f, path):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
@@ -98,6 +98,14 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
             line = line.rstrip("\r\n")
             if line.strip():
                 yield number, line
+
+
+def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw line); a gzip file that cannot be read is an error naming it."""
+    try:
+        yield from enumerate(f, start=1)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
 def _claim_id(seen: dict[str, int], path: Path, item_id: str, number: int) -> None:

@@ -211,8 +211,8 @@ class CompareConfig(StageConfig):
 
     def sampler_mining(self, sampler: str) -> MiningConfig:
         """The shared `mining` options with `sampler` (and `top_k` only for the samplers that rank with the model),
-        validated as a whole: an option the sampler cannot take (`margin` without a model, `teacher` without a
-        group) is refused naming the sampler."""
+        validated as a whole: an option the sampler cannot take (`teacher` without a group of mined negatives) is
+        refused naming the sampler. (`margin` with a BM25 sampler is taken: the warm-up scores its candidates.)"""
         fields = self.mining.model_dump() | {"sampler": sampler,
                                              "top_k": self.mining.top_k if get_sampler(sampler).needs_model else None}
         try:
@@ -231,8 +231,10 @@ class CompareConfig(StageConfig):
 def negatives_needed(config: PipelineConfig | CompareConfig) -> int:
     """How many negatives a pair needs from the corpus in this run: the most any of its mined samplers draws (0 when
     none mines: in-batch and nce negatives are other queries' passages)."""
-    samplers = [(config.bm25_negatives, config.bm25_negatives.sampler)]
-    rounds = config.samplers if isinstance(config, CompareConfig) else [config.mining.sampler] * bool(config.rounds)
+    compare = isinstance(config, CompareConfig)
+    warmup = compare or not config.start_checkpoint  # (a retrain starts from its checkpoint: no warm-up)
+    samplers = [(config.bm25_negatives, config.bm25_negatives.sampler)] * warmup
+    rounds = config.samplers if compare else [config.mining.sampler] * (bool(config.rounds) and not config.warmup_only)
     samplers += [(config.mining, sampler) for sampler in rounds]
     return max((mining.num_negatives for mining, sampler in samplers if get_sampler(sampler).mines), default=0)
 

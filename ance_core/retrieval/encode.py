@@ -100,12 +100,14 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
-    def hand(item) -> None:  # to the encoding thread, unless it has stopped
+    def hand(item) -> bool:  # to the encoding thread; False once it has stopped (an error, an interrupt)
         while not stop.is_set():
             try:
-                return ready.put(item, timeout=0.5)
+                ready.put(item, timeout=0.5)
+                return True
             except queue.Full:
                 continue
+        return False
 
     def produce() -> None:
         try:
@@ -118,7 +120,8 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
                         padded = {k: v.pin_memory() for k, v in padded.items()}
                     batches.append((rows + offset, padded))
                 offset += len(ids)
-                hand(batches)
+                if not hand(batches):
+                    return  # the rest is not tokenized for nothing
             hand(None)
         except BaseException as e:  # handed to the encoding thread, which raises it
             hand(e)

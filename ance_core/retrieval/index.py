@@ -232,7 +232,8 @@ class SearchIndex:
             device = "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
             if cfg.device == "gpu" and device != "cuda":
                 raise RuntimeError("index.device is 'gpu' but no CUDA GPU is visible")
-            self.index, self.backend = TorchFlatIndex(iter(self._rows), device), f"torch-{device}"
+            # the shards as stored (float16 by default: half the GPU memory of float32, the same values)
+            self.index, self.backend = TorchFlatIndex(iter(self._rows.shards), device), f"torch-{device}"
             self._is_hnsw, self.on_gpu, self._cpu_parts = False, False, None
             self._offsets = np.array([0, self.index.ntotal])
         else:
@@ -320,6 +321,12 @@ class SearchIndex:
                 ivf.make_direct_map()  # IVF: the stored (IVF-PQ: decoded, approximate) vectors
             out[mine] = part.reconstruct_batch(rows[mine] - self._offsets[i])
         return out
+
+    def all_vectors(self) -> np.ndarray:
+        """Every row's vector, in index order, (rows, h) float32 (a flat index: the shards', exact)."""
+        if self._rows is not None:
+            return self._rows.rows(np.arange(len(self._rows), dtype=np.int64))
+        return self._reconstruct(list(range(int(self._offsets[-1]))))
 
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """The indexed vector of each document (flat index: exact), (n, h) float32; a MaxP document's first window."""

@@ -187,6 +187,9 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
     (tmp_path / "run.trec.gz").write_bytes(gzip.compress((tmp_path / "run.trec").read_bytes()))
     code, out = _invoke([*args, "--run", str(tmp_path / "run.trec.gz"), "--json"])
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75, out
+    (tmp_path / "broken.trec.gz").write_bytes(b"not gzip at all")
+    code, out = _invoke([*args, "--run", str(tmp_path / "broken.trec.gz")])
+    assert code == 2 and "broken.trec.gz: not a readable gzip file" in out and "Traceback" not in out
     code, out = _invoke([*args, "--run", str(tmp_path / "run.trec"), "--checkpoint", str(tmp_path)])
     assert code == 2 and "one of them" in out
     (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")

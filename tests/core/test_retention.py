@@ -201,3 +201,24 @@ def test_a_folder_a_live_run_reuses_after_the_plan_is_not_removed(tmp_path, monk
         monkeypatch.setattr(retention, "plan_gc", lambda *a, **k: plan)
         assert collect(work, RetentionConfig(keep_runs=1)).remove == []
     assert Path(old.path, "name.txt").read_text() == "old"
+
+
+def test_a_part_of_another_run_is_never_an_ended_run_whether_it_fails_or_is_killed(tmp_path):
+    """live_run(keep=False) (an asynchronous trainer's refresh on its own worker): protected while it runs, and no
+    ended run afterwards, so it never takes a `keep_runs` place: not when it completes, fails or is killed."""
+    import pytest
+
+    from ance_core.retention import _runs
+
+    work = tmp_path / "work"
+    with live_run(work, "refresh", keep=False) as part:
+        assert part.record["part"] and _runs(work)[1][0]["id"] == part.id  # live while it runs
+    with pytest.raises(RuntimeError), live_run(work, "refresh", keep=False):
+        raise RuntimeError("the refresh failed")
+    assert _runs(work) == ([], [])
+    killed = {"id": "killed", "name": "refresh", "pid": 0, "started": time.time(), "stages": [], "part": True}
+    (work / LIVE / "killed.json").write_text(json.dumps(killed))  # its lock free: the process is gone
+    with live_run(work, "pipeline"):
+        pass
+    ended, live = _runs(work)
+    assert [r["name"] for r in ended] == ["pipeline"] and live == []

@@ -77,7 +77,10 @@ def test_five_scheduled_retrains_leave_a_bounded_work_folder_and_every_version_s
         # ended, goes with them); never more
         assert state["encode"] <= 2 and state["index"] <= 2, (k, state)
         assert state["retention"]["removed"] > 0 or k == 0
+    # bounded: a retrain adds what the policy removes. Not to the byte: what a kept run holds depends on what it
+    # chose (measured: 8.01 MB when its result was the round's hybrid, 8.41 MB when it was the start's hybrid, one
+    # more evaluation and negatives kept; CI once saw 7.26 and 8.02), so the bound is a quarter, not a growth
     steady = [s["bytes"] for s in retrains[2:]]
-    assert max(steady) <= 1.1 * min(steady), steady  # bounded: a retrain adds what the policy removes
+    assert max(steady) <= 1.25 * min(steady), steady
     assert out["versions"] >= 1 + 5 and len(out["shapes"]) == out["versions"]
     assert all(shape[0] == 1 for shape in out["shapes"])

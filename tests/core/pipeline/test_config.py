@@ -144,3 +144,15 @@ def test_compare_refuses_a_shared_mining_option_a_sampler_cannot_take_before_any
         CompareConfig(samplers=["bm25", "ance", "in-batch"], mining=teacher)
     assert CompareConfig(samplers=["bm25", "ance"], mining=teacher).sampler_mining("bm25").teacher.model == "minilm"
     assert CompareConfig(samplers=["bm25"]).sampler_mining("bm25").top_k is None  # BM25's depth is its own
+
+
+def test_negatives_needed_counts_only_the_stages_that_will_mine():
+    """The pre-flight's need: the most negatives any stage that runs draws per pair (issue 41)."""
+    from ance_core.pipeline.config import CompareConfig, negatives_needed
+
+    assert negatives_needed(PipelineConfig(bm25_negatives={"num_negatives": 3}, mining={"num_negatives": 2})) == 3
+    # a retrain has no warm-up; a warm-up-only run no rounds; in-batch negatives come from no corpus draw
+    assert negatives_needed(PipelineConfig(start_checkpoint="/c", bm25_negatives={"num_negatives": 3})) == 1
+    assert negatives_needed(PipelineConfig(warmup_only=True, mining={"num_negatives": 5})) == 1
+    assert negatives_needed(PipelineConfig(rounds=0, bm25_negatives={"sampler": "in-batch"})) == 0
+    assert negatives_needed(CompareConfig(samplers=["in-batch"], mining={"num_negatives": 4})) == 1  # its warm-up

@@ -60,12 +60,15 @@ def test_search_index_uses_it_where_asked_and_answers_as_faiss(tmp_path):
         assert (i1 == i2).mean() > 0.999  # (ties aside)
         np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(by_torch.vectors(["d3", "d599"]), by_faiss.vectors(["d3", "d599"]))
+    np.testing.assert_array_equal(by_torch.all_vectors(), by_faiss.all_vectors())  # (the score profile reads them)
+    assert by_torch.all_vectors().shape == (600, 16)
 
 
 def test_auto_picks_torch_only_on_a_cuda_gpu_that_faiss_cannot_use(monkeypatch):
     import ance_core.retrieval.index as index
 
-    assert not torch_backend(IndexConfig())  # no CUDA here (CI): faiss
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not torch_backend(IndexConfig())  # no CUDA: faiss
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(index, "gpu_available", lambda: False)
     assert torch_backend(IndexConfig()) and not torch_backend(IndexConfig(device="cpu"))
