@@ -17,7 +17,6 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
-from prefect.futures import as_completed
 from prefect.tasks import Task
 
 from ance_core.artifacts import ArtifactRef, hold_refs
@@ -51,11 +50,12 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
         {"num_gpus": execution.gpus_per_task} if execution.gpus_per_task else {})
     with runner, remote_options(**resources):
         futures = [runner.submit(stage, kwargs) for kwargs in calls]
-        number, held = {id(f): k for k, f in enumerate(futures)}, {}
-        for future in as_completed(futures):  # each result recorded by this process's live run as its task ends
-            state = future.state  # (built on Ray's workers: no run_stage here), not after the last one: garbage
-            held[number[id(future)]] = state.is_completed() and hold_refs(state.result())  # collection could take
-            done(len(held))  # a shard folder while the others run
+        held = {}
+        for k, future in enumerate(futures):  # each result recorded by this process's live run once it and those
+            future.wait()  # before it have ended (built on Ray's workers: no run_stage here), not after the last one
+            state = future.state  # (a folder no run recorded is also kept for an hour: retention.GRACE_SECONDS)
+            held[k] = not state.is_completed() or hold_refs(state.result())  # (a failure is raised below)
+            done(k + 1)
     refs = []
     for k, future in enumerate(futures):
         with _after_retries(stage, k, len(calls)):

@@ -270,9 +270,10 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
 
         assert "checkpoint/retrieval/package.json" in {a.path for a in client.list_artifacts(
             champion.run_id, "checkpoint/retrieval")}
-        mlflow.set_tracking_uri(result["mlflow_uri"])
-        hits = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(
-            ["cancer cells"], params={"kind": "search", "k": 5})
+        with pytest.MonkeyPatch.context() as patch:  # (not mlflow.set_tracking_uri: it would stay for later tests)
+            patch.setenv("MLFLOW_TRACKING_URI", result["mlflow_uri"])
+            hits = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(
+                ["cancer cells"], params={"kind": "search", "k": 5})
         assert hits["rank"].tolist() == [1, 2, 3, 4, 5] and hits["score"].is_monotonic_decreasing
 
 
