@@ -210,10 +210,14 @@ def train_alone(root: Path, steps: int) -> None:
     mined table and data folder from the work folder) again, `steps` steps into a scratch folder, in a fresh process
     that ran no other stage: its peak RSS (VmHWM) and its rise over the process after its imports. In the flow the
     stage shares one process with every stage before it, whose heap it inherits (the rows' peaks carry that)."""
-    for manifest in sorted((root / "work" / "train").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime):
+    work = root / "work"
+    for manifest in sorted((work / "train").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime):
         m = json.loads(manifest.read_text())
-        folders = {k: root / "work" / stage / m["inputs"][k]
-                   for k, stage in (("checkpoint", "train"), ("negatives", "mine"), ("data", "data"))}
+        # the round starts from the best model so far on dev: the warm-up (a train folder) or the pretrained model
+        starts = [work / stage / m["inputs"]["checkpoint"] for stage in ("train", "model")]
+        start = next((folder for folder in starts if folder.is_dir()), starts[0])
+        folders = {"checkpoint": start, "negatives": work / "mine" / m["inputs"]["negatives"],
+                   "data": work / "data" / m["inputs"]["data"]}
         if m["config"].get("round") == 1 and all(f.is_dir() for f in folders.values()):
             break
     else:
