@@ -69,7 +69,8 @@ def _preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = Fals
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
-    from ance_core.data.dataset import check_trainable, read_tables
+    from ance_core.data.checks import check_trainable
+    from ance_core.data.dataset import read_tables
     from ance_core.data.sources import resolve_dataset
     from tasks.common import faults_off
     from tasks.data import prepare_data

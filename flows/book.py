@@ -19,7 +19,8 @@ from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
-from ance_core.data.dataset import check_trainable, read_tables, warn_shared_queries
+from ance_core.data.checks import check_trainable, warn_shared_queries
+from ance_core.data.dataset import read_tables
 from ance_core.data.sources import resolve_dataset
 from ance_core.errors import warn
 from ance_core.export.hybrid import package_bytes, write_package

@@ -373,7 +373,7 @@ def test_a_corpus_of_empty_texts_is_refused_naming_the_file(beir):
 
 
 def test_a_train_split_without_positives_is_refused_naming_its_file(beir):
-    from ance_core.data.dataset import check_trainable
+    from ance_core.data.checks import check_trainable
 
     (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t0\nq1\td1\t0\n")
     ds = load_dataset(beir)
@@ -386,7 +386,7 @@ def test_a_training_query_with_no_document_left_to_be_a_negative_is_refused_nami
     """q1 is relevant to d0 and d1, which are never its negatives: of 4 documents 2 are left. Needing 3 negatives, or
     with every document relevant, the pre-flight refuses it by name instead of the mining failing after BM25 and a
     corpus encoding (issue 41)."""
-    from ance_core.data.dataset import check_trainable
+    from ance_core.data.checks import check_trainable
 
     ds = load_dataset(beir)
     check_trainable(ds, beir, "train", negatives=2)
@@ -402,7 +402,7 @@ def test_a_training_query_with_no_document_left_to_be_a_negative_is_refused_nami
 
 
 def test_evaluation_queries_that_also_train_are_one_warning_naming_them(beir):
-    from ance_core.data.dataset import warn_shared_queries
+    from ance_core.data.checks import warn_shared_queries
 
     ds = load_dataset(beir)
     with warnings.catch_warnings():
