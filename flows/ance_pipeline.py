@@ -2,7 +2,7 @@
 evaluated from the same corpus encoding it mines from.
 
 `refresh: sync` runs the rounds one after the other. `refresh: async` trains all rounds as one continuous run while
-an inferencer refreshes the negatives in the background (see tasks/train.py: train_async).
+an inferencer refreshes the negatives in the background (see tasks/train_async.py).
 """
 
 import dataclasses
@@ -28,7 +28,8 @@ from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
 from tasks.mine import stage_pairs
 from tasks.model import init_checkpoint
-from tasks.train import SchedulePlan, train_async
+from tasks.train import SchedulePlan
+from tasks.train_async import train_async
 
 
 @flow(name="ance-train", log_prints=True)

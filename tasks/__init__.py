@@ -11,7 +11,8 @@ the flows record runs through the `tracking/` package, and the training tasks on
   index.py     build-index: the flat faiss index over them
   retrieve.py  dense-run: a split's dense top-k, and its labelled positives' exact scores
   mine.py      mine-negatives: each training pair's negatives, drawn by the configured sampler
-  train.py     train (one round) and train-async (all rounds, negatives refreshed in the background); `SchedulePlan`
+  train.py     train (one round), the dev checks' candidate sets; `SchedulePlan`
+  train_async.py train-async (all rounds, negatives refreshed in the background)
   evaluate.py  evaluate: a run's metrics on a split
   report.py    report: a pipeline run's results table
   analysis.py  negative-stats and score-profile: the training analyses

@@ -2,7 +2,7 @@
 ones, when it waits for them, and the staleness of every step, kept in `async_state.jsonl` of its training folder
 (one line per event, appended: a step costs a line, not a rewrite of the whole history).
 
-The inferencer (tasks/train.py) publishes each snapshot's negatives on a board: in the trainer's own process (one
+The inferencer (tasks/train_async.py) publishes each snapshot's negatives on a board: in the trainer's own process (one
 training process) or, for DDP ranks started by torchrun, a file the task process writes (`FileBoard`) that rank 0
 reads; rank 0 then tells the other ranks what to swap in, so every rank changes negatives at the same step.
 """

@@ -1,4 +1,4 @@
-"""The asynchronous inferencer's device (`refresh: async`, tasks/train.py). With two GPUs or more its thread takes
+"""The asynchronous inferencer's device (`refresh: async`, tasks/train_async.py). With two GPUs or more its thread takes
 the last one (`AsyncNegatives.publish` makes it the thread's current CUDA device; `pick_device()`'s "cuda" and the
 faiss index follow the current device) while the trainer keeps GPU 0, the paper's 1:1 allocation. With one GPU, or
 the CPU standing in for it, the inferencer shares the trainer's device.
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-import tasks.train
+import tasks.train_async
 from ance_core.artifacts import NEGATIVES, ArtifactRef
 from ance_core.modeling.model import load_checkpoint, pick_device
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_corpus, encode_texts
 from ance_core.retrieval.index import SearchIndex, build_index
 from ance_core.training.config import TrainConfig
-from tasks.train import AsyncNegatives
+from tasks.train_async import AsyncNegatives
 
 GPUS = torch.cuda.device_count()
 
@@ -58,15 +58,15 @@ def _train_with_async_refresh(start: Path, tables, folder: Path, monkeypatch) ->
         negatives.to_parquet(mined / NEGATIVES)  # the same rows: only the swap matters here
         return {"mine": ArtifactRef(str(mined), f"mined-round-{round_}")}
 
-    monkeypatch.setattr(tasks.train, "refresh_negatives", refresh_negatives)
-    monkeypatch.setattr(tasks.train, "get_run_logger", lambda: logging.getLogger("ance"))
+    monkeypatch.setattr(tasks.train_async, "refresh_negatives", refresh_negatives)
+    monkeypatch.setattr(tasks.train_async, "get_run_logger", lambda: logging.getLogger("ance"))
     out, work = folder / "trainer", folder / "work"
     out.mkdir()
     inferencer = AsyncNegatives(out, ArtifactRef(str(folder / "first"), "first"), {}, "trainer", str(work),
                                 max_staleness=1, steps_per_round=2)
     trainer_devices = set()
     cfg = TrainConfig(max_steps=4, batch_size=3, learning_rate=1e-3, checkpoint_every=0, precision="fp32")
-    tasks.train.train(start, negatives, corpus, queries, relevant, cfg, out,
+    tasks.train_async.train(start, negatives, corpus, queries, relevant, cfg, out,
                       callbacks=[lambda record: trainer_devices.add(_current_cuda_device())],
                       negatives_update=inferencer.update, snapshot_steps={2}, on_snapshot=inferencer.on_snapshot)
     report = inferencer.finish(rounds=2)
