@@ -13,7 +13,7 @@ export PREFECT_PORT ?= 4200
 # Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: demo compress compare quality test test-gpu bench-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare quality test test-gpu gpu-kit bench-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,9 @@ bench: env  ## speed and reliability measurements recorded in BENCHMARKS.md (lon
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/mining.py
 	$(BIN)/python bench/rehearsal.py  # hours: 100k and 2M passages, 500k queries
+
+gpu-kit: env  ## gather what a bare, offline GPU machine lacks into .kit/ and dry-run its install (docs/gpu-kit.md)
+	$(BIN)/python scripts/gpu_kit/gather.py --dry-run
 
 bench-gpu: env  ## on a GPU machine: MiniLM's training steps/s and GPU-busy %, encoding passages/s (BENCHMARKS.md)
 	$(BIN)/python bench/gpu.py

@@ -8,11 +8,16 @@ stages on its CPU): MiniLM on passages of the rehearsal's MS MARCO shape (bench/
   passage tokens, in-batch negatives; on CUDA the GPU-busy % (nvidia-smi's utilization.gpu: the share of each 100 ms
   in which a kernel ran) over the steps after the first --skip, and the peak memory torch allocated.
 
-    python bench/gpu.py [--model minilm] [--random-init] [--passages 100000] [--steps 300] [--batch-size 64]
-                        [--loader-workers 0 2] [--json FILE]
+    python bench/gpu.py [--model minilm] [--random-init] [--shape bert-base] [--passages 100000] [--steps 300]
+                        [--batch-size 64] [--loader-workers 0 2] [--json FILE]
 
 --random-init builds the model from --model's config and tokenizer with random weights (a machine that has neither
-the hub nor the packaged weights): the same shapes, so the same speed.
+the hub nor the packaged weights): the same shapes, so the same speed. --shape bert-base does so with BERT-base's
+shape (12 layers, 768 wide, 12 heads, 3072 in the feed-forward; 110M parameters) and --model's tokenizer.
+
+Encoding's model FLOP utilisation (`mfu`): the forward's FLOPs from the real token counts (padding not counted:
+2 x the non-embedding parameters per token, plus attention's 4 x layers x width x t^2 per passage of t tokens) over
+the seconds, as a share of --peak-tflops (790: the bf16 dense peak measured on the H100/H200 lent here).
 """
 
 import argparse
@@ -62,28 +67,49 @@ class GpuSampler(threading.Thread):
         return (float(np.mean(window)) if window else float("nan")), len(window)
 
 
-def model_source(name: str, random_init: bool, root: Path) -> str:
+SHAPES = {"bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                        "intermediate_size": 3072}}
+
+
+def model_source(name: str, random_init: bool, root: Path, shape: str | None = None) -> str:
     source = resolve_model_name(name)
-    if not random_init:
+    if not random_init and shape is None:
         return source
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     torch.manual_seed(0)
-    model = AutoModel.from_config(AutoConfig.from_pretrained(source))
+    config = AutoConfig.from_pretrained(source)
+    config.update(SHAPES.get(shape, {}))
+    model = AutoModel.from_config(config)
     out = root / "random-init"
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(source).save_pretrained(out)
     return str(out)
 
 
-def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: int, precision: str) -> dict:
+def forward_flops(model: torch.nn.Module, lengths: list[int]) -> float:
+    """The encoder's forward FLOPs over passages of these token counts (no padding)."""
+    config = model.encoder.config
+    embedding = sum(p.numel() for n, p in model.encoder.named_parameters() if "embeddings" in n)
+    dense = sum(p.numel() for p in model.parameters()) - embedding
+    t = np.asarray(lengths, dtype=np.float64)
+    return float(2 * dense * t.sum() + 4 * config.num_hidden_layers * config.hidden_size * (t ** 2).sum())
+
+
+def utilisation(flops: float, seconds: float, peak_tflops: float) -> dict:
+    return {"tflops": round(flops / seconds / 1e12, 1), "mfu": round(flops / seconds / (peak_tflops * 1e12), 3)}
+
+
+def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: int, precision: str,
+                 peak_tflops: float) -> dict:
     device = pick_device()
     model, tokenizer, _ = load_checkpoint(checkpoint, device)
     dtype = autocast_dtype(precision, device)
     encode_texts(model, tokenizer, texts[:2 * batch_size], length, batch_size, dtype)  # warm-up: kernels, allocator
     started = time.perf_counter()
-    list(token_ids(tokenizer, texts, length))  # as encode_texts tokenizes (modeling/tokenizing.py)
+    lengths = [len(ids) for ids in token_ids(tokenizer, texts, length)]  # as encode_texts tokenizes
     tokenize = time.perf_counter() - started
+    flops = forward_flops(model, lengths)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     started = time.perf_counter()
@@ -92,14 +118,17 @@ def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: in
     seconds = time.perf_counter() - started
     return {"passages": len(texts), "max_length": length, "batch_size": batch_size, "seconds": round(seconds, 2),
             "passages_per_s": round(len(texts) / seconds, 1), "tokenize_seconds": round(tokenize, 2),
-            "passages_per_s_without_tokenizing": round(len(texts) / max(seconds - tokenize, 1e-9), 1)}
+            "passages_per_s_without_tokenizing": round(len(texts) / max(seconds - tokenize, 1e-9), 1),
+            "mean_tokens": round(float(np.mean(lengths)), 1), **utilisation(flops, seconds, peak_tflops)}
 
 
-def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batch_tokens: int, precision: str) -> dict:
+def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batch_tokens: int, precision: str,
+                           peak_tflops: float) -> dict:
     """The same passages encoded with `batch_tokens` (encode.batch_tokens): tokenizing overlaps the model's work."""
     device = pick_device()
     model, tokenizer, _ = load_checkpoint(checkpoint, device)
     dtype = autocast_dtype(precision, device)
+    flops = forward_flops(model, [len(ids) for ids in token_ids(tokenizer, texts, length)])
     encode_texts(model, tokenizer, texts[:1000], length, 0, dtype, batch_tokens=batch_tokens)  # warm-up
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -108,7 +137,7 @@ def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batc
     sync()
     seconds = time.perf_counter() - started
     return {"passages": len(texts), "max_length": length, "batch_tokens": batch_tokens, "seconds": round(seconds, 2),
-            "passages_per_s": round(len(texts) / seconds, 1)}
+            "passages_per_s": round(len(texts) / seconds, 1), **utilisation(flops, seconds, peak_tflops)}
 
 
 def training_pairs(corpus: pd.DataFrame, qrels: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
@@ -154,6 +183,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--random-init", action="store_true")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape, --model's tokenizer")
+    parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--encode-passages", type=int, help="passages encoded (default: all)")
     parser.add_argument("--encode-length", type=int, default=256)
@@ -175,14 +206,19 @@ def main() -> None:
     shape = synthetic_msmarco(root / "data", args.passages, args.steps * args.batch_size, 0)
     data = load_dataset(root / "data")
     checkpoint = root / "start"
-    init_model(ModelConfig(name=model_source(args.model, args.random_init, root)), checkpoint)
+    init_model(ModelConfig(name=model_source(args.model, args.random_init, root, args.shape)), checkpoint)
     report["collection"] = shape
+    report["model"] = {"shape": args.shape or args.model, "random_init": args.random_init or bool(args.shape),
+                       "parameters": sum(p.numel() for p in load_checkpoint(checkpoint, torch.device("cpu"))[0]
+                                         .parameters())}
     texts = passage_texts(data.corpus)[: args.encode_passages or None]
-    report["encode"] = bench_encode(checkpoint, texts, args.encode_length, args.encode_batch_size, args.precision)
+    report["encode"] = bench_encode(checkpoint, texts, args.encode_length, args.encode_batch_size, args.precision,
+                                    args.peak_tflops)
     print(json.dumps(report["encode"]), flush=True)
     if args.encode_batch_tokens:  # batches by tokens, tokenized ahead by a producer thread (encode.batch_tokens)
         report["encode_pipelined"] = bench_encode_pipelined(checkpoint, texts, args.encode_length,
-                                                            args.encode_batch_tokens, args.precision)
+                                                            args.encode_batch_tokens, args.precision,
+                                                            args.peak_tflops)
         print(json.dumps(report["encode_pipelined"]), flush=True)
     qrels = data.split_qrels("train")
     pairs = training_pairs(data.corpus, qrels, args.steps * args.batch_size)
