@@ -41,15 +41,15 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_
       transformers.__version__, 'prefect', prefect.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__,
       'faiss gpus', getattr(faiss, 'get_num_gpus', lambda: 0)())"; } >"$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
-  step tests_gpu 150 $PY -m pytest -q -p no:cacheprovider tests/gpu
+  step tests_gpu 120 $PY -m pytest -q -p no:cacheprovider tests/gpu
   if [ -n "$SMALL" ]; then
     step bench 120 $PY bench/search.py --shape 5183x384 --shape 20000x768 --faiss-queries 200 --torch-queries 400 \
       --batch 200 --json "$OUT/search.json"
     step bench 300 $PY bench/gpu.py --model "$KIT/tokenizer" --shape bert-base --passages 200 --steps 3 --skip 1 \
       --batch-size 4 --loader-workers 2 --encode-batch-tokens 4096 --json "$OUT/bench_bert.json"
   else
-    step bench 90 $PY bench/search.py --shape 5183x384 --shape 1000000x768 --json "$OUT/search.json"
-    step bench 150 $PY bench/gpu.py --model "$KIT/tokenizer" --shape bert-base --passages 30000 --steps 120 \
+    step bench 75 $PY bench/search.py --shape 5183x384 --shape 1000000x768 --json "$OUT/search.json"
+    step bench 130 $PY bench/gpu.py --model "$KIT/tokenizer" --shape bert-base --passages 30000 --steps 120 \
       --skip 20 --loader-workers 2 --encode-batch-tokens 65536 --json "$OUT/bench_bert.json"
   fi
 elif [ "$part" = model ]; then
@@ -77,8 +77,8 @@ build_tiny_scifact(Path('$KIT/data/scifact'), Path('$KIT/data/tiny'))"  # ~200 d
     step demo 900 $PY -m ance_cli demo --json --work-dir "$KIT/work" --set "model.name=$KIT/minilm" \
       --set "data.dataset=$KIT/data/tiny"
   else
-    step demo 330 $PY -m ance_cli demo --json --work-dir "$KIT/work" --set "model.name=$KIT/minilm"
-    step bench 150 $PY bench/gpu.py --model "$KIT/minilm" --passages 50000 --steps 150 --skip 20 \
+    step demo 300 $PY -m ance_cli demo --json --work-dir "$KIT/work" --set "model.name=$KIT/minilm"
+    step bench 120 $PY bench/gpu.py --model "$KIT/minilm" --passages 50000 --steps 150 --skip 20 \
       --loader-workers 0 2 --encode-batch-tokens 65536 --json "$OUT/bench_minilm.json"
   fi
   # the demo's run record: stage times and results (the last JSON line of its output)
