@@ -66,15 +66,48 @@ def encode_texts(
     model.eval()
     oom = out_of_memory_advice(f"encoding batches of {batch_size} texts of up to {max_length} tokens",
                                "lower encode.batch_size (or the model's max length)")
+    results = BatchResults(out, device, progress)
     with torch.inference_mode(), autocast, oom:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = tokenizer.pad({"input_ids": [features[i] for i in idx]}, return_tensors="pt")
-            emb = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (b, h)
-            out[idx] = emb.float().cpu().numpy()
-            if progress is not None:
-                progress.update(len(idx))
+            results.put(idx, model(batch["input_ids"].to(device), batch["attention_mask"].to(device)))  # (b, h)
+        results.flush()
     return out
+
+
+class BatchResults:
+    """Embeddings written into `out` (rows, dim) as batches finish. On a GPU one batch behind: a batch's copy to
+    pinned host memory is queued after its forward and read once the next batch's forward is queued, so the GPU
+    does not wait on the host between batches (a `.cpu()` per batch did: encoding ran at a quarter of the forward's
+    speed on an H100, BENCHMARKS.md). On the CPU each batch is written at once."""
+
+    def __init__(self, out: np.ndarray, device: torch.device, progress: tqdm | None):
+        self.out, self.cuda, self.progress = out, device.type == "cuda", progress
+        self.pending: tuple[np.ndarray, torch.Tensor, torch.cuda.Event] | None = None
+
+    def put(self, rows: np.ndarray, emb: torch.Tensor) -> None:
+        if not self.cuda:
+            self._write(rows, emb.float().numpy())
+            return
+        host = torch.empty(emb.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(emb.float(), non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self.flush()  # the previous batch's (queued before this batch's forward)
+        self.pending = (rows, host, copied)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            rows, host, copied = self.pending
+            self.pending = None
+            copied.synchronize()
+            self._write(rows, host.numpy())
+
+    def _write(self, rows: np.ndarray, emb: np.ndarray) -> None:
+        self.out[rows] = emb
+        if self.progress is not None:
+            self.progress.update(len(rows))
 
 
 def token_batches(lengths: list[int], batch_tokens: int) -> list[np.ndarray]:
@@ -132,17 +165,16 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
     model.eval()
     oom = out_of_memory_advice(f"encoding batches of up to {batch_tokens} padded tokens (texts of up to {max_length} "
                                "tokens)", "lower encode.batch_tokens (or the model's max length)")
+    results = BatchResults(out, device, progress)
     try:
         with torch.inference_mode(), autocast, oom:
             while (chunk := ready.get()) is not None:
                 if isinstance(chunk, BaseException):
                     raise chunk
                 for rows, batch in chunk:
-                    emb = model(batch["input_ids"].to(device, non_blocking=True),
-                                batch["attention_mask"].to(device, non_blocking=True))
-                    out[rows] = emb.float().cpu().numpy()
-                    if progress is not None:
-                        progress.update(len(rows))
+                    results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
+                                            batch["attention_mask"].to(device, non_blocking=True)))
+            results.flush()
     finally:
         stop.set()
         producer.join()

@@ -50,12 +50,17 @@ def cpu_reference(checkpoint) -> np.ndarray:
     return encode_texts(model, tokenizer, passage_texts(_corpus()), meta.passage_max_length, 8, None)
 
 
+@pytest.mark.parametrize("batch_tokens", [None, 96], ids=["by-count", "by-tokens"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_encoding_on_the_device_matches_the_cpu_in_fp32(checkpoint, cpu_reference, precision, device, tmp_path):
+def test_encoding_on_the_device_matches_the_cpu_in_fp32(checkpoint, cpu_reference, precision, batch_tokens, device,
+                                                       tmp_path):
+    """Both batchings (by count; by padded tokens with the tokenizer's producer thread), each writing a batch's
+    embeddings one batch behind on a GPU (`BatchResults`): every row where the CPU puts it."""
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         pytest.skip(f"{torch.cuda.get_device_name(device)} has no bf16 support")
     corpus = _corpus()
-    cfg = EncodeConfig(batch_size=8, shard_size=10, precision=precision, dtype="float32")  # compute, not storage
+    cfg = EncodeConfig(batch_size=8, shard_size=10, precision=precision, dtype="float32",  # compute, not storage
+                       batch_tokens=batch_tokens)
     summary = encode_corpus(checkpoint, corpus, cfg, tmp_path)
     assert torch.device(summary["device"]).type == device.type  # pick_device() chose the GPU ("cuda:0" on CUDA)
     assert read_docids(tmp_path) == corpus["doc_id"].tolist()

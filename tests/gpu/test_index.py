@@ -4,6 +4,7 @@ near-tie) and the same scores within rtol 1e-5 / atol 1e-4 (float32 inner produc
 
 import numpy as np
 import pytest
+import torch
 
 from ance_core.artifacts import DOCIDS
 from ance_core.retrieval.config import IndexConfig
@@ -76,13 +77,16 @@ def test_the_torch_backend_on_the_gpu_returns_the_cpu_top_k(index_dir, device, r
 
     from ance_core.retrieval.torch_index import TorchFlatIndex
 
+    # float16 shards, as the encoding writes them by default (encode.dtype): kept float16 on a GPU, float32 on the
+    # CPU, the same values either way as the faiss index's float32 copy
     vectors = np.concatenate([np.load(index_dir / "emb_00000.npy"), np.load(index_dir / "emb_00001.npy")])
-    rounded = vectors.astype(np.float16).astype(np.float32) if device.type == "cuda" else vectors
+    shards = vectors.astype(np.float16)
     cpu = faiss.IndexFlatIP(DIM)
-    cpu.add(rounded)
+    cpu.add(shards.astype(np.float32))
     queries = np.random.default_rng(1).standard_normal((50, DIM)).astype(np.float32)
-    index = TorchFlatIndex([vectors[:2000], vectors[2000:]], device, resident_bytes=None if resident else 1,
+    index = TorchFlatIndex([shards[:2000], shards[2000:]], device, resident_bytes=None if resident else 1,
                            block_rows=700)
+    assert index.blocks[0].dtype == (torch.float16 if device.type == "cuda" else torch.float32)
     assert index.resident == resident
     for k in (10, GPU_MAX_K + 1):
         scores, rows = index.search(queries, k)
