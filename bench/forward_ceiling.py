@@ -46,7 +46,7 @@ def main() -> None:
             mask = torch.ones_like(ids) if masked else None
 
             @torch.inference_mode()
-            def forward(mask=mask, precision=precision):
+            def forward(model=model, mask=mask, precision=precision):
                 with torch.autocast(device, torch.bfloat16, enabled=precision == "autocast"):
                     return model(input_ids=ids, attention_mask=mask).last_hidden_state
 

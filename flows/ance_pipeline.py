@@ -20,7 +20,7 @@ from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
-from ance_core.training.loop import check_precision
+from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint

@@ -14,7 +14,7 @@ from ance_core.negatives.randomness import round_sample
 from ance_core.negatives.teacher import Teacher, with_teacher_scores
 from ance_core.retrieval.search import score_pairs
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import planned_epochs
+from ance_core.training.plan import planned_epochs
 from tasks.common import stage_task
 
 MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, sampled and dropped)

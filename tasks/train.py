@@ -25,7 +25,8 @@ from ance_core.retrieval.config import EncodeConfig
 from ance_core.training.config import DevCheckConfig, TrainConfig
 from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidate_pairs
 from ance_core.training.distributed import FAULT_HOOK, launch
-from ance_core.training.loop import Schedule, continuous_schedules, planned_steps, train
+from ance_core.training.loop import train
+from ance_core.training.plan import Schedule, continuous_schedules, planned_steps
 from ance_core.training.state import checkpoint_step
 from tasks.common import inject_fault, progress_artifact, stage_task
 from tracking.live import live_callbacks

@@ -35,7 +35,8 @@ from ance_core.negatives.refresh_state import READY_FILE, SNAPSHOTS, MemoryBoard
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import FAULT_HOOK, launch
-from ance_core.training.loop import planned_steps, train
+from ance_core.training.loop import train
+from ance_core.training.plan import planned_steps
 from ance_core.training.state import checkpoint_step, latest_checkpoint
 from tasks.common import stage_task
 from tasks.inferencer import DeploymentInferencer

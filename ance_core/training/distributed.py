@@ -43,7 +43,8 @@ from ance_core.errors import AnceError
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import rank_refresh
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import Schedule, train
+from ance_core.training.loop import train
+from ance_core.training.plan import Schedule
 
 FAULT_HOOK = "ANCE_FAULT_HOOK"  # a module each rank imports first (the pipeline passes tasks.common: ANCE_FAULT)
 SPEC = "distributed.json"

@@ -3,7 +3,7 @@ model: the stages left become one schedule of their own, warmed up again, with a
 
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import Schedule
+from ance_core.training.plan import Schedule
 from tasks.train import SchedulePlan
 
 

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import planned_steps, steps_per_epoch, train
+from ance_core.training.loop import train
+from ance_core.training.plan import planned_steps, steps_per_epoch
 from tests.tiny import training_tables
 
 
@@ -163,7 +164,7 @@ def test_lamb_trains_with_accumulation_and_bf16(setup, tmp_path):
 def test_continuous_schedule_spans_stages_and_carries_the_optimizer(setup, tmp_path):
     """Two 2-step stages on one 4-step schedule (1 warm-up step): the learning rates are those of one 4-step run, and
     the second stage starts from the first one's optimizer moments."""
-    from ance_core.training.loop import continuous_schedules
+    from ance_core.training.plan import continuous_schedules
 
     ckpt, *rest = setup
     first, second = continuous_schedules([2, 2], warmup_ratio=0.25)
@@ -208,7 +209,7 @@ def test_out_of_gpu_memory_names_the_batch_and_is_not_retried(setup, tmp_path, m
 
 def test_fp16_training_is_refused_off_cuda_and_bf16_is_named():
     from ance_core.errors import AnceError
-    from ance_core.training.loop import check_precision
+    from ance_core.training.plan import check_precision
 
     with pytest.raises(AnceError, match="warmup.precision: fp16 training needs a CUDA GPU.*bf16"):
         check_precision("fp16", torch.device("cpu"), "warmup.precision")
@@ -322,7 +323,7 @@ def test_each_epoch_trains_on_its_own_draw_of_negatives_and_resumes_on_it(setup,
 def test_rounds_are_seeded_apart_from_the_warm_up(setup, tmp_path):
     """The same config's seed gives the warm-up (round 0) its seed as it is and each round another: round 1's first
     step sees other batches than the warm-up's (it replayed them before)."""
-    from ance_core.training.loop import stage_seed
+    from ance_core.training.plan import stage_seed
 
     assert stage_seed(42, 0) == 42 and len({stage_seed(42, r) for r in range(4)}) == 4
     assert stage_seed(42, 1) == stage_seed(42, 1) != stage_seed(43, 1)

@@ -1,0 +1,117 @@
+"""The `ance` command's Typer app, its global options, and what its commands share: the pipeline's pre-flight and
+the printing of results (tables, metrics, the JSON line)."""
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ance_cli.guard import (
+    DEBUG,
+    exit_on_sigterm,
+)
+
+SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
+             "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train dense retrievers with ANCE, orchestrated by Prefect.")
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of user errors (or set "
+                                                  "ANCE_DEBUG=1)")] = False) -> None:
+    if debug:
+        os.environ[DEBUG] = "1"
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+
+
+def print_pipeline(result: dict, as_json: bool) -> None:
+    typer.echo("")
+    typer.echo(result["markdown"])
+    if "compression" in result:
+        typer.echo(f"## Compression of the final model\n\n{result['compression']['table']}\n")
+        typer.echo(f"compression table and files: {result['compression']['files']}")
+    typer.echo(f"result checkpoint: {result['final_checkpoint']}")
+    typer.echo(f"report: {result['report_dir']}/results.md; plots: {result['plots_dir']}")
+    if "tracking" in result:
+        from tracking.closing import closing_lines
+
+        for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
+                                  on_dev=result.get("dev_split") is not None):
+            typer.echo(line)
+    if as_json:
+        chosen = next(r for r in result["results"] if r["model"] == result["selected"])
+        summary = {k: v for k, v in chosen.items() if k != "model"}
+        keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
+                "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
+                "retention", "started_from", "fusion")
+        typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
+
+
+def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0) -> None:
+    """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
+    train split must have positives, and each of its queries `negatives` documents not relevant to it).
+
+    This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
+    from ance_core.artifacts import writable_work_dir
+    from ance_core.data.checks import check_trainable
+    from ance_core.data.dataset import read_tables
+    from ance_core.data.sources import resolve_dataset
+    from tasks.common import faults_off
+    from tasks.data import prepare_data
+
+    fresh = not Path(work_dir).expanduser().exists()
+    writable_work_dir(work_dir)
+    try:
+        with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
+            tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=["doc_id"] if trains else [])
+        for split in splits:
+            tables.split_qrels(split)
+        if trains:
+            check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
+                            negatives)
+    except Exception:
+        folder = Path(work_dir).expanduser()
+        if fresh and not any(not p.name.startswith(".") for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)  # the empty folder this command made is not left behind
+        raise  # (a validated data stage is kept: it is whole, and the next run reuses it)
+
+
+def run_pipeline(config, as_json: bool) -> None:
+    from ance_core.pipeline.config import negatives_needed
+    from flows.ance_pipeline import ance_pipeline, check_pipeline
+
+    check_pipeline(config)
+    preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True,
+               negatives=negatives_needed(config))
+    print_pipeline(ance_pipeline(config), as_json)
+
+
+
+def print_table(result: dict, where: str, json_keys: tuple[str, ...]) -> None:
+    """A table flow's ending: its table, where its files are, the MLflow lines, and the JSON line when asked."""
+    from tracking.closing import closing_lines
+
+    typer.echo("")
+    typer.echo(result["table"])
+    typer.echo(where)
+    for line in closing_lines(result["tracking"]):
+        typer.echo(line)
+    if json_keys:
+        typer.echo(json.dumps({k: result[k] for k in json_keys}))
+
+
+
+def print_metrics(metrics: dict, title: str, as_json: bool) -> None:
+    typer.echo(title)
+    for k, v in metrics.items():
+        typer.echo(f"  {k:<16}{v:.4f}")
+    if as_json:
+        typer.echo(json.dumps(metrics))
+
+

@@ -1,0 +1,194 @@
+"""`ance` commands that train: demo, run, recipes, tune, compare, compress."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ance_cli.app import SETS_HELP, app, preflight, print_table, run_pipeline
+from ance_cli.guard import (
+    guard,
+)
+
+
+@app.command()
+def demo(
+    recipe: Annotated[str, typer.Option(help="demo (the defaults, ~10 min) or full (~16 min)")] = "demo",
+    rounds: Annotated[int | None, typer.Option(help="ANCE rounds after the warm-up (default: the recipe's)")] = None,
+    work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
+    compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
+                                           "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+):
+    """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
+    from ance_core.compression.config import CompressConfig
+    from ance_core.pipeline.recipes import recipe_config
+
+    compression = CompressConfig(index_types=["flat", "hnsw", "ivfpq"]) if compress else None
+
+    def body():
+        overrides = {"work_dir": work_dir, "compression": compression}
+        config = recipe_config(recipe, sets or (), **overrides | ({"rounds": rounds} if rounds is not None else {}))
+        run_pipeline(config, as_json)
+
+    guard(body)
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config; without one, "
+                                                "the pipeline's defaults (and --set on top)")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Start from a recipe (demo, full; auto: chosen on the dataset's "
+                                               "dev split by `ance tune`, then trained), the config file's sections "
+                                               "merged over it")] = None,
+    budget_minutes: Annotated[float | None, typer.Option(help="--recipe auto: wall minutes of the search's trials "
+                                                         "(default: the search's)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="--recipe auto: a search setting, as "
+                                                        "`ance tune --tune-set`")] = None,
+):
+    """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
+    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.recipes import AUTO, recipe_config
+
+    def body():
+        if recipe is None:
+            return run_pipeline(load_config(config, sets=sets or ()), as_json)
+        if recipe != AUTO:
+            return run_pipeline(recipe_config(recipe, sets or (), config), as_json)
+        tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets)
+        typer.echo(tuned["markdown"])
+        from ance_core.pipeline.config import PipelineConfig
+
+        run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json)
+
+    guard(body)
+
+
+def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
+          recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
+    """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
+    from ance_core.pipeline.config import load_config, negatives_needed
+    from ance_core.pipeline.recipes import recipe_config
+    from ance_core.pipeline.tune import TuneConfig
+    from flows.ance_pipeline import check_pipeline
+    from flows.tune import tune_recipe
+
+    given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
+             if v is not None}
+    tune = load_config(None, TuneConfig, tune_sets or (), base=given)
+    base = recipe_config(tune.recipe, sets or (), config)
+    check_pipeline(base)
+    preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
+               negatives=negatives_needed(base))
+    return tune_recipe(base, tune)
+
+
+@app.command()
+def recipes(as_json: Annotated[bool, typer.Option("--json", help="Print the recipes as JSON")] = False):
+    """The named recipes (`ance run --recipe NAME`): each one's overrides of the pipeline's defaults, as --set
+    arguments, and where it was chosen."""
+    from ance_core.pipeline.recipes import AUTO, CHOSEN, RECIPES, recipe_sets
+
+    names = [*RECIPES, AUTO]
+    if as_json:
+        typer.echo(json.dumps({name: {"sets": recipe_sets(name), "chosen": CHOSEN[name]} for name in names}))
+        return
+    for name in names:
+        sets = " ".join(f"--set {s}" for s in recipe_sets(name)) or "(searched per dataset)"
+        typer.echo(f"{name}: {sets}\n    {CHOSEN[name]}")
+
+
+@app.command()
+def tune(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config merged over "
+                                                "the base recipe (the dataset, the model, ...)")] = None,
+    recipe: Annotated[str, typer.Option(help="The recipe the candidates vary (the baseline)")] = "demo",
+    budget_minutes: Annotated[float | None, typer.Option(help="Wall minutes of trials (default 90)")] = None,
+    seeds: Annotated[list[int] | None, typer.Option("--seed", help="The rungs' seeds (repeatable; default 42 43 "
+                                                    "44)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the winner's whole config here (YAML, for `ance run "
+                                             "--config`)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the choice as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="Override a search setting: "
+                                                        "learning_rates, positives, warmup_epochs, eta, margin "
+                                                        "(e.g. --tune-set learning_rates=[4e-5,1e-5])")] = None,
+):
+    """Choose a recipe on the dataset's dev split: variants of --recipe (learning rate, which graded positives train,
+    warm-up epochs) as trials with successive halving over seeds; prints the table and the winner."""
+
+    def body():
+        result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)
+        typer.echo(result["markdown"])
+        typer.echo(f"recipe search report: {result['report_dir']}; the winner's config: "
+                   f"{result['report_dir']}/recipe.yaml")
+        if out is not None:
+            import shutil
+
+            shutil.copyfile(Path(result["report_dir"], "recipe.yaml"), out)
+            typer.echo(f"written: {out}")
+        if as_json:
+            typer.echo(json.dumps({k: result[k] for k in ("winner", "overrides", "reason", "stopped", "report_dir",
+                                                          "mlflow_run_id", "trials")}))
+
+    guard(body)
+
+
+@app.command()
+def compare(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompareConfig")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON last")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+):
+    """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
+    from ance_core.pipeline.config import CompareConfig, load_config, negatives_needed
+
+    def body():
+        from flows.compare import compare_negatives
+
+        c = load_config(config, CompareConfig, sets or ())
+        preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split), trains=True,
+                   negatives=negatives_needed(c))
+        result = compare_negatives(c)
+        print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
+                     ("results", "train_seconds", "tracking", "table") if as_json else ())
+
+    guard(body)
+
+
+@app.command(name="compress")
+def compress_command(
+    checkpoint: Annotated[Path | None, typer.Option(help="A trained checkpoint folder; default: the dataset's "
+                                                    "champion in MLflow, else the work folder's newest model")] = None,
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompressConfig")] = None,
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON last")] = False,
+):
+    """Compress a trained model's embeddings (ConAE and the PCA / truncation baselines) and measure quality, index
+    size and search latency on the evaluation split (the compress deployment's flow)."""
+    from ance_core.compression.config import CompressConfig
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.model import read_meta
+    from ance_core.pipeline.config import load_config
+
+    def body():
+        from flows.compress import compress_flow
+
+        if checkpoint is not None:
+            read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
+        c = load_config(config, CompressConfig) if config else CompressConfig()
+        data = DataConfig(dataset=dataset)
+        preflight(data, work_dir, (data.train_split, data.eval_split))
+        result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
+                               work_dir=work_dir)
+        print_table(result, f"table and files: {result['files']}",
+                     ("rows", "files", "checkpoint", "tracking") if as_json else ())
+
+    guard(body)
+
+

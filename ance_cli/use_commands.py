@@ -1,0 +1,181 @@
+"""`ance` commands that use what was trained: bm25, evaluate, search, export, gc."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ance_cli.app import app, preflight, print_metrics
+from ance_cli.guard import (
+    guard,
+)
+from ance_cli.lookups import chosen_fusion, corpus_titles, evaluation_data, hybrid_search, index_of, score_run
+
+
+@app.command()
+def bm25(
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    split: Annotated[str, typer.Option(help="qrels split to evaluate")] = "test",
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+):
+    """Evaluate the BM25 baseline (top-1000) on a split."""
+    from ance_core.retrieval.config import BM25Config
+    from flows.evaluate import bm25_baseline
+
+    def body():
+        data = evaluation_data(dataset, split)
+        preflight(data, work_dir, (split,))
+        metrics = bm25_baseline(data, BM25Config(), work_dir)
+        print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
+
+    guard(body)
+
+
+@app.command()
+def evaluate(
+    checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder written by training (or init)")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="Score this TREC run file (any system's: qid Q0 docid "
+                                             "rank score tag) instead of a checkpoint")] = None,
+    dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    split: Annotated[str, typer.Option()] = "test",
+    work_dir: Annotated[str, typer.Option()] = "work",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+):
+    """Encode the corpus with a checkpoint, index it and evaluate it on a split; or score a TREC run file."""
+    from ance_core.errors import AnceError
+    from ance_core.modeling.model import read_meta
+    from flows.evaluate import evaluate_checkpoint
+
+    def body():
+        if (checkpoint is None) == (run is None):
+            raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
+                            "to score), one of them")
+        if run is not None:
+            return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
+        read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
+        data = evaluation_data(dataset, split)
+        preflight(data, work_dir, (split,))
+        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
+        print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
+
+    guard(body)
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Query text")],
+    model: Annotated[Path, typer.Option(help="Checkpoint folder")],
+    index: Annotated[Path | None, typer.Option(help="Index folder (an index stage's: `docid` and the index); "
+                                               "default: the newest index of --model's encoding in its work "
+                                               "folder")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
+    dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
+    trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
+    query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file")] = "q1",
+    hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse the model's ranking with BM25's over --dataset's "
+                                         "corpus (its BM25 index in --work-dir, built once)")] = False,
+    fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one the work folder's newest run chose "
+                                        "on its dev split, when its result is this model or its hybrid row; else "
+                                        "rrf), rrf, or the dense ranking's weight in a convex combination of "
+                                        "normalised scores, e.g. 0.7")] = "auto",
+    work_dir: Annotated[str, typer.Option(help="--hybrid: the work folder of the data and BM25 stages")] = "work",
+):
+    """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
+    BM25's."""
+    from ance_core.errors import AnceError
+    from ance_core.modeling.model import read_meta
+    from ance_core.retrieval.search import search_text
+
+    def body():
+        read_meta(model)
+        if trec is not None and not trec.parent.is_dir():
+            raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
+        if hybrid:
+            if dataset is None:
+                raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
+            how, bm25_cfg, depth = chosen_fusion(fusion, model, work_dir)
+            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how, bm25_cfg, depth)
+            typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
+        else:
+            hits = search_text(model, index_of(model, index), query, top_k)
+        if trec is not None:
+            import pandas as pd
+
+            from ance_core.retrieval.search import write_trec
+
+            write_trec(pd.DataFrame({"query_id": query_id, "doc_id": [h.doc_id for h in hits],
+                                     "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
+                       tag=Path(model).name)
+        texts = corpus_titles(dataset) if dataset else {}
+        for rank, hit in enumerate(hits, 1):
+            typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
+
+    guard(body)
+
+
+@app.command(name="export")
+def export_command(
+    checkpoint: Annotated[str, typer.Option(help="A checkpoint folder, or a registered model version: "
+                                            "models:/<name>@<alias> or models:/<name>/<version>")],
+    out: Annotated[Path, typer.Option(help="The model folder to write (missing or empty, unless --force)")],
+    fmt: Annotated[str, typer.Option("--format", help="sentence-transformers")] = "sentence-transformers",
+    force: Annotated[bool, typer.Option("--force", help="Replace --out when it is not empty")] = False,
+    work_dir: Annotated[str, typer.Option(help="For a models:/ URI: the work folder whose MLflow store "
+                                          "(mlflow.db) holds it; MLFLOW_TRACKING_URI overrides")] = "work",
+):
+    """Write a checkpoint as a standard sentence-transformers model folder, with a model card (README.md)."""
+    from ance_core.errors import AnceError
+    from ance_core.export.sentence_transformers import FORMATS, check_target, export_checkpoint
+
+    def body():
+        if fmt not in FORMATS:
+            raise AnceError(f"unknown export format '{fmt}'; choose one of {', '.join(FORMATS)}")
+        if not checkpoint.startswith("models:/"):
+            result = export_checkpoint(checkpoint, out, fmt, force)
+        else:
+            import tempfile
+
+            from tracking.registry import download_registered_model
+
+            check_target(out, force)  # before the download
+            with tempfile.TemporaryDirectory(prefix="ance-export-") as tmp:
+                folder, provenance = download_registered_model(checkpoint, tmp, work_dir)
+                result = export_checkpoint(folder, out, fmt, force, provenance)
+        typer.echo(f"{result['source']} -> {out} ({fmt}: {result['dim']}-dim, {result['pooling']} pooling, dot "
+                   f"product; queries {result['query_max_length']} tokens, passages {result['passage_max_length']})")
+        typer.echo(f"model card: {out / 'README.md'}; in Python: SentenceTransformer(\"{out}\").encode_query(...)")
+
+    guard(body)
+
+
+@app.command()
+def gc(
+    work_dir: Annotated[str, typer.Option(help="The work folder to clean")] = "work",
+    keep_runs: Annotated[int, typer.Option(min=1, help="Keep the stages of the last N runs (and what they were "
+                                           "built from)")] = 3,
+    keep_refreshes: Annotated[int, typer.Option(min=1, help="Of each kept run, keep the encodings and indexes of "
+                                                "its last N refreshes")] = 2,
+    keep_rankings: Annotated[bool, typer.Option("--keep-rankings/--drop-rankings", help="Keep the kept refreshes' "
+                                                "rankings (retrieve folders), or drop every ended run's")] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")] = False,
+):
+    """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
+    latest.json names, partial folders, the MLflow store (registered versions) and the champion (README: Disk)."""
+    from ance_core.errors import AnceError
+    from ance_core.retention import RetentionConfig, collect
+
+    def body():
+        if not Path(work_dir).is_dir():
+            raise AnceError(f"{work_dir}: no such work folder")
+        plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes,
+                                                   keep_rankings=keep_rankings), dry_run)
+        verb = "would remove" if dry_run else "removed"
+        for folder in plan.remove:
+            typer.echo(f"{verb}  {folder.stage}/{folder.key}")
+        typer.echo(f"{verb} {len(plan.remove)} stage folders ({plan.freed_bytes / 2**30:.2f} GiB); kept "
+                   f"{len(plan.keep)}")
+
+    guard(body)
+
+
