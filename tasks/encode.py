@@ -13,6 +13,7 @@ from ance_core.faults import fault_point
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
 from ance_core.retrieval.encode import assemble_shards, release_checkpoint, shard_ranges
 from ance_core.retrieval.encode import encode_shard as core_encode_shard
+from ance_core.system_metrics import SystemSampler
 from tasks.common import progress_artifact, stage_task
 from tasks.execution import run_mapped
 
@@ -51,8 +52,9 @@ def encode_corpus(checkpoint: ArtifactRef, data: ArtifactRef, cfg: EncodeConfig,
         calls = [dict(checkpoint=checkpoint, data=data, cfg=cfg, shard=k, work_dir=work_dir, threads=threads)
                  for k in range(len(shard_ranges(documents, cfg.shard_size)))]
         bar = progress_artifact(len(calls), f"encoding the corpus: {documents:,} documents in {len(calls)} shards")
-        try:
-            shards = run_mapped(encode_shard, calls, execution, done=bar)
+        try:  # system metrics of this host (the shards' own, where they run here) while the shards are encoded
+            with SystemSampler(out):
+                shards = run_mapped(encode_shard, calls, execution, done=bar)
         finally:
             release_checkpoint()  # a local run loaded it in this process
         summaries = [read_manifest(ref.path)["summary"] for ref in shards]

@@ -267,6 +267,17 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
     for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000", "time_train_s", "time_mine_s",
                 "neg_overlap_top100", "neg_mean_negative_rank"):
         assert key in metrics, key
+    # system metrics (the run's System metrics tab): sampled while each model's training and encoding ran, with the
+    # wall time of each sample; the parent holds all of them on one axis
+    ended = parent["info"]["end_time"]
+    for run_id in (children["warmup"]["info"]["run_id"], children["zero-shot"]["info"]["run_id"], pid):
+        for key in ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+                    "system/process_memory_rss_megabytes"):
+            history = mlflow_api(stack, "GET", "metrics/get-history", params={"run_id": run_id, "metric_key": key})
+            points = history.get("metrics", [])
+            assert points, f"{key} not logged to run {run_id}"
+            assert all(ended - 3_600_000 < int(m["timestamp"]) <= ended for m in points)  # real times, not 0
+            assert sorted(m["step"] for m in points) == list(range(len(points)))
 
     def files(run_id: str, path: str) -> set[str]:
         listed = mlflow_api(stack, "GET", "artifacts/list", params={"run_id": run_id, "path": path})

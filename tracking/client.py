@@ -172,10 +172,11 @@ class Tracker:
         self.log_history(run_id, [{"step": step, **metrics}], keys=list(metrics))
 
     def log_history(self, run_id: str | None, records: Iterable[dict], keys: list[str], step_offset: int = 0) -> None:
-        """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips)."""
+        """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips); a record's
+        "timestamp" (ms since the epoch), where it has one, is its points' time."""
         from mlflow.entities import Metric
 
-        metrics = [Metric(metric_key(k), float(r[k]), 0, int(r["step"]) + step_offset)
+        metrics = [Metric(metric_key(k), float(r[k]), int(r.get("timestamp", 0)), int(r["step"]) + step_offset)
                    for r in records for k in keys if k in r]
         for start in range(0, len(metrics), BATCH):
             chunk = metrics[start:start + BATCH]

@@ -25,6 +25,7 @@ from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
 from ance_core.pipeline.report import last_dense
+from ance_core.system_metrics import read_system_metrics
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
 from tracking.registry import log_checkpoint, model_name, register_models
@@ -150,6 +151,21 @@ class PipelineTracking:
                                                 "champion": {}, "error": f"{type(e).__name__}: {e}"}
         return tracked | {"final_logging_s": round(time.perf_counter() - started, 1)}
 
+    def log_system_metrics(self, timings: list) -> None:
+        """The system metrics sampled while each training and encoding stage ran (ance_core/system_metrics.py): to the
+        model's run (its System metrics tab) and, on one axis for the whole run, to the parent run."""
+        steps: dict[str, int] = {}
+        for t in timings:
+            if t.stage not in ("train", "encode") or not (samples := read_system_metrics(t.ref.path)):
+                continue
+            keys = sorted({k for s in samples for k in s if k.startswith("system/")})
+            for run in dict.fromkeys((self.child(t.label), self.parent)):
+                if run is None:
+                    continue
+                start = steps.get(run, 0)
+                self.tracker.log_history(run, [s | {"step": start + k} for k, s in enumerate(samples)], keys)
+                steps[run] = start + len(samples)
+
     def finish(self, report: dict, timings: list, evaluations: list, data_path: str, stats: dict | None = None,
                async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
                plots_dir: Path | None = None, selected: tuple[str, ArtifactRef] | None = None,
@@ -193,6 +209,7 @@ class PipelineTracking:
                 versions.append((t.label, child, results[last_dense(report["results"])]))
                 if selected is not None and selected[0] == last_dense(report["results"]):
                     selected = (t.label, selected[1])
+        self.log_system_metrics(timings)
         if self.trial:  # a trial's models are compared, not kept: nothing is registered
             versions, selected = [], None
         if selected is not None and selected[0] not in {label for label, _, _ in versions}:

@@ -39,19 +39,15 @@ from ance_core.modeling.model import (
     save_checkpoint,
 )
 from ance_core.negatives.mining import epoch_negatives, negative_draws
+from ance_core.system_metrics import SystemSampler
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
 from ance_core.training.devcheck import BEST, DEV_METRIC, BestStep, StageDev
 from ance_core.training.gradients import (
     PairEncoder,
-    accumulate_gradients,
-    cached_gradients,
-    group_grad_norms,
-    layer_groups,
     read_once,
 )
-from ance_core.training.loss import distill_loss, nll_loss
 from ance_core.training.optim import linear_schedule, make_optimizer
 from ance_core.training.plan import (
     Schedule,
@@ -61,7 +57,7 @@ from ance_core.training.plan import (
     stage_seed,
     steps_per_epoch,
 )
-from ance_core.training.ranks import current_ranks, gather_rows, rng_states, split_sizes
+from ance_core.training.ranks import current_ranks, rng_states
 from ance_core.training.state import (
     CHECKPOINTS,
     capture_state,
@@ -70,6 +66,7 @@ from ance_core.training.state import (
     resume_optimizer,
     save_state,
 )
+from ance_core.training.step import TrainStep, WeightAverage
 from ance_core.training.tokens import pad_settings
 
 StepCallback = Callable[[dict], None]
@@ -193,36 +190,13 @@ def train(
         encoder = torch.nn.parallel.DistributedDataParallel(
             encoder, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def embed(queries: dict, passages: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's (b, h) query and (b*G, h) passage embeddings, float32."""
-        on_device = lambda inputs: {k: v.to(device, non_blocking=True) for k, v in inputs.items()}  # noqa: E731
-        with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
-            q, p = encoder(on_device(queries), on_device(passages))
-        return q.float(), p.float()
-
-    def batch_loss(batch: dict, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """The loss of a global micro-batch of batch["rows"] pairs from this rank's embeddings of its slice."""
-        mask = batch["mask"].to(device, non_blocking=True) if "mask" in batch else None  # (B, B*G)
-        sizes = split_sizes(batch["rows"], ranks.world)
-        q = gather_rows(q, sizes, ranks)  # (B, h)
-        p = gather_rows(p, [n * group for n in sizes], ranks)  # (B*G, h)
-        loss = nll_loss(q, p, group, cfg.in_batch_negatives, mask, cfg.hardest_in_batch)
-        if "teacher" in batch and cfg.distill_weight:  # the negatives carry a teacher's scores of each group
-            loss = loss + cfg.distill_weight * distill_loss(q, p, group, batch["teacher"].to(device))
-        return loss
-
-    def micro_batch_loss(batch: dict) -> torch.Tensor:
-        """The loss of a global micro-batch; this rank encodes its slice (StepBatches) at once."""
-        return batch_loss(batch, *embed(batch["queries"], batch["passages"]))
-
-    left_padded = pad_settings(tokenizer)[1]
-
     averaged = WeightAverage(model, optimizer, cfg.ema_decay, fresh=step == 0) if cfg.ema_decay else None
+    train_step = TrainStep(model, encoder, optimizer, scheduler, cfg, group, device, dtype, scaler, ranks, averaged,
+                           left_padded=pad_settings(tokenizer)[1])
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
     best = _dev_start(dev, out, step, [json.loads(ln) for ln in kept], state, ranks)
     model.train()
-    thirds = layer_groups(model)
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=not ranks.main)
     per_rank = -(-cfg.batch_size // ranks.world)
     oom = out_of_memory_advice(
@@ -237,7 +211,9 @@ def train(
     feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
-    with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer:
+    sampler = SystemSampler(out) if ranks.main else nullcontext()  # CPU, memory, GPU use while the stage trains
+    with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer, \
+            sampler:
         while step < total:
             epoch = step // per_epoch
             swapped = negatives_update is not None and (table := negatives_update(step)) is not None
@@ -249,29 +225,10 @@ def train(
                 # the new documents read and tokenized now, those no longer named dropped
                 feed.reset(tokens := tokens.swapped(epoch_negatives(pairs, in_use), source))
             started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
             micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader
-            if cfg.grad_cache_chunk is None:
-                step_loss = accumulate_gradients(encoder, micro_batches, micro_batch_loss, ranks.world, scaler)
-            else:
-                step_loss = cached_gradients(encoder, micro_batches, embed, batch_loss, cfg.grad_cache_chunk, group,
-                                             left_padded, ranks.world, scaler)
-            examples = sum(b["rows"] for b in micro_batches)
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            layer_norms = group_grad_norms(thirds)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # pre-clip
-            lr = scheduler.get_last_lr()[0]
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
+            figures, lr = train_step(micro_batches, step)
             step += 1
-            if averaged is not None:
-                averaged.update(step)
-            norms = read_once({"loss": step_loss, "grad_norm": grad_norm, **layer_norms})  # after the step is queued
+            norms = read_once(figures)  # after the step is queued: one device transfer
             loss_value = norms.pop("loss")
             if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
                 stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
@@ -279,7 +236,7 @@ def train(
                                 f"{cfg.learning_rate:g}, precision {cfg.precision}); training stopped and nothing was "
                                 "published: lower the learning rate (or max_grad_norm), or train in fp32")
             record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
-                      "examples_per_s": examples / (time.perf_counter() - started)}
+                      "examples_per_s": sum(b["rows"] for b in micro_batches) / (time.perf_counter() - started)}
             state["epoch"] = epoch
             improved = False
             if best is not None and (step % dev.cfg.every(per_epoch) == 0 or step == total):
@@ -338,40 +295,6 @@ def train(
     if best is not None:
         summary |= best.summary() | {"planned_steps": total} | dev.check.size
     return summary
-
-
-class WeightAverage:
-    """An exponential moving average of the trainable weights (`ema_decay`), kept in the optimizer's per-parameter
-    state (key "ema": saved, resumed and carried with the moments). A fresh stage starts it from its first step's
-    weights (dropping a previous stage's, which a continued optimizer state carries)."""
-
-    KEY = "ema"
-
-    def __init__(self, model: torch.nn.Module, optimizer, decay: float, fresh: bool):
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.decay = optimizer, decay
-        if fresh:
-            for p in self.params:
-                self.optimizer.state.get(p, {}).pop(self.KEY, None)
-
-    @torch.no_grad()
-    def update(self, step: int) -> None:
-        """After optimizer step `step` (1-based) of the stage: the decay is min(decay, (1 + step) / (10 + step)), so
-        the first steps' weights do not dominate a short stage's average (TensorFlow's ExponentialMovingAverage with
-        num_updates)."""
-        decay = min(self.decay, (1 + step) / (10 + step))
-        for p in self.params:
-            state = self.optimizer.state[p]  # (set by the optimizer's first step: the moments come first)
-            if self.KEY not in state:
-                state[self.KEY] = p.detach().float().clone()
-            else:
-                state[self.KEY].lerp_(p.detach().float(), 1 - decay)
-
-    @torch.no_grad()
-    def apply(self) -> None:
-        for p in self.params:
-            if self.KEY in self.optimizer.state.get(p, {}):
-                p.copy_(self.optimizer.state[p][self.KEY].to(p.dtype))
 
 
 def _dev_start(dev: StageDev | None, out: Path, step: int, records: list[dict], state: dict, ranks) -> BestStep | None:

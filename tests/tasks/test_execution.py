@@ -17,6 +17,7 @@ from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.negatives.config import MiningConfig
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
+from ance_core.system_metrics import SYSTEM_METRICS
 from flows.stages import encode_flow
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,9 @@ def _encode(checkpoint, dataset, work, execution):
 
 
 def _files(folder) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.name != "manifest.json"}
+    """The folder's outputs (not its manifest, nor the system metrics sampled while it was built)."""
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())
+            if p.name not in ("manifest.json", SYSTEM_METRICS)}
 
 
 def _task_runs(flow_run_id, done, timeout: float = 120) -> list:

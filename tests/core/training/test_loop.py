@@ -189,14 +189,14 @@ def test_out_of_gpu_memory_names_the_batch_and_is_not_retried(setup, tmp_path, m
     the stage tasks do not retry it (it would run out of memory the same way)."""
     from prefect.states import Failed
 
-    import ance_core.training.loop as loop
+    import ance_core.training.step as step
     from ance_core.errors import OutOfMemory
     from tasks.common import retry_unless_user_error
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)\nmore")
 
-    monkeypatch.setattr(loop, "accumulate_gradients", oom)
+    monkeypatch.setattr(step, "accumulate_gradients", oom)
     with pytest.raises(OutOfMemory) as caught:
         train(*setup, CFG, tmp_path / "out")
     message = str(caught.value)
@@ -433,18 +433,18 @@ def test_weight_averaging_ends_with_the_average_and_resumes_to_the_same_one(setu
 def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, tmp_path, monkeypatch):
     """A learning rate that makes the loss NaN stops training at the first such step, one line naming the stage, the
     step and the learning rate, before a checkpoint of it is written (issue 41: it trained every step on NaN)."""
-    import ance_core.training.loop as loop
+    import ance_core.training.step as step
     from ance_core.errors import AnceError
     from ance_core.training.state import latest_checkpoint
 
-    calls, nll = [0], loop.nll_loss
+    calls, nll = [0], step.nll_loss
 
     def diverging(*args, **kwargs):
         calls[0] += 1
         loss = nll(*args, **kwargs)
         return loss * float("nan") if calls[0] >= 2 else loss
 
-    monkeypatch.setattr(loop, "nll_loss", diverging)
+    monkeypatch.setattr(step, "nll_loss", diverging)
     cfg = CFG.model_copy(update={"checkpoint_every": 1, "learning_rate": 3.0})
     message = (r"^ANCE round 2: the loss is nan at step 2 \(learning_rate 3, precision fp32\); training stopped and "
                "nothing was published: lower the learning rate")
