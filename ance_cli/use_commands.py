@@ -119,20 +119,31 @@ def export_command(
     checkpoint: Annotated[str, typer.Option(help="A checkpoint folder, or a registered model version: "
                                             "models:/<name>@<alias> or models:/<name>/<version>")],
     out: Annotated[Path, typer.Option(help="The model folder to write (missing or empty, unless --force)")],
-    fmt: Annotated[str, typer.Option("--format", help="sentence-transformers")] = "sentence-transformers",
+    fmt: Annotated[str, typer.Option("--format", help="sentence-transformers, or onnx (the encoder for onnxruntime "
+                                     "on CPU, with an MLflow model that serves it)")] = "sentence-transformers",
+    int8: Annotated[bool, typer.Option("--int8", help="--format onnx: also quantise the weights to int8 (dynamic "
+                                       "quantisation) and serve that")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace --out when it is not empty")] = False,
     work_dir: Annotated[str, typer.Option(help="For a models:/ URI: the work folder whose MLflow store "
                                           "(mlflow.db) holds it; MLFLOW_TRACKING_URI overrides")] = "work",
 ):
-    """Write a checkpoint as a standard sentence-transformers model folder, with a model card (README.md)."""
+    """Write a checkpoint as a standard sentence-transformers model folder, with a model card (README.md), or as an
+    ONNX export folder served by onnxruntime (--format onnx [--int8])."""
     from ance_core.errors import AnceError
     from ance_core.export.sentence_transformers import FORMATS, check_target, export_checkpoint
 
+    def write(folder: str, provenance: dict | None = None) -> dict:
+        if fmt == "onnx":
+            return _export_onnx(folder, out, int8, force)
+        return export_checkpoint(folder, out, fmt, force, provenance)
+
     def body():
-        if fmt not in FORMATS:
-            raise AnceError(f"unknown export format '{fmt}'; choose one of {', '.join(FORMATS)}")
+        if fmt not in (*FORMATS, "onnx"):
+            raise AnceError(f"unknown export format '{fmt}'; choose one of {', '.join((*FORMATS, 'onnx'))}")
+        if int8 and fmt != "onnx":
+            raise AnceError("--int8 quantises an ONNX export: add --format onnx")
         if not checkpoint.startswith("models:/"):
-            result = export_checkpoint(checkpoint, out, fmt, force)
+            result = write(checkpoint)
         else:
             import tempfile
 
@@ -141,12 +152,33 @@ def export_command(
             check_target(out, force)  # before the download
             with tempfile.TemporaryDirectory(prefix="ance-export-") as tmp:
                 folder, provenance = download_registered_model(checkpoint, tmp, work_dir)
-                result = export_checkpoint(folder, out, fmt, force, provenance)
+                result = write(folder, provenance)
+        if fmt == "onnx":
+            typer.echo(f"{checkpoint} -> {out} (onnx: {result['serve']}, {result['dim']}-dim; largest difference "
+                       f"from PyTorch {result['max_relative_difference']:.1e} of the largest value)")
+            typer.echo(f"serve: mlflow models serve -m {out} --env-manager local; in Python: "
+                       f"ance_core.export.encoder.Encoder(\"{out}\").encode(texts, kind=\"query\")")
+            return
         typer.echo(f"{result['source']} -> {out} ({fmt}: {result['dim']}-dim, {result['pooling']} pooling, dot "
                    f"product; queries {result['query_max_length']} tokens, passages {result['passage_max_length']})")
         typer.echo(f"model card: {out / 'README.md'}; in Python: SentenceTransformer(\"{out}\").encode_query(...)")
 
     guard(body)
+
+
+def _export_onnx(checkpoint: str, out: Path, int8: bool, force: bool) -> dict:
+    """The ONNX export folder, then the MLflow model files that make it servable (`mlflow models serve -m OUT`)."""
+    import shutil
+    import tempfile
+
+    from ance_core.export.onnx import export_onnx
+    from tracking.pyfunc import mlflow_model_files
+
+    result = export_onnx(checkpoint, out, int8, force)
+    with tempfile.TemporaryDirectory(prefix="ance-export-mlflow-") as tmp:
+        for f in mlflow_model_files(out, tmp):
+            shutil.copy2(f, out / f.name)
+    return result
 
 
 @app.command()

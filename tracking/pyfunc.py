@@ -26,6 +26,7 @@ import numpy as np
 from ance_core.artifacts import atomic_folder
 from ance_core.errors import AnceError
 from ance_core.export.encoder import Encoder
+from ance_core.export.onnx import served_file
 from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
@@ -33,6 +34,7 @@ SIGNATURE = "s2"  # the signature's version (s2: the search parameters k and mod
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
                 "mlflow", "bm25s", "PyStemmer")  # what loading, encoding and a search import (this project's own
 # package comes on top; a retrieval package's BM25 index is in bm25s's format)
+ONNX_REQUIREMENTS = ("onnx", "onnxruntime")  # an ONNX export folder's model on top
 
 
 class EmbeddingModel:
@@ -100,7 +102,8 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
-    folder = Path(models_dir) / f"{checkpoint_digest(checkpoint)}-{SIGNATURE}"
+    onnx = served_file(checkpoint) is not None  # an ONNX export folder: served by onnxruntime
+    folder = Path(models_dir) / f"{checkpoint_digest(checkpoint)}-{SIGNATURE}{'-onnx' if onnx else ''}"
     if not (folder / "MLmodel").is_file():
         dim = EmbeddingModel(checkpoint).encoder.dim
         signature = ModelSignature(
@@ -111,7 +114,8 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
         )
         with atomic_folder(folder) as tmp:  # two runs logging the same checkpoint each write a whole folder
             mlflow.pyfunc.save_model(tmp, loader_module=__name__, signature=signature,
-                                     input_example=(EXAMPLE, {"kind": "query"}), pip_requirements=_requirements())
+                                     input_example=(EXAMPLE, {"kind": "query"}),
+                                     pip_requirements=_requirements(ONNX_REQUIREMENTS if onnx else ()))
             unexpected = sorted(p.name for p in tmp.iterdir() if p.name not in SERVING_FILES)
             if unexpected:  # a newer MLflow writing more files: they must not be taken for model files
                 raise AnceError(f"MLflow {mlflow.__version__} wrote {', '.join(unexpected)} to a model folder; add "
@@ -119,11 +123,11 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
     return sorted(folder.iterdir())
 
 
-def _requirements() -> list[str]:
+def _requirements(extra: tuple[str, ...] = ()) -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for name in REQUIREMENTS:
+    for name in REQUIREMENTS + extra:
         try:
             out.append(f"{name}=={version(name)}")
         except PackageNotFoundError:

@@ -9,7 +9,8 @@ pipeline encodes a corpus document as its title and text joined by a space, `anc
 compressed checkpoint projects queries and passages to its compressed dimension (their two projections differ). A
 MaxP checkpoint scores a document by the best of its windows: encode the windows as passages and take the maximum.
 
-The MLflow model of a registered version (tracking/pyfunc.py) encodes through this class.
+The MLflow model of a registered version (tracking/pyfunc.py) encodes through this class; so does that of an ONNX
+export folder (`ance export --format onnx`), on onnxruntime.
 """
 
 from collections.abc import Sequence
@@ -25,20 +26,36 @@ from ance_core.retrieval.encode import encode_texts
 KINDS = ("query", "passage")
 
 
+BACKENDS = ("auto", "torch", "onnx")
+
+
 class Encoder:
     def __init__(self, checkpoint: str | Path, device: str = "auto", precision: Precision = "fp32",
-                 batch_size: int = 64):
+                 batch_size: int = 64, backend: str = "auto"):
         """`precision` fp32 (the default) gives the embeddings the pipeline's evaluation would compute in fp32;
-        `auto` is bf16 on CPU (about 1.7x faster) and on GPUs that have it, else fp16."""
+        `auto` is bf16 on CPU (about 1.7x faster) and on GPUs that have it, else fp16. `backend` auto: the ONNX model
+        an export folder serves (`ance export --format onnx`: onnxruntime on the CPU), else PyTorch; torch or onnx
+        to choose."""
+        from ance_core.export.onnx import OnnxEncoder, served_file
+
+        if backend not in BACKENDS:
+            raise AnceError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
         self.checkpoint = Path(checkpoint)
+        self.batch_size = batch_size
+        self.onnx = None
+        if backend == "onnx" or (backend == "auto" and served_file(checkpoint) is not None):
+            self.onnx = OnnxEncoder(checkpoint, batch_size=batch_size)
+            self.meta = self.onnx.meta
+            return
         self.model, self.tokenizer, self.meta = load_checkpoint(checkpoint, pick_device(device))
         self.device = next(self.model.parameters()).device
         self.dtype = autocast_dtype(precision, self.device)
-        self.batch_size = batch_size
 
     @property
     def dim(self) -> int:
         """The embedding size: the compressed dimension for a compressed checkpoint."""
+        if self.onnx is not None:
+            return self.onnx.dim or len(self.encode(["x"]).T)
         return self.model.dim if self.model.projector is None else self.model.projector.dim
 
     def encode(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:
@@ -54,6 +71,8 @@ class Encoder:
         query = kind == "query"
         max_length = self.meta.query_max_length if query else self.meta.passage_max_length
         texts = self.meta.queries(texts) if query else self.meta.passages(texts)  # the checkpoint's prefixes
+        if self.onnx is not None:
+            return self.onnx.encode_texts(texts, max_length)
         emb = encode_texts(self.model, self.tokenizer, texts, max_length, self.batch_size, self.dtype)
         projector = self.model.projector
         if projector is None:

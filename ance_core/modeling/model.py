@@ -37,13 +37,14 @@ from ance_core.artifacts import (
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
 from ance_core.errors import AnceError, OutOfMemory, warn
 from ance_core.modeling.config import ModelConfig, Precision
+from ance_core.system_metrics import SYSTEM_METRICS
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 META_FILE = "ance_model.json"
 HEAD_FILE = "head.safetensors"
 # what a training stage keeps beside the model files (to resume), and what is not part of the model
 TRAINING_STATE = {"optimizer.safetensors", "rng.safetensors", "trainer_state.json", TRAIN_LOG, MANIFEST, ASYNC_STATE,
-                  ASYNC_STATE_V1, ASYNC_REFRESH}
+                  ASYNC_STATE_V1, ASYNC_REFRESH, SYSTEM_METRICS}  # (and the system metrics sampled as it trained)
 # what a logged or registered copy of a checkpoint carries to be an MLflow model (tracking/pyfunc.py), not part of it
 SERVING_FILES = {"MLmodel", "conda.yaml", "python_env.yaml", "requirements.txt", "input_example.json",
                  "serving_input_example.json"}

@@ -1,0 +1,82 @@
+"""`ance export --format onnx [--int8]`: the exported encoder gives the checkpoint's query and passage embeddings on
+onnxruntime (fp32: to float rounding; int8: close), the folder is still a checkpoint and an MLflow model that serves
+the ONNX encoder, and bad input is one clear line."""
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ance_cli.main import app
+from ance_core.export.encoder import Encoder
+from ance_core.export.onnx import FP32, INT8, ONNX_DIR, export_onnx, served_file
+from tests.tiny import random_head_checkpoint
+
+TEXTS = ["does vitamin D lower cancer risk", "x", "  Mice, blood disease!  ",
+         *(" ".join(["cell protein gene expression in patients"] * k) for k in (1, 3, 9))]
+
+
+def _invoke(args):
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("onnx")
+    checkpoint = random_head_checkpoint(tiny_model, folder / "checkpoint")
+    code, output = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(folder / "onnx-int8"),
+                            "--format", "onnx", "--int8"])
+    assert code == 0, output
+    return checkpoint, folder, output
+
+
+@pytest.mark.parametrize("kind", ["query", "passage"])
+def test_the_onnx_encoder_gives_the_checkpoints_embeddings(exported, kind):
+    checkpoint, folder, _ = exported
+    result = export_onnx(checkpoint, folder / f"onnx-{kind}")
+    assert result["serve"] == f"{ONNX_DIR}/{FP32}" and result["max_relative_difference"] < 1e-4
+    torch_emb = Encoder(checkpoint).encode(TEXTS, kind)
+    onnx = Encoder(folder / f"onnx-{kind}")  # backend auto: the export folder's ONNX model
+    assert onnx.onnx is not None and onnx.dim == torch_emb.shape[1]
+    got = onnx.encode(TEXTS, kind)
+    assert got.dtype == np.float32 and got.shape == torch_emb.shape
+    np.testing.assert_allclose(got, torch_emb, rtol=1e-4, atol=1e-4 * np.abs(torch_emb).max())
+    # the export folder is still a checkpoint: PyTorch on request gives the same
+    np.testing.assert_allclose(Encoder(folder / f"onnx-{kind}", backend="torch").encode(TEXTS, kind), torch_emb,
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_int8_serves_close_to_fp32_and_the_mlflow_model_serves_it(exported):
+    import mlflow
+
+    checkpoint, folder, output = exported
+    out = folder / "onnx-int8"
+    assert served_file(out) == out / ONNX_DIR / INT8 and (out / ONNX_DIR / FP32).is_file()
+    assert "onnx/model_int8.onnx" in output and "mlflow models serve -m" in output
+    torch_emb = Encoder(checkpoint).encode(TEXTS, "query")
+    int8 = Encoder(out).encode(TEXTS, "query")
+    assert not np.allclose(int8, torch_emb, atol=1e-6)  # quantised: not the fp32 model
+    assert _cosines(int8, torch_emb).min() > 0.9
+    model = mlflow.pyfunc.load_model(str(out))  # the MLmodel files the export wrote
+    served = np.asarray(model.predict(TEXTS, params={"kind": "query"}))
+    np.testing.assert_allclose(served, int8, rtol=1e-6, atol=1e-6)
+    requirements = (out / "requirements.txt").read_text()
+    assert "onnxruntime" in requirements
+
+
+def test_bad_input_is_one_clear_line(exported, tmp_path):
+    checkpoint, folder, _ = exported
+    code, output = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "x"), "--int8"])
+    assert code == 2 and "--int8 quantises an ONNX export: add --format onnx" in output
+    code, output = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(folder / "onnx-int8"),
+                            "--format", "onnx"])
+    assert code == 2 and "exists and is not empty" in output
+    code, output = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "y"),
+                            "--format", "tflite"])
+    assert code == 2 and "unknown export format 'tflite'" in output and "onnx" in output
+    with pytest.raises(Exception, match="not an ONNX export"):
+        Encoder(checkpoint, backend="onnx")
