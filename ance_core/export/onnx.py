@@ -72,8 +72,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            # per output channel, the matrix products only (the embedding tables stay fp32): on SciFact's test
-            # queries -0.0035 nDCG@10 against -0.017 for per-tensor and -0.0065 with the embeddings too (BENCHMARKS)
+            # per output channel, the matrix products only (the embedding tables stay fp32): the best of four ways on
+            # SciFact's dev split, -0.0035 nDCG@10 on its test queries (BENCHMARKS.md)
             quantize_dynamic(str(folder / FP32), str(folder / INT8), weight_type=QuantType.QInt8, per_channel=True,
                              op_types_to_quantize=["MatMul"])
             served = INT8
