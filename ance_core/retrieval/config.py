@@ -66,7 +66,7 @@ class IndexConfig(StageConfig):
     are present (one part per GPU), or, for a flat index where CUDA is present and faiss has no GPU support, by torch
     (`backend`). Evaluation always searches an exact flat index."""
 
-    UNSAID = {"backend": "auto"}  # (added after stage keys existed: left out while it holds its default)
+    UNSAID = {"backend": "auto", "ivf_storage": "flat"}  # (added after stage keys existed: left out at their defaults)
     NOT_IN_KEY = ("backend",)  # where the exact search runs, not what it finds
 
     type: Literal["flat", "ivf", "hnsw"] = Field(
@@ -76,6 +76,10 @@ class IndexConfig(StageConfig):
                         "machines, threads in one process on CPU; a flat index gives the same results")
     nlist: int | None = Field(None, ge=1, description="ivf: inverted lists; unset: 4 * sqrt(vectors), at least 39 "
                               "vectors per list")
+    ivf_storage: Literal["flat", "sq8", "fp16"] = Field(
+        "flat", description="ivf: how the lists store the vectors. flat: float32 (IndexIVFFlat); sq8: 8-bit scalar "
+        "quantisation, a quarter of flat's bytes; fp16: half (IndexIVFScalarQuantizer, residuals to the list's "
+        "centroid). Scores within the probed lists come from the stored vectors")
     nprobe: int = Field(32, ge=1, description="ivf: lists searched per query (applied when the index is searched: "
                         "changing it reuses the built index)")
     hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")
