@@ -111,3 +111,15 @@ def test_no_placeholder_is_left_in_the_documents():
     for name in ("README.md", "RESULTS.md", "BENCHMARKS.md"):
         text = (ROOT / name).read_text()
         assert "TBD" not in text and "«" not in text, name
+
+
+def test_the_config_reference_is_what_the_config_models_generate():
+    """docs/config-reference.md is generated from the config models (ance_core/pipeline/reference.py): a field added,
+    renamed, retyped, given another default or description without regenerating it fails here."""
+    from ance_core.pipeline.reference import reference
+
+    committed = (ROOT / "docs" / "config-reference.md").read_text()
+    assert committed == reference(), ("docs/config-reference.md is stale: python -m ance_core.pipeline.reference > "
+                                      "docs/config-reference.md")
+    for field in ("`index.ivf_storage`", "`ance.learning_rate`", "`data.dev_fraction`", "`tune.budget_minutes`"):
+        assert field in committed, field
