@@ -151,7 +151,7 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
     cases = [
         (["--checkpoint", str(tmp_path)], "not an ANCE checkpoint"),
         (["--checkpoint", str(tmp_path / "missing")], "no such folder"),
-        (["--checkpoint", str(checkpoint), "--format", "onnx"], "unknown export format 'onnx'"),
+        (["--checkpoint", str(checkpoint), "--format", "tflite"], "unknown export format 'tflite'"),
         (["--checkpoint", str(checkpoint), "--out", str(checkpoint), "--force"], "would replace the checkpoint"),
         (["--checkpoint", "models:/ance-scifact"], "not a registered model URI"),
         (["--checkpoint", "models:/ance-scifact@champion", "--work-dir", str(tmp_path / "w")], "no MLflow store"),
