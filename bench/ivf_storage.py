@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from onnx_serving import split_queries  # bench/onnx_serving.py (this script runs as bench/ivf_storage.py)
 
-from ance_core.data.dataset import load_dataset
-from ance_core.data.sources import resolve_dataset
 from ance_core.export.encoder import Encoder
 from ance_core.retrieval.config import IndexConfig
 from ance_core.retrieval.evaluate import evaluate_run
@@ -32,9 +31,7 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=32)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    data = load_dataset(resolve_dataset(args.dataset, download=False))
-    qrels = data.split_qrels(args.split)
-    queries = data.queries.set_index("query_id").loc[sorted(qrels["query_id"].unique())]
+    _, qrels, queries = split_queries(args.dataset, args.split)
     emb = Encoder(args.checkpoint, backend="torch").encode(queries["text"].tolist(), "query")
     report, exact = [], None
     with tempfile.TemporaryDirectory(prefix="bench-ivf-") as tmp:

@@ -28,6 +28,13 @@ from ance_core.retrieval.encode import iter_shards, read_docids
 from ance_core.retrieval.evaluate import evaluate_run
 
 
+def split_queries(dataset: str, split: str):
+    """The collection, a split's qrels and its judged queries (indexed by query id, sorted)."""
+    data = load_dataset(resolve_dataset(dataset, download=False))
+    qrels = data.split_qrels(split)
+    return data, qrels, data.queries.set_index("query_id").loc[sorted(qrels["query_id"].unique())]
+
+
 def search(queries: np.ndarray, docs: np.ndarray, ids: list[str], query_ids: list[str], k: int = 100) -> pd.DataFrame:
     scores = queries @ docs.T
     top = np.argpartition(-scores, k, axis=1)[:, :k]
@@ -63,9 +70,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    data = load_dataset(resolve_dataset(args.dataset, download=False))
-    qrels = data.split_qrels(args.split)
-    queries = data.queries.set_index("query_id").loc[sorted(qrels["query_id"].unique())]
+    data, qrels, queries = split_queries(args.dataset, args.split)
     texts, query_ids = queries["text"].tolist(), queries.index.tolist()
     torch_encoder = Encoder(args.checkpoint, backend="torch")
     if args.embeddings:

@@ -198,3 +198,39 @@ def test_gpu_bench(tiny_model, tmp_path):
     assert [t["loader_workers"] for t in report["train"]] == [0, 1]
     assert all(t["steps"] == 6 and t["steps_per_s"] > 0 for t in report["train"])
     assert ("gpu_busy_pct" in report["train"][0]) == (report["device"] != "cpu")
+
+
+def test_search_and_forward_ceiling_benches(tmp_path):
+    """bench/search.py (the torch backend against faiss-cpu: the same top-k) and bench/forward_ceiling.py at toy sizes
+    on the CPU."""
+    bench("search.py", "--shape", "500x16", "--faiss-queries", "20", "--torch-queries", "40", "--batch", "16",
+          "--k", "10", "--json", str(tmp_path / "search.json"), tmp_path=tmp_path)
+    (row,) = json.loads((tmp_path / "search.json").read_text())
+    assert row["vectors"] == 500 and row["topk_agreement"] == 1.0 and row["torch_qps"] > 0
+    bench("forward_ceiling.py", "--shape", "minilm", "--batch", "2", "--length", "16", "--iters", "1", "--json",
+          str(tmp_path / "ceiling.json"), tmp_path=tmp_path)
+    report = json.loads((tmp_path / "ceiling.json").read_text())
+    assert {"autocast_mask", "autocast", "bf16_mask", "bf16"} <= set(report) and report["bf16"]["tflops"] >= 0
+
+
+def test_serving_and_ivf_storage_benches(tiny_scifact, tiny_model, tmp_path):
+    """bench/onnx_serving.py (PyTorch, ONNX fp32 and int8 query encoders: fp32 the same ranking) and
+    bench/ivf_storage.py (IVF lists float32 / fp16 / sq8 against the flat index) on the tiny collection."""
+    from ance_core.data.dataset import load_dataset
+    from ance_core.retrieval.config import EncodeConfig
+    from ance_core.retrieval.encode import encode_corpus
+    from tests.tiny import random_head_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    bench("onnx_serving.py", "--checkpoint", str(checkpoint), "--dataset", str(tiny_scifact), "--calls", "3",
+          "--warmup", "1", "--json", str(tmp_path / "serving.json"), tmp_path=tmp_path)
+    report = json.loads((tmp_path / "serving.json").read_text())
+    assert report["onnx fp32"]["ndcg_at_10"] == report["pytorch fp32"]["ndcg_at_10"]
+    assert [c["batch"] for c in report["onnx int8"]["latency"]] == [1, 32]
+    (tmp_path / "emb").mkdir()
+    encode_corpus(checkpoint, load_dataset(tiny_scifact).corpus, EncodeConfig(), tmp_path / "emb")
+    bench("ivf_storage.py", "--checkpoint", str(checkpoint), "--embeddings", str(tmp_path / "emb"), "--dataset",
+          str(tiny_scifact), "--json", str(tmp_path / "ivf.json"), tmp_path=tmp_path)
+    rows = json.loads((tmp_path / "ivf.json").read_text())
+    assert [r["storage"] for r in rows[1:]] == ["flat", "fp16", "sq8"] and rows[0]["exact_top100_found"] == 1.0
+    assert rows[3]["bytes"] < rows[2]["bytes"] < rows[1]["bytes"]
