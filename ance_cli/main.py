@@ -5,6 +5,7 @@ Commands that compute metrics accept --json and then print them as one JSON obje
 User errors (bad data, bad config, missing files) print one line and exit with status 2, without a traceback.
 """
 
+import glob
 import os
 import sys
 
@@ -14,11 +15,10 @@ from ance_cli.guard import EPHEMERAL_TIMEOUT, EPHEMERAL_TIMEOUT_DEFAULT, one_lin
 
 
 def main() -> None:  # pragma: no cover
-    import torch
-
     # The tokenizer's Rust threads: off on a CPU (they would compete with torch's for the cores, and warn at every
-    # fork), on beside a GPU, where tokenizing on one thread starves the device (6x slower on 16 cores: BENCHMARKS.md)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if torch.cuda.is_available() else "false")
+    # fork), on beside a GPU, where tokenizing on one thread starves the device (6x slower on 16 cores: BENCHMARKS.md).
+    # An NVIDIA GPU is seen by its device files: importing torch to ask would add 1.5 s to every command's start.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if glob.glob("/dev/nvidia[0-9]*") else "false")
     # Prefect's ephemeral server sends a telemetry heartbeat that can hit a locked SQLite file and print a traceback.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault(EPHEMERAL_TIMEOUT, EPHEMERAL_TIMEOUT_DEFAULT)

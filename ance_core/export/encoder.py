@@ -55,7 +55,7 @@ class Encoder:
     def dim(self) -> int:
         """The embedding size: the compressed dimension for a compressed checkpoint."""
         if self.onnx is not None:
-            return self.onnx.dim or len(self.encode(["x"]).T)
+            return self.onnx.dim
         return self.model.dim if self.model.projector is None else self.model.projector.dim
 
     def encode(self, texts: Sequence[str], kind: str = "passage") -> np.ndarray:

@@ -116,8 +116,7 @@ class OnnxEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.meta = read_meta(folder)
         self.batch_size = batch_size
-        self.dim = int(self.session.get_outputs()[0].shape[1]) if isinstance(
-            self.session.get_outputs()[0].shape[1], int) else None
+        self.dim = int(self.session.get_outputs()[0].shape[1])  # (the export fixes it: only the batch is dynamic)
 
     def encode_texts(self, texts: Sequence[str], max_length: int) -> np.ndarray:
         """(len(texts), dim) float32, in input order; batches of texts of similar length, each padded to its
@@ -133,4 +132,4 @@ class OnnxEncoder:
                                              "attention_mask": batch["attention_mask"].astype(np.int64)})
             for row, vector in zip(rows, emb, strict=True):
                 parts[row] = vector
-        return np.stack(parts).astype(np.float32) if texts else np.empty((0, self.dim or 0), dtype=np.float32)
+        return np.stack(parts).astype(np.float32) if texts else np.empty((0, self.dim), dtype=np.float32)

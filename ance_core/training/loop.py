@@ -191,8 +191,9 @@ def train(
             encoder, device_ids=[device.index] if device.type == "cuda" else None)
 
     averaged = WeightAverage(model, optimizer, cfg.ema_decay, fresh=step == 0) if cfg.ema_decay else None
+    padding = pad_settings(tokenizer)
     train_step = TrainStep(model, encoder, optimizer, scheduler, cfg, group, device, dtype, scaler, ranks, averaged,
-                           left_padded=pad_settings(tokenizer)[1])
+                           left_padded=padding[1])
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
     best = _dev_start(dev, out, step, [json.loads(ln) for ln in kept], state, ranks)
@@ -208,7 +209,7 @@ def train(
         warn(f"grad_cache_chunk {cfg.grad_cache_chunk} holds the whole batch of {per_rank} queries per process: each "
              "step encodes it twice for nothing; set a smaller chunk or unset it")
     plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives)
-    feed = StepFeed(plan, ranks, pad_settings(tokenizer), total, cfg.loader_workers, device.type == "cuda", seed)
+    feed = StepFeed(plan, ranks, padding, total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
     sampler = SystemSampler(out) if ranks.main else nullcontext()  # CPU, memory, GPU use while the stage trains
