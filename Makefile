@@ -13,7 +13,7 @@ export PREFECT_PORT ?= 4200
 # Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: demo compress compare quality test test-gpu gpu-kit bench-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare quality test docs test-gpu gpu-kit bench-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: env system-deps  ## the whole test suite, on TEST_WORKERS pytest-xdist wor
 
 test-gpu: env  ## the CUDA suite (tests/gpu: encoding, faiss-gpu, bf16/fp16 training and resume); skipped without CUDA
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+docs: env  ## the manual (README + docs/ + RESULTS + BENCHMARKS) as a site in site/: mkdocs-material, --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "open site/index.html, or serve it: $(BIN)/mkdocs serve -a 127.0.0.1:8000"
 
 check-gpu-deps:  ## does the GPU image's dependency set (CUDA torch, faiss-gpu, constraints.txt) resolve? pip dry-run
 	scripts/check-gpu-deps.sh

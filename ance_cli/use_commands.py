@@ -193,7 +193,7 @@ def gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")] = False,
 ):
     """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
-    latest.json names, partial folders, the MLflow store (registered versions) and the champion (README: Disk)."""
+    latest.json names, partial folders, the MLflow store (registered versions) and the champion (docs/scaling.md)."""
     from ance_core.errors import AnceError
     from ance_core.retention import RetentionConfig, collect
 

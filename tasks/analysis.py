@@ -27,8 +27,8 @@ SAMPLE_QUERIES, SAMPLE_SEED, DEPTH = 200, 0, 100
 # The share of negatives scored above their positive is measured on at most this many queries' pairs (a fixed sample):
 # all of them before, which re-encoded every training query (4.5 min of 500k queries with the tests' tiny model)
 ABOVE_POSITIVE_QUERIES = 10_000
-# Share of training negatives the starting model scores above their positive beyond which the run warns: on SciFact's
-# train split the demo's warm-up (BM25) negatives are at {scifact}% (README, "Negatives statistics").
+# Share of training negatives the starting model scores above their positive beyond which the run warns
+# (docs/commands.md, "A warning sign of false negatives").
 ABOVE_POSITIVE_WARNING = 0.25
 
 

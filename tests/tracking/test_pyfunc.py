@@ -1,5 +1,5 @@
 """Every registered version is an MLflow model that encodes text (tracking/pyfunc.py): loaded with
-`mlflow.pyfunc.load_model` and served by a real `mlflow models serve` process on 127.0.0.1, run with the README's
+`mlflow.pyfunc.load_model` and served by a real `mlflow models serve` process on 127.0.0.1, run with docs/serving.md's
 commands. Its embeddings are the pipeline's own (ance_core.export.encoder.Encoder), compressed versions encode to their
 compressed dimension, and bad requests get a 400 with a message."""
 
@@ -152,9 +152,9 @@ def test_the_logged_model_files_do_not_mix_with_the_checkpoint(registry, tmp_pat
 
 
 def _readme_commands() -> tuple[str, str, str]:
-    """The README's three commands from a registered model to a served endpoint."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### As an MLflow model, served", 1)[1]
+    """The manual's three commands from a registered model to a served endpoint."""
+    text = (REPO / "docs" / "serving.md").read_text()
+    section = text.split("## As an MLflow model, served", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     lines = [line.split("  #", 1)[0].strip() for line in block.strip().splitlines()]
     assert len(lines) == 3, lines

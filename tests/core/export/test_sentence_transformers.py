@@ -212,12 +212,12 @@ def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_mode
     assert code == 2 and "models:/ance-scifact/7: not found" in out
 
 
-def test_the_readmes_commands_export_and_load_a_sentence_transformers_model(tiny_model, tmp_path, monkeypatch):
-    """README "As a sentence-transformers model": its `ance export` line and its Python, run as written (the
+def test_the_manuals_commands_export_and_load_a_sentence_transformers_model(tiny_model, tmp_path, monkeypatch):
+    """docs/serving.md "As a sentence-transformers model": its `ance export` line and its Python, run as written (the
     checkpoint and output folders put in the places they name)."""
     from tests.tiny import REPO
 
-    section = (REPO / "README.md").read_text().split("### As a sentence-transformers model", 1)[1]
+    section = (REPO / "docs" / "serving.md").read_text().split("## As a sentence-transformers model", 1)[1]
     command = section.split("```bash\n", 1)[1].split("```", 1)[0].split("  #", 1)[0].strip()
     python = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
@@ -228,7 +228,7 @@ def test_the_readmes_commands_export_and_load_a_sentence_transformers_model(tiny
     assert code == 0, out
     printed = []
     monkeypatch.setattr("builtins.print", printed.append)
-    exec(compile(python, "README.md", "exec"), {})
+    exec(compile(python, "docs/serving.md", "exec"), {})
     assert tuple(printed[0].shape) == (1, 1)  # the query's dot product with the passage
 
 
