@@ -150,10 +150,12 @@ def training_pairs(corpus: pd.DataFrame, qrels: pd.DataFrame, n: int, seed: int 
                          "negative_scores": [[0.0]] * len(rows)})
 
 
-def bench_train(checkpoint: Path, data, pairs: pd.DataFrame, args, workers: int, out: Path) -> dict:
+def bench_train(checkpoint: Path, data, pairs: pd.DataFrame, args, workers: int, out: Path,
+                compile: bool = False) -> dict:
     relevant = {q: {d} for q, d in zip(pairs["query_id"], pairs["positive_id"], strict=True)}
     cfg = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, passage_max_length=args.train_length,
-                      precision=args.precision, checkpoint_every=0, checkpoint_seconds=0, loader_workers=workers)
+                      precision=args.precision, checkpoint_every=0, checkpoint_seconds=0, loader_workers=workers,
+                      compile=compile)
     stamps: list[float] = []
     sampler = GpuSampler() if torch.cuda.is_available() else None
     if sampler:
@@ -168,7 +170,7 @@ def bench_train(checkpoint: Path, data, pairs: pd.DataFrame, args, workers: int,
             sampler.stop()
     skip = min(args.skip, len(stamps) - 2)
     steady = stamps[-1] - stamps[skip]
-    result = {"loader_workers": workers, "steps": len(stamps), "batch_size": args.batch_size,
+    result = {"loader_workers": workers, "compile": compile, "steps": len(stamps), "batch_size": args.batch_size,
               "passage_tokens": args.train_length, "seconds_total": round(time.time() - started, 2),
               "seconds_to_first_step": round(stamps[0] - started, 2),
               "steps_per_s": round((len(stamps) - 1 - skip) / steady, 3)}
@@ -196,6 +198,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--train-length", type=int, default=128)
     parser.add_argument("--loader-workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--compile", action="store_true", help="train once more with train.compile (torch.compile; "
+                        "CUDA graphs on a GPU), with the last --loader-workers; its first steps compile (--skip them)")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -225,6 +229,10 @@ def main() -> None:
     report["train"] = []
     for workers in args.loader_workers:
         report["train"].append(bench_train(checkpoint, data, pairs, args, workers, root / f"train-{workers}"))
+        print(json.dumps(report["train"][-1]), flush=True)
+    if args.compile:
+        workers = args.loader_workers[-1]
+        report["train"].append(bench_train(checkpoint, data, pairs, args, workers, root / "train-compiled", True))
         print(json.dumps(report["train"][-1]), flush=True)
     print(json.dumps(report, indent=1))
     if args.json:

@@ -157,6 +157,7 @@ class StepPlan:
     per_epoch: int
     seed: int
     in_batch_negatives: bool
+    pad_multiple: int | None = None  # micro-batches padded to a multiple of this many tokens (TokenTable.pad)
 
 
 class StepBatches(Dataset):
@@ -168,6 +169,7 @@ class StepBatches(Dataset):
     def __init__(self, tokens: PairTokens, plan: StepPlan, ranks: Ranks, padding: tuple[int, bool]):
         self.tokens, self.plan, self.ranks = tokens, plan, ranks
         self.pad_id, self.left = padding  # tokens.py `pad_settings`
+        self.multiple = plan.pad_multiple
         self._epoch: tuple[int, np.ndarray] | None = None
 
     def __getitem__(self, step: int) -> dict:
@@ -185,8 +187,9 @@ class StepBatches(Dataset):
         t = self.tokens
         mine = idx[rank_rows(len(idx), self.ranks)]
         batch = {"rows": len(idx),
-                 "queries": t.query_tokens.pad(t.queries[mine], self.pad_id, self.left),  # (b, Lq)
-                 "passages": t.passage_tokens.pad(t.passages[mine].reshape(-1), self.pad_id, self.left)}  # (b*G, Lp)
+                 "queries": t.query_tokens.pad(t.queries[mine], self.pad_id, self.left, self.multiple),  # (b, Lq)
+                 "passages": t.passage_tokens.pad(t.passages[mine].reshape(-1), self.pad_id, self.left,
+                                                  self.multiple)}  # (b*G, Lp)
         if self.plan.in_batch_negatives:
             batch["mask"] = torch.from_numpy(false_negative_mask(t.queries[idx], t.rows[idx], t.relevant,
                                                                  t.corpus_size))

@@ -9,13 +9,15 @@ from ance_core.stage_config import KEY_DUMP, StageConfig
 
 # when checkpoints are taken: not what the stage computes (a resumed run ends with the weights of an uninterrupted one)
 CADENCE = ("checkpoint_seconds", "checkpoint_every")
-NOT_IN_KEY = (*CADENCE, "loader_workers")
+# how the step runs, not what it computes: DataLoader workers, torch.compile and the padding of its shapes
+NOT_IN_KEY = (*CADENCE, "loader_workers", "compile", "pad_multiple")
 
 
 class TrainConfig(StageConfig):
     """NLL over 1 positive + n mined negatives per query (ANCE eq. 5), optionally with in-batch negatives."""
 
-    UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0, "ema_decay": None}  # (added after stage keys existed:
+    UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0, "ema_decay": None, "compile": False,
+              "pad_multiple": None}  # (added after stage keys existed:
     # left out at these values)
 
     epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
@@ -73,6 +75,28 @@ class TrainConfig(StageConfig):
         0, ge=0, repr=False, description="DataLoader worker processes that pad each step's micro-batches from the "
         "pre-tokenized texts (0: the training thread does it; 1-2 on a GPU keep the next steps ready). Not part of "
         "the stage's cache key: any number trains the same weights")
+    compile: bool = Field(
+        False, repr=False, description="torch.compile the encoder's forward and backward (inductor; on CUDA "
+        "mode='reduce-overhead': each shape's step is a captured CUDA graph, for steps whose kernel launches outrun "
+        "the GPU). Each new shape compiles once (about a minute on a 2-core CPU, a few seconds on a GPU machine), so "
+        "batches are padded to pad_multiple tokens. One training process without grad_cache_chunk. Not in the "
+        "stage's cache key: the same objective, other rounding")
+    pad_multiple: int | None = Field(
+        None, ge=1, repr=False, description="Pad each micro-batch's token length up to a multiple of this (never past "
+        "the longest text of the stage), so few shapes recur; unset: 32 with compile, else to the batch's longest "
+        "(padding is masked: the same embeddings). Not in the stage's cache key")
+
+    @property
+    def padding_multiple(self) -> int | None:
+        """The multiple micro-batches are padded to: pad_multiple, or 32 when compiled."""
+        return self.pad_multiple if self.pad_multiple is not None else 32 if self.compile else None
+
+    @model_validator(mode="after")
+    def _compile_runs_one_plain_process(self):
+        if self.compile and (self.world_size > 1 or self.grad_cache_chunk is not None):
+            raise ValueError("compile runs one training process without grad_cache_chunk (world_size "
+                             f"{self.world_size}, grad_cache_chunk {self.grad_cache_chunk}): unset one of them")
+        return self
 
     @model_validator(mode="after")
     def _a_query_per_process(self):

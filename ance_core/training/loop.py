@@ -208,7 +208,8 @@ def train(
     if cfg.grad_cache_chunk is not None and cfg.grad_cache_chunk >= per_rank and ranks.main:
         warn(f"grad_cache_chunk {cfg.grad_cache_chunk} holds the whole batch of {per_rank} queries per process: each "
              "step encodes it twice for nothing; set a smaller chunk or unset it")
-    plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives)
+    plan = StepPlan(cfg.batch_size, cfg.grad_accumulation, per_epoch, seed, cfg.in_batch_negatives,
+                    cfg.padding_multiple)
     feed = StepFeed(plan, ranks, padding, total, cfg.loader_workers, device.type == "cuda", seed)
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)

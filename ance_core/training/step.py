@@ -52,6 +52,14 @@ class WeightAverage:
                 p.copy_(self.optimizer.state[p][self.KEY].to(p.dtype))
 
 
+def compiled(encoder: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The encoder under torch.compile (`compile`): its forward and backward as inductor kernels, and on CUDA each
+    shape's step a captured CUDA graph (mode reduce-overhead: one launch for the step's kernels, the fix for a step
+    that launches faster than the GPU computes). Static shapes: the batches are padded to `pad_multiple`."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(encoder, mode=mode, dynamic=False)
+
+
 class TrainStep:
     """The stage's optimizer step. `encoder`: the PairEncoder (DDP-wrapped with several ranks) of `model`; `group`:
     passages per query (1 positive + the mined negatives); `dtype`: the autocast dtype (None: fp32); `scaler`: fp16's
@@ -65,6 +73,8 @@ class TrainStep:
         self.group, self.device, self.dtype, self.scaler, self.ranks = group, device, dtype, scaler, ranks
         self.averaged, self.left_padded = averaged, left_padded
         self.thirds = layer_groups(model)
+        if cfg.compile:
+            self.encoder = compiled(encoder, device)
 
     def embed(self, queries: dict, passages: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (b, h) query and (b*G, h) passage embeddings, float32."""
@@ -93,6 +103,8 @@ class TrainStep:
         """Optimizer step `step` (0-based) on these micro-batches: ({"loss", "grad_norm" (pre-clip), the norm of each
         third of the layers} as device tensors, the learning rate the step used)."""
         cfg, scaler, optimizer = self.cfg, self.scaler, self.optimizer
+        if cfg.compile and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the graphs' previous outputs may be overwritten
         optimizer.zero_grad(set_to_none=True)
         if cfg.grad_cache_chunk is None:
             loss = accumulate_gradients(self.encoder, micro_batches, self.micro_batch_loss, self.ranks.world, scaler)

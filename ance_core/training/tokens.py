@@ -7,6 +7,7 @@ Memory: the ids as uint16 (int32 for vocabularies over 65,536 tokens) plus one i
 MS MARCO passages of ~75 tokens in ~0.16 GB; a text's characters are not kept.
 """
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -52,6 +53,11 @@ class TokenTable:
         before = np.cumsum(lengths) - lengths  # where each text starts in the result
         return lengths, np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()))
 
+    @functools.cached_property
+    def longest(self) -> int:
+        """The longest text's tokens."""
+        return int(np.diff(self.offsets).max(initial=0))
+
     def take(self, positions: np.ndarray, chunk: int = 65_536) -> "TokenTable":
         """The texts at `positions`, in that order; `chunk` texts' flat indices at a time (int64 indices of every
         token at once are 4x the uint16 ids: ~1 GB transient for a round's 730k passages at 2M, BENCHMARKS.md)."""
@@ -64,11 +70,17 @@ class TokenTable:
             values[offsets[start]:offsets[stop]] = self.values[self._spans(positions[start:stop])[1]]
         return TokenTable(values, offsets)
 
-    def pad(self, positions: np.ndarray, pad_id: int, left: bool = False) -> dict[str, torch.Tensor]:
+    def pad(self, positions: np.ndarray, pad_id: int, left: bool = False,
+            multiple: int | None = None) -> dict[str, torch.Tensor]:
         """input_ids and attention_mask (k, longest) int64 of the texts at `positions`, padded with `pad_id` on the
-        right (or the left): what the tokenizer returns for those texts with padding=True."""
+        right (or the left): what the tokenizer returns for those texts with padding=True. With `multiple`, the
+        length is rounded up to a multiple of it, but never past the table's longest text (few shapes recur: what a
+        compiled step needs)."""
         lengths, flat = self._spans(np.asarray(positions, np.int64))
-        columns = np.arange(int(lengths.max()))[None, :]
+        width = int(lengths.max())
+        if multiple is not None:
+            width = max(width, min(-(-width // multiple) * multiple, self.longest))
+        columns = np.arange(width)[None, :]
         filled = columns >= (columns.shape[1] - lengths)[:, None] if left else columns < lengths[:, None]  # (k, L)
         ids = np.full(filled.shape, pad_id, np.int64)
         ids[filled] = self.values[flat]  # row-major: each row's ids in order

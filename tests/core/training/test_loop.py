@@ -452,3 +452,35 @@ def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, 
         train(*setup, cfg, tmp_path / "out", round_=2)
     assert calls[0] == 2 and latest_checkpoint(tmp_path / "out").name.endswith("1")  # step 1's, not step 2's
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_padded_shapes_train_as_the_batch_longest_and_a_compiled_step_trains_as_eager(setup, no_dropout, tmp_path):
+    """`pad_multiple` only adds masked columns: the same losses and weights as padding to each batch's longest. With
+    `compile` (torch.compile; CUDA graphs on a GPU) the steps are those of the eager step, to rounding. One shape
+    throughout (queries and passages cut at 16 tokens), so inductor compiles once."""
+    _, *rest = setup
+    base = dict(max_steps=2, batch_size=4, precision="fp32", checkpoint_every=0, learning_rate=1e-3,
+                query_max_length=16, passage_max_length=16)
+    from torch._dynamo.utils import counters
+
+    runs = {"longest": {}, "padded": {"pad_multiple": 32}, "compiled": {"compile": True}}
+    graphs = {}
+    for name, extra in runs.items():
+        before = counters["stats"]["unique_graphs"]
+        train(no_dropout, *rest, TrainConfig(**base | extra), tmp_path / name)
+        graphs[name] = counters["stats"]["unique_graphs"] - before
+    assert graphs["longest"] == graphs["padded"] == 0 and graphs["compiled"] >= 1  # compiled there only
+    losses = {name: _losses(tmp_path / name) for name in runs}
+    assert losses["padded"] == pytest.approx(losses["longest"], rel=1e-5)
+    assert losses["compiled"] == pytest.approx(losses["longest"], rel=1e-4)
+    longest, compiled = _weights(tmp_path / "longest"), _weights(tmp_path / "compiled")
+    for k in longest:
+        torch.testing.assert_close(compiled[k], longest[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_compile_is_refused_with_several_processes_or_gradcache():
+    with pytest.raises(ValueError, match="compile runs one training process"):
+        TrainConfig(compile=True, world_size=2, batch_size=4)
+    with pytest.raises(ValueError, match="grad_cache_chunk"):
+        TrainConfig(compile=True, grad_cache_chunk=2)
+    assert TrainConfig(compile=True).padding_multiple == 32 and TrainConfig().padding_multiple is None

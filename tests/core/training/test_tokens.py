@@ -56,3 +56,19 @@ def test_tokenizing_in_chunks_gives_the_ids_of_one_call(tiny_model, monkeypatch)
     spans = zip(chunked.offsets[:-1], chunked.offsets[1:], strict=True)
     assert [chunked.values[a:b].tolist() for a, b in spans] == expected
     assert len(tokenize(tokenizer, [], 8, dtype)) == 0
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_padding_to_a_multiple_rounds_the_width_up_to_the_longest_text_at_most(left):
+    """`pad_multiple`: the width is the batch's longest rounded up to the multiple, capped at the table's longest text;
+    the extra columns are padding (mask 0) on the tokenizer's side."""
+    table = TokenTable.from_lists([[5] * 3, [6] * 7, [7] * 20], np.uint16)
+    plain = table.pad(np.array([0, 1]), 0, left)
+    rounded = table.pad(np.array([0, 1]), 0, left, multiple=8)
+    assert plain["input_ids"].shape == (2, 7) and rounded["input_ids"].shape == (2, 8)
+    assert rounded["attention_mask"].sum() == plain["attention_mask"].sum() == 10
+    kept = rounded["attention_mask"].bool()
+    assert torch.equal(rounded["input_ids"][kept], plain["input_ids"][plain["attention_mask"].bool()])
+    assert (rounded["input_ids"][:, 0 if left else -1] == 0).all()  # the added column is padding
+    assert table.pad(np.array([2]), 0, left, multiple=16)["input_ids"].shape == (1, 20)  # not past the longest (20)
+    assert table.pad(np.array([0]), 0, left, multiple=16)["input_ids"].shape == (1, 16)
