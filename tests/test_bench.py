@@ -40,6 +40,14 @@ def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
     assert summary["ratio"] > 0 and summary["cached_stages"] == summary["stages"]
 
 
+def test_mlflow_store_bench(tmp_path):
+    """bench/mlflow_store.py: an evaluation's folder logged gzipped (the pipeline's call) and plain; it reads back."""
+    report = json.loads(bench("mlflow_store.py", "--queries", "20", "--hits", "100", "--passages", "5000",
+                              tmp_path=tmp_path).strip().splitlines()[-1])
+    assert report["plain_store_bytes"] >= report["trec_bytes"] > 0
+    assert 0 < report["gzipped_store_bytes"] < report["plain_store_bytes"] / 2
+
+
 def test_mlflow_logging_bench(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0)
     (tmp_path / "tiny.json").write_text(json.dumps(config))

@@ -279,15 +279,16 @@ class PipelineTracking:
 
 def log_evaluation(tracker: Tracker, run_id: str | None, folder: str | Path, artifact_path: str) -> None:
     """An evaluation stage's files as MLflow artifacts, its TREC run gzipped (`run.trec.gz`: at 2,000 dev queries x
-    1,000 hits the plain file is 90 MB, most of the MLflow store); `ance evaluate --run` reads it as it is. The files
+    1,000 hits the plain file is 72-90 MB, most of the MLflow store; gzipped 23 MB, `bench/mlflow_store.py`);
+    `ance evaluate --run` reads it as it is. The files
     are gathered in the work folder's `mlflow-pending/` and removed once delivered (an undelivered call is kept to
     replay, and its folder with it)."""
     pending = Path(tracker.work_dir) / PENDING / uuid.uuid4().hex[:16]
     pending.mkdir(parents=True)
     for path in Path(folder).iterdir():
         if path.name == RUN_TREC:
-            with open(path, "rb") as src, gzip.open(pending / f"{RUN_TREC}.gz", "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst)
+            with open(path, "rb") as src, gzip.open(pending / f"{RUN_TREC}.gz", "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)  # level 1: 4.6x faster than 6 for 8% more bytes (BENCHMARKS)
         elif path.is_file():
             shutil.copy2(path, pending)
     if tracker.log_artifacts(run_id, pending, artifact_path):
