@@ -9,8 +9,8 @@ def index_key(cfg: IndexConfig) -> dict:
     if cfg.type == "flat" and cfg.shards == 1:
         return {"type": "flat_ip"}  # the key of every flat index before index.type existed
     params = {"ivf": ("nlist",), "hnsw": ("hnsw_m",), "flat": ()}[cfg.type]
-    if cfg.type == "ivf" and cfg.ivf_storage != "flat":  # (flat storage: the key IVF indexes always had)
-        params += ("ivf_storage",)
+    if cfg.type == "ivf" and cfg.ivf_storage != "flat":  # (flat storage: the key IVF indexes always had; auto is
+        params += ("ivf_storage",)  # resolved from the encoding's size, which the key holds through its digest)
     return {"type": cfg.type, "shards": cfg.shards} | {name: getattr(cfg, name) for name in params}
 
 

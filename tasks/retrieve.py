@@ -2,8 +2,8 @@ from ance_core.artifacts import POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import Dataset, read_tables
 from ance_core.negatives.randomness import round_sample
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
-from ance_core.retrieval.search import write_dense_run
-from tasks.common import stage_task
+from ance_core.retrieval.search import QUERY_CHUNK, write_dense_run
+from tasks.common import progress_artifact, stage_task
 
 
 def search_key(cfg: IndexConfig) -> dict:
@@ -40,8 +40,10 @@ def dense_run(checkpoint: ArtifactRef, index: ArtifactRef, data: ArtifactRef, sp
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         positives = tables.positives(split)  # (500k queries' sets: built once)
         queries = ranked_queries(tables, split, sample, positives)
+        bar = progress_artifact(len(queries), f"retrieving the top {top_k} of {len(queries):,} '{split}' queries") \
+            if len(queries) > QUERY_CHUNK else None  # a run of several chunks (a round's training queries at scale)
         write_dense_run(checkpoint.path, index.path, queries, top_k, positives, out / RUN, out / POSITIVE_SCORES,
-                        encode_cfg, index_cfg)
+                        encode_cfg, index_cfg, progress=bar)
         return {"queries": len(queries), "depth": top_k}
 
     config = {"split": split, "top_k": top_k, "encode": encode_cfg} | search_key(index_cfg)

@@ -76,10 +76,11 @@ class IndexConfig(StageConfig):
                         "machines, threads in one process on CPU; a flat index gives the same results")
     nlist: int | None = Field(None, ge=1, description="ivf: inverted lists; unset: 4 * sqrt(vectors), at least 39 "
                               "vectors per list")
-    ivf_storage: Literal["flat", "sq8", "fp16"] = Field(
-        "flat", description="ivf: how the lists store the vectors. flat: float32 (IndexIVFFlat); sq8: 8-bit scalar "
+    ivf_storage: Literal["auto", "flat", "sq8", "fp16"] = Field(
+        "auto", description="ivf: how the lists store the vectors. flat: float32 (IndexIVFFlat); sq8: 8-bit scalar "
         "quantisation, a quarter of flat's bytes; fp16: half (IndexIVFScalarQuantizer, residuals to the list's "
-        "centroid). Scores within the probed lists come from the stored vectors")
+        "centroid); auto: sq8 once float32 lists would take 1 GiB (700k vectors of 384 dimensions, 350k of 768), "
+        "flat below. Scores within the probed lists come from the stored vectors (BENCHMARKS.md: what each finds)")
     nprobe: int = Field(32, ge=1, description="ivf: lists searched per query (applied when the index is searched: "
                         "changing it reuses the built index)")
     hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")
@@ -95,6 +96,16 @@ class IndexConfig(StageConfig):
         "on a CUDA GPU when faiss has no GPU support (retrieval/torch_index.py: blocked float32 products of float16 "
         "vectors, the same rankings as faiss's, a corpus larger than GPU memory searched a block at a time); faiss; "
         "torch: on the GPU when CUDA is present, else on the CPU. Approximate indexes are always faiss's")
+
+    def drop_unsaid(self, data: dict) -> dict:
+        """Also without `ivf_storage` where the index has no lists (flat, hnsw): the keys of those stay."""
+        data = super().drop_unsaid(data)
+        if self.type != "ivf":
+            data.pop("ivf_storage", None)
+        return data
+
+    def __repr_args__(self):
+        return [(k, v) for k, v in super().__repr_args__() if not (k == "ivf_storage" and self.type != "ivf")]
 
     def exact(self) -> "IndexConfig":
         """The flat index of the same placement (evaluation's)."""

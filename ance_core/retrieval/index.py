@@ -68,8 +68,19 @@ FAISS_TYPES = {"flat": "IndexFlatIP", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSWF
 SCALAR_QUANTIZERS = {"sq8": faiss.ScalarQuantizer.QT_8bit, "fp16": faiss.ScalarQuantizer.QT_fp16}
 
 
-def faiss_type(cfg: IndexConfig) -> str:
-    if cfg.type == "ivf" and cfg.ivf_storage != "flat":
+# ivf_storage auto: 8-bit lists from this many bytes of float32 lists on (below, float32: the difference is small)
+SQ8_FROM_BYTES = 1 << 30
+
+
+def ivf_storage(cfg: IndexConfig, n: int, d: int) -> str:
+    """How an IVF index of n d-dimensional vectors stores its lists (`ivf_storage`, auto resolved)."""
+    if cfg.ivf_storage != "auto":
+        return cfg.ivf_storage
+    return "sq8" if n * d * 4 >= SQ8_FROM_BYTES else "flat"
+
+
+def faiss_type(cfg: IndexConfig, n: int, d: int) -> str:
+    if cfg.type == "ivf" and ivf_storage(cfg, n, d) != "flat":
         return "IndexIVFScalarQuantizer"
     return FAISS_TYPES[cfg.type]
 
@@ -107,14 +118,15 @@ def _empty_index(cfg: IndexConfig, embeddings_dir: str | Path, n: int, d: int) -
         index.hnsw.efConstruction = max(40, 2 * cfg.hnsw_m)
         return index, {"M": cfg.hnsw_m}
     nlist = min(cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39)), n)
-    if cfg.ivf_storage == "flat":
+    storage = ivf_storage(cfg, n, d)
+    if storage == "flat":
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
     else:  # the lists hold each vector's residual to its centroid, quantised (trained on the same sample)
-        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(d), d, nlist, SCALAR_QUANTIZERS[cfg.ivf_storage],
+        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(d), d, nlist, SCALAR_QUANTIZERS[storage],
                                               faiss.METRIC_INNER_PRODUCT)
     index.cp.min_points_per_centroid = 1  # small collections: no warning per list
     index.train(_training_sample(embeddings_dir, n, IVF_TRAIN_PER_LIST * nlist))
-    return index, {"nlist": nlist} | ({"ivf_storage": cfg.ivf_storage} if cfg.ivf_storage != "flat" else {})
+    return index, {"nlist": nlist, "ivf_storage": storage}
 
 
 def _fill(empty: faiss.Index, parts: int, n: int, shards: Iterator[np.ndarray]) -> list[faiss.Index]:
@@ -139,7 +151,7 @@ def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexC
     IndexFlatIP from them when it loads. IVF and HNSW indexes are built here, their parts filled shard by shard."""
     n, d = _shape(embeddings_dir)
     k = min(cfg.shards, n)
-    summary = {"vectors": n, "dim": d, "type": faiss_type(cfg)} | ({"shards": k} if k > 1 else {})
+    summary = {"vectors": n, "dim": d, "type": faiss_type(cfg, n, d)} | ({"shards": k} if k > 1 else {})
     if cfg.type == "flat":
         for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
             link_or_copy(path, out / path.name)

@@ -1,6 +1,6 @@
 """Dense retrieval with a checkpoint and an index: queries in, a run (query_id, doc_id, rank, score) out."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,17 +137,21 @@ def dense_retrieve_with_positives(
 def write_dense_run(checkpoint: str | Path, index_dir: str | Path, queries: pd.DataFrame, top_k: int,
                     positives: dict[str, set[str]], run_path: Path, positives_path: Path,
                     encode_cfg: EncodeConfig = EncodeConfig(), index_cfg: IndexConfig = IndexConfig(),
-                    chunk: int = QUERY_CHUNK) -> None:
+                    chunk: int = QUERY_CHUNK, progress: Callable[[int], None] | None = None) -> None:
     """`dense_retrieve_with_positives` streamed to two parquet files, `chunk` queries at a time: neither the run nor a
     score matrix of all the queries is ever held. The queries are searched in id order, so both files are in query-id
-    order (`RunWriter`)."""
+    order (`RunWriter`). `progress(done)` is told the queries done after each chunk."""
     queries = queries.sort_values("query_id", kind="stable").reset_index(drop=True)
+    done = 0
     with RunWriter(run_path) as runs, RunWriter(positives_path) as scores:
         for part, run, q, index in _search_chunks(checkpoint, index_dir, queries, top_k, encode_cfg, index_cfg,
                                                   chunk):
             pairs = [(query_id, d) for query_id in part["query_id"] for d in sorted(positives.get(query_id, ()))]
             runs.write(run)
             scores.write(_pair_scores(q, part["query_id"].tolist(), index, pairs))
+            done += len(part)
+            if progress is not None:
+                progress(done)
 
 
 def _pair_scores(q: np.ndarray, query_ids: list[str], index: SearchIndex, pairs: list[tuple[str, str]]

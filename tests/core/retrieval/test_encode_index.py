@@ -209,7 +209,28 @@ def test_index_key_keeps_the_flat_key_and_separates_the_rest():
     assert len({str(k) for k in keys}) == 6
     # IVF lists of float32 keep the key IVF indexes always had; quantised lists are other indexes
     assert index_key(IndexConfig(type="ivf", ivf_storage="flat")) == {"type": "ivf", "shards": 1, "nlist": None}
-    assert len({str(index_key(IndexConfig(type="ivf", ivf_storage=s))) for s in ("flat", "sq8", "fp16")}) == 3
+    assert len({str(index_key(IndexConfig(type="ivf", ivf_storage=s))) for s in ("auto", "flat", "sq8", "fp16")}) == 4
+
+
+def test_auto_ivf_storage_is_sq8_from_a_gib_of_float32_lists_and_leaves_other_keys_alone(tmp_path):
+    """ivf_storage auto (the default): float32 lists below 1 GiB, 8-bit from it. An index without lists (flat, hnsw)
+    neither dumps nor shows the field, so every key that holds such a config is the one it had before auto."""
+    from ance_core.retrieval.index import ivf_storage
+
+    cfg = IndexConfig(type="ivf")
+    assert ivf_storage(cfg, 699_000, 384) == "flat" and ivf_storage(cfg, 700_000, 384) == "sq8"
+    assert ivf_storage(cfg, 349_525, 768) == "flat" and ivf_storage(cfg, 349_526, 768) == "sq8"
+    assert ivf_storage(IndexConfig(type="ivf", ivf_storage="flat"), 10**7, 768) == "flat"
+    for kind in ("flat", "hnsw"):
+        assert "ivf_storage" not in IndexConfig(type=kind).model_dump() and "ivf_storage" not in repr(
+            IndexConfig(type=kind))
+    assert IndexConfig(type="ivf").model_dump()["ivf_storage"] == "auto"
+    assert "ivf_storage" not in IndexConfig(type="ivf", ivf_storage="flat").model_dump()  # the key it always had
+    vectors = _random_encoding(tmp_path / "emb")  # small: auto builds float32 lists and records which
+    out = tmp_path / "ivf"
+    out.mkdir()
+    summary = build_index(tmp_path / "emb", out, IndexConfig(type="ivf", nlist=8, device="cpu"))
+    assert summary["type"] == "IndexIVFFlat" and summary["ivf_storage"] == "flat" and len(vectors) < 700_000
 
 
 def test_ivf_lists_stored_quantised_search_close_to_exact_in_less_space(tmp_path):
@@ -238,7 +259,8 @@ def test_ivf_lists_stored_quantised_search_close_to_exact_in_less_space(tmp_path
 
 
 def test_streamed_dense_run_equals_the_run_of_all_queries_at_once(checkpoint, tmp_path):
-    """write_dense_run in chunks of 3 queries (a parquet row group each) = dense_retrieve_with_positives at once."""
+    """write_dense_run in chunks of 3 queries (a parquet row group each) = dense_retrieve_with_positives at once; its
+    progress is told the queries done after each chunk (the stage's progress artifact at scale)."""
     from ance_core.retrieval.search import dense_retrieve_with_positives, write_dense_run
 
     emb_dir, idx_dir = tmp_path / "emb", tmp_path / "idx"
@@ -251,9 +273,12 @@ def test_streamed_dense_run_equals_the_run_of_all_queries_at_once(checkpoint, tm
                                      "treatment gene cell", "study"]})
     positives = {f"q{i}": {f"d{i}", f"d{i + 9}"} for i in range(0, 8, 2)}  # odd queries have none
     run, scored = dense_retrieve_with_positives(checkpoint, idx_dir, queries, 5, positives, cfg)
+    done = []
     write_dense_run(checkpoint, idx_dir, queries, 5, positives, tmp_path / "run.parquet", tmp_path / "pos.parquet",
-                    cfg, chunk=3)
+                    cfg, chunk=3, progress=done.append)
     import pyarrow.parquet as pq
+
+    assert done == [3, 6, 8]
 
     assert pq.ParquetFile(tmp_path / "run.parquet").num_row_groups == 3
     streamed = pd.read_parquet(tmp_path / "run.parquet")
