@@ -23,6 +23,10 @@ class StageConfig(BaseModel):
     # fields that do not change a stage's result (batch sizes of inference): left out of the dump a cache key is made
     # of (KEY_DUMP); declare them `repr=False` too, for a key that holds the repr
     NOT_IN_KEY: ClassVar[tuple[str, ...]] = ()
+    # fields whose default changed after stage keys existed: left out of the cache-key dump (KEY_DUMP) and the repr
+    # while they hold the value that was the default, but kept in every other dump, so a config saved and loaded again
+    # keeps a value a user chose (it is no longer the default)
+    KEY_UNSAID: ClassVar[dict[str, Any]] = {}
 
     @model_serializer(mode="wrap")
     def _unsaid_dump(self, handler, info: SerializationInfo):
@@ -30,6 +34,9 @@ class StageConfig(BaseModel):
         if info.context == KEY_DUMP:
             for name in self.NOT_IN_KEY:
                 data.pop(name, None)
+            for name, value in self.KEY_UNSAID.items():
+                if name in data and getattr(self, name) == value:
+                    del data[name]
         return data
 
     def drop_unsaid(self, data: dict) -> dict:
@@ -40,4 +47,5 @@ class StageConfig(BaseModel):
         return data
 
     def __repr_args__(self):
-        return [(k, v) for k, v in super().__repr_args__() if not (k in self.UNSAID and v == self.UNSAID[k])]
+        unsaid = self.UNSAID | self.KEY_UNSAID
+        return [(k, v) for k, v in super().__repr_args__() if not (k in unsaid and v == unsaid[k])]

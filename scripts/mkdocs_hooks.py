@@ -13,7 +13,9 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT = {"README.md": "index.md", "RESULTS.md": "RESULTS.md", "BENCHMARKS.md": "BENCHMARKS.md"}
-LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+# a fenced block or a code span (left as they are), or a link or image
+PIECE = re.compile(r"(?P<fence>^```.*?^```)|(?P<code>`[^`\n]+`)"
+                   r"|(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)", re.M | re.S)
 
 
 def on_files(files, config):
@@ -29,12 +31,12 @@ def site_target(target: str, page_dir: Path) -> str | None:
         return target
     path, _, anchor = target.partition("#")
     resolved = (page_dir / path).resolve()
-    if not resolved.exists():
-        return target
     try:
         rel = resolved.relative_to(ROOT)
-    except ValueError:
+    except ValueError:  # outside the repository (../shared/...): a path, not a page
         return None
+    if not resolved.exists():
+        return target
     name = str(rel)
     if name in FRONT:
         uri = FRONT[name]
@@ -50,10 +52,12 @@ def on_page_markdown(markdown, page, config, files):
     page_dir = ROOT if source in FRONT.values() else ROOT / "docs" / Path(source).parent
 
     def rewrite(match: re.Match) -> str:
-        bang, text, target = match.groups()
+        if match["target"] is None:  # code: as it is
+            return match[0]
+        bang, text, target = match["bang"], match["text"], match["target"]
         found = site_target(target, page_dir)
         if found is None:
             return text if text.startswith("`") else f"`{text}`" if text == target.rstrip("/") else text
         return f"{bang}[{text}]({found})"
 
-    return LINK.sub(rewrite, markdown)
+    return PIECE.sub(rewrite, markdown)

@@ -66,7 +66,8 @@ class IndexConfig(StageConfig):
     are present (one part per GPU), or, for a flat index where CUDA is present and faiss has no GPU support, by torch
     (`backend`). Evaluation always searches an exact flat index."""
 
-    UNSAID = {"backend": "auto", "ivf_storage": "flat"}  # (added after stage keys existed: left out at their defaults)
+    UNSAID = {"backend": "auto"}  # (added after stage keys existed: left out at its default)
+    KEY_UNSAID = {"ivf_storage": "flat"}  # (the default before auto: the key IVF indexes of float32 lists always had)
     NOT_IN_KEY = ("backend",)  # where the exact search runs, not what it finds
 
     type: Literal["flat", "ivf", "hnsw"] = Field(

@@ -85,7 +85,7 @@ def faiss_type(cfg: IndexConfig, n: int, d: int) -> str:
     return FAISS_TYPES[cfg.type]
 
 
-def _shape(embeddings_dir: str | Path) -> tuple[int, int]:
+def encoding_shape(embeddings_dir: str | Path) -> tuple[int, int]:
     """(rows, dim) of an encoding, read from the shards' headers."""
     shapes = [np.load(path, mmap_mode="r").shape for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS))]
     if not shapes:
@@ -149,7 +149,7 @@ def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexC
     """The index of `cfg` (default: one exact IndexFlatIP) over an encoding. A flat index is its vectors and nothing
     else: the folder keeps the encoding's shards (hard links: no second copy on disk) and `SearchIndex` builds the
     IndexFlatIP from them when it loads. IVF and HNSW indexes are built here, their parts filled shard by shard."""
-    n, d = _shape(embeddings_dir)
+    n, d = encoding_shape(embeddings_dir)
     k = min(cfg.shards, n)
     summary = {"vectors": n, "dim": d, "type": faiss_type(cfg, n, d)} | ({"shards": k} if k > 1 else {})
     if cfg.type == "flat":
@@ -178,7 +178,7 @@ def index_bytes(folder: str | Path) -> int:
     """The size of an index: its faiss file(s), or for a flat one the float32 IndexFlatIP its shards load into."""
     folder = Path(folder)
     if (folder / FLAT).is_file():
-        n, d = _shape(folder)
+        n, d = encoding_shape(folder)
         return 4 * n * d
     return sum(path.stat().st_size for path in [*folder.glob(INDEX), *folder.glob(PART.format(0)[:-4] + "*")])
 

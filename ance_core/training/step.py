@@ -52,11 +52,21 @@ class WeightAverage:
                 p.copy_(self.optimizer.state[p][self.KEY].to(p.dtype))
 
 
-def compiled(encoder: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+# shapes a compiled encoder may see before torch falls back to eager for new ones (its default is 8): query widths x
+# passage widths x the batch sizes of an epoch's last step, at pad_multiple
+RECOMPILE_LIMIT = 64
+
+
+def compiled(encoder: torch.nn.Module, device: torch.device, grad_accumulation: int) -> torch.nn.Module:
     """The encoder under torch.compile (`compile`): its forward and backward as inductor kernels, and on CUDA each
     shape's step a captured CUDA graph (mode reduce-overhead: one launch for the step's kernels, the fix for a step
-    that launches faster than the GPU computes). Static shapes: the batches are padded to `pad_multiple`."""
-    mode = "reduce-overhead" if device.type == "cuda" else None
+    that launches faster than the GPU computes). Not with grad_accumulation > 1: a graph's replay would overwrite the
+    gradients the micro-batch before it left in the graph's memory, so those steps compile without CUDA graphs.
+    Static shapes: the batches are padded to `pad_multiple`."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    mode = "reduce-overhead" if device.type == "cuda" and grad_accumulation == 1 else None
     return torch.compile(encoder, mode=mode, dynamic=False)
 
 
@@ -74,7 +84,7 @@ class TrainStep:
         self.averaged, self.left_padded = averaged, left_padded
         self.thirds = layer_groups(model)
         if cfg.compile:
-            self.encoder = compiled(encoder, device)
+            self.encoder = compiled(encoder, device, cfg.grad_accumulation)
 
     def embed(self, queries: dict, passages: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (b, h) query and (b*G, h) passage embeddings, float32."""
@@ -103,7 +113,7 @@ class TrainStep:
         """Optimizer step `step` (0-based) on these micro-batches: ({"loss", "grad_norm" (pre-clip), the norm of each
         third of the layers} as device tensors, the learning rate the step used)."""
         cfg, scaler, optimizer = self.cfg, self.scaler, self.optimizer
-        if cfg.compile and self.device.type == "cuda":
+        if cfg.compile and self.device.type == "cuda" and cfg.grad_accumulation == 1:
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the graphs' previous outputs may be overwritten
         optimizer.zero_grad(set_to_none=True)
         if cfg.grad_cache_chunk is None:

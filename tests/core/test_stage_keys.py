@@ -93,3 +93,31 @@ def test_every_stage_has_a_rule_and_each_rule_is_pinned():
     assert STAGE_RULES == dict.fromkeys(sorted(STAGE_RULES), 0)  # bumped: none yet
     keys = {name: stage_key(name, {"probe": 1}, {"input": "d" * 16}) for name in sorted(STAGE_RULES)}
     assert digest_of(keys) == "0396f8ba7096823f"
+
+
+def _stage_configs():
+    import ance_core.pipeline.config  # noqa: F401  (every room's configs imported)
+    from ance_core.stage_config import StageConfig
+
+    found, todo = [], [StageConfig]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.append(sub)
+            todo.append(sub)
+    return found
+
+
+def test_every_unsaid_value_is_its_fields_default_and_a_saved_config_loads_as_it_was():
+    """UNSAID fields leave every dump at their value: that value must be the field's default, or a config saved and
+    loaded again (a deployment's parameters, a search's recipe.yaml) would silently take another value. A field whose
+    default changed goes in KEY_UNSAID (out of the key only). Every config's defaults round-trip."""
+    configs = _stage_configs()
+    assert len(configs) >= 10
+    for cls in configs:
+        try:
+            default = cls()
+        except Exception:  # noqa: BLE001  (a config with required fields)
+            continue
+        for name, value in cls.UNSAID.items():
+            assert cls.model_fields[name].get_default(call_default_factory=True) == value, f"{cls.__name__}.{name}"
+        assert cls.model_validate(default.model_dump(mode="json")) == default, cls.__name__

@@ -8,6 +8,7 @@ from ance_core.modeling.model import init_model, load_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_corpus, encode_texts, iter_shards, read_docids
 from ance_core.retrieval.index import SearchIndex, build_index, index_bytes, is_index_folder
+from ance_core.stage_config import KEY_DUMP
 
 
 @pytest.fixture(scope="module")
@@ -225,12 +226,21 @@ def test_auto_ivf_storage_is_sq8_from_a_gib_of_float32_lists_and_leaves_other_ke
         assert "ivf_storage" not in IndexConfig(type=kind).model_dump() and "ivf_storage" not in repr(
             IndexConfig(type=kind))
     assert IndexConfig(type="ivf").model_dump()["ivf_storage"] == "auto"
-    assert "ivf_storage" not in IndexConfig(type="ivf", ivf_storage="flat").model_dump()  # the key it always had
-    vectors = _random_encoding(tmp_path / "emb")  # small: auto builds float32 lists and records which
+    chosen = IndexConfig(type="ivf", ivf_storage="flat")  # out of the key (the key it always had), kept otherwise
+    assert "ivf_storage" not in chosen.model_dump(context=KEY_DUMP) and "ivf_storage" not in repr(chosen)
+    assert IndexConfig.model_validate(chosen.model_dump(mode="json")).ivf_storage == "flat"  # saved and loaded
+    vectors = _random_encoding(tmp_path / "emb")  # small: auto builds float32 lists, under the key of flat's
     out = tmp_path / "ivf"
     out.mkdir()
     summary = build_index(tmp_path / "emb", out, IndexConfig(type="ivf", nlist=8, device="cpu"))
     assert summary["type"] == "IndexIVFFlat" and summary["ivf_storage"] == "flat" and len(vectors) < 700_000
+    from ance_core.artifacts import ArtifactRef
+    from tasks.index import build_index as build_index_task
+
+    refs = {storage: build_index_task.fn(ArtifactRef(str(tmp_path / "emb"), "e0"), str(tmp_path / "work"),
+                                         IndexConfig(type="ivf", nlist=8, device="cpu", ivf_storage=storage))
+            for storage in ("auto", "flat", "sq8")}
+    assert refs["auto"].digest == refs["flat"].digest != refs["sq8"].digest and refs["flat"].cached
 
 
 def test_ivf_lists_stored_quantised_search_close_to_exact_in_less_space(tmp_path):
