@@ -80,8 +80,9 @@ class IndexConfig(StageConfig):
     ivf_storage: Literal["auto", "flat", "sq8", "fp16"] = Field(
         "auto", description="ivf: how the lists store the vectors. flat: float32 (IndexIVFFlat); sq8: 8-bit scalar "
         "quantisation, a quarter of flat's bytes; fp16: half (IndexIVFScalarQuantizer, residuals to the list's "
-        "centroid); auto: sq8 once float32 lists would take 1 GiB (700k vectors of 384 dimensions, 350k of 768), "
-        "flat below. Scores within the probed lists come from the stored vectors (BENCHMARKS.md: what each finds)")
+        "centroid); auto: fp16 once float32 lists would take 1 GiB (700k vectors of 384 dimensions, 350k of 768), "
+        "flat below (fp16 found what flat found at SciFact's size and at 1M synthetic vectors; sq8 lost 1.6 points of "
+        "the exact top-10 at 1M: BENCHMARKS.md). Scores within the probed lists come from the stored vectors")
     nprobe: int = Field(32, ge=1, description="ivf: lists searched per query (applied when the index is searched: "
                         "changing it reuses the built index)")
     hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")

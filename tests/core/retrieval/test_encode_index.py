@@ -213,14 +213,14 @@ def test_index_key_keeps_the_flat_key_and_separates_the_rest():
     assert len({str(index_key(IndexConfig(type="ivf", ivf_storage=s))) for s in ("auto", "flat", "sq8", "fp16")}) == 4
 
 
-def test_auto_ivf_storage_is_sq8_from_a_gib_of_float32_lists_and_leaves_other_keys_alone(tmp_path):
-    """ivf_storage auto (the default): float32 lists below 1 GiB, 8-bit from it. An index without lists (flat, hnsw)
+def test_auto_ivf_storage_is_fp16_from_a_gib_of_float32_lists_and_leaves_other_keys_alone(tmp_path):
+    """ivf_storage auto (the default): float32 lists below 1 GiB, float16 from it. An index without lists (flat, hnsw)
     neither dumps nor shows the field, so every key that holds such a config is the one it had before auto."""
     from ance_core.retrieval.index import ivf_storage
 
     cfg = IndexConfig(type="ivf")
-    assert ivf_storage(cfg, 699_000, 384) == "flat" and ivf_storage(cfg, 700_000, 384) == "sq8"
-    assert ivf_storage(cfg, 349_525, 768) == "flat" and ivf_storage(cfg, 349_526, 768) == "sq8"
+    assert ivf_storage(cfg, 699_000, 384) == "flat" and ivf_storage(cfg, 700_000, 384) == "fp16"
+    assert ivf_storage(cfg, 349_525, 768) == "flat" and ivf_storage(cfg, 349_526, 768) == "fp16"
     assert ivf_storage(IndexConfig(type="ivf", ivf_storage="flat"), 10**7, 768) == "flat"
     for kind in ("flat", "hnsw"):
         assert "ivf_storage" not in IndexConfig(type=kind).model_dump() and "ivf_storage" not in repr(
