@@ -22,7 +22,17 @@ from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
 from ance_core.pipeline.report import DEV_KEY, is_hybrid, markdown_table
-from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, candidates, decide, rungs, survivors
+from ance_core.pipeline.tune import (
+    Candidate,
+    Rung,
+    Scores,
+    TuneConfig,
+    candidates,
+    decide,
+    rungs,
+    survivors,
+    whole_reserve,
+)
 from ance_core.retention import live_run
 from flows.ance_pipeline import train_and_evaluate
 from flows.book import Trial, flow_tags
@@ -99,7 +109,8 @@ class Search:
         self.trials: list[dict] = []
         self.batches: dict[bool, list[float]] = {False: [], True: []}  # wall seconds of the batches that built
         self.failed: list[str] = []
-        self.stopped: str | None = None
+        self.stopped: str | None = None  # the budget ended the search
+        self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
 
     def seconds_left(self) -> float:
         return self.cfg.budget_minutes * 60 - (time.time() - self.started)
@@ -120,6 +131,12 @@ class Search:
         batch = execution.workers if on_ray else 1
         for start in range(0, len(calls), batch):
             part = calls[start:start + batch]
+            warmups = sum(not t["full"] for t in self.trials)
+            if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate(False) + whole_reserve(
+                    self.estimate(False), self.estimate(True)):
+                self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + len(calls) - start} trials, "
+                            "to leave the budget to whole recipes")
+                return
             if self.seconds_left() < self.estimate(rung.full):
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                 f"{rung.number} ({len(calls) - start} of its trials not run)")
@@ -202,7 +219,7 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
     spent = sum(t["seconds"] for t in state.trials)
     return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers)\n\n{markdown_table(header, rows)}"
             f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
-            + (f" {state.stopped[0].upper()}{state.stopped[1:]}." if state.stopped else "")
+            + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped) if note)
             + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s.\n")
 
 
@@ -230,7 +247,8 @@ def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = Tu
         def build(out):
             write_json(out / TUNE_JSON, {"winner": winner.name, "overrides": winner.overrides,
                                          "candidates": [{"name": c.name, "overrides": c.overrides} for c in pool],
-                                         "trials": state.trials, "evidence": evidence, "stopped": state.stopped})
+                                         "trials": state.trials, "evidence": evidence, "stopped": state.stopped,
+                                         "cut": state.cut})
             (out / TUNE_MD).write_text(markdown)
             (out / RECIPE_YAML).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 

@@ -138,6 +138,18 @@ class Rung:
     full: bool  # the whole recipe, or the warm-up only (rung 0)
 
 
+# a whole recipe's trial against a warm-up trial's wall seconds, before one has been timed: the whole recipe reuses
+# the warm-up rung's warm-up and adds a round (two epochs, a corpus encoding and evaluations)
+FULL_OVER_WARM = 2.0
+
+
+def whole_reserve(warm: float, whole: float) -> float:
+    """Seconds the warm-up rung leaves for the next rung's first two whole recipes (the baseline's and the best
+    challenger's), so that a budget too short for every warm-up still ends with a decision between whole recipes:
+    twice a whole trial's measured seconds, or FULL_OVER_WARM x a warm-up trial's before one ran."""
+    return 2 * (whole or FULL_OVER_WARM * warm)
+
+
 def rungs(cfg: TuneConfig) -> list[Rung]:
     """Rung 0: the warm-ups under the first seed; rung k: the whole recipe under the first k seeds (k >= 1)."""
     return [Rung(0, cfg.seeds[:1], False), *(Rung(k, cfg.seeds[:k], True) for k in range(1, len(cfg.seeds) + 1))]
