@@ -124,13 +124,21 @@ class Search:
         """The rung's trials of `chosen` not run yet, while the budget lasts (in order: the simplest first): one at a
         time in this process, or `execution.workers` at once as Ray tasks (each trial's own stages then run in its
         task). A trial that fails (after its retries) is recorded and its candidate leaves the search."""
-        calls = [(c, seed) for c in chosen for seed in rung.seeds
+        calls = [(c, seed) for seed in rung.seeds for c in chosen
                  if (seed, rung.full) not in scores.values.get(c.name, {}) and c.name not in self.failed]
         execution = self.base.execution
         on_ray = execution.task_runner != "local"
         batch = execution.workers if on_ray else 1
         for start in range(0, len(calls), batch):
             part = calls[start:start + batch]
+            seed = part[0][1]
+            if rung.full and (start == 0 or calls[start - 1][1] != seed):  # a seed's whole recipes: all or none, so
+                group = sum(s == seed for _, s in calls[start:])  # every comparison the decision makes is paired
+                if self.seconds_left() < self.estimate(True) * -(-group // batch):
+                    self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
+                                    f"{rung.number} (seed {seed}'s {group} trials would not fit; "
+                                    f"{len(calls) - start} of its trials not run)")
+                    return
             warmups = sum(not t["full"] for t in self.trials)
             if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate(False) + whole_reserve(
                     self.estimate(False), self.estimate(True)):

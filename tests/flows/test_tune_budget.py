@@ -57,3 +57,16 @@ def test_a_budget_for_everything_cuts_nothing(clock):
     state = _search(clock, 60, {False: 60.0, True: 120.0})
     state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
     assert len(state.trials) == 4 and state.cut is None and state.stopped is None
+
+
+def test_a_seeds_whole_recipes_run_all_or_none(clock):
+    """Rung 2 adds seed 43 to the baseline and a challenger: with time for one whole trial, neither runs (the
+    baseline's alone would leave the decision a comparison of unpaired seeds)."""
+    pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1)]
+    state = _search(clock, 10, {False: 60.0, True: 120.0})
+    scores = Scores([c.name for c in pool])
+    state.run(scores, pool, Rung(1, [42], True))  # 240 s
+    clock["t"] += 600 - 240 - 180  # 180 s left: one whole trial's time, not two
+    state.run(scores, pool, Rung(2, [42, 43], True))
+    assert [(t["candidate"], t["seed"]) for t in state.trials] == [("base", 42), ("c0", 42)]
+    assert "seed 43's 2 trials would not fit" in state.stopped
