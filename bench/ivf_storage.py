@@ -47,35 +47,49 @@ def synthetic_encoding(folder: Path, n: int, d: int, queries: int, seed: int = 0
     return vectors(queries, 1.2).astype(np.float32)
 
 
+STORAGES = (("flat", "flat"), ("ivf", "flat"), ("ivf", "fp16"), ("ivf", "sq8"))  # the exact index first
+
+
+def searched(embeddings: Path, emb: np.ndarray, nprobe: int, tmp: Path):
+    """Per index of STORAGES over the encoding: (kind, storage, build summary, bytes, scores, ids of the top 100,
+    build seconds, search seconds); each IVF index removed once searched."""
+    for kind, storage in STORAGES:
+        cfg = IndexConfig(type=kind, ivf_storage=storage, nprobe=nprobe, device="cpu")
+        out = tmp / f"{kind}-{storage}"
+        out.mkdir()
+        started = time.perf_counter()
+        summary = build_index(embeddings, out, cfg)
+        built = time.perf_counter() - started
+        index = SearchIndex(out, cfg)
+        started = time.perf_counter()
+        scores, ids = index.search(emb, 100)
+        seconds = time.perf_counter() - started
+        size = index_bytes(out)
+        del index
+        if kind == "ivf":
+            shutil.rmtree(out)
+        yield kind, storage, summary, size, scores, ids, built, seconds
+
+
+def found(ids: np.ndarray, exact: np.ndarray, k: int) -> float:
+    """The share of the exact top-k each query's top-k holds, averaged."""
+    return round(float(np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ids, exact, strict=True)])), 4)
+
+
 def synthetic(args) -> list[dict]:
     n, d = map(int, args.synthetic.split("x"))
     report, exact = [], None
     with tempfile.TemporaryDirectory(prefix="bench-ivf-") as tmp:
         emb = synthetic_encoding(Path(tmp) / "encode", n, d, args.queries)
-        for kind, storage in (("flat", "flat"), ("ivf", "flat"), ("ivf", "fp16"), ("ivf", "sq8")):
-            cfg = IndexConfig(type=kind, ivf_storage=storage, nprobe=args.nprobe, device="cpu")
-            out = Path(tmp) / f"{kind}-{storage}"
-            out.mkdir()
-            started = time.perf_counter()
-            summary = build_index(Path(tmp) / "encode", out, cfg)
-            built = time.perf_counter() - started
-            index = SearchIndex(out, cfg)
-            started = time.perf_counter()
-            _, ids = index.search(emb, 100)
-            seconds = time.perf_counter() - started
+        for kind, storage, summary, size, _, ids, built, seconds in searched(Path(tmp) / "encode", emb, args.nprobe,
+                                                                            Path(tmp)):
             exact = ids if exact is None else exact
-            found = {k: float(np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(ids, exact, strict=True)]))
-                     for k in (10, 100)}
             row = {"vectors": n, "dim": d, "index": summary["type"], "storage": storage if kind == "ivf" else "exact",
-                   "nlist": summary.get("nlist"), "nprobe": args.nprobe if kind == "ivf" else None,
-                   "bytes": index_bytes(out), "exact_top10_found": round(found[10], 4),
-                   "exact_top100_found": round(found[100], 4), "build_s": round(built, 1),
-                   "queries_per_s": round(len(emb) / seconds, 1)}
+                   "nlist": summary.get("nlist"), "nprobe": args.nprobe if kind == "ivf" else None, "bytes": size,
+                   "exact_top10_found": found(ids, exact, 10), "exact_top100_found": found(ids, exact, 100),
+                   "build_s": round(built, 1), "queries_per_s": round(len(emb) / seconds, 1)}
             report.append(row)
             print(json.dumps(row), flush=True)
-            del index
-            if kind == "ivf":
-                shutil.rmtree(out)
     return report
 
 
@@ -101,26 +115,17 @@ def main() -> None:
     emb = Encoder(args.checkpoint, backend="torch").encode(queries["text"].tolist(), "query")
     report, exact = [], None
     with tempfile.TemporaryDirectory(prefix="bench-ivf-") as tmp:
-        for kind, storage in (("flat", "flat"), ("ivf", "flat"), ("ivf", "fp16"), ("ivf", "sq8")):
-            cfg = IndexConfig(type=kind, ivf_storage=storage, nprobe=args.nprobe, device="cpu")
-            out = Path(tmp) / f"{kind}-{storage}"
-            out.mkdir()
-            summary = build_index(args.embeddings, out, cfg)
-            index = SearchIndex(out, cfg)
-            started = time.perf_counter()
-            scores, ids = index.search(emb, 100)
-            seconds = time.perf_counter() - started
-            if exact is None:
-                exact = ids
+        for kind, storage, summary, size, scores, ids, _, seconds in searched(args.embeddings, emb, args.nprobe,
+                                                                             Path(tmp)):
+            exact = ids if exact is None else exact
             run = pd.DataFrame([(q, d, float(s)) for q, row, srow in zip(queries.index, ids, scores, strict=True)
                                 for d, s in zip(row, srow, strict=True) if d],
                                columns=["query_id", "doc_id", "score"])
             metrics, _ = evaluate_run(run, qrels)
-            found = np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, exact, strict=True)])
             row = {"index": summary["type"], "storage": storage if kind == "ivf" else "shards (float16 on disk)",
-                   "nlist": summary.get("nlist"), "nprobe": args.nprobe if kind == "ivf" else None,
-                   "bytes": index_bytes(out), "exact_top100_found": round(float(found), 4),
-                   "ndcg_at_10": round(metrics["ndcg_at_10"], 4), "queries_per_s": round(len(emb) / seconds, 1)}
+                   "nlist": summary.get("nlist"), "nprobe": args.nprobe if kind == "ivf" else None, "bytes": size,
+                   "exact_top100_found": found(ids, exact, 100), "ndcg_at_10": round(metrics["ndcg_at_10"], 4),
+                   "queries_per_s": round(len(emb) / seconds, 1)}
             report.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

@@ -242,3 +242,8 @@ def test_serving_and_ivf_storage_benches(tiny_scifact, tiny_model, tmp_path):
     rows = json.loads((tmp_path / "ivf.json").read_text())
     assert [r["storage"] for r in rows[1:]] == ["flat", "fp16", "sq8"] and rows[0]["exact_top100_found"] == 1.0
     assert rows[3]["bytes"] < rows[2]["bytes"] < rows[1]["bytes"]
+    bench("ivf_storage.py", "--synthetic", "3000x16", "--queries", "20", "--json", str(tmp_path / "synthetic.json"),
+          tmp_path=tmp_path)
+    rows = json.loads((tmp_path / "synthetic.json").read_text())
+    assert [r["storage"] for r in rows] == ["exact", "flat", "fp16", "sq8"] and rows[0]["exact_top10_found"] == 1.0
+    assert rows[3]["bytes"] < rows[2]["bytes"] < rows[1]["bytes"] and all(r["exact_top100_found"] > 0 for r in rows)
