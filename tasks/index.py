@@ -1,7 +1,8 @@
 from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.retrieval.approximate import ivf_storage
 from ance_core.retrieval.config import IndexConfig
 from ance_core.retrieval.index import build_index as core_build_index
-from ance_core.retrieval.index import encoding_shape, ivf_storage
+from ance_core.retrieval.index import encoding_shape
 from tasks.common import stage_task
 
 

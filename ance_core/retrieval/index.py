@@ -16,7 +16,6 @@ loads any of them.
 
 import functools
 import json
-import math
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from ance_core.artifacts import (
 )
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
+from ance_core.retrieval.approximate import empty_index, ivf_storage
 from ance_core.retrieval.config import IndexConfig
 from ance_core.retrieval.encode import iter_shards
 
@@ -65,22 +65,6 @@ def torch_backend(cfg: IndexConfig) -> bool:
 
 PART = "index-part-{:04d}"
 FAISS_TYPES = {"flat": "IndexFlatIP", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSWFlat"}
-SCALAR_QUANTIZERS = {"sq8": faiss.ScalarQuantizer.QT_8bit, "fp16": faiss.ScalarQuantizer.QT_fp16}
-
-
-# ivf_storage auto: half-precision lists from this many bytes of float32 lists on. Measured (bench/ivf_storage.py,
-# BENCHMARKS.md): fp16 found the exact top-10 and top-100 as float32 lists did (SciFact; 1M x 384 synthetic), in half
-# the bytes and 1.7x the queries/s; sq8 (a quarter) lost 1.6 points of the top-10 at 1M: an option, not the default
-FP16_FROM_BYTES = 1 << 30
-
-
-def ivf_storage(cfg: IndexConfig, n: int, d: int) -> str:
-    """How an IVF index of n d-dimensional vectors stores its lists (`ivf_storage`, auto resolved)."""
-    if cfg.ivf_storage != "auto":
-        return cfg.ivf_storage
-    return "fp16" if n * d * 4 >= FP16_FROM_BYTES else "flat"
-
-
 def faiss_type(cfg: IndexConfig, n: int, d: int) -> str:
     if cfg.type == "ivf" and ivf_storage(cfg, n, d) != "flat":
         return "IndexIVFScalarQuantizer"
@@ -93,42 +77,6 @@ def encoding_shape(embeddings_dir: str | Path) -> tuple[int, int]:
     if not shapes:
         raise ValueError(f"{embeddings_dir}: no emb_*.npy shards")
     return sum(n for n, _ in shapes), shapes[0][1]
-
-
-# the IVF quantizer's training sample, per list: k-means needs a few dozen points per centroid (faiss warns under 39)
-# and costs time and memory in proportion (faiss caps it at 256 per list: ~9 GB of 768-d vectors at MS MARCO's 8.8M
-# with its default 4·sqrt(n) lists; 64 per list: 2.3 GB)
-IVF_TRAIN_PER_LIST = 64
-
-
-def _training_sample(embeddings_dir: str | Path, n: int, size: int) -> np.ndarray:
-    """`size` rows spread evenly over the encoding (an IVF quantizer's training set), read through memory maps."""
-    wanted = np.unique(np.linspace(0, n - 1, min(size, n)).astype(np.int64))
-    rows, start = [], 0
-    for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
-        shard = np.load(path, mmap_mode="r")
-        inside = wanted[(wanted >= start) & (wanted < start + len(shard))] - start
-        rows.append(np.asarray(shard[inside], dtype=np.float32))
-        start += len(shard)
-    return np.ascontiguousarray(np.concatenate(rows))
-
-
-def _empty_index(cfg: IndexConfig, embeddings_dir: str | Path, n: int, d: int) -> tuple[faiss.Index, dict]:
-    """A ready-to-fill IVF (trained on a sample) or HNSW index of `cfg.type`, and its build parameters."""
-    if cfg.type == "hnsw":
-        index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = max(40, 2 * cfg.hnsw_m)
-        return index, {"M": cfg.hnsw_m}
-    nlist = min(cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39)), n)
-    storage = ivf_storage(cfg, n, d)
-    if storage == "flat":
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-    else:  # the lists hold each vector's residual to its centroid, quantised (trained on the same sample)
-        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(d), d, nlist, SCALAR_QUANTIZERS[storage],
-                                              faiss.METRIC_INNER_PRODUCT)
-    index.cp.min_points_per_centroid = 1  # small collections: no warning per list
-    index.train(_training_sample(embeddings_dir, n, IVF_TRAIN_PER_LIST * nlist))
-    return index, {"nlist": nlist, "ivf_storage": storage}
 
 
 def _fill(empty: faiss.Index, parts: int, n: int, shards: Iterator[np.ndarray]) -> list[faiss.Index]:
@@ -161,7 +109,7 @@ def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexC
         fault_point("build-index", 1)  # the index written, its doc ids not yet
         _copy_row_ids(embeddings_dir, out)
         return summary | {"stored": "shards"}
-    empty, params = _empty_index(cfg, embeddings_dir, n, d)
+    empty, params = empty_index(cfg, embeddings_dir, n, d)
     for i, part in enumerate(_fill(empty, k, n, iter_shards(embeddings_dir))):
         faiss.write_index(part, str(out / (INDEX if k == 1 else PART.format(i))))
     fault_point("build-index", 1)  # the index written, its doc ids not yet

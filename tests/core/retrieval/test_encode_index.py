@@ -216,7 +216,7 @@ def test_index_key_keeps_the_flat_key_and_separates_the_rest():
 def test_auto_ivf_storage_is_fp16_from_a_gib_of_float32_lists_and_leaves_other_keys_alone(tmp_path):
     """ivf_storage auto (the default): float32 lists below 1 GiB, float16 from it. An index without lists (flat, hnsw)
     neither dumps nor shows the field, so every key that holds such a config is the one it had before auto."""
-    from ance_core.retrieval.index import ivf_storage
+    from ance_core.retrieval.approximate import ivf_storage
 
     cfg = IndexConfig(type="ivf")
     assert ivf_storage(cfg, 699_000, 384) == "flat" and ivf_storage(cfg, 700_000, 384) == "fp16"
