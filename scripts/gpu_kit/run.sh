@@ -3,12 +3,14 @@
 # Two parts, run back to back on one warm machine (the kit is over the 64 MiB a call carries):
 #   bash scripts/gpu_kit/run.sh site    carry .kit/site : installs the site into $KIT; the GPU suite, exact search
 #                                                          (torch vs faiss-cpu), BERT-base-shaped encoding and training
+#   bash scripts/gpu_kit/run.sh measure carry .kit/site : one call, no weights: the compiled training step and encoding
+#                                                          with MiniLM's and BERT-base's shapes, then the GPU suite
 #   bash scripts/gpu_kit/run.sh model   carry .kit/model: MiniLM restored to fp32; `ance demo` end to end (Prefect's
 #                                                          temporary server, MLflow's SQLite store), MiniLM's benchmark
 # Each step has a time limit (the whole of a part stays under ~5 min) and a line in $OUT/steps.txt (rc, seconds).
 # At most 8 files come back from $OUT: each part writes 6.
 set -uo pipefail
-part=${1:?usage: run.sh site|model}
+part=${1:?usage: run.sh site|model|measure}
 OUT=${OUT:-/tmp/kit-out}
 KIT=${KIT:-/tmp/kit}
 PY=${PYTHON:-python3}
@@ -27,7 +29,7 @@ step() {  # step NAME SECONDS CMD...: its output in $OUT/NAME.log (appended), a 
   echo "$name rc=$rc $(( ($(date +%s%N) - t0) / 1000000 )) ms: $*" | tee -a "$OUT/steps.txt"
 }
 
-if [ "$part" = site ]; then
+if [ "$part" = site ] || [ "$part" = measure ]; then
   t0=$(date +%s%N)
   mkdir -p "$KIT/site" "$KIT/data"
   if [ -z "${KIT_LOCAL:-}" ]; then  # KIT_LOCAL: the dry run here, on this checkout's environment
@@ -41,6 +43,17 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_
       transformers.__version__, 'prefect', prefect.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__,
       'faiss gpus', getattr(faiss, 'get_num_gpus', lambda: 0)())"; } >"$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
+  if [ "$part" = measure ]; then  # one call, no weights carried: the captured (compiled) training step and encoding
+    # with random weights of MiniLM's and BERT-base's shapes (the same speed as the trained ones), then the GPU suite
+    if [ -n "$SMALL" ]; then sizes=(--passages 300 --steps 6 --skip 2 --batch-size 4); else sizes=(--passages 30000
+      --steps 160 --skip 60); fi
+    step bench 200 $PY bench/gpu.py --model "$KIT/tokenizer" --random-init "${sizes[@]}" --loader-workers 2 --compile \
+      --encode-batch-tokens 65536 --json "$OUT/bench_minilm.json"
+    step bench 240 $PY bench/gpu.py --model "$KIT/tokenizer" --shape bert-base "${sizes[@]}" --loader-workers 2 \
+      --compile --encode-batch-tokens 131072 --json "$OUT/bench_bert.json"
+    step tests_gpu 120 $PY -m pytest -q -p no:cacheprovider tests/gpu
+    exit 0
+  fi
   step tests_gpu 120 $PY -m pytest -q -p no:cacheprovider tests/gpu
   if [ -n "$SMALL" ]; then
     step bench 120 $PY bench/search.py --shape 5183x384 --shape 20000x768 --faiss-queries 200 --torch-queries 400 \
@@ -93,6 +106,6 @@ if lines:
 print("demo result:", lines[-1][:400] if lines else "none")
 EOF
 else
-  echo "usage: run.sh site|model" >&2
+  echo "usage: run.sh site|model|measure" >&2
   exit 2
 fi
