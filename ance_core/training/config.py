@@ -78,9 +78,9 @@ class TrainConfig(StageConfig):
     compile: bool = Field(
         False, repr=False, description="torch.compile the encoder's forward and backward (inductor; on CUDA "
         "mode='reduce-overhead': each shape's step is a captured CUDA graph, for steps whose kernel launches outrun "
-        "the GPU; with grad_accumulation > 1 without CUDA graphs: 3.9-5x the steps/s of MiniLM at 64 queries on an H200). "
-        "Each new shape compiles once (40-60 s a model on the H200, about a minute for the tests' tiny model on a 2-core "
-        "CPU), so batches are padded to pad_multiple tokens. One training process "
+        "the GPU; with grad_accumulation > 1 without CUDA graphs: 3.9-5x the steps/s of MiniLM at 64 queries on "
+        "an H200). Each new shape compiles once (40-60 s a model on the H200, about a minute for the tests' tiny "
+        "model on a 2-core CPU), so batches are padded to pad_multiple tokens. One training process "
         "without grad_cache_chunk. Not in the stage's cache key: the same objective, other rounding")
     pad_multiple: int | None = Field(
         None, ge=1, repr=False, description="Pad each micro-batch's token length up to a multiple of this (never past "

@@ -1,5 +1,6 @@
 """`token_ids` (modeling/tokenizing.py) gives the ids `tokenizer(texts, truncation=True, max_length=n)` gives, through
-a private copy of the fast tokenizer's Rust backend, and leaves the shared tokenizer's settings alone."""
+a private copy of the fast tokenizer's Rust backend, and leaves the shared tokenizer's settings alone; `pad_ids` pads
+them as `tokenizer.pad` does."""
 
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from ance_core.modeling.model import resolve_model_name
-from ance_core.modeling.tokenizing import token_ids
+from ance_core.modeling.tokenizing import pad_ids, token_ids
 
 TEXTS = ["cell protein", "", "  ", "gene cancer patients study risk effect mice treatment blood disease cell protein "
          "gene " * 40, "Ünïcode — naïve café 北京 🙂", "a [SEP] inside and a [MASK] too", "mice\r\nrisk\teffect",
@@ -51,3 +52,16 @@ def test_a_tokenizer_without_a_rust_backend_is_called_as_before():
             return {"input_ids": [[len(t), max_length] for t in texts]}
 
     assert list(token_ids(Plain(), ["ab", "c", "def"], 9, chunk=2)) == [[2, 9], [1, 9], [3, 9]]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_ids_are_the_tokenizers_own(tokenizer, side):
+    import torch
+
+    tokenizer.padding_side = side
+    for rows in (list(token_ids(tokenizer, TEXTS, 64)), [[101, 102]], [[7, 8, 9]] * 3):
+        expected = tokenizer.pad({"input_ids": rows}, return_tensors="pt")
+        got = pad_ids(tokenizer, rows)
+        assert got.keys() == {"input_ids", "attention_mask"} <= expected.keys()
+        for key, value in got.items():
+            assert value.dtype == torch.int64 and torch.equal(value, expected[key]), key
