@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +37,8 @@ from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this scri
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
-from ance_core.modeling.tokenizing import token_ids
-from ance_core.retrieval.encode import encode_texts
+from ance_core.modeling.tokenizing import pad_ids, token_id_chunks, token_ids
+from ance_core.retrieval.encode import encode_texts, token_batches
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import train
 
@@ -136,8 +137,29 @@ def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batc
     encode_texts(model, tokenizer, texts, length, 0, dtype, batch_tokens=batch_tokens)
     sync()
     seconds = time.perf_counter() - started
+    # the two halves apart, to tell which sets the pace: the producer's work alone (tokenize, cut, pad, pin) and the
+    # model's forwards alone over the same batches already on the device
+    started = time.perf_counter()
+    batches = []
+    for ids in token_id_chunks(tokenizer, texts, length):
+        for rows in token_batches([len(x) for x in ids], batch_tokens):
+            padded = pad_ids(tokenizer, [ids[i] for i in rows])
+            batches.append({k: v.pin_memory() for k, v in padded.items()} if device.type == "cuda" else padded)
+    producer = time.perf_counter() - started
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+    sync()
+    started = time.perf_counter()
+    with torch.inference_mode(), autocast:
+        for b in batches:
+            model(b["input_ids"], b["attention_mask"])
+    sync()
+    forward = time.perf_counter() - started
     return {"passages": len(texts), "max_length": length, "batch_tokens": batch_tokens, "seconds": round(seconds, 2),
-            "passages_per_s": round(len(texts) / seconds, 1), **utilisation(flops, seconds, peak_tflops)}
+            "passages_per_s": round(len(texts) / seconds, 1), **utilisation(flops, seconds, peak_tflops),
+            "batches": len(batches), "producer_alone_seconds": round(producer, 2),
+            "forward_alone_seconds": round(forward, 2),
+            "forward_alone": utilisation(flops, forward, peak_tflops)}
 
 
 def training_pairs(corpus: pd.DataFrame, qrels: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
