@@ -222,6 +222,7 @@ def main() -> None:
     parser.add_argument("--loader-workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--compile", action="store_true", help="train once more with train.compile (torch.compile; "
                         "CUDA graphs on a GPU), with the last --loader-workers; its first steps compile (--skip them)")
+    parser.add_argument("--only-compiled", action="store_true", help="with --compile: skip the eager runs")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -249,7 +250,7 @@ def main() -> None:
     qrels = data.split_qrels("train")
     pairs = training_pairs(data.corpus, qrels, args.steps * args.batch_size)
     report["train"] = []
-    for workers in args.loader_workers:
+    for workers in [] if args.only_compiled and args.compile else args.loader_workers:
         report["train"].append(bench_train(checkpoint, data, pairs, args, workers, root / f"train-{workers}"))
         print(json.dumps(report["train"][-1]), flush=True)
     if args.compile:

@@ -112,7 +112,10 @@ def train(
     `cfg.warmup_ratio` of its steps, then linear decay to zero).
 
     `callbacks` get each step's log record; one that raises stops the training there (the latest checkpoint in `out`
-    stays, and `train` on the same folder resumes from it).
+    stays, and `train` on the same folder resumes from it). In one process a step with nothing due at it (no dev
+    check, checkpoint or snapshot; not the last) is read, logged and called back once the next step is queued, so
+    that the device does not wait for the host between steps; a non-finite loss still stops the stage before any
+    later checkpoint.
 
     Asynchronous refresh (ANCE Fig. 2): before each step `negatives_update(step)` may return a newer negatives
     table for the same (query, positive) rows, which replaces the one in use without changing the data order.
@@ -214,6 +217,32 @@ def train(
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
     sampler = SystemSampler(out) if ranks.main else nullcontext()  # CPU, memory, GPU use while the stage trains
+    stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
+    # one process: a step with nothing due at it (no dev check, checkpoint, snapshot, drill; not the last) has its
+    # figures read once the next step is queued, so the device never waits on the host's bookkeeping between steps
+    defer, pending, last_read = ranks.world == 1, None, 0.0
+
+    def read(step: int, epoch: int, figures: dict, lr: float, rows: int, started: float) -> dict:
+        nonlocal last_read
+        norms = read_once(figures)  # one device transfer
+        loss_value = norms.pop("loss")
+        if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
+            raise AnceError(f"{stage}: the loss is {loss_value} at step {step} (learning_rate {cfg.learning_rate:g}, "
+                            f"precision {cfg.precision}); training stopped and nothing was published: lower the "
+                            "learning rate (or max_grad_norm), or train in fp32")
+        now = time.perf_counter()
+        seconds, last_read = now - max(started, last_read), now  # (a deferred step: the time between two reads)
+        state["epoch"] = epoch
+        return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds}
+
+    def log_step(record: dict) -> None:
+        if ranks.main:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            bar.update(1)
+            dev_score = {"dev": f"{record[DEV_METRIC]:.4f}"} if DEV_METRIC in record else {}
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", **dev_score)
+
     with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer, \
             sampler:
         while step < total:
@@ -230,30 +259,26 @@ def train(
             micro_batches = feed.next(step)  # the step's rows in epoch_order, padded by the loader
             figures, lr = train_step(micro_batches, step)
             step += 1
-            norms = read_once(figures)  # after the step is queued: one device transfer
-            loss_value = norms.pop("loss")
-            if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
-                stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
-                raise AnceError(f"{stage}: the loss is {loss_value} at step {step} (learning_rate "
-                                f"{cfg.learning_rate:g}, precision {cfg.precision}); training stopped and nothing was "
-                                "published: lower the learning rate (or max_grad_norm), or train in fp32")
-            record = {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms,
-                      "examples_per_s": sum(b["rows"] for b in micro_batches) / (time.perf_counter() - started)}
-            state["epoch"] = epoch
+            rows = sum(b["rows"] for b in micro_batches)
+            if pending is not None:  # the previous step's, now that this one is queued
+                log_step(record := read(*pending))
+                pending = None
+                for callback in callbacks:
+                    callback(record)
+            checked = best is not None and (step % dev.cfg.every(per_epoch) == 0 or step == total)
+            snapshot = step in snapshot_steps and step < total
+            due = step < total and cadence.due(step)  # (on every rank: a collective with the seconds cadence)
+            if defer and step < total and not (checked or snapshot or due or drills_armed()):
+                pending = (step, epoch, figures, lr, rows, started)
+                continue
+            record = read(step, epoch, figures, lr, rows, started)
             improved = False
-            if best is not None and (step % dev.cfg.every(per_epoch) == 0 or step == total):
+            if checked:
                 record[DEV_METRIC] = dev.check.score(model, tokenizer, meta)
                 model.train()
                 improved = best.checked(step, record[DEV_METRIC])
-                bar.set_postfix(loss=f"{loss_value:.4f}", dev=f"{record[DEV_METRIC]:.4f}")
-            if ranks.main:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
-            snapshot = step in snapshot_steps and step < total
+            log_step(record)
             keep = improved and step < total  # a new best: resumable from it before it is kept as the best
-            due = step < total and cadence.due(step)  # (on every rank: a collective with the seconds cadence)
             if snapshot or due or keep:
                 rng = rng_states(ranks)  # every rank's: a collective
                 cadence.taken()

@@ -34,11 +34,25 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors") | load_file(folder / "head.safetensors")
 
 
-def _step_clock(out: Path):
-    """A fake wall clock for training into `out`: SECONDS_PER_STEP per step logged (rank 0 logs a step before it
-    decides on its checkpoint)."""
-    log = out / "train_log.jsonl"
-    return lambda: SECONDS_PER_STEP * len(log.read_text().splitlines()) if log.is_file() else 0.0
+def _step_clock(patch=setattr):
+    """A fake wall clock for a training: SECONDS_PER_STEP per optimizer step taken (a step is taken before its
+    checkpoint is decided on; its log line may come after the next step, training/loop.py). `patch`: how the count
+    is hooked into TrainStep (monkeypatch.setattr in a test's own process)."""
+    from ance_core.training.step import TrainStep
+
+    taken, step = [0], TrainStep.__call__
+
+    def counting(self, *args, **kwargs):
+        taken[0] += 1
+        return step(self, *args, **kwargs)
+
+    patch(TrainStep, "__call__", counting)
+
+    def clock() -> float:
+        return SECONDS_PER_STEP * taken[0]
+
+    clock.reset = lambda: taken.__setitem__(0, 0)
+    return clock
 
 
 def _record_writes(monkeypatch) -> list[int]:
@@ -84,7 +98,8 @@ def test_a_seconds_cadence_checkpoints_at_the_expected_steps_and_resumes_exactly
     tables = training_tables()
     straight = tmp_path / "straight"
     written = _record_writes(monkeypatch)
-    monkeypatch.setattr(checkpointing, "monotonic", _step_clock(straight))
+    clock = _step_clock(monkeypatch.setattr)
+    monkeypatch.setattr(checkpointing, "monotonic", clock)
     loop.train(start, *tables, CFG, straight)
     assert written == [3, 6, 9]
 
@@ -94,7 +109,7 @@ def test_a_seconds_cadence_checkpoints_at_the_expected_steps_and_resumes_exactly
 
     resumed = tmp_path / "resumed"
     written.clear()
-    monkeypatch.setattr(checkpointing, "monotonic", _step_clock(resumed))
+    clock.reset()
     with pytest.raises(RuntimeError, match="simulated crash"):
         loop.train(start, *tables, CFG, resumed, callbacks=[crash])
     assert written == [3, 6, 9] and latest_checkpoint(resumed).name == "step-000009"
@@ -106,7 +121,7 @@ def test_a_seconds_cadence_checkpoints_at_the_expected_steps_and_resumes_exactly
 
 def test_steps_and_seconds_together_checkpoint_at_whichever_comes_first(start, tmp_path, monkeypatch):
     written = _record_writes(monkeypatch)
-    monkeypatch.setattr(checkpointing, "monotonic", _step_clock(tmp_path))
+    monkeypatch.setattr(checkpointing, "monotonic", _step_clock(monkeypatch.setattr))
     loop.train(start, *training_tables(), CFG.model_copy(update={"checkpoint_every": 4}), tmp_path)
     assert written == [3, 4, 7, 8, 11]
 
@@ -165,7 +180,7 @@ def _rank(rank: int, world: int, checkpoint: str, init_file: str, out: str, reco
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        checkpointing.monotonic = _step_clock(Path(out)) if rank == 0 else (lambda: 0.0)
+        checkpointing.monotonic = _step_clock() if rank == 0 else (lambda: 0.0)
         decisions, written = [], []
         due, write = CheckpointCadence.due, CheckpointWriter.write
 
