@@ -218,8 +218,12 @@ def test_fp16_training_is_refused_off_cuda_and_bf16_is_named():
         check_precision(ok, torch.device("cpu"))
 
 
+def _log(folder):
+    return [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
+
+
 def _losses(folder):
-    return [json.loads(x)["loss"] for x in (folder / "train_log.jsonl").read_text().splitlines()]
+    return [record["loss"] for record in _log(folder)]
 
 
 def _same_training(a, b):
@@ -452,6 +456,35 @@ def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, 
         train(*setup, cfg, tmp_path / "out", round_=2)
     assert calls[0] == 2 and latest_checkpoint(tmp_path / "out").name.endswith("1")  # step 1's, not step 2's
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_step_read_after_the_next_is_queued_logs_in_order_and_a_late_nan_publishes_nothing(setup, tmp_path,
+                                                                                               monkeypatch):
+    """Steps with nothing due at them are read once the next step is queued: every step still logged and called back
+    once, in order; a NaN at such a step (step 2, read after step 3 is taken) stops the stage before step 3's
+    checkpoint is written, naming step 2."""
+    import ance_core.training.step as step
+    from ance_core.errors import AnceError
+    from ance_core.training.state import latest_checkpoint
+
+    seen: list[int] = []
+    cfg = CFG.model_copy(update={"max_steps": 6, "checkpoint_every": 3})
+    train(*setup, cfg, tmp_path / "straight", callbacks=[lambda record: seen.append(record["step"])])
+    assert seen == [1, 2, 3, 4, 5, 6] and [r["step"] for r in _log(tmp_path / "straight")] == seen
+
+    calls, nll = [0], step.nll_loss
+
+    def diverging(*args, **kwargs):
+        calls[0] += 1
+        loss = nll(*args, **kwargs)
+        return loss * float("nan") if calls[0] == 2 else loss
+
+    monkeypatch.setattr(step, "nll_loss", diverging)
+    with pytest.raises(AnceError, match=r"the loss is nan at step 2 "):
+        train(*setup, cfg, tmp_path / "late")
+    assert calls[0] == 3  # step 3 was taken before step 2 was read
+    assert latest_checkpoint(tmp_path / "late") is None and not (tmp_path / "late" / "model.safetensors").exists()
+    assert [r["step"] for r in _log(tmp_path / "late")] == [1]
 
 
 def test_padded_shapes_train_as_the_batch_longest_and_a_compiled_step_trains_as_eager(setup, no_dropout, tmp_path):
