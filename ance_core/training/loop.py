@@ -220,18 +220,18 @@ def train(
     stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
     # one process: a step with nothing due at it (no dev check, checkpoint, snapshot, drill; not the last) has its
     # figures read once the next step is queued, so the device never waits on the host's bookkeeping between steps
-    defer, pending, last_read = ranks.world == 1, None, 0.0
+    defer, pending = ranks.world == 1, None
 
-    def read(step: int, epoch: int, figures: dict, lr: float, rows: int, started: float) -> dict:
-        nonlocal last_read
+    def read(step: int, epoch: int, figures: dict, lr: float, rows: int, started: float,
+             ended: float | None = None) -> dict:
+        """The step's record; its time runs from its start to `ended` (a deferred step's: the next step's start)."""
         norms = read_once(figures)  # one device transfer
         loss_value = norms.pop("loss")
         if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
             raise AnceError(f"{stage}: the loss is {loss_value} at step {step} (learning_rate {cfg.learning_rate:g}, "
                             f"precision {cfg.precision}); training stopped and nothing was published: lower the "
                             "learning rate (or max_grad_norm), or train in fp32")
-        now = time.perf_counter()
-        seconds, last_read = now - max(started, last_read), now  # (a deferred step: the time between two reads)
+        seconds = (time.perf_counter() if ended is None else ended) - started
         state["epoch"] = epoch
         return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds}
 
@@ -261,7 +261,7 @@ def train(
             step += 1
             rows = sum(b["rows"] for b in micro_batches)
             if pending is not None:  # the previous step's, now that this one is queued
-                log_step(record := read(*pending))
+                log_step(record := read(*pending, ended=started))
                 pending = None
                 for callback in callbacks:
                     callback(record)
