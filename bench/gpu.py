@@ -37,8 +37,8 @@ from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this scri
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
-from ance_core.modeling.tokenizing import pad_ids, token_id_chunks, token_ids
-from ance_core.retrieval.encode import encode_texts, token_batches
+from ance_core.modeling.tokenizing import token_ids
+from ance_core.retrieval.encode import encode_texts, padded_chunks
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import train
 
@@ -140,11 +140,8 @@ def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batc
     # the two halves apart, to tell which sets the pace: the producer's work alone (tokenize, cut, pad, pin) and the
     # model's forwards alone over the same batches already on the device
     started = time.perf_counter()
-    batches = []
-    for ids in token_id_chunks(tokenizer, texts, length):
-        for rows in token_batches([len(x) for x in ids], batch_tokens):
-            padded = pad_ids(tokenizer, [ids[i] for i in rows])
-            batches.append({k: v.pin_memory() for k, v in padded.items()} if device.type == "cuda" else padded)
+    batches = [batch for chunk in padded_chunks(tokenizer, texts, length, batch_tokens, pin=device.type == "cuda")
+               for _, batch in chunk]
     producer = time.perf_counter() - started
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()

@@ -123,6 +123,20 @@ def token_batches(lengths: list[int], batch_tokens: int) -> list[np.ndarray]:
     return batches
 
 
+def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, batch_tokens: int,
+                  pin: bool) -> Iterator[list[tuple[np.ndarray, dict]]]:
+    """The pipelined encoding's producer work: per chunk of texts tokenized at once, its batches of at most
+    `batch_tokens` padded tokens as (positions in `texts`, padded tensors, in pinned memory when `pin`)."""
+    offset = 0
+    for ids in token_id_chunks(tokenizer, texts, max_length):
+        batches = []
+        for rows in token_batches([len(x) for x in ids], batch_tokens):
+            padded = pad_ids(tokenizer, [ids[i] for i in rows])
+            batches.append((rows + offset, {k: v.pin_memory() for k, v in padded.items()} if pin else padded))
+        offset += len(ids)
+        yield batches
+
+
 def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int,
                       batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None) -> np.ndarray:
     """`encode_texts` with `batch_tokens`: a producer thread tokenizes a chunk of texts at a time (the tokenizer's
@@ -144,15 +158,7 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
 
     def produce() -> None:
         try:
-            offset = 0
-            for ids in token_id_chunks(tokenizer, texts, max_length):
-                batches = []
-                for rows in token_batches([len(x) for x in ids], batch_tokens):
-                    padded = pad_ids(tokenizer, [ids[i] for i in rows])
-                    if device.type == "cuda":
-                        padded = {k: v.pin_memory() for k, v in padded.items()}
-                    batches.append((rows + offset, padded))
-                offset += len(ids)
+            for batches in padded_chunks(tokenizer, texts, max_length, batch_tokens, pin=device.type == "cuda"):
                 if not hand(batches):
                     return  # the rest is not tokenized for nothing
             hand(None)
