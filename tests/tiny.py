@@ -202,6 +202,15 @@ def training_tables() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[st
     return negatives, corpus, queries, relevant
 
 
+def without_dropout(checkpoint: Path, out: Path) -> Path:
+    """A copy of a checkpoint with its dropout off, so that a training step depends on its data only."""
+    shutil.copytree(checkpoint, out, dirs_exist_ok=True)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"hidden_dropout_prob": 0.0,
+                                                          "attention_probs_dropout_prob": 0.0}))
+    return out
+
+
 def random_head_checkpoint(tiny_model: Path, out: Path, **model) -> Path:
     """A checkpoint of the tiny model with a random head (a fresh one is the identity: a transposed weight would go
     unseen), 8-token queries and 24-token passages."""

@@ -106,13 +106,9 @@ def test_a_compiled_step_trains_as_the_eager_step_under_cuda_graphs(device, star
     72, padded to multiples of 8) and over two runs in one process. fp32 without dropout, so a step depends on its
     data only; on CUDA within 1% of how far training moved the weights (the kernels differ: inductor's fused ones
     against eager's), losses within 1%."""
-    import shutil
+    from tests.tiny import without_dropout
 
-    plain = tmp_path / "no-dropout"
-    shutil.copytree(start, plain)
-    config = json.loads((plain / "config.json").read_text())
-    (plain / "config.json").write_text(json.dumps(config | {"hidden_dropout_prob": 0.0,
-                                                            "attention_probs_dropout_prob": 0.0}))
+    plain = without_dropout(start, tmp_path / "no-dropout")
     base = dict(max_steps=6, batch_size=3, precision="fp32", checkpoint_every=0, learning_rate=1e-3,
                 query_max_length=40, passage_max_length=72, pad_multiple=8)
     for name, extra in {"eager": {}, "compiled": {"compile": True}, "again": {"compile": True}}.items():

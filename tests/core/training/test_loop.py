@@ -10,7 +10,7 @@ from ance_core.modeling.model import init_model
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import train
 from ance_core.training.plan import planned_steps, steps_per_epoch
-from tests.tiny import training_tables
+from tests.tiny import training_tables, without_dropout
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +98,7 @@ def test_lamb_update_is_adam_rescaled_by_the_trust_ratio():
 @pytest.fixture(scope="module")
 def no_dropout(setup, tmp_path_factory):
     """The starting checkpoint without dropout, so that a step's gradient depends on its data only."""
-    import shutil
-
-    folder = tmp_path_factory.mktemp("no-dropout")
-    shutil.copytree(setup[0], folder, dirs_exist_ok=True)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"hidden_dropout_prob": 0.0,
-                                                             "attention_probs_dropout_prob": 0.0}))
-    return folder
+    return without_dropout(setup[0], tmp_path_factory.mktemp("no-dropout"))
 
 
 def test_gradient_accumulation_equals_one_larger_batch(setup, no_dropout, tmp_path):
