@@ -62,17 +62,23 @@ def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHU
     return chain.from_iterable(token_id_chunks(tokenizer, texts, max_length, chunk))
 
 
-def pad_ids(tokenizer, ids: Sequence[Sequence[int]]) -> dict:
-    """`tokenizer.pad({"input_ids": ids}, return_tensors="pt")` built with numpy: int64 `input_ids` and
-    `attention_mask` of the longest row's length, padded with the tokenizer's pad id on its padding side. The
-    same tensors (tests/core/modeling/test_tokenizing.py), ~8x faster (the wrapper checks and converts row by row):
-    the encoding's producer thread pads every batch of the corpus."""
+def padded_width(longest: int, multiple: int | None) -> int:
+    """`longest` rounded up to a multiple of `multiple` (unchanged without one)."""
+    return longest if not multiple else -(-longest // multiple) * multiple
+
+
+def pad_ids(tokenizer, ids: Sequence[Sequence[int]], pad_multiple: int | None = None) -> dict:
+    """`tokenizer.pad({"input_ids": ids}, return_tensors="pt", pad_to_multiple_of=pad_multiple)` built with numpy:
+    int64 `input_ids` and `attention_mask` of the longest row's length (rounded up to `pad_multiple`), padded with
+    the tokenizer's pad id on its padding side. The same tensors (tests/core/modeling/test_tokenizing.py), ~8x
+    faster (the wrapper checks and converts row by row): the encoding's producer pads every batch of the corpus."""
     import numpy as np
     import torch
 
     if tokenizer.pad_token_id is None:  # the wrapper's own error (or its own padding rule)
-        return tokenizer.pad({"input_ids": [list(row) for row in ids]}, return_tensors="pt")
-    width = max((len(row) for row in ids), default=0)
+        return tokenizer.pad({"input_ids": [list(row) for row in ids]}, return_tensors="pt",
+                             pad_to_multiple_of=pad_multiple)
+    width = padded_width(max((len(row) for row in ids), default=0), pad_multiple)
     input_ids = np.full((len(ids), width), tokenizer.pad_token_id, dtype=np.int64)
     mask = np.zeros((len(ids), width), dtype=np.int64)
     left = tokenizer.padding_side == "left"

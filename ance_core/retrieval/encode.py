@@ -15,7 +15,7 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from ance_core.modeling.model import (
     out_of_memory_advice,
     pick_device,
 )
-from ance_core.modeling.tokenizing import pad_ids, token_id_chunks, token_ids
+from ance_core.modeling.tokenizing import pad_ids, padded_width, token_id_chunks, token_ids
 from ance_core.retrieval.config import EncodeConfig
 
 
@@ -50,12 +50,16 @@ def encode_texts(
     dtype: torch.dtype | None,
     progress: tqdm | None = None,
     batch_tokens: int | None = None,
+    pad_multiple: int | None = None,
+    workers: int = 0,
 ) -> np.ndarray:
     """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little.
-    `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread
-    (`_encode_pipelined`)."""
+    `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread, or by `workers`
+    processes (`_encode_pipelined`). `pad_multiple`: each batch padded to a multiple of that many tokens (fewer
+    distinct shapes: on a GPU each new one may cost a kernel plan)."""
     if batch_tokens is not None:
-        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress)
+        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple,
+                                 workers)
     device = next(model.parameters()).device
     # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
     # ...) of a whole shard take several times the memory of the token ids kept
@@ -70,7 +74,7 @@ def encode_texts(
     with torch.inference_mode(), autocast, oom:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
-            batch = pad_ids(tokenizer, [features[i] for i in idx])
+            batch = pad_ids(tokenizer, [features[i] for i in idx], pad_multiple)
             results.put(idx, model(batch["input_ids"].to(device), batch["attention_mask"].to(device)))  # (b, h)
         results.flush()
     return out
@@ -110,40 +114,93 @@ class BatchResults:
             self.progress.update(len(rows))
 
 
-def token_batches(lengths: list[int], batch_tokens: int) -> list[np.ndarray]:
+def token_batches(lengths: list[int], batch_tokens: int, pad_multiple: int | None = None) -> list[np.ndarray]:
     """Positions of texts of these token `lengths` in batches, longest first: each batch as many texts as fit in
-    `batch_tokens` padded tokens (its count x its longest text), one text at least."""
+    `batch_tokens` padded tokens (its count x its longest text, rounded up to `pad_multiple`), one text at least."""
     order = np.argsort([-n for n in lengths], kind="stable")
     batches, start = [], 0
     while start < len(order):
-        longest = max(lengths[order[start]], 1)
+        longest = padded_width(max(lengths[order[start]], 1), pad_multiple)
         size = max(1, batch_tokens // longest)
         batches.append(order[start:start + size])
         start += size
     return batches
 
 
-def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, batch_tokens: int,
-                  pin: bool) -> Iterator[list[tuple[np.ndarray, dict]]]:
-    """The pipelined encoding's producer work: per chunk of texts tokenized at once, its batches of at most
-    `batch_tokens` padded tokens as (positions in `texts`, padded tensors, in pinned memory when `pin`)."""
+def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, batch_tokens: int,
+                  pin: bool, pad_multiple: int | None = None, chunk: int | None = None
+                  ) -> Iterator[list[tuple[np.ndarray, dict]]]:
+    """The pipelined encoding's producer work: per chunk of texts tokenized at once (`chunk`, token_id_chunks's
+    by default), its batches of at most `batch_tokens` padded tokens as (positions in `texts`, padded tensors, in
+    pinned memory when `pin`)."""
     offset = 0
-    for ids in token_id_chunks(tokenizer, texts, max_length):
+    for ids in token_id_chunks(tokenizer, texts, max_length, *([chunk] if chunk else [])):
         batches = []
-        for rows in token_batches([len(x) for x in ids], batch_tokens):
-            padded = pad_ids(tokenizer, [ids[i] for i in rows])
+        for rows in token_batches([len(x) for x in ids], batch_tokens, pad_multiple):
+            padded = pad_ids(tokenizer, [ids[i] for i in rows], pad_multiple)
             batches.append((rows + offset, {k: v.pin_memory() for k, v in padded.items()} if pin else padded))
         offset += len(ids)
         yield batches
 
 
+class PaddedBatches(torch.utils.data.IterableDataset):
+    """`padded_chunks` as a dataset for DataLoader worker processes: worker i of n takes the chunks i, i + n, ...
+    and yields their batches as (positions in `texts`, padded tensors)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, batch_tokens: int,
+                 pad_multiple: int | None, chunk: int):
+        self.tokenizer, self.texts, self.max_length = tokenizer, texts, max_length
+        self.batch_tokens, self.pad_multiple, self.chunk = batch_tokens, pad_multiple, chunk
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, dict]]:
+        info = torch.utils.data.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for start in range(first * self.chunk, len(self.texts), step * self.chunk):
+            part = self.texts[start:start + self.chunk]
+            for batches in padded_chunks(self.tokenizer, part, self.max_length, self.batch_tokens, False,
+                                         self.pad_multiple, self.chunk):
+                for rows, batch in batches:
+                    yield rows + start, batch
+
+
+WORKER_CHUNK = 2048  # texts a worker process tokenizes at once (on one thread: ~0.5 s for BERT's tokenizer)
+
+
+def _producer_processes(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, batch_tokens: int,
+                        pad_multiple: int | None, workers: int, pin: bool) -> Iterator[list[tuple[np.ndarray, dict]]]:
+    """The producer's batches from `workers` DataLoader processes (pinned by its pin-memory thread when `pin`), one
+    batch per list. Processes, not a thread: a producer thread running Python (the ids of each text, the batches'
+    cuts) holds the GIL, and the encoding thread, which gives the GIL up at every kernel it launches, waits up to
+    the interpreter's switch interval (5 ms) to get it back each time (bench/encode_pace.py). The forked workers
+    tokenize on one thread each (the tokenizer's threads do not survive a fork)."""
+    loader = torch.utils.data.DataLoader(
+        PaddedBatches(tokenizer, texts, max_length, batch_tokens, pad_multiple, WORKER_CHUNK), batch_size=None,
+        num_workers=workers, pin_memory=pin, prefetch_factor=4)
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # set while the workers fork: no warning, one thread each
+    try:
+        batches = iter(loader)
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    for rows, batch in batches:
+        yield [(rows.numpy() if isinstance(rows, torch.Tensor) else rows, batch)]
+
+
 def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int,
-                      batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None) -> np.ndarray:
-    """`encode_texts` with `batch_tokens`: a producer thread tokenizes a chunk of texts at a time (the tokenizer's
-    Rust core releases the GIL), sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and
-    pads them (pinned for a GPU), two chunks ahead of the model, which encodes them as they come."""
+                      batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None,
+                      pad_multiple: int | None = None, workers: int = 0) -> np.ndarray:
+    """`encode_texts` with `batch_tokens`: a producer thread (or `workers` processes) tokenizes a chunk of texts at a
+    time, sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and pads them (pinned for
+    a GPU), ahead of the model, which encodes them as they come."""
     device = next(model.parameters()).device
     out = np.empty((len(texts), model.dim), dtype=np.float32)
+    pin = device.type == "cuda"
+    if workers > 0:
+        source = _producer_processes(tokenizer, texts, max_length, batch_tokens, pad_multiple, workers, pin)
+        return _encode_batches(model, source, out, device, batch_tokens, max_length, dtype, progress)
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -158,32 +215,43 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
 
     def produce() -> None:
         try:
-            for batches in padded_chunks(tokenizer, texts, max_length, batch_tokens, pin=device.type == "cuda"):
+            for batches in padded_chunks(tokenizer, texts, max_length, batch_tokens, pin, pad_multiple):
                 if not hand(batches):
                     return  # the rest is not tokenized for nothing
             hand(None)
         except BaseException as e:  # handed to the encoding thread, which raises it
             hand(e)
 
+    def received() -> Iterator[list[tuple[np.ndarray, dict]]]:
+        while (chunk := ready.get()) is not None:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
+
     producer = threading.Thread(target=produce, name="tokenizer", daemon=True)
     producer.start()
+    try:
+        return _encode_batches(model, received(), out, device, batch_tokens, max_length, dtype, progress)
+    finally:
+        stop.set()
+        producer.join()
+
+
+def _encode_batches(model: BiEncoder, chunks: Iterator[list[tuple[np.ndarray, dict]]], out: np.ndarray,
+                    device: torch.device, batch_tokens: int, max_length: int, dtype: torch.dtype | None,
+                    progress: tqdm | None) -> np.ndarray:
+    """The encoding thread's side: each batch's rows of `out` from the model, in the order the batches come."""
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
     model.eval()
     oom = out_of_memory_advice(f"encoding batches of up to {batch_tokens} padded tokens (texts of up to {max_length} "
                                "tokens)", "lower encode.batch_tokens (or the model's max length)")
     results = BatchResults(out, device, progress)
-    try:
-        with torch.inference_mode(), autocast, oom:
-            while (chunk := ready.get()) is not None:
-                if isinstance(chunk, BaseException):
-                    raise chunk
-                for rows, batch in chunk:
-                    results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
-                                            batch["attention_mask"].to(device, non_blocking=True)))
-            results.flush()
-    finally:
-        stop.set()
-        producer.join()
+    with torch.inference_mode(), autocast, oom:
+        for chunk in chunks:
+            for rows, batch in chunk:
+                results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
+                                        batch["attention_mask"].to(device, non_blocking=True)))
+        results.flush()
     return out
 
 

@@ -5,12 +5,15 @@
 #                                                          (torch vs faiss-cpu), BERT-base-shaped encoding and training
 #   bash scripts/gpu_kit/run.sh measure carry .kit/site : one call, no weights: the compiled training step and encoding
 #                                                          with MiniLM's and BERT-base's shapes, then the GPU suite
+#   bash scripts/gpu_kit/run.sh pace    carry .kit/site : one call, no weights: what sets encoding's pace
+#                                                          (bench/encode_pace.py: producer thread or processes,
+#                                                          padding to a multiple, SDPA's cuDNN backend on or off)
 #   bash scripts/gpu_kit/run.sh model   carry .kit/model: MiniLM restored to fp32; `ance demo` end to end (Prefect's
 #                                                          temporary server, MLflow's SQLite store), MiniLM's benchmark
 # Each step has a time limit (the whole of a part stays under ~5 min) and a line in $OUT/steps.txt (rc, seconds).
 # At most 8 files come back from $OUT: each part writes 6.
 set -uo pipefail
-part=${1:?usage: run.sh site|model|measure}
+part=${1:?usage: run.sh site|model|measure|pace}
 OUT=${OUT:-/tmp/kit-out}
 KIT=${KIT:-/tmp/kit}
 PY=${PYTHON:-python3}
@@ -29,7 +32,7 @@ step() {  # step NAME SECONDS CMD...: its output in $OUT/NAME.log (appended), a 
   echo "$name rc=$rc $(( ($(date +%s%N) - t0) / 1000000 )) ms: $*" | tee -a "$OUT/steps.txt"
 }
 
-if [ "$part" = site ] || [ "$part" = measure ]; then
+if [ "$part" = site ] || [ "$part" = measure ] || [ "$part" = pace ]; then
   t0=$(date +%s%N)
   mkdir -p "$KIT/site" "$KIT/data"
   if [ -z "${KIT_LOCAL:-}" ]; then  # KIT_LOCAL: the dry run here, on this checkout's environment
@@ -43,6 +46,15 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_
       transformers.__version__, 'prefect', prefect.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__,
       'faiss gpus', getattr(faiss, 'get_num_gpus', lambda: 0)())"; } >"$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
+  if [ "$part" = pace ]; then  # each variant in its own process: cold and warm passes, the forwards alone
+    if [ -n "$SMALL" ]; then sizes=(--passages 300 --length 128 --batch-tokens 4096); else sizes=(--passages 30000); fi
+    step pace 330 $PY bench/encode_pace.py --model "$KIT/tokenizer" --shape bert-base "${sizes[@]}" --profile \
+      --variants thread batched thread+pad32 thread+cudnn-off workers workers+pad32 workers+pad32+cudnn-off \
+      --timeout 90 --json "$OUT/pace_bert.json"
+    step pace 150 $PY bench/encode_pace.py --model "$KIT/tokenizer" "${sizes[@]}" --variants thread workers+pad32 \
+      workers+pad32+cudnn-off --timeout 60 --json "$OUT/pace_minilm.json"
+    exit 0
+  fi
   if [ "$part" = measure ]; then  # one call, no weights carried: the captured (compiled) training step and encoding
     # with random weights of MiniLM's and BERT-base's shapes (the same speed as the trained ones), then the GPU suite
     if [ -n "$SMALL" ]; then sizes=(--passages 300 --steps 6 --skip 2 --batch-size 4); else sizes=(--passages 30000
@@ -106,6 +118,6 @@ if lines:
 print("demo result:", lines[-1][:400] if lines else "none")
 EOF
 else
-  echo "usage: run.sh site|model|measure" >&2
+  echo "usage: run.sh site|model|measure|pace" >&2
   exit 2
 fi

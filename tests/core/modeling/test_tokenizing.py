@@ -60,8 +60,9 @@ def test_padded_ids_are_the_tokenizers_own(tokenizer, side):
 
     tokenizer.padding_side = side
     for rows in (list(token_ids(tokenizer, TEXTS, 64)), [[101, 102]], [[7, 8, 9]] * 3):
-        expected = tokenizer.pad({"input_ids": rows}, return_tensors="pt")
-        got = pad_ids(tokenizer, rows)
-        assert got.keys() == {"input_ids", "attention_mask"} <= expected.keys()
-        for key, value in got.items():
-            assert value.dtype == torch.int64 and torch.equal(value, expected[key]), key
+        for multiple in (None, 8):
+            expected = tokenizer.pad({"input_ids": rows}, return_tensors="pt", pad_to_multiple_of=multiple)
+            got = pad_ids(tokenizer, rows, multiple)
+            assert got.keys() == {"input_ids", "attention_mask"} <= expected.keys()
+            for key, value in got.items():
+                assert value.dtype == torch.int64 and torch.equal(value, expected[key]), (key, multiple)

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -320,6 +322,31 @@ def test_token_budgeted_batches_tokenized_ahead_encode_as_the_plain_path(checkpo
                 patch.setattr(tokenizing.token_id_chunks, "__defaults__", (chunk,))
                 ahead = encode_texts(model, tokenizer, texts, 32, 16, None, batch_tokens=budget)
             np.testing.assert_allclose(ahead, plain, rtol=1e-4, atol=1e-5)
+    for multiple in (None, 8):
+        assert all(len(b) == 1 or len(b) * -(-max(lengths[i] for i in b) // 8) * 8 <= 100
+                   for b in token_batches(lengths, 100, 8))
+        padded = encode_texts(model, tokenizer, texts, 32, 16, None, pad_multiple=multiple)  # the plain path padded
+        np.testing.assert_allclose(padded, plain, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("pad_multiple", [None, 8])
+def test_batches_made_by_worker_processes_encode_as_the_plain_path(checkpoint, workers, pad_multiple, monkeypatch):
+    """encode_texts(workers=n): the producer's batches come from n DataLoader processes, each its own chunks of
+    texts (several chunks here, so each worker makes some); the same embeddings in input order, the tokenizer's
+    parallelism setting restored after the fork."""
+    from ance_core.retrieval import encode
+
+    monkeypatch.setattr(encode, "WORKER_CHUNK", 20)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    words = "cell protein gene binds mice cancer therapy virus".split()
+    texts = [" ".join(words[(i + j) % 8] for j in range(1 + (i * 7) % 40)) for i in range(150)]
+    plain = encode_texts(model, tokenizer, texts, 32, 16, None)
+    got = encode_texts(model, tokenizer, texts, 32, 16, None, batch_tokens=100, pad_multiple=pad_multiple,
+                       workers=workers)
+    np.testing.assert_allclose(got, plain, rtol=1e-4, atol=1e-5)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
 
 
 def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
@@ -338,3 +365,5 @@ def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
     model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
     with pytest.raises(RuntimeError, match="tokenizer broke"):
         _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None)
+    with pytest.raises(RuntimeError, match="tokenizer broke"):  # raised in a worker process, re-raised here
+        _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None, workers=1)
