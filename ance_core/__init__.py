@@ -14,4 +14,11 @@ Its rooms, each a subpackage that imports only the foundation and rooms below it
   export/       a checkpoint outside the pipeline: Encoder, sentence-transformers folder
 """
 
+import os
+
+# JAX, where installed with CUDA (bm25s imports it for its top-k), takes 75% of the GPU's memory the first time it
+# starts a backend: torch's encoding then ran out of memory on an H200 (BENCHMARKS.md). BM25 needs no GPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 __version__ = "0.2.0"

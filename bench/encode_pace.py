@@ -4,12 +4,16 @@ each in a fresh process (so no variant finds another's kernels, plans or shapes 
 same batches already on the device. Issue 42 measured corpus encoding at a third of the forward's utilisation; the
 variants tell which of its suspects holds:
 
-- `thread`: encode.batch_tokens as shipped (a producer thread tokenizes and pads ahead of the model);
+- `thread`: encode.batch_tokens as shipped (a producer thread tokenizes and pads ahead of the model; SDPA without
+  its cuDNN backend, encode.py's SDPA_BACKENDS);
 - `batched`: no producer (the shard tokenized first, batches of --batch-size texts);
-- `workers`: the producer in --workers DataLoader processes (no GIL shared with the thread launching kernels);
 - `pad32`: batches padded to a multiple of 32 tokens (a few batch shapes recur instead of one new shape per batch);
-- `cudnn-off`: SDPA's cuDNN backend turned off (it builds a plan for each new shape);
-- combinations, joined by `+` (e.g. `workers+pad32`).
+- `cudnn`: SDPA's cuDNN backend allowed (torch's default; encoding ran so until this script found that it builds a
+  plan for each new shape);
+- combinations, joined by `+` (e.g. `thread+cudnn`).
+
+(A producer in DataLoader worker processes instead of the thread was measured with this script at commit 954cf25,
+slower on an H200, and dropped.)
 
 cold ≫ warm says new shapes cost (plans, autotuning); warm ≫ forward-alone says the hand-off between producer and
 model costs. --profile adds torch.profiler's top host-side ops of the cold pass of the first variant.
@@ -31,7 +35,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import numpy as np
 import torch
 from gpu import forward_flops, model_source, utilisation  # bench/gpu.py (this script runs as bench/encode_pace.py)
 from msmarco_shape import synthetic_msmarco
@@ -39,9 +42,10 @@ from msmarco_shape import synthetic_msmarco
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
 from ance_core.modeling.tokenizing import token_ids
+from ance_core.retrieval import encode as encode_module
 from ance_core.retrieval.encode import encode_texts, padded_chunks
 
-KNOBS = {"thread", "batched", "workers", "pad32", "cudnn-off"}
+KNOBS = {"thread", "batched", "pad32", "cudnn"}
 
 
 def one_variant(args) -> dict:
@@ -50,13 +54,12 @@ def one_variant(args) -> dict:
     if knobs - KNOBS:
         raise SystemExit(f"unknown variant part(s) {sorted(knobs - KNOBS)}: choose from {sorted(KNOBS)}")
     device = pick_device()
-    if "cudnn-off" in knobs and device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(False)
+    if "cudnn" in knobs:
+        encode_module.SDPA_BACKENDS = None  # torch's own choice of SDPA backends
     texts = passage_texts(load_dataset(Path(args.root) / "data").corpus)[: args.passages]
     model, tokenizer, _ = load_checkpoint(Path(args.root) / "model", device)
     dtype = autocast_dtype("auto", device)
     pad = 32 if "pad32" in knobs else None
-    workers = args.workers if "workers" in knobs else 0
     batched = "batched" in knobs
 
     def encode(part: list[str]) -> None:
@@ -64,14 +67,14 @@ def one_variant(args) -> dict:
             encode_texts(model, tokenizer, part, args.length, args.batch_size, dtype, pad_multiple=pad)
         else:
             encode_texts(model, tokenizer, part, args.length, 0, dtype, batch_tokens=args.batch_tokens,
-                         pad_multiple=pad, workers=workers)
+                         pad_multiple=pad)
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     encode(texts[:64])  # the first kernels, the allocator, the CUDA context: not this variant's cost
     flops = forward_flops(model, [len(ids) for ids in token_ids(tokenizer, texts, args.length)])
     report = {"variant": args.one, "passages": len(texts), "device": torch.cuda.get_device_name()
-              if device.type == "cuda" else "cpu", "cudnn_sdp": device.type == "cuda"
-              and torch.backends.cuda.cudnn_sdp_enabled(), "workers": workers, "pad_multiple": pad}
+              if device.type == "cuda" else "cpu", "sdpa_backends": "torch's" if encode_module.SDPA_BACKENDS is None
+              else [b.name for b in encode_module.SDPA_BACKENDS], "pad_multiple": pad}
     profiler = None
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -104,7 +107,7 @@ def one_variant(args) -> dict:
         autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
         sync()
         started = time.perf_counter()
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), autocast, encode_module.attention_backends():
             for b in batches:
                 model(b["input_ids"], b["attention_mask"])
         sync()
@@ -121,9 +124,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--batch-tokens", type=int, default=131_072)
     parser.add_argument("--batch-size", type=int, default=256, help="the `batched` variant's texts per batch")
-    parser.add_argument("--workers", type=int, default=4, help="the `workers` variant's processes")
-    parser.add_argument("--variants", nargs="+", default=["thread", "batched", "thread+pad32", "thread+cudnn-off",
-                                                           "workers", "workers+pad32"])
+    parser.add_argument("--variants", nargs="+", default=["thread+cudnn", "batched+cudnn", "thread+pad32+cudnn",
+                                                           "thread", "batched"])
     parser.add_argument("--profile", action="store_true", help="profile the first variant's cold pass")
     parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per variant")
@@ -144,7 +146,7 @@ def main() -> None:
     for i, variant in enumerate(args.variants):
         command = [sys.executable, __file__, "--one", variant, "--root", str(root), "--passages", str(args.passages),
                    "--length", str(args.length), "--batch-tokens", str(args.batch_tokens), "--batch-size",
-                   str(args.batch_size), "--workers", str(args.workers), "--peak-tflops", str(args.peak_tflops)]
+                   str(args.batch_size), "--peak-tflops", str(args.peak_tflops)]
         if args.profile and i == 0:
             command.append("--profile")
         try:

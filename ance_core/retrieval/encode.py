@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -51,15 +52,13 @@ def encode_texts(
     progress: tqdm | None = None,
     batch_tokens: int | None = None,
     pad_multiple: int | None = None,
-    workers: int = 0,
 ) -> np.ndarray:
     """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little.
-    `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread, or by `workers`
-    processes (`_encode_pipelined`). `pad_multiple`: each batch padded to a multiple of that many tokens (fewer
-    distinct shapes: on a GPU each new one may cost a kernel plan)."""
+    `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread
+    (`_encode_pipelined`). `pad_multiple`: each batch padded to a multiple of that many tokens (fewer distinct
+    shapes). Attention runs without SDPA's cuDNN backend (`attention_backends`)."""
     if batch_tokens is not None:
-        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple,
-                                 workers)
+        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple)
     device = next(model.parameters()).device
     # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
     # ...) of a whole shard take several times the memory of the token ids kept
@@ -71,13 +70,25 @@ def encode_texts(
     oom = out_of_memory_advice(f"encoding batches of {batch_size} texts of up to {max_length} tokens",
                                "lower encode.batch_size (or the model's max length)")
     results = BatchResults(out, device, progress)
-    with torch.inference_mode(), autocast, oom:
+    with torch.inference_mode(), autocast, attention_backends(), oom:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = pad_ids(tokenizer, [features[i] for i in idx], pad_multiple)
             results.put(idx, model(batch["input_ids"].to(device), batch["attention_mask"].to(device)))  # (b, h)
         results.flush()
     return out
+
+
+# SDPA's backends for encoding: all but cuDNN's, which builds a plan for every new (batch, length) shape. Encoding's
+# length-sorted batches are nearly all new shapes: on an H200 the plans took 5.6 s of a 9.1 s BERT-base-shaped
+# encoding of 30k passages (9.5% of the bf16 peak; 24.9% without them: BENCHMARKS.md, bench/encode_pace.py).
+# None: torch's choice.
+SDPA_BACKENDS: list | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends():
+    """The context encoding's forwards run in: SDPA limited to `SDPA_BACKENDS` (a no-op on a CPU)."""
+    return sdpa_kernel(SDPA_BACKENDS) if SDPA_BACKENDS is not None else nullcontext()
 
 
 class BatchResults:
@@ -143,64 +154,16 @@ def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_
         yield batches
 
 
-class PaddedBatches(torch.utils.data.IterableDataset):
-    """`padded_chunks` as a dataset for DataLoader worker processes: worker i of n takes the chunks i, i + n, ...
-    and yields their batches as (positions in `texts`, padded tensors)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, batch_tokens: int,
-                 pad_multiple: int | None, chunk: int):
-        self.tokenizer, self.texts, self.max_length = tokenizer, texts, max_length
-        self.batch_tokens, self.pad_multiple, self.chunk = batch_tokens, pad_multiple, chunk
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, dict]]:
-        info = torch.utils.data.get_worker_info()
-        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
-        for start in range(first * self.chunk, len(self.texts), step * self.chunk):
-            part = self.texts[start:start + self.chunk]
-            for batches in padded_chunks(self.tokenizer, part, self.max_length, self.batch_tokens, False,
-                                         self.pad_multiple, self.chunk):
-                for rows, batch in batches:
-                    yield rows + start, batch
-
-
-WORKER_CHUNK = 2048  # texts a worker process tokenizes at once (on one thread: ~0.5 s for BERT's tokenizer)
-
-
-def _producer_processes(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, batch_tokens: int,
-                        pad_multiple: int | None, workers: int, pin: bool) -> Iterator[list[tuple[np.ndarray, dict]]]:
-    """The producer's batches from `workers` DataLoader processes (pinned by its pin-memory thread when `pin`), one
-    batch per list. Processes, not a thread: a producer thread running Python (the ids of each text, the batches'
-    cuts) holds the GIL, and the encoding thread, which gives the GIL up at every kernel it launches, waits up to
-    the interpreter's switch interval (5 ms) to get it back each time (bench/encode_pace.py). The forked workers
-    tokenize on one thread each (the tokenizer's threads do not survive a fork)."""
-    loader = torch.utils.data.DataLoader(
-        PaddedBatches(tokenizer, texts, max_length, batch_tokens, pad_multiple, WORKER_CHUNK), batch_size=None,
-        num_workers=workers, pin_memory=pin, prefetch_factor=4)
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # set while the workers fork: no warning, one thread each
-    try:
-        batches = iter(loader)
-    finally:
-        if before is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = before
-    for rows, batch in batches:
-        yield [(rows.numpy() if isinstance(rows, torch.Tensor) else rows, batch)]
-
-
 def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int,
                       batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None,
-                      pad_multiple: int | None = None, workers: int = 0) -> np.ndarray:
-    """`encode_texts` with `batch_tokens`: a producer thread (or `workers` processes) tokenizes a chunk of texts at a
-    time, sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and pads them (pinned for
-    a GPU), ahead of the model, which encodes them as they come."""
+                      pad_multiple: int | None = None) -> np.ndarray:
+    """`encode_texts` with `batch_tokens`: a producer thread tokenizes a chunk of texts at a time (the tokenizer's
+    Rust core releases the GIL), sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and
+    pads them (pinned for a GPU), two chunks ahead of the model, which encodes them as they come. (DataLoader worker
+    processes instead of the thread were slower on an H200: bench/encode_pace.py in BENCHMARKS.md.)"""
     device = next(model.parameters()).device
     out = np.empty((len(texts), model.dim), dtype=np.float32)
     pin = device.type == "cuda"
-    if workers > 0:
-        source = _producer_processes(tokenizer, texts, max_length, batch_tokens, pad_multiple, workers, pin)
-        return _encode_batches(model, source, out, device, batch_tokens, max_length, dtype, progress)
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -246,7 +209,7 @@ def _encode_batches(model: BiEncoder, chunks: Iterator[list[tuple[np.ndarray, di
     oom = out_of_memory_advice(f"encoding batches of up to {batch_tokens} padded tokens (texts of up to {max_length} "
                                "tokens)", "lower encode.batch_tokens (or the model's max length)")
     results = BatchResults(out, device, progress)
-    with torch.inference_mode(), autocast, oom:
+    with torch.inference_mode(), autocast, attention_backends(), oom:
         for chunk in chunks:
             for rows, batch in chunk:
                 results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),

@@ -6,7 +6,7 @@
 #   bash scripts/gpu_kit/run.sh measure carry .kit/site : one call, no weights: the compiled training step and encoding
 #                                                          with MiniLM's and BERT-base's shapes, then the GPU suite
 #   bash scripts/gpu_kit/run.sh pace    carry .kit/site : one call, no weights: what sets encoding's pace
-#                                                          (bench/encode_pace.py: producer thread or processes,
+#                                                          (bench/encode_pace.py: the producer thread or none,
 #                                                          padding to a multiple, SDPA's cuDNN backend on or off)
 #   bash scripts/gpu_kit/run.sh model   carry .kit/model: MiniLM restored to fp32; `ance demo` end to end (Prefect's
 #                                                          temporary server, MLflow's SQLite store), MiniLM's benchmark
@@ -21,6 +21,7 @@ mkdir -p "$OUT" "$KIT"
 export PYTHONPATH=$KIT/site:$PWD PYTHONUNBUFFERED=1
 export ANCE_DATA_HOME=$KIT/data PREFECT_HOME=$KIT/prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_UI_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180
+export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # the image's JAX would take 75% of the GPU
 SMALL=${KIT_SMALL:-}  # set: tiny sizes (the dry run of this script on a CPU)
 
 step() {  # step NAME SECONDS CMD...: its output in $OUT/NAME.log (appended), a line in steps.txt
@@ -49,10 +50,10 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_
   if [ "$part" = pace ]; then  # each variant in its own process: cold and warm passes, the forwards alone
     if [ -n "$SMALL" ]; then sizes=(--passages 300 --length 128 --batch-tokens 4096); else sizes=(--passages 30000); fi
     step pace 330 $PY bench/encode_pace.py --model "$KIT/tokenizer" --shape bert-base "${sizes[@]}" --profile \
-      --variants thread batched thread+pad32 thread+cudnn-off workers workers+pad32 workers+pad32+cudnn-off \
-      --timeout 90 --json "$OUT/pace_bert.json"
-    step pace 150 $PY bench/encode_pace.py --model "$KIT/tokenizer" "${sizes[@]}" --variants thread workers+pad32 \
-      workers+pad32+cudnn-off --timeout 60 --json "$OUT/pace_minilm.json"
+      --variants thread+cudnn batched+cudnn thread+pad32+cudnn thread batched --timeout 90 \
+      --json "$OUT/pace_bert.json"
+    step pace 150 $PY bench/encode_pace.py --model "$KIT/tokenizer" "${sizes[@]}" --variants thread+cudnn thread \
+      --timeout 60 --json "$OUT/pace_minilm.json"
     exit 0
   fi
   if [ "$part" = measure ]; then  # one call, no weights carried: the captured (compiled) training step and encoding

@@ -1,5 +1,3 @@
-import os
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -329,24 +327,33 @@ def test_token_budgeted_batches_tokenized_ahead_encode_as_the_plain_path(checkpo
         np.testing.assert_allclose(padded, plain, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("pad_multiple", [None, 8])
-def test_batches_made_by_worker_processes_encode_as_the_plain_path(checkpoint, workers, pad_multiple, monkeypatch):
-    """encode_texts(workers=n): the producer's batches come from n DataLoader processes, each its own chunks of
-    texts (several chunks here, so each worker makes some); the same embeddings in input order, the tokenizer's
-    parallelism setting restored after the fork."""
-    from ance_core.retrieval import encode
+@pytest.mark.parametrize("batch_tokens", [None, 64])
+def test_encoding_runs_attention_without_cudnn_and_restores_it(batch_tokens):
+    """Both encoding paths run their forwards with SDPA's cuDNN backend off (a plan per new shape made GPU encoding
+    3x slower) and leave the process's backends as they were."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    seen = []
 
-    monkeypatch.setattr(encode, "WORKER_CHUNK", 20)
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    model, tokenizer, _ = load_checkpoint(checkpoint)
-    words = "cell protein gene binds mice cancer therapy virus".split()
-    texts = [" ".join(words[(i + j) % 8] for j in range(1 + (i * 7) % 40)) for i in range(150)]
-    plain = encode_texts(model, tokenizer, texts, 32, 16, None)
-    got = encode_texts(model, tokenizer, texts, 32, 16, None, batch_tokens=100, pad_multiple=pad_multiple,
-                       workers=workers)
-    np.testing.assert_allclose(got, plain, rtol=1e-4, atol=1e-5)
-    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    class Model(torch.nn.Module):
+        dim = 2
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask):
+            seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+            return torch.zeros(len(input_ids), 2)
+
+    class Tokenizer:
+        is_fast, pad_token_id, padding_side = False, 0, "right"
+
+        def __call__(self, texts, **_):
+            return {"input_ids": [[1] * len(t) for t in texts]}
+
+    out = encode_texts(Model(), Tokenizer(), ["a", "bb", "ccc"], 8, 2, None, batch_tokens=batch_tokens)
+    assert out.shape == (3, 2) and seen and all(s == (False, True) for s in seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
@@ -365,5 +372,3 @@ def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
     model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
     with pytest.raises(RuntimeError, match="tokenizer broke"):
         _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None)
-    with pytest.raises(RuntimeError, match="tokenizer broke"):  # raised in a worker process, re-raised here
-        _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None, workers=1)
