@@ -12,6 +12,7 @@ queries and passages to the compressed dimension.
 import json
 import logging
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -167,6 +168,7 @@ class BiEncoder(nn.Module):
         self.encoder = encoder
         self.pooling = pooling
         self.projector: Projector | None = None  # a compressed checkpoint's (applied by encoding, not by forward)
+        self.prepared_masks = takes_prepared_mask(encoder)  # on a GPU, a 4-D mask (prepared_mask)
         h = encoder.config.hidden_size
         self.proj = nn.Linear(h, h)
         self.norm = nn.LayerNorm(h)
@@ -190,8 +192,24 @@ class BiEncoder(nn.Module):
             self.norm.bias.zero_()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, h)
+        mask = prepared_mask(attention_mask) if attention_mask.is_cuda and self.prepared_masks else attention_mask
+        hidden = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (B, T, h)
         return self.norm(self.proj(pool(hidden, attention_mask, self.pooling)))  # (B, h)
+
+
+def prepared_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 0/1 -> (B, 1, 1, T) bool, True where a token is attended: the mask SDPA takes, passed through as is by
+    transformers' `create_bidirectional_mask`. Given the (B, T) mask, transformers first asks whether any token is
+    padding (`mask.all()`), a read of a GPU value that makes the host wait for the GPU at every forward (one
+    `cudaStreamSynchronize` per batch in BENCHMARKS.md's encoding profile), so the host cannot queue the next batch."""
+    return attention_mask[:, None, None, :].bool()
+
+
+def takes_prepared_mask(encoder: nn.Module) -> bool:
+    """Whether `encoder` builds its attention mask with transformers' `create_bidirectional_mask` (BERT and the
+    models written like it in transformers 5), which passes a prepared 4-D mask through, and runs SDPA."""
+    return (getattr(encoder.config, "_attn_implementation", None) == "sdpa"
+            and "create_bidirectional_mask" in vars(sys.modules[type(encoder).__module__]))
 
 
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout")  # BERT family, DistilBERT/others

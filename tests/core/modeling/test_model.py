@@ -29,6 +29,33 @@ def test_fresh_head_scores_centred_cosine_over_temperature(tiny_model):
     assert torch.allclose(z @ z.T, corr / 0.05, atol=1e-2)  # LayerNorm eps makes it approximate
 
 
+def test_a_prepared_mask_encodes_as_the_padding_mask_without_reading_the_device(tiny_model):
+    """On a GPU the BiEncoder hands BERT a prepared (B, 1, 1, T) mask: the same hidden states on the real tokens as
+    the (B, T) padding mask, without transformers' `mask.all()` (a host read of a device value, which made the host
+    wait for the GPU at every forward). Checked here on the CPU, where the forward keeps the (B, T) mask."""
+    from torch.profiler import profile
+    from transformers import AutoModel
+
+    from ance_core.modeling.model import prepared_mask, takes_prepared_mask
+
+    encoder = AutoModel.from_pretrained(tiny_model).eval()
+    assert takes_prepared_mask(encoder) and BiEncoder(encoder, "mean").prepared_masks
+    ids = torch.randint(5, 50, (4, 12))
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[1, 7:], mask[3, 3:] = 0, 0
+    reads = ("aten::item", "aten::_local_scalar_dense")
+    with torch.inference_mode():
+        with profile() as padding:
+            expected = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        with profile() as prepared:
+            got = encoder(input_ids=ids, attention_mask=prepared_mask(mask)).last_hidden_state
+    assert any(e.key in reads for e in padding.key_averages())  # the read the prepared mask avoids
+    assert not any(e.key in reads for e in prepared.key_averages())
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()])
+    eager = AutoModel.from_pretrained(tiny_model, attn_implementation="eager")
+    assert not takes_prepared_mask(eager)  # eager attention adds a float mask: it keeps the (B, T) one
+
+
 def test_checkpoint_round_trip(tiny_model, tmp_path):
     """A model saved and loaded again computes exactly what the original did: encoder, head and pooling."""
     from transformers import AutoModel
