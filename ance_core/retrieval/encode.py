@@ -59,24 +59,15 @@ def encode_texts(
     shapes). Attention runs without SDPA's cuDNN backend (`attention_backends`)."""
     if batch_tokens is not None:
         return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple)
-    device = next(model.parameters()).device
     # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
     # ...) of a whole shard take several times the memory of the token ids kept
     features = list(token_ids(tokenizer, texts, max_length))
     order = np.argsort([-len(ids) for ids in features], kind="stable")
-    out = np.empty((len(texts), model.dim), dtype=np.float32)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-    model.eval()
-    oom = out_of_memory_advice(f"encoding batches of {batch_size} texts of up to {max_length} tokens",
-                               "lower encode.batch_size (or the model's max length)")
-    results = BatchResults(out, device, progress)
-    with torch.inference_mode(), autocast, attention_backends(), oom:
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
-            batch = pad_ids(tokenizer, [features[i] for i in idx], pad_multiple)
-            results.put(idx, model(batch["input_ids"].to(device), batch["attention_mask"].to(device)))  # (b, h)
-        results.flush()
-    return out
+    batches = ((idx, pad_ids(tokenizer, [features[i] for i in idx], pad_multiple))
+               for idx in (order[start:start + batch_size] for start in range(0, len(texts), batch_size)))
+    return _encode_batches(model, batches, len(texts), progress, dtype,
+                           f"encoding batches of {batch_size} texts of up to {max_length} tokens",
+                           "lower encode.batch_size (or the model's max length)")
 
 
 # SDPA's backends for encoding: all but cuDNN's, which builds a plan for every new (batch, length) shape. Encoding's
@@ -139,13 +130,11 @@ def token_batches(lengths: list[int], batch_tokens: int, pad_multiple: int | Non
 
 
 def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, batch_tokens: int,
-                  pin: bool, pad_multiple: int | None = None, chunk: int | None = None
-                  ) -> Iterator[list[tuple[np.ndarray, dict]]]:
-    """The pipelined encoding's producer work: per chunk of texts tokenized at once (`chunk`, token_id_chunks's
-    by default), its batches of at most `batch_tokens` padded tokens as (positions in `texts`, padded tensors, in
-    pinned memory when `pin`)."""
+                  pin: bool, pad_multiple: int | None = None) -> Iterator[list[tuple[np.ndarray, dict]]]:
+    """The pipelined encoding's producer work: per chunk of texts tokenized at once, its batches of at most
+    `batch_tokens` padded tokens as (positions in `texts`, padded tensors, in pinned memory when `pin`)."""
     offset = 0
-    for ids in token_id_chunks(tokenizer, texts, max_length, *([chunk] if chunk else [])):
+    for ids in token_id_chunks(tokenizer, texts, max_length):
         batches = []
         for rows in token_batches([len(x) for x in ids], batch_tokens, pad_multiple):
             padded = pad_ids(tokenizer, [ids[i] for i in rows], pad_multiple)
@@ -161,9 +150,7 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
     Rust core releases the GIL), sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and
     pads them (pinned for a GPU), two chunks ahead of the model, which encodes them as they come. (DataLoader worker
     processes instead of the thread were slower on an H200: bench/encode_pace.py in BENCHMARKS.md.)"""
-    device = next(model.parameters()).device
-    out = np.empty((len(texts), model.dim), dtype=np.float32)
-    pin = device.type == "cuda"
+    pin = next(model.parameters()).device.type == "cuda"
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -185,35 +172,36 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
         except BaseException as e:  # handed to the encoding thread, which raises it
             hand(e)
 
-    def received() -> Iterator[list[tuple[np.ndarray, dict]]]:
+    def received() -> Iterator[tuple[np.ndarray, dict]]:
         while (chunk := ready.get()) is not None:
             if isinstance(chunk, BaseException):
                 raise chunk
-            yield chunk
+            yield from chunk
 
     producer = threading.Thread(target=produce, name="tokenizer", daemon=True)
     producer.start()
     try:
-        return _encode_batches(model, received(), out, device, batch_tokens, max_length, dtype, progress)
+        return _encode_batches(model, received(), len(texts), progress, dtype,
+                               f"encoding batches of up to {batch_tokens} padded tokens (texts of up to "
+                               f"{max_length} tokens)", "lower encode.batch_tokens (or the model's max length)")
     finally:
         stop.set()
         producer.join()
 
 
-def _encode_batches(model: BiEncoder, chunks: Iterator[list[tuple[np.ndarray, dict]]], out: np.ndarray,
-                    device: torch.device, batch_tokens: int, max_length: int, dtype: torch.dtype | None,
-                    progress: tqdm | None) -> np.ndarray:
-    """The encoding thread's side: each batch's rows of `out` from the model, in the order the batches come."""
+def _encode_batches(model: BiEncoder, batches: Iterator[tuple[np.ndarray, dict]], n: int, progress: tqdm | None,
+                    dtype: torch.dtype | None, doing: str, advice: str) -> np.ndarray:
+    """(n, h) float32: each batch's rows (positions among the n texts, padded tensors) from the model, in the order
+    the batches come; out of memory, an error saying what it was `doing` and the `advice`."""
+    device = next(model.parameters()).device
+    out = np.empty((n, model.dim), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
     model.eval()
-    oom = out_of_memory_advice(f"encoding batches of up to {batch_tokens} padded tokens (texts of up to {max_length} "
-                               "tokens)", "lower encode.batch_tokens (or the model's max length)")
     results = BatchResults(out, device, progress)
-    with torch.inference_mode(), autocast, attention_backends(), oom:
-        for chunk in chunks:
-            for rows, batch in chunk:
-                results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
-                                        batch["attention_mask"].to(device, non_blocking=True)))
+    with torch.inference_mode(), autocast, attention_backends(), out_of_memory_advice(doing, advice):
+        for rows, batch in batches:
+            results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
+                                    batch["attention_mask"].to(device, non_blocking=True)))  # (b, h)
         results.flush()
     return out
 
