@@ -356,6 +356,27 @@ def test_encoding_runs_attention_without_cudnn_and_restores_it(batch_tokens):
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
+def test_overlapping_encodings_restore_the_backends_when_the_last_one_ends():
+    """Two encodings in threads whose holds interleave (A enters, B enters, A leaves, B leaves): cuDNN stays off
+    until the last leaves and is back on after, where torch's sdpa_kernel alone left it off for good."""
+    from ance_core.retrieval.encode import attention_backends
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    torch.backends.cuda.enable_math_sdp(False)  # a flag the encoding sets on (SDPA_BACKENDS holds math): restored off
+    try:
+        a, b = attention_backends(), attention_backends()
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        b.__exit__(None, None, None)
+        assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+        with pytest.raises(KeyError), attention_backends():  # an error inside still restores them
+            raise KeyError("x")
+        assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_math_sdp(True)
+
 def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
     from ance_core.retrieval.encode import _encode_pipelined
 
