@@ -99,7 +99,8 @@ def attention_backends():
         return
     with _backends_lock:
         if not _backends_held:
-            _backends_held[:] = [{name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in _FLAGS.values()}, 0]
+            before = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in _FLAGS.values()}
+            _backends_held[:] = [before, 0]
             _set_backends({name: backend in SDPA_BACKENDS for backend, name in _FLAGS.items()})
         _backends_held[1] += 1
     try:
