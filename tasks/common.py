@@ -43,7 +43,7 @@ from prefect.tasks import Task, exponential_backoff
 from pydantic import BaseModel
 
 import ance_core
-from ance_core.artifacts import ArtifactRef, digest_of, hold_refs, is_complete
+from ance_core.artifacts import STAGE_RULES, ArtifactRef, digest_of, hold_refs, is_complete
 from ance_core.errors import AnceError
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
@@ -191,6 +191,11 @@ class StageCache(CachePolicy):
             "version": ance_core.__version__,
             "inputs": {k: _content(v) for k, v in sorted(inputs.items()) if k not in self.ignore},
         }
+        if bumped := {stage: rule for stage, rule in STAGE_RULES.items() if rule}:
+            # a bumped rule moves its stage's folder key (artifacts.stage_key); Prefect's record, keyed apart from the
+            # folder, would still answer with the old folder. Every bumped rule is in every task's key: a bump misses
+            # every record once, and the stages it did not bump find their folders as before (run_stage)
+            parts["rules"] = bumped
         if self.extra is not None:
             extra = self.extra(inputs)
             if extra is None:  # the content cannot be read without running the task: do not cache

@@ -48,6 +48,24 @@ def test_a_cached_answer_whose_folder_gc_removed_meanwhile_is_built_again_and_re
     assert Path(second["path"], "name.txt").read_text() == name
 
 
+@flow(name="stage-rule")
+def _once(work_dir: str, name: str) -> dict:
+    state = _stage(work_dir, name, return_state=True)
+    return {"state": state.name, "path": state.result().path}
+
+
+def test_a_bumped_stage_rule_misses_prefects_record_and_builds_the_new_folder(tmp_path, monkeypatch):
+    """A stage's rule bumped (its output changed for the same inputs): Prefect's record of the old answer must not
+    hand out the old folder, keyed by the old rule (issue 41: the rule moved only the folder's key)."""
+    from ance_core import artifacts
+
+    work, name = str(tmp_path / "work"), uuid.uuid4().hex
+    first, again = _once(work, name), _once(work, name)
+    assert first["state"] == "Completed" and again == {"state": "Cached", "path": first["path"]}
+    monkeypatch.setitem(artifacts.STAGE_RULES, "encode", 1)
+    bumped = _once(work, name)
+    assert bumped["state"] == "Completed" and bumped["path"] != first["path"] and is_complete(bumped["path"])
+
 def test_the_stage_flows_record_their_stages_as_runs_of_the_work_folder(tiny_scifact, tiny_model, tmp_path):
     """The encode flow (as bm25-warmup) records what it uses while it runs and as an ended run; a trainer's refresh
     (refresh-negatives with a result file) is recorded while it runs and leaves no run of its own: the trainer's run
