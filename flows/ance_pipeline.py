@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from ance_core.artifacts import ArtifactRef, hold_refs, observe_refs
+from ance_core.artifacts import ArtifactRef, hold_refs
 from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device
 from ance_core.negatives.samplers import train_config_for
@@ -24,6 +24,7 @@ from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
+from tasks.common import held_result
 from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
 from tasks.mine import stage_pairs
@@ -123,11 +124,11 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
     checkpoint = run.models[start]["checkpoint"]
     refs = run.mine("ANCE round 1", start, checkpoint, c.mining, 1, train=c.ance)
     with run.tracking.live("ANCE (async)", run.log.timings):
-        state = train_async(checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds, c.encode, c.index,
-                            c.mining, c.max_staleness, c.work_dir, c.execution, c.inferencer, c.data, c.bm25,
-                            return_state=True)
-    trained = state.result()
-    observe_refs(trained)  # (answered from Prefect's cache: no run_stage ran here)
+        # recorded under the stage locks: answered from Prefect's cache, no run_stage ran here, and a gc in between
+        # must not take a folder this run reads (trained again if it did)
+        state, trained = held_result(train_async, checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds,
+                                     c.encode, c.index, c.mining, c.max_staleness, c.work_dir, c.execution,
+                                     c.inferencer, c.data, c.bm25)
     trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))
     label = start

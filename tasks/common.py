@@ -266,13 +266,21 @@ def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
     A cached answer ran no run_stage here: its folders are recorded by the live run under their stage locks
     (`hold_refs`), and if garbage collection removed one between Prefect's answer and that record, the task runs
     again (its cache record now names a missing folder, so its key is a rebuild's: `StageCache`)."""
-    state = stage(*args, return_state=True, **kwargs)
-    ref = state.result()
-    if not hold_refs(ref):
-        state = stage(*args, return_state=True, **kwargs)
-        ref = state.result()
-        hold_refs(ref)
+    state, ref = held_result(stage, *args, **kwargs)
     return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")
+
+
+def held_result(stage: Task, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Call a stage task and record the folders of its result (an ArtifactRef, or dicts and lists of them) under
+    their stage locks; called again when one went missing between Prefect's cached answer and that record (run_task).
+    Its final state and result."""
+    state = stage(*args, return_state=True, **kwargs)
+    result = state.result()
+    if not hold_refs(result):
+        state = stage(*args, return_state=True, **kwargs)
+        result = state.result()
+        hold_refs(result)
+    return state, result
 
 
 class StageLog:

@@ -18,8 +18,8 @@ from ance_core.artifacts import (
     ASYNC_REFRESH,
     NEGATIVES,
     ArtifactRef,
+    hold_refs,
     is_complete,
-    observe_refs,
     read_manifest,
     run_stage,
     stage_key,
@@ -55,11 +55,13 @@ def snapshot_ref(work_dir: str, trainer_key: str, step: int, trainer: Path | Non
     config, inputs = _snapshot_config(step, trainer_key)
     key = stage_key("snapshot", config, inputs)
     folder = Path(work_dir) / "snapshot" / key
-    if not is_complete(folder):
-        raise AnceError(f"{folder}: the step-{step} checkpoint of trainer {trainer_key} is missing; delete "
+    missing = AnceError(f"{folder}: the step-{step} checkpoint of trainer {trainer_key} is missing; delete "
                         f"{trainer or Path(work_dir) / 'train-async' / trainer_key} to train again")
+    if not is_complete(folder):
+        raise missing
     ref = ArtifactRef(str(folder), key, read_manifest(folder).get("seconds", 0.0), cached=True)
-    observe_refs(ref)  # not built by run_stage here: recorded by the live run all the same
+    if not hold_refs(ref):  # not built by run_stage here: recorded by the live run all the same, under its stage lock
+        raise missing  # (removed by a gc since the check above)
     return ref
 
 

@@ -9,7 +9,7 @@ from prefect import flow
 
 from ance_core.artifacts import ArtifactRef, is_complete, run_stage
 from ance_core.retention import LIVE, RUNS, RetentionConfig, collect, live_run
-from tasks.common import run_task, stage_task
+from tasks.common import held_result, run_task, stage_task
 
 
 @stage_task("gc-race-stage")
@@ -47,6 +47,43 @@ def test_a_cached_answer_whose_folder_gc_removed_meanwhile_is_built_again_and_re
     assert collect(work, RetentionConfig(keep_runs=1)).remove == []  # the last run recorded it: kept
     assert Path(second["path"], "name.txt").read_text() == name
 
+
+@stage_task("gc-race-stages")
+def _stages(work_dir: str, name: str) -> dict:
+    """A result of several folders, as the asynchronous trainer's (its checkpoint and its snapshots)."""
+    def build(stage, part):
+        return run_stage(work_dir, stage, {"name": name, "part": part}, {},
+                         lambda out: (out / "name.txt").write_text(name) and None)
+    return {"checkpoint": build("train-async", 0), "snapshots": [build("snapshot", 1), build("snapshot", 2)]}
+
+
+@flow(name="gc-race-many")
+def _uses_many(work_dir: str, name: str, gc_between: bool = False) -> dict:
+    calls = []
+
+    def racing(*args, **kwargs):
+        state = _stages(*args, **kwargs)
+        calls.append(state.name)
+        if gc_between and len(calls) == 1:
+            collect(work_dir, RetentionConfig(keep_runs=1))
+        return state
+
+    with live_run(work_dir, "user"):
+        state, result = held_result(racing, work_dir, name)
+        paths = [result["checkpoint"].path, *(r.path for r in result["snapshots"])]
+        return {"calls": calls, "paths": paths, "whole": all(is_complete(p) for p in paths)}
+
+
+def test_a_cached_answer_of_several_folders_is_built_again_when_gc_took_them_meanwhile(tmp_path):
+    """The asynchronous trainer's path (flows/ance_pipeline.py): its result holds a checkpoint and snapshots."""
+    work, name = str(tmp_path / "work"), uuid.uuid4().hex
+    first = _uses_many(work, name)
+    assert first["calls"] == ["Completed"] and first["whole"]
+    with live_run(work, "another"):
+        pass
+    second = _uses_many(work, name, gc_between=True)
+    assert second["calls"] == ["Cached", "Completed"] and second["whole"] and second["paths"] == first["paths"]
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []
 
 @flow(name="stage-rule")
 def _once(work_dir: str, name: str) -> dict:
