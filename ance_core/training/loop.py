@@ -217,7 +217,15 @@ def train(
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
     sampler = SystemSampler(out) if ranks.main else nullcontext()  # CPU, memory, GPU use while the stage trains
-    stage = "the warm-up" if round_ == 0 else f"ANCE round {round_}"
+    def stage(step: int) -> str:
+        """The stage a step trains, for errors: with snapshots (one asynchronous trainer over all rounds, ANCE Fig. 2)
+        a round ends at each snapshot step."""
+        if round_ == 0:
+            return "the warm-up"
+        if not snapshot_steps:
+            return f"ANCE round {round_}"
+        return f"ANCE round {round_ + sum(s < step for s in snapshot_steps)} (the asynchronous trainer)"
+
     # one process: a step with nothing due at it (no dev check, checkpoint, snapshot, drill; not the last) has its
     # figures read once the next step is queued, so the device never waits on the host's bookkeeping between steps
     defer, pending = ranks.world == 1, None
@@ -228,9 +236,9 @@ def train(
         norms = read_once(figures)  # one device transfer
         loss_value = norms.pop("loss")
         if not math.isfinite(loss_value):  # every step after it would train on NaN: stop before it is kept
-            raise AnceError(f"{stage}: the loss is {loss_value} at step {step} (learning_rate {cfg.learning_rate:g}, "
-                            f"precision {cfg.precision}); training stopped and nothing was published: lower the "
-                            "learning rate (or max_grad_norm), or train in fp32")
+            raise AnceError(f"{stage(step)}: the loss is {loss_value} at step {step} (learning_rate "
+                            f"{cfg.learning_rate:g}, precision {cfg.precision}); training stopped and nothing was "
+                            "published: lower the learning rate (or max_grad_norm), or train in fp32")
         seconds = (time.perf_counter() if ended is None else ended) - started
         state["epoch"] = epoch
         return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds}

@@ -451,6 +451,26 @@ def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, 
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_a_non_finite_loss_in_the_asynchronous_trainer_names_the_round_of_its_step(setup, tmp_path, monkeypatch):
+    """One trainer over all rounds (refresh: async, rounds ending at the snapshot steps): a NaN after the first
+    snapshot names round 2, not the round the trainer started in, and publishes nothing."""
+    import ance_core.training.step as step
+    from ance_core.errors import AnceError
+
+    calls, nll, snapshots = [0], step.nll_loss, []
+
+    def diverging(*args, **kwargs):
+        calls[0] += 1
+        loss = nll(*args, **kwargs)
+        return loss * float("nan") if calls[0] >= 3 else loss
+
+    monkeypatch.setattr(step, "nll_loss", diverging)
+    cfg = CFG.model_copy(update={"max_steps": 4})
+    with pytest.raises(AnceError, match=r"^ANCE round 2 \(the asynchronous trainer\): the loss is nan at step 3 "):
+        train(*setup, cfg, tmp_path / "out", snapshot_steps={2}, round_=1,
+              on_snapshot=lambda at, save: snapshots.append(at))
+    assert snapshots == [2] and not (tmp_path / "out" / "model.safetensors").exists()
+
 def test_a_step_read_after_the_next_is_queued_logs_in_order_and_a_late_nan_publishes_nothing(setup, tmp_path,
                                                                                                monkeypatch):
     """Steps with nothing due at them are read once the next step is queued: every step still logged and called back
