@@ -14,6 +14,7 @@ from ance_core.artifacts import (
     NEGATIVES,
     RUN,
     ArtifactRef,
+    digest_of,
     read_manifest,
     run_stage,
 )
@@ -73,6 +74,12 @@ class DevInputs:
         return {"split": self.split, "check": self.cfg, "start_score": self.start_score, "encode": self.encode,
                 "ignore_identical_ids": self.ignore_identical_ids}
 
+    def content(self) -> str:
+        """The candidate set's own digest, for the training stage's key: the same pairs from rankings of other depths
+        (`bm25.top_k`, the BM25 dev run's evaluation depth) train the same stage (issue 41). A folder from before
+        the digest was kept: its key."""
+        return read_manifest(self.candidates.path).get("summary", {}).get("content", self.candidates.digest)
+
     def stage_dev(self, data: ArtifactRef, tables) -> StageDev:
         pairs = pd.read_parquet(Path(self.candidates.path, CANDIDATES))
         passages = read_corpus_rows(data.path, sorted(set(pairs["doc_id"])))
@@ -91,8 +98,9 @@ def dev_candidates(runs: list[ArtifactRef], data: ArtifactRef, split: str, depth
         ranked = [pd.read_parquet(Path(run.path, RUN), columns=["query_id", "doc_id", "rank"]) for run in runs]
         pairs = candidate_pairs(ranked, qrels, depth)
         pairs.to_parquet(out / CANDIDATES, index=False)
+        content = digest_of(sorted(zip(pairs["query_id"], pairs["doc_id"], strict=True)))
         return {"queries": int(pairs["query_id"].nunique()), "passages": int(pairs["doc_id"].nunique()),
-                "pairs": len(pairs)}
+                "pairs": len(pairs), "content": content}
 
     inputs = {"runs": [run.digest for run in runs], "data": data.digest}
     return run_stage(work_dir, "dev-candidates", {"split": split, "depth": depth}, inputs, build)
@@ -135,7 +143,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         config["round"] = round_
     if dev is not None:  # (a stage without dev checks keeps the key it had before them)
         config["dev"] = dev.key()
-        inputs["dev_candidates"] = dev.candidates.digest
+        inputs["dev_candidates"] = dev.content()
     return run_stage(work_dir, "train", config, inputs, build, resumable=True)
 
 

@@ -78,6 +78,28 @@ def test_changed_ance_config_recomputes_only_downstream(base):
 
 
 @BASE
+def test_dev_checks_train_each_stage_on_its_candidates_and_the_bm25_depth_leaves_them_trained(base):
+    """`dev_check` on: each training stage is checked on its dev candidate set (records carry the check's score) and
+    keyed by that set; a changed `bm25.top_k` (BM25's evaluation depth, the dev run's too) re-runs BM25's
+    evaluations and the candidate sets, not the training (issue 41 item 6)."""
+    from ance_core.training.devcheck import DEV_METRIC
+
+    root, config, _ = base
+    checked = config | {"dev_check": {"per_epoch": 1, "depth": 10, "patience": None}}
+    result, _ = run(root, checked)
+    stages = by_stage(result)
+    trains = [k for k in stages if k[1] == "train"]
+    assert len(trains) == 3 and not any(stages[k] for k in trains), stages  # other keys: trained again
+    assert {k[0] for k in stages if k[1] == "dev-candidates"} == {"warmup", "ANCE round 1", "ANCE round 2"}
+    for stage in (s for s in result["stages"] if s["stage"] == "train"):
+        records = [json.loads(line) for line in Path(stage["path"], "train_log.jsonl").read_text().splitlines()]
+        assert any(DEV_METRIC in r for r in records), stage["for"]
+    deeper, _ = run(root, checked | {"bm25": {"top_k": 500}})
+    again = by_stage(deeper)
+    assert all(again[k] for k in trains), again
+    assert not again[("BM25", "bm25")]  # (its evaluation depth changed)
+
+@BASE
 def test_deleted_artifact_is_rebuilt_not_returned_dangling(base):
     root, config, first = base
     zero_shot_encode = next(s for s in first["stages"] if (s["for"], s["stage"]) == ("zero-shot", "encode"))

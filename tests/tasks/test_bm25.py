@@ -51,3 +51,21 @@ def test_the_evaluation_depth_is_in_no_key_of_the_training_chain(tiny_scifact, t
             for cfg in (shallow, deep)]
     assert refs[0]["bm25"].path == refs[1]["bm25"].path and refs[1]["bm25"].cached
     assert refs[0]["mine"].path == refs[1]["mine"].path and refs[1]["mine"].cached
+
+
+def test_with_dev_checks_the_evaluation_depth_leaves_the_training_stages_key(tiny_scifact, tmp_path):
+    """With `dev_check` on, the BM25 dev run (made at `bm25.top_k`) feeds the dev checks' candidate set: rankings of
+    either depth give the same pairs, and the training stage is keyed by those pairs, not by the run they came from
+    (issue 41: `top_k` retrained every stage when dev checks were on)."""
+    from ance_core.retrieval.config import EncodeConfig
+    from ance_core.training.config import DevCheckConfig
+    from tasks.train import DevInputs, dev_candidates
+
+    work = str(tmp_path / "work")
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), work)
+    dev = [DevInputs(dev_candidates.fn([bm25_run.fn(data, BM25Config(top_k=k), "test", k, work)], data, "test", 5,
+                                       work), "test", DevCheckConfig(), None, EncodeConfig()) for k in (20, 1000)]
+    assert dev[0].candidates.path != dev[1].candidates.path  # (the runs differ: each its own folder)
+    assert dev[0].content() == dev[1].content()
+    fewer = dev_candidates.fn([bm25_run.fn(data, BM25Config(top_k=2), "test", 2, work)], data, "test", 5, work)
+    assert DevInputs(fewer, "test", DevCheckConfig(), None, EncodeConfig()).content() != dev[0].content()
