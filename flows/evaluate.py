@@ -10,6 +10,7 @@ from ance_core.pipeline.report import read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from tasks.bm25 import bm25_run
+from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate
 from tasks.refresh import evaluate_stages
@@ -19,9 +20,9 @@ from tasks.refresh import evaluate_stages
 def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work",
                   evaluation: EvalConfig = EvalConfig()) -> dict:
     with live_run(work_dir, "bm25-baseline"):  # the stages it uses, which garbage collection leaves
-        tables = prepare_data(data, work_dir)
-        run = bm25_run(tables, bm25, data.eval_split, bm25.top_k, work_dir)
-        return read_metrics(evaluate(run, tables, data.eval_split, work_dir, evaluation))
+        tables = run_task(prepare_data, data, work_dir)  # (recorded under their locks, cached or built: run_task)
+        run = run_task(bm25_run, tables, bm25, data.eval_split, bm25.top_k, work_dir)
+        return read_metrics(run_task(evaluate, run, tables, data.eval_split, work_dir, evaluation))
 
 
 @flow(name="evaluate")
@@ -30,7 +31,7 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
                         work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     ref = checkpoint_ref(checkpoint)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
-        tables = prepare_data(data, work_dir)
+        tables = run_task(prepare_data, data, work_dir)
         refs = evaluate_stages(ref, tables, data.eval_split, evaluation, encode, index, work_dir,
                                execution=execution)
         return read_metrics(refs["evaluate"])

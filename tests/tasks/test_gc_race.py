@@ -128,3 +128,22 @@ def test_the_stage_flows_record_their_stages_as_runs_of_the_work_folder(tiny_sci
                                      work_dir=str(work), result_file=str(result))
     assert json.loads(result.read_text()) == folders and is_complete(folders["mine"])
     assert len(list((work / RUNS).glob("*.json"))) == 1 and not list((work / LIVE).glob("*.json"))
+
+
+def test_the_bm25_baseline_flow_records_the_stages_prefect_answered_from_its_cache(tiny_scifact, tmp_path):
+    """`ance bm25` (flows/evaluate.py) called its tasks directly: a second run, answered from Prefect's cache, ran no
+    run_stage and recorded none of the folders it read, which gc could then remove under it."""
+    import json
+
+    from ance_core.data.config import DataConfig
+    from ance_core.retrieval.config import BM25Config
+    from flows.evaluate import bm25_baseline
+
+    work, data = tmp_path / "work", DataConfig(dataset=str(tiny_scifact))
+    bm25 = BM25Config(top_k=int(uuid.uuid4().int % 1000) + 1000)  # a key of its own: this test's cache
+    first = bm25_baseline(data, bm25, str(work))
+    assert bm25_baseline(data, bm25, str(work)) == first
+    runs = sorted((json.loads(p.read_text()) for p in (work / RUNS).glob("*.json")), key=lambda r: r["started"])
+    assert len(runs) == 2
+    used = {"data", "bm25", "evaluate"}  # (the BM25 index too, the first time: the cached run needs it no more)
+    assert used <= {s["stage"] for s in runs[0]["stages"]} and used <= {s["stage"] for s in runs[1]["stages"]}
