@@ -147,3 +147,16 @@ def test_the_bm25_baseline_flow_records_the_stages_prefect_answered_from_its_cac
     assert len(runs) == 2
     used = {"data", "bm25", "evaluate"}  # (the BM25 index too, the first time: the cached run needs it no more)
     assert used <= {s["stage"] for s in runs[0]["stages"]} and used <= {s["stage"] for s in runs[1]["stages"]}
+
+
+def test_a_missing_snapshot_names_the_trainers_real_folder(tmp_path):
+    """An asynchronous trainer's snapshot gone on resume: the error names the folder to delete as it is on disk (its
+    `.partial-` one while it trains; issue 41 item 1: it named train-async/<key>, which did not exist)."""
+    import pytest
+
+    from ance_core.errors import AnceError
+    from tasks.train_async import snapshot_ref
+
+    partial = tmp_path / "work" / "train-async" / ".partial-abc"
+    with pytest.raises(AnceError, match=rf"step-4 checkpoint of trainer abc is missing; delete {partial} to train"):
+        snapshot_ref(str(tmp_path / "work"), "abc", 4, partial)
