@@ -160,3 +160,23 @@ def test_a_missing_snapshot_names_the_trainers_real_folder(tmp_path):
     partial = tmp_path / "work" / "train-async" / ".partial-abc"
     with pytest.raises(AnceError, match=rf"step-4 checkpoint of trainer abc is missing; delete {partial} to train"):
         snapshot_ref(str(tmp_path / "work"), "abc", 4, partial)
+
+
+def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tiny_scifact, tiny_model, tmp_path):
+    """The third stage flow behind the deployments (flows/stages.py `bm25-warmup`): what it trained and read is
+    recorded as its run, so gc leaves it (issue 41 item 4)."""
+    import json
+
+    from ance_core.pipeline.config import PipelineConfig
+    from flows.stages import bm25_warmup
+    from tests.tiny import tiny_pipeline_config
+
+    work = tmp_path / "work"
+    config = PipelineConfig.model_validate(tiny_pipeline_config(tiny_scifact, tiny_model, work, rounds=0))
+    result = bm25_warmup(config)
+    runs = [json.loads(p.read_text()) for p in (work / RUNS).glob("*.json")]
+    assert [r["name"] for r in runs] == ["bm25-warmup"] and not list((work / LIVE).glob("*.json"))
+    stages = {s["stage"]: s for s in runs[0]["stages"]}
+    assert {"data", "bm25", "mine", "model", "train", "encode", "evaluate"} <= set(stages)
+    assert ("train", Path(result["checkpoint"]).name) in {(s["stage"], s["key"]) for s in runs[0]["stages"]}
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []
