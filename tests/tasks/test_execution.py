@@ -90,6 +90,32 @@ def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_afte
     assert any(r.run_count > 1 for r in runs)  # a failed shard task was retried
 
 
+def test_a_ray_shard_whose_folder_gc_removed_before_its_record_is_built_again(checkpoint, tiny_scifact, tmp_path,
+                                                                               monkeypatch):
+    """On Ray a shard is built on a worker (no run_stage in this process) and recorded here once it has ended: a gc
+    in that window (simulated: the shard's folder removed just before its record) must not leave the encoding a
+    missing shard; the shard is built again, here, and the encoding is the same (issue 41 item 4)."""
+    ray = pytest.importorskip("ray")
+    import tasks.execution as execution
+
+    local, _ = _encode(checkpoint, tiny_scifact, tmp_path / "local", ExecutionConfig())
+    work, removed, hold = tmp_path / "ray", [], execution.hold_refs
+
+    def gc_first(result):
+        if not removed:  # the first shard's record: its folder goes first
+            removed.append(result.path)
+            shutil.rmtree(result.path)
+        return hold(result)
+
+    monkeypatch.setattr(execution, "hold_refs", gc_first)
+    ray.shutdown()
+    try:
+        remote, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig(task_runner="ray", workers=2))
+    finally:
+        ray.shutdown()
+    assert removed and Path(removed[0], "manifest.json").is_file()  # built again, into the same folder
+    assert _files(remote) == _files(local)
+
 def test_a_deleted_shard_is_rebuilt_alone(checkpoint, tiny_scifact, tmp_path):
     work = tmp_path / "work"
     first, _ = _encode(checkpoint, tiny_scifact, work, ExecutionConfig())
