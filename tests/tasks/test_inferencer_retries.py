@@ -204,3 +204,30 @@ def test_the_refresh_flow_run_gets_the_runs_bm25_and_every_parameter_binds(tmp_p
         remote.refresh(ArtifactRef(str(tmp_path / "snap"), "d"), 6, 1, args, tmp_path / "trainer", "key")
     inspect.signature(refresh_negatives_flow.fn).bind(**sent)
     assert BM25Config.model_validate(sent["bm25"]) == BM25Config(k1=1.2)
+
+
+def test_a_try_whose_folders_gc_removed_before_the_trainer_recorded_them_is_replaced(tmp_path, monkeypatch):
+    """A refresh built on another worker is recorded by the trainer's run when it reads the result file: a gc that
+    removed its folders in between makes that try a failed one (a new try builds them again), never negatives read
+    from a missing folder (issue 41 item 4)."""
+    import shutil
+
+    from ance_core.artifacts import is_complete, run_stage
+
+    work, built = tmp_path / "work", {}
+
+    def follow(server, flow_run):  # each try builds its negatives; the first try's are removed before the record
+        ref = run_stage(str(work), "mine", {"try": flow_run.name}, {},
+                        lambda out: (out / "n.txt").write_text("n") and None)
+        built[flow_run.name] = ref.path
+        if len(built) == 1:
+            shutil.rmtree(ref.path)
+        server.result_file.parent.mkdir(parents=True, exist_ok=True)
+        server.result_file.write_text(json.dumps({"mine": ref.path}))
+        return None
+
+    monkeypatch.setattr(FakeServer, "follow", follow)
+    server, run_refresh = refresh(tmp_path, monkeypatch, {}, {f"refresh-step-6-try-{k}": None for k in range(3)})
+    mined = run_refresh()
+    assert server.created == ["refresh-step-6-try-0", "refresh-step-6-try-1"]
+    assert mined == built["refresh-step-6-try-1"] and is_complete(mined)
