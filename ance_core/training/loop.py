@@ -217,6 +217,7 @@ def train(
     feed.reset(tokens)
     cadence = CheckpointCadence(cfg.checkpoint_every, cfg.checkpoint_seconds, ranks)
     sampler = SystemSampler(out) if ranks.main else nullcontext()  # CPU, memory, GPU use while the stage trains
+
     def stage(step: int) -> str:
         """The stage a step trains, for errors: with snapshots (one asynchronous trainer over all rounds, ANCE Fig. 2)
         a round ends at each snapshot step."""
