@@ -4,14 +4,25 @@ run's metrics, the index that goes with a model, the passages' text."""
 from pathlib import Path
 
 
-def evaluation_data(dataset: str, split: str):
-    """The data of a command that only evaluates `split`: the pipeline's (its data stage reused), or, when the split is
-    the one a pipeline would choose its result on (MS MARCO's dev), none carved or needed."""
+def evaluation_data(dataset: str, split: str, work_dir: str):
+    """The data of a command that only evaluates `split`: the pipeline's (its data stage reused). The split a
+    pipeline chooses its result on (`dev`) is the dataset's own where it has one (MS MARCO's), and otherwise the one
+    a pipeline carves from the training queries (data.dev_fraction, dev_seed: the same queries as its runs')."""
+    from ance_core.artifacts import writable_work_dir
     from ance_core.data.config import DataConfig
+    from ance_core.data.dataset import read_tables
+    from tasks.common import faults_off
+    from tasks.data import prepare_data
 
-    if split == DataConfig.model_fields["dev_split"].default:
-        return DataConfig(dataset=dataset, eval_split=split, dev_split=None)
-    return DataConfig(dataset=dataset, eval_split=split)
+    if split != DataConfig.model_fields["dev_split"].default:
+        return DataConfig(dataset=dataset, eval_split=split)
+    native = DataConfig(dataset=dataset, eval_split=split, dev_split=None)
+    writable_work_dir(work_dir)
+    with faults_off():
+        tables = read_tables(prepare_data.fn(native, work_dir).path, corpus_columns=[])
+    if (tables.qrels["split"] == split).any():
+        return native
+    return DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
 
 
 def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
@@ -24,7 +35,7 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     from tasks.data import prepare_data
 
     run = read_trec(path)  # a malformed file fails before the data is read
-    data = evaluation_data(dataset, split)
+    data = evaluation_data(dataset, split, work_dir)
     with faults_off():
         qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
     if EvalConfig().ignore_identical_ids:

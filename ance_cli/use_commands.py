@@ -24,9 +24,9 @@ def bm25(
     from flows.evaluate import bm25_baseline
 
     def body():
-        data = evaluation_data(dataset, split)
+        data = evaluation_data(dataset, split, work_dir)
         preflight(data, work_dir, (split,))
-        metrics = bm25_baseline(data, BM25Config(), work_dir)
+        metrics = bm25_baseline(data, BM25Config(), work_dir, split=split)
         print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
     guard(body)
@@ -54,9 +54,9 @@ def evaluate(
         if run is not None:
             return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
-        data = evaluation_data(dataset, split)
+        data = evaluation_data(dataset, split, work_dir)
         preflight(data, work_dir, (split,))
-        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir)
+        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
     guard(body)

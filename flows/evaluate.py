@@ -18,20 +18,24 @@ from tasks.refresh import evaluate_stages
 
 @flow(name="bm25-baseline")
 def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work",
-                  evaluation: EvalConfig = EvalConfig()) -> dict:
+                  evaluation: EvalConfig = EvalConfig(), split: str | None = None) -> dict:
+    """BM25's metrics on `split` (default: data.eval_split)."""
+    split = split or data.eval_split
     with live_run(work_dir, "bm25-baseline"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)  # (recorded under their locks, cached or built: run_task)
-        run = run_task(bm25_run, tables, bm25, data.eval_split, bm25.top_k, work_dir)
-        return read_metrics(run_task(evaluate, run, tables, data.eval_split, work_dir, evaluation))
+        run = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
+        return read_metrics(run_task(evaluate, run, tables, split, work_dir, evaluation))
 
 
 @flow(name="evaluate")
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
-                        work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
+                        work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
+                        split: str | None = None) -> dict:
+    """The checkpoint's metrics on `split` (default: data.eval_split)."""
     ref = checkpoint_ref(checkpoint)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)
-        refs = evaluate_stages(ref, tables, data.eval_split, evaluation, encode, index, work_dir,
+        refs = evaluate_stages(ref, tables, split or data.eval_split, evaluation, encode, index, work_dir,
                                execution=execution)
         return read_metrics(refs["evaluate"])

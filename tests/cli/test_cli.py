@@ -144,6 +144,41 @@ def test_bm25_evaluates_a_dev_split_without_needing_a_dev_split_of_its_own(tmp_p
     assert json.loads(proc.stdout.strip().splitlines()[-1])["ndcg_at_10"] == 1.0
 
 
+def test_bm25_and_a_run_file_evaluate_the_dev_split_a_pipeline_carves(tmp_path):
+    """A dataset without a dev split of its own: `--split dev` is the one a pipeline carves from its training queries
+    and chooses its result on (before: "split 'dev' has no qrels"); `ance evaluate --checkpoint` takes the same
+    path (lookups.evaluation_data). Real runs of the bm25 flow and of `ance evaluate --run`, each in its own process."""
+    import os
+    import subprocess
+    import sys
+
+    words = ["vitamin", "protein", "gene", "blood", "kidney", "neuron", "insulin", "virus", "lung", "bone", "skin",
+             "liver"]
+    docs = [{"_id": f"d{i}", "text": f"{w} study of {w} cells"} for i, w in enumerate(words)]
+    queries = [{"_id": f"q{i}", "text": w} for i, w in enumerate(words)]
+    ds = write_beir(tmp_path / "ds", docs, queries, {"train": [(f"q{i}", f"d{i}", 1) for i in range(10)],
+                                                      "test": [("q10", "d10", 1), ("q11", "d11", 1)]})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "p")}
+
+    def ance(*args):
+        proc = subprocess.run([sys.executable, "-m", "ance_cli", *args, "--dataset", str(ds), "--split", "dev",
+                               "--work-dir", str(tmp_path / "w"), "--json"], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert ance("bm25")["ndcg_at_10"] == 1.0  # each dev query's one document at rank 1
+    from ance_core.data.config import DataConfig
+    from ance_core.data.dataset import read_tables
+    from tasks.data import prepare_data
+
+    dev = read_tables(prepare_data.fn(DataConfig(dataset=str(ds)), str(tmp_path / "w")).path).split_qrels("dev")
+    assert 1 <= len(dev) < 10 and set(dev["query_id"]) < {f"q{i}" for i in range(10)}  # carved from train
+    first = dev["query_id"].iloc[0]
+    run = tmp_path / "run.trec"  # the first dev query's document at rank 2: its nDCG@10 1/log2(3), the others' 0
+    run.write_text(f"{first} Q0 d11 1 2.0 x\n{first} Q0 d{first[1:]} 2 1.0 x\n")
+    assert abs(ance("evaluate", "--run", str(run))["ndcg_at_10"] - 0.6309 / len(dev)) < 1e-3
+
 def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"ance": {"precision": "fp16"}, "work_dir": str(tmp_path / "w")}))
