@@ -427,21 +427,27 @@ def test_weight_averaging_ends_with_the_average_and_resumes_to_the_same_one(setu
     assert all(torch.equal(a[k], r[k]) for k in a)
 
 
-def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, tmp_path, monkeypatch):
-    """A learning rate that makes the loss NaN stops training at the first such step, one line naming the stage, the
-    step and the learning rate, before a checkpoint of it is written (issue 41: it trained every step on NaN)."""
+def _nan_losses(monkeypatch, nan_at) -> list[int]:
+    """The training loss made NaN at the calls `nan_at(call)` picks (1, 2, ...); returns the count of calls, [n]."""
     import ance_core.training.step as step
-    from ance_core.errors import AnceError
-    from ance_core.training.state import latest_checkpoint
 
     calls, nll = [0], step.nll_loss
 
     def diverging(*args, **kwargs):
         calls[0] += 1
         loss = nll(*args, **kwargs)
-        return loss * float("nan") if calls[0] >= 2 else loss
+        return loss * float("nan") if nan_at(calls[0]) else loss
 
     monkeypatch.setattr(step, "nll_loss", diverging)
+    return calls
+
+def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, tmp_path, monkeypatch):
+    """A learning rate that makes the loss NaN stops training at the first such step, one line naming the stage, the
+    step and the learning rate, before a checkpoint of it is written (issue 41: it trained every step on NaN)."""
+    from ance_core.errors import AnceError
+    from ance_core.training.state import latest_checkpoint
+
+    calls = _nan_losses(monkeypatch, lambda call: call >= 2)
     cfg = CFG.model_copy(update={"checkpoint_every": 1, "learning_rate": 3.0})
     message = (r"^ANCE round 2: the loss is nan at step 2 \(learning_rate 3, precision fp32\); training stopped and "
                "nothing was published: lower the learning rate")
@@ -454,29 +460,22 @@ def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, 
 def test_a_non_finite_loss_in_the_asynchronous_trainer_names_the_round_of_its_step(setup, tmp_path, monkeypatch):
     """One trainer over all rounds (refresh: async, rounds ending at the snapshot steps): a NaN after the first
     snapshot names round 2, not the round the trainer started in, and publishes nothing."""
-    import ance_core.training.step as step
     from ance_core.errors import AnceError
 
-    calls, nll, snapshots = [0], step.nll_loss, []
-
-    def diverging(*args, **kwargs):
-        calls[0] += 1
-        loss = nll(*args, **kwargs)
-        return loss * float("nan") if calls[0] >= 3 else loss
-
-    monkeypatch.setattr(step, "nll_loss", diverging)
+    _nan_losses(monkeypatch, lambda call: call >= 3)
+    snapshots = []
     cfg = CFG.model_copy(update={"max_steps": 4})
     with pytest.raises(AnceError, match=r"^ANCE round 2 \(the asynchronous trainer\): the loss is nan at step 3 "):
         train(*setup, cfg, tmp_path / "out", snapshot_steps={2}, round_=1,
               on_snapshot=lambda at, save: snapshots.append(at))
     assert snapshots == [2] and not (tmp_path / "out" / "model.safetensors").exists()
 
+
 def test_a_step_read_after_the_next_is_queued_logs_in_order_and_a_late_nan_publishes_nothing(setup, tmp_path,
                                                                                                monkeypatch):
     """Steps with nothing due at them are read once the next step is queued: every step still logged and called back
     once, in order; a NaN at such a step (step 2, read after step 3 is taken) stops the stage before step 3's
     checkpoint is written, naming step 2."""
-    import ance_core.training.step as step
     from ance_core.errors import AnceError
     from ance_core.training.state import latest_checkpoint
 
@@ -485,14 +484,7 @@ def test_a_step_read_after_the_next_is_queued_logs_in_order_and_a_late_nan_publi
     train(*setup, cfg, tmp_path / "straight", callbacks=[lambda record: seen.append(record["step"])])
     assert seen == [1, 2, 3, 4, 5, 6] and [r["step"] for r in _log(tmp_path / "straight")] == seen
 
-    calls, nll = [0], step.nll_loss
-
-    def diverging(*args, **kwargs):
-        calls[0] += 1
-        loss = nll(*args, **kwargs)
-        return loss * float("nan") if calls[0] == 2 else loss
-
-    monkeypatch.setattr(step, "nll_loss", diverging)
+    calls = _nan_losses(monkeypatch, lambda call: call == 2)
     with pytest.raises(AnceError, match=r"the loss is nan at step 2 "):
         train(*setup, cfg, tmp_path / "late")
     assert calls[0] == 3  # step 3 was taken before step 2 was read
