@@ -5,7 +5,7 @@ same batches already on the device. Issue 42 measured corpus encoding at a third
 variants tell which of its suspects holds:
 
 - `thread`: encode.batch_tokens as shipped (a producer thread tokenizes and pads ahead of the model; SDPA without
-  its cuDNN backend, encode.py's SDPA_BACKENDS);
+  its cuDNN backend, retrieval/attention.py's SDPA_BACKENDS);
 - `batched`: no producer (the shard tokenized first, batches of --batch-size texts);
 - `pad32`: batches padded to a multiple of 32 tokens (a few batch shapes recur instead of one new shape per batch);
 - `cudnn`: SDPA's cuDNN backend allowed (torch's default; encoding ran so until this script found that it builds a
@@ -42,7 +42,7 @@ from msmarco_shape import synthetic_msmarco
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
 from ance_core.modeling.tokenizing import token_ids
-from ance_core.retrieval import encode as encode_module
+from ance_core.retrieval import attention as attention_module
 from ance_core.retrieval.encode import encode_texts, padded_chunks
 
 KNOBS = {"thread", "batched", "pad32", "cudnn"}
@@ -55,7 +55,7 @@ def one_variant(args) -> dict:
         raise SystemExit(f"unknown variant part(s) {sorted(knobs - KNOBS)}: choose from {sorted(KNOBS)}")
     device = pick_device()
     if "cudnn" in knobs:
-        encode_module.SDPA_BACKENDS = None  # torch's own choice of SDPA backends
+        attention_module.SDPA_BACKENDS = None  # torch's own choice of SDPA backends
     texts = passage_texts(load_dataset(Path(args.root) / "data").corpus)[: args.passages]
     model, tokenizer, _ = load_checkpoint(Path(args.root) / "model", device)
     dtype = autocast_dtype("auto", device)
@@ -73,8 +73,8 @@ def one_variant(args) -> dict:
     encode(texts[:64])  # the first kernels, the allocator, the CUDA context: not this variant's cost
     flops = forward_flops(model, [len(ids) for ids in token_ids(tokenizer, texts, args.length)])
     report = {"variant": args.one, "passages": len(texts), "device": torch.cuda.get_device_name()
-              if device.type == "cuda" else "cpu", "sdpa_backends": "torch's" if encode_module.SDPA_BACKENDS is None
-              else [b.name for b in encode_module.SDPA_BACKENDS], "pad_multiple": pad}
+              if device.type == "cuda" else "cpu", "sdpa_backends": "torch's" if attention_module.SDPA_BACKENDS is None
+              else [b.name for b in attention_module.SDPA_BACKENDS], "pad_multiple": pad}
     profiler = None
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -107,7 +107,7 @@ def one_variant(args) -> dict:
         autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
         sync()
         started = time.perf_counter()
-        with torch.inference_mode(), autocast, encode_module.attention_backends():
+        with torch.inference_mode(), autocast, attention_module.attention_backends():
             for b in batches:
                 model(b["input_ids"], b["attention_mask"])
         sync()

@@ -16,13 +16,12 @@ import queue
 import socket
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from torch.nn.attention import SDPBackend
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -39,6 +38,7 @@ from ance_core.modeling.model import (
     pick_device,
 )
 from ance_core.modeling.tokenizing import pad_ids, padded_width, token_id_chunks, token_ids
+from ance_core.retrieval.attention import attention_backends
 from ance_core.retrieval.config import EncodeConfig
 
 
@@ -68,49 +68,6 @@ def encode_texts(
     return _encode_batches(model, batches, len(texts), progress, dtype,
                            f"encoding batches of {batch_size} texts of up to {max_length} tokens",
                            "lower encode.batch_size (or the model's max length)")
-
-
-# SDPA's backends for encoding: all but cuDNN's, which builds a plan for every new (batch, length) shape. Encoding's
-# length-sorted batches are nearly all new shapes: on an H200 the plans took 5.6 s of a 9.1 s BERT-base-shaped
-# encoding of 30k passages (9.5% of the bf16 peak; 24.9% without them: BENCHMARKS.md, bench/encode_pace.py).
-# None: torch's choice.
-SDPA_BACKENDS: list | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-_FLAGS = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "mem_efficient",
-          SDPBackend.MATH: "math", SDPBackend.CUDNN_ATTENTION: "cudnn"}  # torch.backends.cuda's name of each
-_backends_lock = threading.Lock()
-_backends_held: list = []  # [the process's backends before the first holder, holders]: empty when none holds them
-
-
-def _set_backends(enabled: dict) -> None:
-    for name, on in enabled.items():
-        getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
-
-
-@contextmanager
-def attention_backends():
-    """The context encoding's forwards run in: SDPA limited to `SDPA_BACKENDS` (a no-op on a CPU). SDPA's backend
-    flags are the process's, not a thread's: encodings that overlap in threads (the async inferencer's beside a
-    stage's) share one hold, set by the first to enter and restored by the last to leave. torch's `sdpa_kernel`
-    alone restores what it found on entry, so overlapping holds left cuDNN off for good."""
-    if SDPA_BACKENDS is None:
-        yield
-        return
-    with _backends_lock:
-        if not _backends_held:
-            before = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in _FLAGS.values()}
-            _backends_held[:] = [before, 0]
-            _set_backends({name: backend in SDPA_BACKENDS for backend, name in _FLAGS.items()})
-        _backends_held[1] += 1
-    try:
-        yield
-    finally:
-        with _backends_lock:
-            _backends_held[1] -= 1
-            if _backends_held[1] == 0:
-                _set_backends(_backends_held[0])
-                _backends_held.clear()
 
 
 class BatchResults:

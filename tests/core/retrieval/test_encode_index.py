@@ -359,7 +359,7 @@ def test_encoding_runs_attention_without_cudnn_and_restores_it(batch_tokens):
 def test_overlapping_encodings_restore_the_backends_when_the_last_one_ends():
     """Two encodings in threads whose holds interleave (A enters, B enters, A leaves, B leaves): cuDNN stays off
     until the last leaves and is back on after, where torch's sdpa_kernel alone left it off for good."""
-    from ance_core.retrieval.encode import attention_backends
+    from ance_core.retrieval.attention import attention_backends
 
     torch.backends.cuda.enable_cudnn_sdp(True)
     torch.backends.cuda.enable_math_sdp(False)  # a flag the encoding sets on (SDPA_BACKENDS holds math): restored off
