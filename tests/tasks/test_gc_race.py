@@ -5,6 +5,7 @@
 import uuid
 from pathlib import Path
 
+import pytest
 from prefect import flow
 
 from ance_core.artifacts import ArtifactRef, is_complete, run_stage
@@ -17,37 +18,6 @@ def _stage(work_dir: str, name: str) -> ArtifactRef:
     return run_stage(work_dir, "encode", {"name": name}, {}, lambda out: (out / "name.txt").write_text(name) and None)
 
 
-@flow(name="gc-race")
-def _uses(work_dir: str, name: str, gc_between: bool = False) -> dict:
-    """Use the stage through run_task; `gc_between`: a garbage collection runs between Prefect's (cached) answer and
-    the run's record of its folder."""
-    calls = []
-
-    def racing(*args, **kwargs):
-        state = _stage(*args, **kwargs)
-        calls.append(state.name)
-        if gc_between and len(calls) == 1:
-            collect(work_dir, RetentionConfig(keep_runs=1))  # the folder's only run is no longer a kept one
-        return state
-
-    with live_run(work_dir, "user"):
-        ref = run_task(racing, work_dir, name)
-        return {"calls": calls, "path": ref.path, "whole": is_complete(ref.path)}
-
-
-def test_a_cached_answer_whose_folder_gc_removed_meanwhile_is_built_again_and_recorded(tmp_path):
-    work, name = str(tmp_path / "work"), uuid.uuid4().hex  # (a name of its own: a cache of its own)
-    first = _uses(work, name)
-    assert first["calls"] == ["Completed"] and first["whole"]
-    with live_run(work, "another"):  # an ended run after it: keep_runs 1 keeps this one's stages, not the first's
-        pass
-    second = _uses(work, name, gc_between=True)
-    # Prefect answered from its cache, gc then took the folder (no live run had it yet): built again, not handed out
-    assert second["calls"] == ["Cached", "Completed"] and second["whole"] and second["path"] == first["path"]
-    assert collect(work, RetentionConfig(keep_runs=1)).remove == []  # the last run recorded it: kept
-    assert Path(second["path"], "name.txt").read_text() == name
-
-
 @stage_task("gc-race-stages")
 def _stages(work_dir: str, name: str) -> dict:
     """A result of several folders, as the asynchronous trainer's (its checkpoint and its snapshots)."""
@@ -57,33 +27,43 @@ def _stages(work_dir: str, name: str) -> dict:
     return {"checkpoint": build("train-async", 0), "snapshots": [build("snapshot", 1), build("snapshot", 2)]}
 
 
-@flow(name="gc-race-many")
-def _uses_many(work_dir: str, name: str, gc_between: bool = False) -> dict:
-    calls = []
+@flow(name="gc-race")
+def _uses(work_dir: str, name: str, gc_between: bool = False, many: bool = False) -> dict:
+    """Use the stage through run_task (`many`: the stage of several folders, through held_result, as the
+    asynchronous trainer's); `gc_between`: a garbage collection runs between Prefect's (cached) answer and the run's
+    record of its folders."""
+    calls, stage = [], _stages if many else _stage
 
     def racing(*args, **kwargs):
-        state = _stages(*args, **kwargs)
+        state = stage(*args, **kwargs)
         calls.append(state.name)
         if gc_between and len(calls) == 1:
-            collect(work_dir, RetentionConfig(keep_runs=1))
+            collect(work_dir, RetentionConfig(keep_runs=1))  # the folders' only run is no longer a kept one
         return state
 
     with live_run(work_dir, "user"):
-        state, result = held_result(racing, work_dir, name)
-        paths = [result["checkpoint"].path, *(r.path for r in result["snapshots"])]
+        if many:
+            result = held_result(racing, work_dir, name)[1]
+            paths = [result["checkpoint"].path, *(r.path for r in result["snapshots"])]
+        else:
+            paths = [run_task(racing, work_dir, name).path]
         return {"calls": calls, "paths": paths, "whole": all(is_complete(p) for p in paths)}
 
 
-def test_a_cached_answer_of_several_folders_is_built_again_when_gc_took_them_meanwhile(tmp_path):
-    """The asynchronous trainer's path (flows/ance_pipeline.py): its result holds a checkpoint and snapshots."""
-    work, name = str(tmp_path / "work"), uuid.uuid4().hex
-    first = _uses_many(work, name)
+@pytest.mark.parametrize("many", [False, True], ids=["one folder", "several folders"])
+def test_a_cached_answer_whose_folder_gc_removed_meanwhile_is_built_again_and_recorded(tmp_path, many):
+    work, name = str(tmp_path / "work"), uuid.uuid4().hex  # (a name of its own: a cache of its own)
+    first = _uses(work, name, many=many)
     assert first["calls"] == ["Completed"] and first["whole"]
-    with live_run(work, "another"):
+    with live_run(work, "another"):  # an ended run after it: keep_runs 1 keeps this one's stages, not the first's
         pass
-    second = _uses_many(work, name, gc_between=True)
+    second = _uses(work, name, gc_between=True, many=many)
+    # Prefect answered from its cache, gc then took the folders (no live run had them yet): built again, not handed
+    # out
     assert second["calls"] == ["Cached", "Completed"] and second["whole"] and second["paths"] == first["paths"]
-    assert collect(work, RetentionConfig(keep_runs=1)).remove == []
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []  # the last run recorded them: kept
+    assert all(Path(path, "name.txt").read_text() == name for path in second["paths"])
+
 
 @flow(name="stage-rule")
 def _once(work_dir: str, name: str) -> dict:
@@ -152,8 +132,6 @@ def test_the_bm25_baseline_flow_records_the_stages_prefect_answered_from_its_cac
 def test_a_missing_snapshot_names_the_trainers_real_folder(tmp_path):
     """An asynchronous trainer's snapshot gone on resume: the error names the folder to delete as it is on disk (its
     `.partial-` one while it trains; issue 41 item 1: it named train-async/<key>, which did not exist)."""
-    import pytest
-
     from ance_core.errors import AnceError
     from tasks.train_async import snapshot_ref
 
