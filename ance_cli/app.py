@@ -53,9 +53,10 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
-def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0) -> None:
+def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
-    train split must have positives, and each of its queries `negatives` documents not relevant to it).
+    train split must have positives, and each of its queries `negatives` documents not relevant to it). Returns its
+    tables.
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
@@ -75,6 +76,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives)
+        return tables
     except Exception:
         folder = Path(work_dir).expanduser()
         if fresh and not any(not p.name.startswith(".") for p in folder.iterdir()):

@@ -8,18 +8,13 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
     """The data of a command that only evaluates `split`: the pipeline's (its data stage reused). The split a
     pipeline chooses its result on (`dev`) is the dataset's own where it has one (MS MARCO's), and otherwise the one
     a pipeline carves from the training queries (data.dev_fraction, dev_seed: the same queries as its runs')."""
-    from ance_core.artifacts import writable_work_dir
+    from ance_cli.app import preflight
     from ance_core.data.config import DataConfig
-    from ance_core.data.dataset import read_tables
-    from tasks.common import faults_off
-    from tasks.data import prepare_data
 
     if split != DataConfig.model_fields["dev_split"].default:
         return DataConfig(dataset=dataset, eval_split=split)
     native = DataConfig(dataset=dataset, eval_split=split, dev_split=None)
-    writable_work_dir(work_dir)
-    with faults_off():
-        tables = read_tables(prepare_data.fn(native, work_dir).path, corpus_columns=[])
+    tables = preflight(native, work_dir, ())  # (bad data: one line, and no empty work folder left behind)
     if (tables.qrels["split"] == split).any():
         return native
     return DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
