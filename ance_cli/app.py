@@ -42,13 +42,13 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         from tracking.closing import closing_lines
 
         for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
-                                  on_dev=result.get("dev_split") is not None):
+                                  on_dev=result.get("dev_split") is not None, best=result.get("best_on_dev")):
             typer.echo(line)
     if as_json:
         chosen = next(r for r in result["results"] if r["model"] == result["selected"])
         summary = {k: v for k, v in chosen.items() if k != "model"}
-        keys = ("selected", "results", "warnings", "stages", "final_checkpoint", "last_checkpoint", "report_dir",
-                "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
+        keys = ("selected", "best_on_dev", "selection", "results", "warnings", "stages", "final_checkpoint",
+                "last_checkpoint", "report_dir", "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
                 "retention", "started_from", "fusion")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 

@@ -240,7 +240,7 @@ class RunBook:
         if self.with_dev:
             candidates = [label for label in self.models if label != "BM25"]
             ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd, self.dev,
-                           self.dev_split, candidates, self.started_from)
+                           self.dev_split, candidates, self.started_from, getattr(self.c, "selection", "best"))
         else:
             ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd)
         result = read_report(ref)
@@ -290,7 +290,8 @@ class RunBook:
     def conclude(self, tracked: dict, result: dict, selected: str | None = None) -> None:
         """Print the run's closing lines (warnings, result, MLflow) and put them, with the results table, on the flow
         run's MLflow link."""
-        closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None)
+        closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None,
+                                best=result.get("best_on_dev"))
         print("\n".join(closing))
         if self.trial is None:
             link_mlflow_run(self.tracking, result["markdown"], closing)

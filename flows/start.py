@@ -16,7 +16,7 @@ LATEST = "latest.json"
 
 def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict, fusion: dict | None = None
                   ) -> None:
-    """<work_dir>/latest.json names the newest run's result (its best model on the dev split): where `retrain` starts
+    """<work_dir>/latest.json names the newest run's result (its model chosen on the dev split): where `retrain` starts
     from when the registry has no champion. A hybrid result's `fusion` (method, weight) is what `ance search --hybrid`
     fuses the checkpoint's ranking with BM25's by."""
     run = flow_run.get_id()

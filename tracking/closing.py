@@ -6,12 +6,17 @@ from collections.abc import Iterable
 
 
 def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable[str] = (),
-                  on_dev: bool = True) -> list[str]:
-    """What the flow prints (and puts in its Prefect artifact) when it ends: its warnings, its result, and tracking."""
+                  on_dev: bool = True, best: str | None = None) -> list[str]:
+    """What the flow prints (and puts in its Prefect artifact) when it ends: its warnings, its result (`best`: the
+    best on dev, when the selection rule chose a simpler model), and tracking."""
     lines = [f"WARNING: {w}" for w in warnings]
-    if selected is not None:
-        lines.append(f"Result: {selected} " + ("(the best dev nDCG@10 of the run's models, the starting one included)"
-                                              if on_dev else "(the last model: there is no dev split to choose on)"))
+    if selected is not None and not on_dev:
+        lines.append(f"Result: {selected} (the last model: there is no dev split to choose on)")
+    elif selected is not None and best not in (None, selected):
+        lines.append(f"Result: {selected} (simpler than {best}, the best dev nDCG@10 of the run's models, and within "
+                     "one standard error of it: selection one-se)")
+    elif selected is not None:
+        lines.append(f"Result: {selected} (the best dev nDCG@10 of the run's models, the starting one included)")
     where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
     lines += [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
                                                if "final_logging_s" in summary else "")]

@@ -254,6 +254,8 @@ class PipelineTracking:
             result_label = report.get("selected") or last_dense(report["results"])
             tracker.log_metrics(parent, results[result_label])
             tracker.set_tags(parent, {"result_model": result_label} | (
+                {"best_on_dev": report["best_on_dev"], "selection": report["selection"]}
+                if report.get("selection") else {}) | (
                 {"warnings": "\n".join(report["warnings"])[:5000]} if report.get("warnings") else {}))
             curves = plot_curves(curve, report["results"], stats, async_refresh, plots_dir or tmp)
             curves.append(plot_quality_over_time(quality_over_time(report["results"], timings), report["split"],

@@ -20,6 +20,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.config import ModelConfig
 from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
 from ance_core.negatives.samplers import WITHOUT_MODEL, get_sampler
+from ance_core.pipeline.report import Selection
 from ance_core.retention import RetentionConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.stage_config import StageConfig
@@ -29,8 +30,8 @@ from ance_core.training.config import AnceTrainConfig, DevCheckConfig, TrainConf
 class PipelineConfig(StageConfig):
     """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
 
-    UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True, "warmup_only": False}  # (added after configs had
-    # digests: left out at these values)
+    UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True, "warmup_only": False, "selection": "best"}  # (added
+    # after configs had digests: left out at these values)
 
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -51,6 +52,12 @@ class PipelineConfig(StageConfig):
     hybrid: bool = Field(True, description="A hybrid row in the results: the best dense model on the dev split fused "
                          "with BM25 (reciprocal-rank fusion or a convex combination of per-query normalised scores, "
                          "chosen on the dev split), a candidate for the run's result like any model")
+    selection: Selection = Field(
+        "best", description="How the run's result is chosen on the dev split among its models (the starting one and "
+        "the hybrid row included). best: the best dev nDCG@10. one-se: the simplest model (fewest training stages, "
+        "a dense model before its hybrid row) within one standard error of the best dev nDCG@10, the error that of "
+        "their per-query difference, so that a lead within the noise of a small dev split does not displace a "
+        "simpler model (measured on seven collections: no better on test than best, RESULTS.md)")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
     warmup_only: bool = Field(False, description="Train and evaluate the warm-up only, planned as in the whole run "
                               "(with schedule: continuous its learning-rate schedule spans the rounds it would have: "

@@ -1,20 +1,32 @@
 """The results table a pipeline run ends with: one row per model, its metrics on the evaluation split and the dev
 split, the model chosen as the run's result, and the wall time per stage.
 
-Model selection: the run's result is the model with the best dev nDCG@10 among its checkpoints, the one it started
-from included (`select_model`); a training stage that made the dev score worse than its start is a warning
-(`dev_regressions`). Never the evaluation split: that is for reporting.
+Model selection (`build_report`: `select_model`, then `one_se`), among the run's checkpoints, the one it started
+from and the hybrid row, on the dev split, never the evaluation split (that is for reporting), by the config's
+`selection`:
+- `best` (the default): the best dev nDCG@10.
+- `one-se`: the one-standard-error rule (Hastie, Tibshirani & Friedman, The Elements of Statistical Learning, 7.10):
+  the simplest model whose dev nDCG@10 is within one standard error of the best's, the error that of their
+  per-query difference; simplest = fewest training stages, a dense model before its hybrid row. Meant for dev
+  splits of a dozen queries, where a trained model's lead of a few hundredths is noise; measured on seven
+  collections it was no better on test than `best` (RESULTS.md), so it is an option, not the default.
+A training stage that made the dev score worse than its start is a warning (`dev_regressions`).
 """
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from ance_core.artifacts import METRICS, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
+import pandas as pd
+
+from ance_core.artifacts import METRICS, PER_QUERY, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
 DEV_KEY = "dev_ndcg_at_10"
 HYBRID = " + BM25"  # the label of a hybrid row: "<its dense model> + BM25"
+Selection = Literal["one-se", "best"]
 
 
 def is_hybrid(label: str) -> bool:
@@ -55,6 +67,34 @@ def select_model(results: list[dict], candidates: list[str]) -> str | None:
     return max(scored)[3] if scored else None
 
 
+def one_se(best: str, candidates: list[str], per_query: dict[str, pd.Series]) -> tuple[str, float, float]:
+    """The simplest of `candidates` (in training order; fewest training stages first, a dense model before its
+    hybrid row) whose per-query dev nDCG@10 trails `best`'s by at most one standard error of the mean difference,
+    with that mean difference and error."""
+    dense = [c for c in candidates if not is_hybrid(c)]
+
+    def simplicity(label: str) -> tuple[int, bool]:
+        base = dense_of(label)
+        return (dense.index(base) if base in dense else len(dense), is_hybrid(label))
+
+    gaps = {}
+    for label in sorted(candidates, key=simplicity):
+        diff = per_query[best] - per_query[label].reindex(per_query[best].index, fill_value=0.0)
+        se = float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+        gaps[label] = (float(diff.mean()), se)
+        if gaps[label][0] <= se + 1e-12:
+            return label, *gaps[label]
+    return best, 0.0, 0.0  # (unreachable: best trails itself by 0)
+
+
+def read_per_query(evaluation: ArtifactRef) -> pd.Series | None:
+    """An evaluation's per-query nDCG@10 by query id (None for a folder without them)."""
+    path = Path(evaluation.path) / PER_QUERY
+    if not path.is_file():
+        return None
+    return pd.read_parquet(path, columns=["query_id", "ndcg_at_10"]).set_index("query_id")["ndcg_at_10"]
+
+
 def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[str]:
     """One warning per training stage whose model scores a lower dev nDCG@10 than the model it started from."""
     dev = {r["model"]: r[DEV_KEY] for r in results if DEV_KEY in r}
@@ -68,15 +108,22 @@ def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[s
 
 def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str,
                  dataset: str, dev: dict[str, ArtifactRef] | None = None, dev_split: str | None = None,
-                 selected: list[str] | None = None, started_from: dict[str, str] | None = None) -> dict:
-    """Rows of metrics per model (`dev_*` keys: the dev split's), the selection among `selected` (candidate labels),
-    the dev regressions of the training stages (`started_from`: label -> the label it trained from), and markdown."""
+                 selected: list[str] | None = None, started_from: dict[str, str] | None = None,
+                 rule: Selection = "best") -> dict:
+    """Rows of metrics per model (`dev_*` keys: the dev split's), the selection among `selected` (candidate labels)
+    by `rule`, the dev regressions of the training stages (`started_from`: label -> the label it trained from), and
+    markdown."""
     dev = dev or {}
     results = [{"model": label, **read_metrics(ref)} for label, ref in evaluations]
     for row in results:
         if row["model"] in dev:
             row |= {f"dev_{k}": v for k, v in read_metrics(dev[row["model"]]).items()}
-    chosen = select_model(results, selected or [])
+    best = chosen = select_model(results, selected or [])
+    per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results if r["model"] in (selected or [])
+                 and r["model"] in dev}  # in training order
+    rule = rule if best and per_query and all(v is not None for v in per_query.values()) else "best"
+    if rule == "one-se":
+        chosen, gap, se = one_se(best, list(per_query), per_query)
     warnings = dev_regressions(results, started_from or {})
     stages = [{"for": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "path": t.ref.path}
               for t in timings]
@@ -99,8 +146,14 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
     stages_md = markdown_table(["for", "stage", "seconds"],
                                [[s["for"], s["stage"], f"{s['seconds']:.1f}"] for s in stages])
     total = sum(s["seconds"] for s in stages)
-    chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models, the starting one "
-                 f"included ({split} is never used to choose).\n\n" if chosen else "")
+    chosen_md = ""
+    if chosen != best:
+        chosen_md = (f"The run's result is **{chosen}**: the simplest of its models within one standard error of the "
+                     f"best {dev_split} nDCG@10 ({best}: {gap:+.4f} ± {se:.4f} over {len(per_query[best])} queries; "
+                     f"selection one-se, {split} is never used to choose).\n\n")
+    elif chosen:
+        chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models, the starting one "
+                     f"included ({split} is never used to choose).\n\n")
     warnings_md = "".join(f"**Warning:** {w}.\n\n" for w in warnings)
     skipped_md = "".join(f"{line}.\n\n" for line in skipped)
     markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{chosen_md}{skipped_md}{warnings_md}"
@@ -108,8 +161,8 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
                 f"the time it took when it was built).\n\n"
                 f"### Wall time per stage (total {total:.0f} s)\n\n{stages_md}\n")
     return {"dataset": dataset, "split": split, "dev_split": dev_split if dev else None, "results": results,
-            "selected": chosen, "warnings": warnings, "stages": stages, "started_from": started_from,
-            "markdown": markdown}
+            "selected": chosen, "best_on_dev": best, "selection": rule if chosen else None, "warnings": warnings,
+            "stages": stages, "started_from": started_from, "markdown": markdown}
 
 
 def write_report(report: dict, folder: Path) -> None:

@@ -14,7 +14,9 @@ else (the train stage's key holds the section's repr, which leaves them out too:
 
 Changed on purpose (issue 30): the demo recipe's `warmup` and `ance` sections (learning_rate 4e-5, chosen on the dev
 splits of three collections), so the demo's training stages and everything after them are built again; data, BM25,
-the zero-shot model and its encoding are reused. The `full` recipe took the same learning rate (its whole digest)."""
+the zero-shot model and its encoding are reused. The `full` recipe took the same learning rate (its whole digest).
+The run's selection rule (`selection`, issue 40) is in the whole config only when it is not the default `best`: a
+recipe search's trials (keyed by it, each recording the run's choice) under one-se are trials of their own."""
 
 import pytest
 
@@ -35,9 +37,10 @@ def test_the_demo_recipes_stage_configs_keep_their_digests():
     assert {name: digest_of(getattr(cfg, name)) for name in SECTIONS} == SECTIONS
 
 
-@pytest.mark.parametrize("recipe, whole", [("full", "569276c7dd7735d1")])
-def test_a_whole_pipeline_config_keeps_its_digest(recipe, whole):
+@pytest.mark.parametrize("recipe, whole, one_se", [("full", "569276c7dd7735d1", "0ff8cf29cef74ae3")])
+def test_a_whole_pipeline_config_keeps_its_digest(recipe, whole, one_se):
     assert digest_of(recipe_config(recipe)) == whole
+    assert digest_of(recipe_config(recipe).model_copy(update={"selection": "one-se"})) == one_se
     assert digest_of(CompareConfig()) == "e36a559dfea60fc3"
 
 

@@ -24,16 +24,18 @@ def graded(scifact_dir, tmp_path_factory):
     return build_graded_dataset(scifact_dir, tmp_path_factory.mktemp("graded") / "graded", documents=250)
 
 
-def run_pipeline(data, tmp_path, min_relevance, rounds: int = 0, **train) -> tuple[dict, str]:
+def run_pipeline(data, tmp_path, min_relevance, rounds: int = 0, selection: str = "best", **train
+                 ) -> tuple[dict, str]:
     train = {"epochs": 1, "batch_size": 16, "passage_max_length": 64} | train  # (64 tokens: the harm shows as well)
     config = {"data": {"dataset": str(data), "train_min_relevance": min_relevance, "dev_fraction": 0.25},
               "model": {"passage_max_length": 64}, "warmup": train, "ance": train, "rounds": rounds,
-              "work_dir": str(tmp_path / "work")}
+              "selection": selection, "work_dir": str(tmp_path / "work")}
     return run_pipeline_cli(config, tmp_path, timeout=1200)
 
 
 def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
-    result, out = run_pipeline(graded, tmp_path, 1, rounds=1, learning_rate=1e-3, max_steps=12)  # harm in a few steps
+    result, out = run_pipeline(graded, tmp_path, 1, rounds=1, selection="one-se", learning_rate=1e-3,
+                               max_steps=12)  # harm in a few steps; the result by the one-standard-error rule
     dev = {r["model"]: r["dev_ndcg_at_10"] for r in result["results"]}
     assert dev["warmup"] < dev["zero-shot"] - 0.02, dev  # the failure, reproduced
     # the round starts from the best model so far on dev, not from the warm-up that made it worse
@@ -49,6 +51,9 @@ def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
     client = MlflowClient(result["mlflow_uri"])
     parent = client.get_run(result["mlflow_run_id"])
     assert parent.data.tags["result_model"] == result["selected"]
+    assert (parent.data.tags["selection"], parent.data.tags["best_on_dev"]) == ("one-se", result["best_on_dev"])
+    assert result["best_on_dev"] == max((r for r in result["results"] if r["model"] != "BM25"),
+                                        key=lambda r: r["dev_ndcg_at_10"])["model"]
     assert "made the model worse" in parent.data.tags["warnings"]
     champion = client.get_model_version_by_alias(f"ance-{graded.name}", "champion")
     assert champion.tags["label"] == "zero-shot"  # the run's result chosen on dev (a hybrid's: its dense model)

@@ -91,10 +91,11 @@ def test_metrics_are_numbers_in_range(pipeline):
             assert 0.0 <= row[key] <= 1.0
     assert result["results"][0]["ndcg_at_10"] > 0.5  # BM25 on a 200-document subset finds the positives
     # the run's result is its best model on the dev split (BM25 is not a model, the hybrid is), whatever the test
-    # split says
+    # split says (`selection: best`, the default)
     models = [m for m in dev if m != "BM25"]
     best = max(dev[m] for m in models)
-    assert result["selected"] == [m for m in models if dev[m] == best][-1]
+    assert result["selected"] == result["best_on_dev"] == [m for m in models if dev[m] == best][-1]
+    assert result["selection"] == "best"
     chosen = next(r for r in result["results"] if r["model"] == result["selected"])
     assert result["ndcg_at_10"] == chosen["ndcg_at_10"]
     assert f"**{result['selected']}** (result)" in Path(result["report_dir"], "results.md").read_text()
@@ -255,6 +256,7 @@ def test_mlflow_has_checkpoints_plots_evaluations_and_a_champion(pipeline):
     champion = client.get_model_version_by_alias(name, "champion")
     # (a hybrid result's candidate is its dense model, with its own dense dev score: champions compare like with like)
     assert result["selected"] == parent.data.tags["result_model"]
+    assert (parent.data.tags["best_on_dev"], parent.data.tags["selection"]) == (result["best_on_dev"], "best")
     dense = result["selected"].removesuffix(" + BM25")
     assert champion.tags["label"] == dense
     assert float(champion.tags["dev_ndcg_at_10"]) == pytest.approx(

@@ -1,8 +1,11 @@
 """The results table: the run's result chosen on dev, and each stage's starting model (the best before it on dev)."""
 
 import json
+from pathlib import Path
 
-from ance_core.artifacts import METRICS, ArtifactRef
+import pandas as pd
+
+from ance_core.artifacts import METRICS, PER_QUERY, ArtifactRef
 from ance_core.pipeline.report import build_report
 
 METRIC_KEYS = ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000")
@@ -41,3 +44,66 @@ def test_stages_that_each_continue_the_last_say_nothing_more(tmp_path):
     assert "the best model before it" not in report["markdown"]
     assert "| warmup | zero-shot | 0.5200 |" in report["markdown"]
     assert "| zero-shot | — | 0.5000 |" in report["markdown"]
+
+
+def _per_query_report(tmp_path, dev: dict[str, list[float]], rule: str) -> dict:
+    """A report whose dev evaluations keep per-query nDCG@10 (queries q0, q1, ...), as the evaluate stage writes."""
+    evaluations, dev_refs = [], {}
+    for k, (label, values) in enumerate(dev.items()):
+        evaluations.append((label, _evaluation(tmp_path / "test" / str(k), 0.5)))
+        ref = _evaluation(tmp_path / "dev" / str(k), sum(values) / len(values))
+        pd.DataFrame({"query_id": [f"q{i}" for i in range(len(values))], "ndcg_at_10": values}).to_parquet(
+            Path(ref.path, PER_QUERY), index=False)
+        dev_refs[label] = ref
+    candidates = [label for label in dev if label != "BM25"]
+    started = {"warmup": "zero-shot", "ANCE round 1": "warmup"}
+    return build_report(evaluations, [], "test", "toy", dev_refs, "dev", candidates, started, rule)
+
+
+NOISY = {  # ten dev queries: the round leads zero-shot by 0.03 on average, two queries up 0.4 and one down 0.25
+    "BM25": [0.3] * 10,
+    "zero-shot": [0.5] * 10,
+    "warmup": [0.5] * 9 + [0.52],
+    "ANCE round 1": [0.9, 0.9, 0.25] + [0.5] * 7,
+}
+
+
+def test_a_lead_within_one_standard_error_does_not_displace_the_simpler_model(tmp_path):
+    report = _per_query_report(tmp_path, NOISY, "one-se")
+    assert report["best_on_dev"] == "ANCE round 1"
+    assert report["selected"] == "zero-shot" and report["selection"] == "one-se"
+    # mean difference 0.055, standard error sd([0.4, 0.4, -0.25, 0 x 7]) / sqrt(10) = 0.1978 / 3.162 = 0.0626
+    assert ("The run's result is **zero-shot**: the simplest of its models within one standard error of the best dev "
+            "nDCG@10 (ANCE round 1: +0.0550 ± 0.0626 over 10 queries" in report["markdown"])
+    assert "| **zero-shot** (result) |" in report["markdown"]
+    assert _per_query_report(tmp_path / "best", NOISY, "best")["selected"] == "ANCE round 1"
+
+
+def test_a_hybrid_row_is_the_result_only_when_its_lead_over_its_dense_model_is_beyond_the_error(tmp_path):
+    steady = {"BM25": [0.3] * 10, "zero-shot": [0.5] * 10, "warmup": [0.6] * 10,
+              "ANCE round 1": [0.7] * 9 + [0.6], "ANCE round 1 + BM25": [0.72] * 9 + [0.6]}
+    report = _per_query_report(tmp_path, steady, "one-se")
+    assert report["selected"] == "ANCE round 1 + BM25"  # its lead over its dense model: 0.018 ± 0.002, beyond
+    assert report["best_on_dev"] == "ANCE round 1 + BM25"  # one error (and the round's over the warm-up too)
+    steady["ANCE round 1 + BM25"] = [0.75, 0.65] * 5  # still the best, but its lead 0.010 ± 0.016: its dense model
+    report = _per_query_report(tmp_path / "b", steady, "one-se")
+    assert (report["best_on_dev"], report["selected"]) == ("ANCE round 1 + BM25", "ANCE round 1")
+
+
+def test_without_per_query_scores_the_result_is_the_best_on_dev(tmp_path):
+    scores = {"BM25": 0.40, "zero-shot": 0.50, "warmup": 0.51}
+    evaluations = [(label, _evaluation(tmp_path / "test" / str(k), 0.5)) for k, label in enumerate(scores)]
+    dev = {label: _evaluation(tmp_path / "dev" / str(k), v) for k, (label, v) in enumerate(scores.items())}
+    report = build_report(evaluations, [], "test", "toy", dev, "dev", ["zero-shot", "warmup"], {}, "one-se")
+    assert report["selected"] == "warmup" and report["selection"] == "best"
+
+
+def test_the_closing_line_names_the_best_model_when_the_rule_chose_a_simpler_one():
+    from tracking.closing import closing_lines
+
+    summary = {"run_url": "http://127.0.0.1:5000/#/runs/r", "delivered_late": 0, "undelivered_calls": 0}
+    simpler = closing_lines(summary, "zero-shot", best="ANCE round 1")
+    assert simpler[0] == ("Result: zero-shot (simpler than ANCE round 1, the best dev nDCG@10 of the run's models, "
+                          "and within one standard error of it: selection one-se)")
+    assert closing_lines(summary, "ANCE round 1", best="ANCE round 1")[0] == (
+        "Result: ANCE round 1 (the best dev nDCG@10 of the run's models, the starting one included)")
