@@ -136,6 +136,14 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
                      dev=dev.stage_dev(data, tables) if dev is not None else None)
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
+    if dev is not None:
+        inputs["dev_candidates"] = dev.content()
+    return run_stage(work_dir, "train", train_config(cfg, split, schedule, round_, dev), inputs, build, resumable=True)
+
+
+def train_config(cfg: TrainConfig, split: str, schedule: Schedule | None = None, round_: int = 0,
+                 dev: DevInputs | None = None) -> dict:
+    """The train stage's config, in its key (tests/tasks/test_train_keys.py pins what each part does to it)."""
     config = {"train": cfg, "split": split} | ({"schedule": schedule} if schedule is not None else {})
     if cfg.grad_accumulation > 1:  # a step of fewer micro-batches is their mean since issue 41 (over GA before)
         config["accumulation"] = ACCUMULATION_RULE
@@ -143,8 +151,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         config["round"] = round_
     if dev is not None:  # (a stage without dev checks keeps the key it had before them)
         config["dev"] = dev.key()
-        inputs["dev_candidates"] = dev.content()
-    return run_stage(work_dir, "train", config, inputs, build, resumable=True)
+    return config
 
 
 class SchedulePlan:

@@ -166,6 +166,19 @@ class AsyncNegatives:
                 "refresh_errors": self.board.read()[2]}
 
 
+def trainer_config(cfg: TrainConfig, split: str, rounds: int, encode: EncodeConfig, index: IndexConfig,
+                   mining: MiningConfig, max_staleness: int | None, bm25: BM25Config) -> dict:
+    """The train-async stage's config, in its key: what its refreshes encode, index and mine with, and the run's BM25
+    when the sampler mines a BM25 ranking (tests/tasks/test_train_keys.py)."""
+    config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
+              "max_staleness": max_staleness, "round": 1}  # seeded as round 1 (training/loop.py stage_seed)
+    if cfg.grad_accumulation > 1:
+        config["accumulation"] = ACCUMULATION_RULE
+    if mining.spec.uses_bm25:  # (only then: the other samplers' keys are those of before)
+        config["bm25"] = bm25.scoring()  # (the evaluation depth is in no key)
+    return config
+
+
 def _crash_task_runs_beside(reason: str) -> None:
     """Set Crashed the task runs of this task's flow run that are still Running or Pending, other than this one: a
     stopped process takes the inferencer's threads (daemons) down with it, and their task runs would stay Running on
@@ -251,13 +264,8 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
 
     Returns the final checkpoint, the round snapshots (evaluated by the flow) and the staleness/wait record."""
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
-    config = {"train": cfg, "split": split, "rounds": rounds, "encode": encode, "index": index, "mining": mining,
-              "max_staleness": max_staleness, "round": 1}  # seeded as round 1 (training/loop.py stage_seed)
-    if cfg.grad_accumulation > 1:
-        config["accumulation"] = ACCUMULATION_RULE
-    bm25 = bm25.scoring()  # (the evaluation depth is in no key)
-    if mining.spec.uses_bm25:  # (only then: the other samplers' keys are those of before)
-        config["bm25"] = bm25
+    config = trainer_config(cfg, split, rounds, encode, index, mining, max_staleness, bm25)
+    bm25 = bm25.scoring()
     key = stage_key("train-async", config, inputs)
     report: dict = {}
 

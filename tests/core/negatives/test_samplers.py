@@ -97,6 +97,18 @@ def test_false_negative_controls():
     assert table["fallback"].sum() == 0
 
 
+@pytest.mark.parametrize("sampler", ["bm25", "bm25+random"])
+def test_a_bm25_sampler_takes_the_margin_on_its_candidates_model_scores(sampler):
+    """`compare` shares mining.margin with its BM25 samplers (their candidates scored by the warm-up, issue 41 item
+    7): the BM25 part keeps nothing above the positive's score - margin x |score|, 8.0 - 0.8 = 7.2 here (the random
+    part of bm25+random has no scores)."""
+    table = negatives(sampler, POSITIVES, 4, 1, 0, {"bm25": RUN}, positive_scores=SCORES, margin=0.1)
+    ranked = [s for scores in table["negative_scores"] for s in scores if s == s]
+    assert ranked and max(ranked) <= 7.2
+    unbounded = negatives(sampler, POSITIVES, 4, 1, 0, {"bm25": RUN}, positive_scores=SCORES)
+    assert max(s for scores in unbounded["negative_scores"] for s in scores if s == s) > 7.2  # the margin did it
+
+
 def test_simans_margin_is_each_pairs_own_positives_score():
     """SimANS's probabilities use a positive of the query drawn per pair (SimANS §4.1); the margin is the pair's own:
     q1's positives score 8.0 (d0) and 6.0 (d5), so (q1, d5) keeps nothing above 6.0 - 0.1 * 6.0 = 5.4, whichever

@@ -144,6 +144,11 @@ def test_compare_refuses_a_shared_mining_option_a_sampler_cannot_take_before_any
         CompareConfig(samplers=["bm25", "ance", "in-batch"], mining=teacher)
     assert CompareConfig(samplers=["bm25", "ance"], mining=teacher).sampler_mining("bm25").teacher.model == "minilm"
     assert CompareConfig(samplers=["bm25"]).sampler_mining("bm25").top_k is None  # BM25's depth is its own
+    with pytest.raises(ValueError, match="samplers: 'nce' cannot take the shared mining options: teacher"):
+        CompareConfig(samplers=["bm25", "ance", "nce"], mining=teacher)
+    # a margin is taken by every BM25 sampler (the warm-up scores their candidates: tests/flows/test_compare.py)
+    margin = CompareConfig(samplers=["ance", "bm25", "bm25+random"], mining={"margin": 0.1})
+    assert [margin.sampler_mining(s).margin for s in ("ance", "bm25", "bm25+random")] == [0.1] * 3
 
 
 def test_negatives_needed_counts_only_the_stages_that_will_mine():
