@@ -48,8 +48,8 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         chosen = next(r for r in result["results"] if r["model"] == result["selected"])
         summary = {k: v for k, v in chosen.items() if k != "model"}
         keys = ("selected", "best_on_dev", "selection", "results", "warnings", "stages", "final_checkpoint",
-                "last_checkpoint", "report_dir", "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id", "mlflow_uri", "compression",
-                "retention", "started_from", "fusion")
+                "last_checkpoint", "report_dir", "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id",
+                "mlflow_uri", "compression", "retention", "started_from", "fusion")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 

@@ -31,6 +31,9 @@ def rechoose(run: dict) -> dict:
     dev_paths = {s["for"]: s["path"] for s in run["stages"] if s["stage"] == "evaluate-dev"}
     candidates = [m for m in rows if m != "BM25" and m in dev_paths and DEV_KEY in rows[m]]
     per_query = {m: read_per_query(ArtifactRef(dev_paths[m], "")) for m in candidates}
+    if "zero-shot" not in rows or any(v is None for v in per_query.values()):
+        raise SystemExit(f"{run.get('report_dir')}: a run from a pretrained model with per-query dev evaluations is "
+                         "needed (a retrain has no zero-shot row; evaluations before per_query.parquet have none)")
     best = select_model(run["results"], candidates)
     chosen, gap, se = one_se(best, candidates, per_query)
     return {"best": best, "best_test": rows[best]["ndcg_at_10"], "one_se": chosen,

@@ -7,7 +7,8 @@ from and the hybrid row, on the dev split, never the evaluation split (that is f
 - `best` (the default): the best dev nDCG@10.
 - `one-se`: the one-standard-error rule (Hastie, Tibshirani & Friedman, The Elements of Statistical Learning, 7.10):
   the simplest model whose dev nDCG@10 is within one standard error of the best's, the error that of their
-  per-query difference; simplest = fewest training stages, a dense model before its hybrid row. Meant for dev
+  per-query difference; simplest = earliest in training order (the starting model first), a dense model before
+  its hybrid row. Meant for dev
   splits of a dozen queries, where a trained model's lead of a few hundredths is noise; measured on seven
   collections it was no better on test than `best` (RESULTS.md), so it is an option, not the default.
 A training stage that made the dev score worse than its start is a warning (`dev_regressions`).
@@ -68,7 +69,7 @@ def select_model(results: list[dict], candidates: list[str]) -> str | None:
 
 
 def one_se(best: str, candidates: list[str], per_query: dict[str, pd.Series]) -> tuple[str, float, float]:
-    """The simplest of `candidates` (in training order; fewest training stages first, a dense model before its
+    """The simplest of `candidates` (given in training order: the earliest trained first, a dense model before its
     hybrid row) whose per-query dev nDCG@10 trails `best`'s by at most one standard error of the mean difference,
     with that mean difference and error."""
     dense = [c for c in candidates if not is_hybrid(c)]
@@ -121,10 +122,15 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
     best = chosen = select_model(results, selected or [])
     per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results if r["model"] in (selected or [])
                  and r["model"] in dev}  # in training order
-    rule = rule if best and per_query and all(v is not None for v in per_query.values()) else "best"
+    warnings = dev_regressions(results, started_from or {})
+    missing = [label for label, values in per_query.items() if values is None]
+    if rule == "one-se" and best and missing:
+        verb = "has" if len(missing) == 1 else "have"
+        warnings.append(f"selection one-se needs every model's per-query dev scores, and {', '.join(missing)} {verb} "
+                        "none (an evaluation from before they were kept): the result is the best on dev")
+    rule = rule if best and per_query and not missing else "best"
     if rule == "one-se":
         chosen, gap, se = one_se(best, list(per_query), per_query)
-    warnings = dev_regressions(results, started_from or {})
     stages = [{"for": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "path": t.ref.path}
               for t in timings]
     per_model: dict[str, float] = {}
@@ -172,4 +178,9 @@ def write_report(report: dict, folder: Path) -> None:
 
 
 def read_report(folder: ArtifactRef) -> dict:
-    return json.loads((Path(folder.path) / RESULTS_JSON).read_text())
+    """A results table's content; one written before the selection rules had no `best_on_dev` or `selection`: it
+    chose the best on dev."""
+    report = json.loads((Path(folder.path) / RESULTS_JSON).read_text())
+    report.setdefault("best_on_dev", report.get("selected"))
+    report.setdefault("selection", "best" if report.get("selected") else None)
+    return report

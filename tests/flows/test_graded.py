@@ -14,6 +14,7 @@ many weak positives (tests/tiny.py: build_graded_dataset), with the real all-Min
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ance_core.pipeline.report import select_model
 from tests.tiny import build_graded_dataset, run_pipeline_cli
 
 pytestmark = pytest.mark.slow
@@ -52,8 +53,8 @@ def test_training_that_hurts_is_caught_and_the_run_says_so(graded, tmp_path):
     parent = client.get_run(result["mlflow_run_id"])
     assert parent.data.tags["result_model"] == result["selected"]
     assert (parent.data.tags["selection"], parent.data.tags["best_on_dev"]) == ("one-se", result["best_on_dev"])
-    assert result["best_on_dev"] == max((r for r in result["results"] if r["model"] != "BM25"),
-                                        key=lambda r: r["dev_ndcg_at_10"])["model"]
+    models = [r["model"] for r in result["results"] if r["model"] != "BM25"]
+    assert result["best_on_dev"] == select_model(result["results"], models)
     assert "made the model worse" in parent.data.tags["warnings"]
     champion = client.get_model_version_by_alias(f"ance-{graded.name}", "champion")
     assert champion.tags["label"] == "zero-shot"  # the run's result chosen on dev (a hybrid's: its dense model)

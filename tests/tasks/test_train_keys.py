@@ -39,3 +39,13 @@ def test_accumulating_stages_hold_the_accumulation_rule_and_the_others_keep_thei
     # the warm-up's key of one micro-batch per step is the key it had before issue 41 (tests/core/test_stage_keys.py
     # pins the train stage's key itself)
     assert train_config(one, "train") == {"train": one, "split": "train"}
+
+
+def test_the_demo_recipes_training_keys_keep_their_values():
+    """The functions build the keys the inline code built (computed before they moved into functions)."""
+    from ance_core.pipeline.recipes import recipe_config
+
+    demo, checkpoint = recipe_config("demo"), {"checkpoint": "c" * 16}
+    assert stage_key("train", train_config(demo.warmup, "train"), checkpoint) == "513825b7842a6bb4"
+    trainer = trainer_config(demo.ance, "train", 2, demo.encode, demo.index, demo.mining, None, demo.bm25)
+    assert stage_key("train-async", trainer, checkpoint) == "f66c83f04545903f"

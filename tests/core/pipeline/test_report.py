@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from ance_core.artifacts import METRICS, PER_QUERY, ArtifactRef
-from ance_core.pipeline.report import build_report
+from ance_core.pipeline.report import build_report, read_report
 
 METRIC_KEYS = ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000")
 
@@ -96,6 +96,15 @@ def test_without_per_query_scores_the_result_is_the_best_on_dev(tmp_path):
     dev = {label: _evaluation(tmp_path / "dev" / str(k), v) for k, (label, v) in enumerate(scores.items())}
     report = build_report(evaluations, [], "test", "toy", dev, "dev", ["zero-shot", "warmup"], {}, "one-se")
     assert report["selected"] == "warmup" and report["selection"] == "best"
+    assert report["warnings"] == ["selection one-se needs every model's per-query dev scores, and zero-shot, warmup "
+                                  "have none (an evaluation from before they were kept): the result is the best on dev"]
+    assert build_report(evaluations, [], "test", "toy", dev, "dev", ["zero-shot", "warmup"])["warnings"] == []
+
+
+def test_a_report_written_before_the_selection_rules_reads_as_chosen_by_best(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"selected": "warmup", "results": []}))
+    report = read_report(ArtifactRef(str(tmp_path), "r"))
+    assert (report["best_on_dev"], report["selection"]) == ("warmup", "best")
 
 
 def test_the_closing_line_names_the_best_model_when_the_rule_chose_a_simpler_one():
