@@ -8,9 +8,9 @@ from and the hybrid row, on the dev split, never the evaluation split (that is f
 - `one-se`: the one-standard-error rule (Hastie, Tibshirani & Friedman, The Elements of Statistical Learning, 7.10):
   the simplest model whose dev nDCG@10 is within one standard error of the best's, the error that of their
   per-query difference; simplest = earliest in training order (the starting model first), a dense model before
-  its hybrid row. Meant for dev
-  splits of a dozen queries, where a trained model's lead of a few hundredths is noise; measured on seven
-  collections it was no better on test than `best` (RESULTS.md), so it is an option, not the default.
+  its hybrid row. Meant for dev splits of a dozen queries, where a trained model's lead of a few hundredths is
+  noise; measured on seven collections it was no better on test than `best` (RESULTS.md), so it is an option, not
+  the default.
 A training stage that made the dev score worse than its start is a warning (`dev_regressions`).
 """
 
@@ -78,13 +78,11 @@ def one_se(best: str, candidates: list[str], per_query: dict[str, pd.Series]) ->
         base = dense_of(label)
         return (dense.index(base) if base in dense else len(dense), is_hybrid(label))
 
-    gaps = {}
     for label in sorted(candidates, key=simplicity):
         diff = per_query[best] - per_query[label].reindex(per_query[best].index, fill_value=0.0)
-        se = float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
-        gaps[label] = (float(diff.mean()), se)
-        if gaps[label][0] <= se + 1e-12:
-            return label, *gaps[label]
+        gap, se = float(diff.mean()), float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+        if gap <= se + 1e-12:
+            return label, gap, se
     return best, 0.0, 0.0  # (unreachable: best trails itself by 0)
 
 
@@ -120,17 +118,20 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
         if row["model"] in dev:
             row |= {f"dev_{k}": v for k, v in read_metrics(dev[row["model"]]).items()}
     best = chosen = select_model(results, selected or [])
-    per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results if r["model"] in (selected or [])
-                 and r["model"] in dev}  # in training order
     warnings = dev_regressions(results, started_from or {})
-    missing = [label for label, values in per_query.items() if values is None]
-    if rule == "one-se" and best and missing:
-        verb = "has" if len(missing) == 1 else "have"
-        warnings.append(f"selection one-se needs every model's per-query dev scores, and {', '.join(missing)} {verb} "
-                        "none (an evaluation from before they were kept): the result is the best on dev")
-    rule = rule if best and per_query and not missing else "best"
-    if rule == "one-se":
-        chosen, gap, se = one_se(best, list(per_query), per_query)
+    if rule == "one-se" and best:  # (read only for this rule: `best` needs the dev means alone)
+        per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results
+                     if r["model"] in selected and r["model"] in dev}  # in training order
+        missing = [label for label, values in per_query.items() if values is None]
+        if missing:
+            verb = "has" if len(missing) == 1 else "have"
+            warnings.append(f"selection one-se needs every model's per-query dev scores, and {', '.join(missing)} "
+                            f"{verb} none (an evaluation from before they were kept): the result is the best on dev")
+            rule = "best"
+        else:
+            chosen, gap, se = one_se(best, list(per_query), per_query)
+    else:
+        rule = "best"
     stages = [{"for": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "path": t.ref.path}
               for t in timings]
     per_model: dict[str, float] = {}
