@@ -179,6 +179,7 @@ def test_bm25_and_a_run_file_evaluate_the_dev_split_a_pipeline_carves(tmp_path):
     run.write_text(f"{first} Q0 d11 1 2.0 x\n{first} Q0 d{first[1:]} 2 1.0 x\n")
     assert abs(ance("evaluate", "--run", str(run))["ndcg_at_10"] - 0.6309 / len(dev)) < 1e-3
 
+
 def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"ance": {"precision": "fp16"}, "work_dir": str(tmp_path / "w")}))

@@ -83,6 +83,7 @@ def test_a_bumped_stage_rule_misses_prefects_record_and_builds_the_new_folder(tm
     bumped = _once(work, name)
     assert bumped["state"] == "Completed" and bumped["path"] != first["path"] and is_complete(bumped["path"])
 
+
 def test_the_stage_flows_record_their_stages_as_runs_of_the_work_folder(tiny_scifact, tiny_model, tmp_path):
     """The encode flow (as bm25-warmup) records what it uses while it runs and as an ended run; a trainer's refresh
     (refresh-negatives with a result file) is recorded while it runs and leaves no run of its own: the trainer's run

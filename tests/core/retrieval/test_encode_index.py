@@ -377,6 +377,7 @@ def test_overlapping_encodings_restore_the_backends_when_the_last_one_ends():
     finally:
         torch.backends.cuda.enable_math_sdp(True)
 
+
 def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
     from ance_core.retrieval.encode import _encode_pipelined
 

@@ -441,6 +441,7 @@ def _nan_losses(monkeypatch, nan_at) -> list[int]:
     monkeypatch.setattr(step, "nll_loss", diverging)
     return calls
 
+
 def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, tmp_path, monkeypatch):
     """A learning rate that makes the loss NaN stops training at the first such step, one line naming the stage, the
     step and the learning rate, before a checkpoint of it is written (issue 41: it trained every step on NaN)."""
