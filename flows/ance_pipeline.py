@@ -64,6 +64,13 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining, trial=trial)
+    with run.ended_on_failure():
+        return run_stages(c, run)
+
+
+def run_stages(c: PipelineConfig, run: RunBook) -> dict:
+    """The stages of `train_and_evaluate`, in `run`: data, BM25, the warm-up (or a start checkpoint), the rounds, the
+    evaluations and the hybrid row, and the run's end."""
     run.prepare_data()
     run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)

@@ -86,6 +86,12 @@ class RunBook:
         self.dev_runs: dict[str, ArtifactRef] = {}  # label (BM25 too) -> its ranking of the dev split
         self.eval_runs: dict[str, ArtifactRef] = {}  # label (BM25 too) -> its ranking of the evaluation split
 
+    def ended_on_failure(self):
+        """A block whose failure ends the run's MLflow runs FAILED (the nested ones opened so far, then the run's),
+        not left RUNNING."""
+        tracking = self.tracking
+        return tracking.tracker.ended_on_failure(lambda: [*tracking.children.values(), tracking.parent])
+
     def prepare_data(self) -> ArtifactRef:
         self.data = self.log.run("data", "prepare", prepare_data, self.c.data, self.wd)
         cfg = self.c.data  # a run that would find nothing to train on stops here, before any other work

@@ -33,8 +33,13 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
 
 
 def compare(c: CompareConfig) -> dict:
-    wd, eval_split = c.work_dir, c.data.eval_split
     run = RunBook(c, "compare-negatives", dev=False)
+    with run.ended_on_failure():
+        return compare_stages(c, run)
+
+
+def compare_stages(c: CompareConfig, run: RunBook) -> dict:
+    wd, eval_split = c.work_dir, c.data.eval_split
     data = run.prepare_data()
     start = run_task(init_checkpoint, c.model, wd)
     warm_cfg = train_config_for(c.bm25_negatives, c.warmup)

@@ -21,8 +21,9 @@ from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, write_jso
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
-from ance_core.pipeline.report import DEV_KEY, is_hybrid, markdown_table
+from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid, markdown_table
 from ance_core.pipeline.tune import (
+    FULL_OVER_WARM,
     Candidate,
     Rung,
     Scores,
@@ -34,7 +35,7 @@ from ance_core.pipeline.tune import (
     whole_reserve,
 )
 from ance_core.retention import live_run
-from flows.ance_pipeline import train_and_evaluate
+from flows.ance_pipeline import check_pipeline, train_and_evaluate
 from flows.book import Trial, flow_tags
 from tasks.common import run_task, stage_task
 from tasks.data import prepare_data
@@ -44,6 +45,8 @@ from tracking.client import Tracker, flatten
 EXPERIMENT = "ance-tune"
 TRIAL_JSON, TUNE_JSON, TUNE_MD, RECIPE_YAML = "trial.json", "tune.json", "tune.md", "recipe.yaml"
 SEED_FIELDS = ("warmup", "ance", "mining", "bm25_negatives")
+KINDS = ("warm-up", "whole", "new seed")  # trials timed apart: a warm-up (rung 0), a whole recipe under the first
+# seed (its warm-up reused from rung 0), a whole recipe under a later seed (its warm-up trained too)
 
 
 def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bool, local: bool = False
@@ -54,8 +57,7 @@ def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bo
     that is itself a Ray task)."""
     raw = apply_sets(base.model_dump(mode="json"), [*candidate.sets(), *(f"{f}.seed={seed}" for f in SEED_FIELDS)],
                      PipelineConfig)
-    if not full:
-        raw["warmup_only"] = True
+    raw["warmup_only"] = not full  # (a base config's own warmup_only would make every whole trial a warm-up)
     if local:
         raw["execution"] = {"task_runner": "local"}
     return PipelineConfig.model_validate(raw)
@@ -63,13 +65,18 @@ def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bo
 
 def trial_score(result: dict, full: bool) -> tuple[str, float]:
     """What a trial scores on the dev split (nDCG@10), and of which model: a whole recipe, the dense model it delivers
-    (its best, the starting one included; no hybrid row); the warm-up rung, the warm-up itself."""
+    (the run's result, or the dense model of its hybrid row: under `selection: best` the best dense model, the
+    starting one included; under `one-se` the simplest within one standard error); the warm-up rung, the warm-up."""
     dense = [r for r in result["results"] if r["model"] != "BM25" and not is_hybrid(r["model"]) and DEV_KEY in r]
     if not dense:
         raise AnceError("a trial's models have no dev score: the search needs a dev split")
     if not full:
         dense = [r for r in dense if r["model"] == "warmup"] or dense
-    best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
+    delivered = dense_of(result.get("selected") or "")
+    if full and delivered in {r["model"] for r in dense}:
+        best = next(r for r in dense if r["model"] == delivered)
+    else:
+        best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
     return best["model"], best[DEV_KEY]
 
 
@@ -107,7 +114,7 @@ class Search:
         self.baseline: str | None = None  # the baseline candidate's name (set by `search`)
         self.started = time.time()
         self.trials: list[dict] = []
-        self.batches: dict[bool, list[float]] = {False: [], True: []}  # wall seconds of the batches that built
+        self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches that built
         self.failed: list[str] = []
         self.stopped: str | None = None  # the budget ended the search
         self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
@@ -115,15 +122,23 @@ class Search:
     def seconds_left(self) -> float:
         return self.cfg.budget_minutes * 60 - (time.time() - self.started)
 
-    def estimate(self, full: bool) -> float:
-        """A batch of trials' expected wall seconds: the mean of the batches of its kind that built (not cached)."""
-        walls = self.batches[full]
-        return sum(walls) / len(walls) if walls else 0.0
+    def estimate(self, kind: str) -> float:
+        """A batch of trials' expected wall seconds: the mean of the batches of its kind (`KINDS`) that built (not
+        cached); before one did, a whole recipe's is FULL_OVER_WARM warm-ups', and a new seed's adds its warm-up."""
+        walls = self.batches[kind]
+        if walls:
+            return sum(walls) / len(walls)
+        if kind == "whole":
+            return FULL_OVER_WARM * self.estimate("warm-up")
+        return self.estimate("whole") + self.estimate("warm-up") if kind == "new seed" else 0.0
 
     def run(self, scores: Scores, chosen: list[Candidate], rung: Rung) -> None:
-        """The rung's trials of `chosen` not run yet, while the budget lasts (in order: the simplest first): one at a
-        time in this process, or `execution.workers` at once as Ray tasks (each trial's own stages then run in its
-        task). A trial that fails (after its retries) is recorded and its candidate leaves the search."""
+        """The rung's trials of `chosen` not run yet, while the budget lasts, in `chosen`'s order (the baseline, then
+        the warm-up rung's candidates simplest first, a later rung's best first): one at a time in this process, or
+        `execution.workers` at once as Ray tasks (each trial's own stages then run in its task). A challenger's trial
+        that fails (after its retries) is recorded and its candidate leaves the search. The budget: a warm-up trial
+        starts while its time is left (and the time of two whole recipes, once two warm-ups ran); a whole rung's
+        trials, seed by seed, only when all of that seed's fit (`estimate`), and once started they all run."""
         calls = [(c, seed) for seed in rung.seeds for c in chosen
                  if (seed, rung.full) not in scores.values.get(c.name, {}) and c.name not in self.failed]
         execution = self.base.execution
@@ -132,20 +147,23 @@ class Search:
         for start in range(0, len(calls), batch):
             part = calls[start:start + batch]
             seed = part[0][1]
+            # a whole recipe under the first seed reuses its warm-up rung's warm-up; under a new seed it trains one
+            kind = "whole" if seed == self.cfg.seeds[0] else "new seed"
             if rung.full and (start == 0 or calls[start - 1][1] != seed):  # a seed's whole recipes: all or none, so
                 group = sum(s == seed for _, s in calls[start:])  # every comparison the decision makes is paired
-                if self.seconds_left() < self.estimate(True) * -(-group // batch):
+                if self.seconds_left() < self.estimate(kind) * -(-group // batch):
                     self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                     f"{rung.number} (seed {seed}'s {group} trials would not fit; "
                                     f"{len(calls) - start} of its trials not run)")
                     return
             warmups = sum(not t["full"] for t in self.trials)
-            if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate(False) + whole_reserve(
-                    self.estimate(False), self.estimate(True)):
+            if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate("warm-up") + whole_reserve(
+                    self.estimate("warm-up"), self.estimate("whole")):
                 self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + len(calls) - start} trials, "
                             "to leave the budget to whole recipes")
                 return
-            if self.seconds_left() < self.estimate(rung.full):
+            # (a whole rung's trials are checked by seed above: a seed's group, once let in, runs whole)
+            if not rung.full and self.seconds_left() < self.estimate("warm-up"):
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                 f"{rung.number} ({len(calls) - start} of its trials not run)")
                 return
@@ -156,11 +174,13 @@ class Search:
             began = time.time()
             refs = self._mapped(kwargs, part)
             if any(ref is not None and not ref.cached for ref in refs):
-                self.batches[rung.full].append(time.time() - began)
-            for (c, seed), ref in zip(part, refs, strict=True):
+                self.batches[kind if rung.full else "warm-up"].append(time.time() - began)
+            for (c, seed), ref, call in zip(part, refs, kwargs, strict=True):
                 if ref is None:
                     continue
                 record = read_trial(ref)
+                if ref.cached:
+                    self._cached_run(call["name"], record)
                 scores.add(c.name, seed, rung.full, record["score"])
                 self.trials.append({"candidate": c.name, "seed": seed, "full": rung.full, "rung": rung.number,
                                     "score": record["score"], "model": record["model"], "cached": ref.cached,
@@ -169,12 +189,24 @@ class Search:
                 print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10 "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
 
+    def _cached_run(self, name: str, record: dict) -> None:
+        """A trial reused from an earlier search (cached) still gets a run nested under this search's, pointing at
+        the run that trained it, so that every search's run lists all of its trials."""
+        if self.tracker is None or self.parent is None:
+            return
+        run = self.tracker.start_run(f"{name} (cached)", parent_id=self.parent, tags={
+            "trial": "true", "cached": "true", "trial_run_id": record.get("mlflow_run_id") or "",
+            "trial_model": record["model"]})
+        self.tracker.log_metrics(run, {"trial_dev_ndcg_at_10": record["score"]})
+        self.tracker.end_run(run)
+
     def _mapped(self, kwargs: list[dict], part: list[tuple[Candidate, int]]) -> list[ArtifactRef | None]:
-        """The trials' references; None for a trial that failed (its candidate is dropped, with a warning)."""
+        """The trials' references; None for a challenger's trial that failed (the candidate leaves the search, with
+        a warning: a learning rate that diverges is one of the things searched). The baseline's failure stops the
+        search: every other candidate is paired with it, and a bad dataset fails it first (it runs first). Configs
+        were validated before any trial (`check_candidates`)."""
         try:
             return run_mapped(trial, kwargs, self.base.execution)
-        except (AnceError, ValueError):
-            raise  # a bad config or dataset fails every trial the same way: the search stops, naming it
         except Exception:
             if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others
                 return [ref for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
@@ -187,12 +219,26 @@ class Search:
             return [None]
 
 
+def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[int]) -> None:
+    """Every trial's config validated, and checked as a run checks it, before any trial: a candidate the config
+    refuses is one clear error now, not a failed trial later (a trial that fails then is that candidate's own)."""
+    for c in pool:
+        try:
+            for seed in seeds:
+                for full in (False, True):
+                    check_pipeline(trial_config(base, c, seed, full))
+        except (AnceError, ValueError) as e:
+            raise AnceError(f"recipe search: the candidate {c.name} ({', '.join(c.sets()) or 'the base config'}) "
+                            f"is refused: {e}") from None
+
+
 def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tracker, parent: str | None
            ) -> tuple[Candidate, dict, list[Candidate], Search]:
     tables = read_tables(data.path, corpus_columns=[])
     train = tables.split_qrels(base.data.train_split)
     grades = sorted(int(g) for g in set(train.loc[train["relevance"] > 0, "relevance"]))
     pool = candidates(cfg, base.warmup.learning_rate, base.data.train_min_relevance, base.warmup.epochs, grades)
+    check_candidates(base, pool, cfg.seeds)
     baseline = pool[0]
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)
     state.baseline = baseline.name
@@ -204,8 +250,8 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
         if state.stopped:
             break
         ranked = survivors(scores, [c.name for c in alive if c.name not in state.failed], rung, cfg.eta)
-        alive = [c for c in pool if c.name in ranked]
-    winner, evidence = decide(scores, baseline.name, cfg.margin)
+        alive = [next(c for c in pool if c.name == name) for name in ranked]  # best first: a budget cut keeps them
+    winner, evidence = decide(scores, baseline.name, cfg.margin, state.failed)
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
 
@@ -219,7 +265,8 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
         full = [f"{runs[(s, True)]:.4f}" if (s, True) in runs else "—" for s in state.cfg.seeds]
         row = table.get(c.name, {})
         diff = row.get("paired_diff")
-        rows.append([f"**{c.name}** (chosen)" if c == winner else c.name, ", ".join(c.sets()) or "—",
+        label = f"**{c.name}** (chosen)" if c == winner else c.name + " (failed)" * (c.name in state.failed)
+        rows.append([label, ", ".join(c.sets()) or "—",
                      f"{warm:.4f}" if warm is not None else "—", *full,
                      f"{row['mean']:.4f}" if row else "—", f"{diff:+.4f}" if diff is not None else "—"])
     header = ["candidate", "overrides", f"warm-up only, seed {state.cfg.seeds[0]}",
@@ -244,33 +291,41 @@ def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = Tu
             raise AnceError(f"ance tune chooses on the dev split, and {config.data.dataset} has none: no split "
                             f"'{config.data.dev_split}', and data.dev_fraction {config.data.dev_fraction} carved "
                             "none from the training queries (raise it, or add the split)")
+        ignored = {f"{f}.seed": seed for f in SEED_FIELDS if (seed := getattr(config, f).seed) != tune.seeds[0]}
+        if ignored:
+            warn(f"ance tune runs every trial under its own seeds {tune.seeds} (tune.seeds), so the config's "
+                 f"{', '.join(f'{k} {v}' for k, v in ignored.items())} {'is' if len(ignored) == 1 else 'are'} not used "
+                 f"(to search under other seeds: --tune-set seeds=[...])")
         tracker = Tracker(config.work_dir, EXPERIMENT)
         tags = {k: v for k, v in flow_tags().items() if v} | {"dataset": config.data.dataset}
         parent = tracker.start_run(f"{EXPERIMENT} {tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)
-        tracker.log_params(parent, flatten(tune) | {f"base.{k}": v for k, v in flatten(config).items()})
-        winner, evidence, pool, state = search(config, tune, data, tracker, parent)
-        chosen = trial_config(config, winner, tune.seeds[0], True)
-        markdown = report(pool, state, winner, evidence)
+        with tracker.ended_on_failure(lambda: [parent]):
+            tracker.log_params(parent, flatten(tune) | {f"base.{k}": v for k, v in flatten(config).items()})
+            winner, evidence, pool, state = search(config, tune, data, tracker, parent)
+            chosen = trial_config(config, winner, tune.seeds[0], True)
+            markdown = report(pool, state, winner, evidence)
 
-        def build(out):
-            write_json(out / TUNE_JSON, {"winner": winner.name, "overrides": winner.overrides,
-                                         "candidates": [{"name": c.name, "overrides": c.overrides} for c in pool],
-                                         "trials": state.trials, "evidence": evidence, "stopped": state.stopped,
-                                         "cut": state.cut})
-            (out / TUNE_MD).write_text(markdown)
-            (out / RECIPE_YAML).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
+            def build(out):
+                write_json(out / TUNE_JSON, {"winner": winner.name, "overrides": winner.overrides,
+                                             "candidates": [{"name": c.name, "overrides": c.overrides} for c in pool],
+                                             "trials": state.trials, "evidence": evidence, "stopped": state.stopped,
+                                             "cut": state.cut})
+                (out / TUNE_MD).write_text(markdown)
+                (out / RECIPE_YAML).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 
-        trials = sorted(t["path"] for t in state.trials)
-        folder = run_stage(config.work_dir, "tune", {"tune": tune, "base": config, "trials": trials},
-                           {"data": data.digest}, build)
-        print(markdown)
-        for name, row in evidence["table"].items():
-            safe = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
-            tracker.log_metrics(parent, {f"mean_dev_ndcg_at_10.{safe}": row["mean"]})
-        tracker.set_tags(parent, {"winner": winner.name, "reason": evidence["reason"][:5000]})
-        for name in (TUNE_MD, TUNE_JSON, RECIPE_YAML):
-            tracker.log_artifact(parent, Path(folder.path, name), "tune")
-        tracker.end_run(parent)
+            trials = sorted(t["path"] for t in state.trials)
+            notes = {"stopped": state.stopped, "cut": state.cut, "failed": state.failed}  # (a search of the same
+            # trials that the budget stopped elsewhere, or in which a candidate failed, writes its own report)
+            folder = run_stage(config.work_dir, "tune", {"tune": tune, "base": config, "trials": trials,
+                                                         "notes": notes}, {"data": data.digest}, build)
+            print(markdown)
+            for name, row in evidence["table"].items():
+                safe = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
+                tracker.log_metrics(parent, {f"mean_dev_ndcg_at_10.{safe}": row["mean"]})
+            tracker.set_tags(parent, {"winner": winner.name, "reason": evidence["reason"][:5000]})
+            for name in (TUNE_MD, TUNE_JSON, RECIPE_YAML):
+                tracker.log_artifact(parent, Path(folder.path, name), "tune")
+            tracker.end_run(parent)
         create_markdown_artifact(markdown, key="ance-tune", description="the recipe search and its choice")
     return {"winner": winner.name, "overrides": winner.overrides, "config": chosen.model_dump(mode="json"),
             "report_dir": folder.path, "markdown": markdown, "reason": evidence["reason"], "stopped": state.stopped,

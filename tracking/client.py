@@ -212,6 +212,19 @@ class Tracker:
         if run_id is not None:
             self._safe("end_run", self.client.set_terminated, run_id, status, payload={"run_id": run_id})
 
+    @contextlib.contextmanager
+    def ended_on_failure(self, runs: Callable[[], Iterable[str | None]]):
+        """Runs the block raises out of are ended FAILED (KILLED on Ctrl-C), not left RUNNING in MLflow's runs table
+        forever; `runs()` names them when it happens (e.g. the nested runs opened so far, then their parent). A
+        block that ends normally ends its runs itself."""
+        try:
+            yield
+        except BaseException as e:
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            for run_id in runs():
+                self.end_run(run_id, status)
+            raise
+
     def summary(self) -> dict:
         """What did not reach MLflow, and where it is kept (printed and returned by the flow)."""
         return {"tracking_uri": self.uri, "undelivered": dict(self.undelivered),

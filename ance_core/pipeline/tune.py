@@ -14,18 +14,20 @@ seeds. The baseline runs every rung beside them (the others are paired with it).
 dev nDCG@10 of the dense model the run would deliver: its best on the dev split, the starting (pretrained) model
 included.
 
-The decision (`decide`): among the candidates the last rung ran, the best mean paired difference to the baseline over
-their common seeds; it wins when that difference is above `margin`, else the baseline stays (the simpler candidate on
-ties). A time budget (minutes of trials) stops the search early; the decision is then made on the trials run.
+The decision (`decide`): among the candidates the last rung ran (none whose trial failed), the best mean paired
+difference to the baseline over their common seeds; it wins when that difference is above `margin`, else the
+baseline stays (the simpler candidate on ties). A time budget (minutes of trials) stops the search early; the
+decision is then made on the trials run.
 """
 
 import itertools
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from ance_core.stage_config import StageConfig
 
@@ -36,13 +38,13 @@ class TuneConfig(StageConfig):
     """What `ance tune` searches and how long (module docstring)."""
 
     recipe: str = Field("demo", description="The recipe the candidates vary (the baseline candidate itself)")
-    learning_rates: list[float] = Field([4e-5, 2e-5], min_length=1, description="Learning rates of both training "
-                                        "stages (the recipe's own is the baseline's)")
+    learning_rates: list[PositiveFloat] = Field([4e-5, 2e-5], min_length=1, description="Learning rates of both "
+                                                "training stages (the recipe's own is the baseline's)")
     positives: list[PositivesRule] = Field(
         ["query-top", "collection-top", "all"], min_length=1, description="Which graded positives train: each query's "
         "top grade (train_min_relevance auto), the collection's top grade, every relevant document (grade 1); one "
         "candidate on binary qrels")
-    warmup_epochs: list[int] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
+    warmup_epochs: list[PositiveInt] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
     seeds: list[int] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the "
                              "warm-ups) and rung 1 (whole recipes) run under the first, each rung after under one more")
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
@@ -156,14 +158,16 @@ def rungs(cfg: TuneConfig) -> list[Rung]:
 
 
 def survivors(scores: Scores, names: list[str], rung: Rung, eta: int) -> list[str]:
-    """The challengers (`names`: the baseline is not one) the rung after `rung` runs: its best ceil(n/eta)."""
+    """The challengers (`names`: the baseline is not one) the rung after `rung` runs, best first: the best
+    ceil(n/eta) of the n that the rung scored (a rung the budget cut ranks only the trials it ran)."""
     ranked = scores.ranked(names, rung.seeds, rung.full)
-    return ranked[:max(1, math.ceil(len(names) / eta))]
+    return ranked[:max(1, math.ceil(len(ranked) / eta))]
 
 
-def decide(scores: Scores, baseline: str, margin: float) -> tuple[str, dict[str, Any]]:
+def decide(scores: Scores, baseline: str, margin: float, failed: Sequence[str] = ()) -> tuple[str, dict[str, Any]]:
     """The winner (module docstring) and the evidence: per candidate its seeds of the whole recipe, mean score and
-    mean paired difference to the baseline."""
+    mean paired difference to the baseline. A candidate whose trial `failed` (under any seed) keeps its row but
+    cannot win: its recipe is one that crashed."""
     table = {}
     for name in scores.order:
         diffs = scores.paired(name, baseline)
@@ -171,12 +175,12 @@ def decide(scores: Scores, baseline: str, margin: float) -> tuple[str, dict[str,
         if full:
             table[name] = {"seeds": sorted(full), "mean": statistics.fmean(full.values()),
                            "paired_diff": statistics.fmean(diffs) if diffs and name != baseline else None,
-                           "paired_diffs": diffs if name != baseline else []}
-    rivals = [n for n in table if n != baseline and table[n]["paired_diff"] is not None]
+                           "paired_diffs": diffs if name != baseline else [], "failed": name in failed}
+    rivals = [n for n in table if n != baseline and table[n]["paired_diff"] is not None and n not in failed]
     most = max((len(table[n]["seeds"]) for n in rivals), default=0)
     finalists = [n for n in rivals if len(table[n]["seeds"]) == most]
     best = max(finalists, key=lambda n: (round(table[n]["paired_diff"], 10), -scores.order.index(n)), default=None)
-    if best is not None and table[best]["paired_diff"] > margin:
+    if best is not None and round(table[best]["paired_diff"], 10) > margin:  # (a difference of margin ties)
         return best, {"table": table, "reason": f"{best} beat {baseline} by {table[best]['paired_diff']:+.4f} dev "
                       f"nDCG@10 (mean over seeds {table[best]['seeds']}; margin {margin})"}
     reason = (f"no candidate beat {baseline} by more than {margin} (the best, {best}: "

@@ -73,9 +73,20 @@ def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_th
     assert summary["winner"] == result["winner"] and set(summary["recipes"][baseline]) == {"42", "43"}
     assert "max(BM25, zero-shot)" in bench.stdout
 
-    # the same search again: every trial cached; `ance run --recipe auto` trains the winner (its trial's stages)
-    again = _ance(["run", "--recipe", "auto", "--config", str(tmp_path / "c.json"), "--json", *settings], tmp_path)
+    # the same search again: every trial cached; `ance run --recipe auto` trains the winner (its trial's stages). A
+    # seed set on the base config is not the search's (its trials run under tune.seeds): said, and the trials reused
+    again = _ance(["run", "--recipe", "auto", "--config", str(tmp_path / "c.json"), "--json", *settings,
+                   "--set", "warmup.seed=7"], tmp_path)
     assert f"{len(trials)} trials ({len(trials)} cached)" in again.stdout
+    assert "the config's warmup.seed 7 is not used" in again.stdout + again.stderr
+    # the second search's run lists every trial too: each cached one a nested run pointing at the run that trained it
+    searches = [r for r in client.search_runs([parent.info.experiment_id])
+                if "mlflow.parentRunId" not in r.data.tags and r.info.run_id != parent.info.run_id]
+    assert len(searches) == 1 and searches[0].info.status == "FINISHED"
+    pointers = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{searches[0].info.run_id}'")
+    assert len(pointers) == len(trials) and all(r.data.tags["cached"] == "true" for r in pointers)
+    assert {r.data.tags["trial_run_id"] for r in pointers} == {r.info.run_id for r in nested}
     run = json.loads(again.stdout.strip().splitlines()[-1])
     assert (tmp_path / "work" / "latest.json").is_file() and client.search_registered_models()
     assert "ANCE round 1" in {r["model"] for r in run["results"]}

@@ -1,12 +1,15 @@
 """The recipe search's budget (flows/tune.py `Search.run`), on a fake clock with trials that take 60 s: the warm-up
 rung stops early enough to leave two whole recipes' time, so a budget too short for every warm-up still ends in a
-decision between whole recipes; a rung whose next trial would not fit stops the search."""
+decision between whole recipes; a rung whose next trial would not fit stops the search. Also on the fake clock: the
+order the survivors run in, and a failed trial (its candidate leaves; the baseline's stops the search)."""
 
 from dataclasses import dataclass
 
+import pandas as pd
 import pytest
 
 import flows.tune as tune
+from ance_core.errors import AnceError, AnceWarning
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig
 
@@ -15,6 +18,7 @@ from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig
 class Ref:
     cached: bool = False
     path: str = "trial"
+    digest: str = "digest"
 
 
 @pytest.fixture
@@ -26,11 +30,16 @@ def clock(monkeypatch):
     return now
 
 
-def _search(clock, minutes: float, seconds_per_trial: dict[bool, float]) -> tune.Search:
+def _search(clock, minutes: float, seconds_per_trial: dict[bool, float], new_seed: float | None = None
+            ) -> tune.Search:
+    """Trials of fake seconds: a warm-up's, a whole recipe's (`seconds_per_trial`), and a whole recipe's under a seed
+    after the first (`new_seed`: it trains its warm-up too; default the same as under the first)."""
     state = tune.Search(PipelineConfig(), TuneConfig(budget_minutes=minutes), "digest", None, None)
 
     def mapped(kwargs, part):
-        clock["t"] += seconds_per_trial[kwargs[0]["name"].endswith("warm-up only") is False]
+        full = kwargs[0]["name"].endswith("warm-up only") is False
+        later = part[0][1] != state.cfg.seeds[0]
+        clock["t"] += new_seed if full and later and new_seed is not None else seconds_per_trial[full]
         return [Ref() for _ in part]
 
     state._mapped = mapped
@@ -70,3 +79,107 @@ def test_a_seeds_whole_recipes_run_all_or_none(clock):
     state.run(scores, pool, Rung(2, [42, 43], True))
     assert [(t["candidate"], t["seed"]) for t in state.trials] == [("base", 42), ("c0", 42)]
     assert "seed 43's 2 trials would not fit" in state.stopped
+
+
+def test_the_first_whole_rung_is_budgeted_before_a_whole_recipe_was_timed(clock):
+    """A whole recipe takes 150 s. Before one was timed it is budgeted at twice a warm-up (120 s): the baseline's and
+    the best challenger's both run (all of the seed's or none) where the budget once let the baseline in alone."""
+    pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(7)]
+    state = _search(clock, 10, {False: 60.0, True: 150.0})
+    scores = Scores([c.name for c in pool])
+    state.run(scores, pool, Rung(0, [42], False))  # six warm-ups (360 s), 240 s left
+    state.run(scores, pool[:2], Rung(1, [42], True))
+    assert [(t["candidate"], t["full"]) for t in state.trials[6:]] == [("base", True), ("c0", True)]
+    assert state.stopped is None
+
+
+@pytest.mark.parametrize("left, ran", [(300, False), (400, True)])
+def test_a_later_seeds_trials_are_budgeted_with_the_warm_up_they_train(clock, left, ran):
+    """Under seed 42 a whole recipe reuses its warm-up (120 s); under 43 it trains one too (180 s): seed 43's two
+    trials need 360 s, so with 300 s left neither runs (once, the 120 s of seed 42's let them in and the budget
+    stopped the search between them, leaving the baseline's seed 43 unpaired); with 400 s both run."""
+    pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1)]
+    state = _search(clock, (120 + 240 + left) / 60, {False: 60.0, True: 120.0}, new_seed=180.0)
+    scores = Scores([c.name for c in pool])
+    state.run(scores, pool, Rung(0, [42], False))
+    state.run(scores, pool, Rung(1, [42], True))
+    state.run(scores, pool, Rung(2, [42, 43], True))
+    seed_43 = [t["candidate"] for t in state.trials if t["seed"] == 43]
+    assert seed_43 == (["base", "c0"] if ran else [])
+    assert (state.stopped is None) == ran
+
+
+def test_the_survivors_run_best_first(clock, monkeypatch):
+    """The warm-up rung ranks lr 2e-05, warm-up 2 epochs (0.60) over lr 2e-05 (0.55): the whole rung runs the baseline,
+    then them in that order (a budget that ends between them keeps the better one), not the simpler first."""
+    warm = {"demo (baseline)": 0.50, "warm-up 2 epochs": 0.51, "lr 2e-05": 0.55, "lr 2e-05, warm-up 2 epochs": 0.60}
+    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: type("T", (), {"split_qrels": staticmethod(
+        lambda split: pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}))})())
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+    monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": warm[ref.path], "model": "m", "seconds": 60.0})
+
+    def mapped(self, kwargs, part):
+        clock["t"] += 60
+        return [Ref(path=c.name) for c, _ in part]
+
+    monkeypatch.setattr(tune.Search, "_mapped", mapped)
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})  # the demo recipe's
+    _, _, _, state = tune.search(base, TuneConfig(eta=2, seeds=[42]), Ref(), None, None)
+    assert [t["candidate"] for t in state.trials if t["full"]] == [
+        "demo (baseline)", "lr 2e-05, warm-up 2 epochs", "lr 2e-05"]
+
+
+def test_a_challenger_whose_trial_fails_leaves_the_search_and_the_baselines_failure_stops_it(clock, monkeypatch):
+    """A learning rate that diverges is one of the things a search tries: its AnceError (the loss is nan) drops that
+    candidate, the other trials go on. The baseline's failure stops the search (everything is paired with it)."""
+    failing = {"c0"}
+
+    def run_mapped(task, kwargs, execution):
+        for k in kwargs:
+            if k["name"].split(" · ")[0] in failing:
+                raise AnceError("warmup: the loss is nan at step 3 (learning rate 1)")
+        return [Ref() for _ in kwargs]
+
+    monkeypatch.setattr(tune, "run_mapped", run_mapped)
+    pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1), Candidate("c1", {"x": 1}, 1)]
+    state = tune.Search(PipelineConfig(), TuneConfig(), "digest", None, None)
+    state.baseline = "base"
+    with pytest.warns(AnceWarning, match="the trial of c0 under seed 42 failed after its retries; c0 leaves"):
+        state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
+    assert [t["candidate"] for t in state.trials] == ["base", "c1"] and state.failed == ["c0"]
+    failing.add("base")
+    with pytest.raises(AnceError, match="the loss is nan"):
+        state.run(Scores([c.name for c in pool]), pool, Rung(1, [42], True))
+
+
+def test_a_candidate_the_config_refuses_stops_the_search_before_any_trial():
+    bad = Candidate("lr -1", {"warmup.learning_rate": -1.0, "ance.learning_rate": -1.0}, 1)
+    with pytest.raises(AnceError, match=r"the candidate lr -1 \(warmup.learning_rate=-1.0, ance.learning_rate=-1.0\) "
+                       "is refused"):
+        tune.check_candidates(PipelineConfig(), [bad], [42])
+
+
+
+def _row(model: str, dev: float) -> dict:
+    return {"model": model, "ndcg_at_10": 0.0, "dev_ndcg_at_10": dev}
+
+
+def test_a_trial_scores_the_dense_model_its_run_delivers():
+    """Under `selection: best` the best dense model (the dense model of a hybrid row chosen); under one-se the
+    simplest within one standard error (here the warm-up's hybrid row: the warm-up), not the best dense model."""
+    results = [_row("BM25", 0.40), _row("zero-shot", 0.50), _row("warmup", 0.58), _row("ANCE round 1", 0.60),
+               _row("ANCE round 1 + BM25", 0.62)]
+    assert tune.trial_score({"results": results, "selected": "ANCE round 1 + BM25"}, full=True) == (
+        "ANCE round 1", 0.60)
+    assert tune.trial_score({"results": results, "selected": "warmup + BM25"}, full=True) == ("warmup", 0.58)
+    assert tune.trial_score({"results": results, "selected": "zero-shot"}, full=True) == ("zero-shot", 0.50)
+    assert tune.trial_score({"results": results[:3], "selected": "zero-shot"}, full=False) == ("warmup", 0.58)
+
+
+def test_a_whole_trial_trains_the_whole_recipe_whatever_the_base_says():
+    """A base config with `warmup_only: true` would make every whole trial a warm-up: the trial decides."""
+    base = PipelineConfig(warmup_only=True)
+    candidate = Candidate("lr 1e-05", {"warmup.learning_rate": 1e-5, "ance.learning_rate": 1e-5}, 1)
+    whole = tune.trial_config(base, candidate, 43, full=True)
+    assert not whole.warmup_only and tune.trial_config(base, candidate, 43, full=False).warmup_only
+    assert whole.ance.learning_rate == 1e-5 and whole.warmup.seed == whole.mining.seed == 43

@@ -158,3 +158,21 @@ def test_concurrent_runs_open_one_new_embedded_store(tmp_path):
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
     answers = {out.strip() for out, _ in outputs}
     assert len(answers) == 1 and answers.pop().endswith(" True"), outputs  # one experiment, nothing failed
+
+
+@pytest.mark.parametrize("error, status", [(ValueError("a stage failed"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
+def test_runs_a_failed_block_raises_out_of_end_failed_not_running(tmp_path, error, status):
+    """A flow that fails (or is interrupted) ends its MLflow runs, nested ones included, instead of leaving them
+    RUNNING in the runs table; a block that ends normally leaves them to the caller."""
+    tracker = Tracker(tmp_path, "ance-test")
+    parent = tracker.start_run("pipeline")
+    children = []
+    with pytest.raises(type(error)), tracker.ended_on_failure(lambda: [*children, parent]):
+        children.append(tracker.start_run("warmup", parent_id=parent))  # opened inside the block: ended too
+        raise error
+    client = MlflowClient(tracker.uri)
+    assert [client.get_run(r).info.status for r in (parent, *children)] == [status, status]
+    fine = tracker.start_run("pipeline")
+    with tracker.ended_on_failure(lambda: [fine]):
+        pass
+    assert client.get_run(fine).info.status == "RUNNING"

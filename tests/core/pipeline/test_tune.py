@@ -51,10 +51,43 @@ def test_a_candidate_wins_only_by_more_than_the_margin_over_the_seeds_it_shares_
     winner, evidence = decide(_scores(tied), "base", margin=0.0)
     assert winner == "base" and "no candidate beat" in evidence["reason"]
     assert decide(_scores({"base": {(1, True): 0.5}}), "base", 0.0) == ("base", {
-        "table": {"base": {"seeds": [1], "mean": 0.5, "paired_diff": None, "paired_diffs": []}},
+        "table": {"base": {"seeds": [1], "mean": 0.5, "paired_diff": None, "paired_diffs": [], "failed": False}},
         "reason": "no candidate ran the whole recipe beside base"})
 
 
 def test_a_setting_listed_twice_is_refused():
     with pytest.raises(ValueError, match="seeds lists a value twice"):
         TuneConfig(seeds=[1, 1])
+
+
+def test_survivors_are_counted_among_the_trials_the_rung_ran_best_first():
+    """A warm-up rung the budget cut scored 3 of 5 challengers: the best third of those 3 goes on (not of 5), and
+    the survivors come best first (a budget that then fits one whole recipe gives it to the best)."""
+    scores = _scores({"c1": {}, "c2": {(1, False): 0.53}, "c3": {(1, False): 0.55}, "c4": {(1, False): 0.60},
+                      "c5": {}})
+    rung = rungs(TuneConfig(seeds=[1]))[0]
+    assert survivors(scores, ["c1", "c2", "c3", "c4", "c5"], rung, eta=3) == ["c4"]  # ceil(3/3), not ceil(5/3)
+    assert survivors(scores, ["c1", "c2", "c3", "c4", "c5"], rung, eta=2) == ["c4", "c3"]
+
+
+def test_a_difference_equal_to_the_margin_keeps_the_baseline():
+    """0.705 - 0.700 is 0.0050000000000000044 in floats: not above a margin of 0.005."""
+    runs = {"base": {(1, True): 0.700, (2, True): 0.700}, "a": {(1, True): 0.705, (2, True): 0.705}}
+    winner, evidence = decide(_scores(runs), "base", margin=0.005)
+    assert winner == "base" and "no candidate beat base by more than 0.005" in evidence["reason"]
+    assert decide(_scores(runs), "base", margin=0.0049)[0] == "a"
+
+
+def test_a_candidate_whose_trial_failed_cannot_win():
+    """A crashed under seed 43 after leading under 42: its recipe is one that crashed, so the next best decides."""
+    runs = {"base": {(42, True): 0.50}, "a": {(42, True): 0.60}, "b": {(42, True): 0.52}}
+    winner, evidence = decide(_scores(runs), "base", margin=0.005, failed=["a"])
+    assert winner == "b" and evidence["table"]["a"]["failed"] and not evidence["table"]["b"]["failed"]
+    assert decide(_scores(runs), "base", margin=0.005, failed=["a", "b"])[0] == "base"
+
+
+@pytest.mark.parametrize("setting", [{"learning_rates": [-1e-5]}, {"learning_rates": [0.0]}, {"warmup_epochs": [0]}])
+def test_a_learning_rate_or_epochs_that_cannot_train_are_refused(setting):
+    with pytest.raises(ValueError, match="greater than 0"):
+        TuneConfig(**setting)
+
