@@ -144,28 +144,31 @@ class Search:
         execution = self.base.execution
         on_ray = execution.task_runner != "local"
         batch = execution.workers if on_ray else 1
-        for start in range(0, len(calls), batch):
-            part = calls[start:start + batch]
+        # batches of one seed each (a batch never straddles two seeds' groups)
+        parts = [group[k:k + batch] for seed in dict.fromkeys(s for _, s in calls)
+                 for group in [[call for call in calls if call[1] == seed]] for k in range(0, len(group), batch)]
+        for n, part in enumerate(parts):
+            left = sum(map(len, parts[n:]))  # trials not run yet
             seed = part[0][1]
             # a whole recipe under the first seed reuses its warm-up rung's warm-up; under a new seed it trains one
             kind = "whole" if seed == self.cfg.seeds[0] else "new seed"
-            if rung.full and (start == 0 or calls[start - 1][1] != seed):  # a seed's whole recipes: all or none, so
-                group = sum(s == seed for _, s in calls[start:])  # every comparison the decision makes is paired
-                if self.seconds_left() < self.estimate(kind) * -(-group // batch):
+            if rung.full and (n == 0 or parts[n - 1][0][1] != seed):  # a seed's whole recipes: all or none, so
+                batches = [p for p in parts[n:] if p[0][1] == seed]  # every comparison the decision makes is paired
+                if self.seconds_left() < self.estimate(kind) * len(batches):
                     self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
-                                    f"{rung.number} (seed {seed}'s {group} trials would not fit; "
-                                    f"{len(calls) - start} of its trials not run)")
+                                    f"{rung.number} (seed {seed}'s {sum(map(len, batches))} trials would not fit; "
+                                    f"{left} of its trials not run)")
                     return
             warmups = sum(not t["full"] for t in self.trials)
             if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate("warm-up") + whole_reserve(
                     self.estimate("warm-up"), self.estimate("whole")):
-                self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + len(calls) - start} trials, "
-                            "to leave the budget to whole recipes")
+                self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + left} trials, to leave the "
+                            "budget to whole recipes")
                 return
             # (a whole rung's trials are checked by seed above: a seed's group, once let in, runs whole)
             if not rung.full and self.seconds_left() < self.estimate("warm-up"):
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
-                                f"{rung.number} ({len(calls) - start} of its trials not run)")
+                                f"{rung.number} ({left} of its trials not run)")
                 return
             kwargs = [{"config": trial_config(self.base, c, seed, rung.full, local=on_ray),
                        "data_digest": self.data_digest, "parent_run": self.parent,

@@ -183,3 +183,23 @@ def test_a_whole_trial_trains_the_whole_recipe_whatever_the_base_says():
     whole = tune.trial_config(base, candidate, 43, full=True)
     assert not whole.warmup_only and tune.trial_config(base, candidate, 43, full=False).warmup_only
     assert whole.ance.learning_rate == 1e-5 and whole.warmup.seed == whole.mining.seed == 43
+
+
+def test_ray_batches_never_straddle_two_seeds(clock):
+    """Two trials at once (Ray): a rung whose seed 42 lacks one trial and whose seed 43 lacks three runs batches of
+    one seed each, so the budget's all-or-none check sees every seed's group from its start."""
+    execution = {"task_runner": "ray", "workers": 2}
+    state = tune.Search(PipelineConfig.model_validate({"execution": execution}), TuneConfig(), "digest", None, None)
+    batches = []
+
+    def mapped(kwargs, part):
+        batches.append([(c.name, seed) for c, seed in part])
+        return [Ref() for _ in part]
+
+    state._mapped = mapped
+    pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1), Candidate("c1", {"x": 1}, 1)]
+    scores = Scores([c.name for c in pool])
+    scores.add("base", 42, True, 0.5)
+    scores.add("c0", 42, True, 0.5)
+    state.run(scores, pool, Rung(2, [42, 43], True))
+    assert batches == [[("c1", 42)], [("base", 43), ("c0", 43)], [("c1", 43)]]
