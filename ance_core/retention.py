@@ -13,7 +13,8 @@ lock nobody holds (the run was killed) counts as an ended run.
   rankings searched in them (`retrieve`). Older refreshes go even though a kept run used them (its negatives,
   evaluations and checkpoints stay);
 - **rankings** (`keep_rankings: false`): every ended run's `retrieve` folders go, the kept refreshes' too;
-- **never removed**: the stages of a live run (its lock is held), the model `latest.json` names, a stage folder no
+- **never removed**: the stages of a live run (its lock is held), the model `latest.json` names with its corpus
+  encodings, their indexes and data (what `ance search --model` reads, whichever runs are kept), a stage folder no
   run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
   refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
   or a killed training that resumes from them), and everything that is not a stage folder: the MLflow store
@@ -221,6 +222,24 @@ def _latest_key(work_dir: Path) -> str | None:
         return None
 
 
+def _latest_search(folders: dict[str, StageFolder], work_dir: Path) -> set[str]:
+    """What `ance search --model <the model latest.json names>` reads: the model, its corpus encodings (with their
+    shards and indexes; not the rankings searched in them) and the data they encoded."""
+    latest = _latest_key(work_dir)
+    if latest not in folders:
+        return set()
+    try:
+        digest = json.loads((work_dir / LATEST).read_text()).get("digest") or latest
+    except (OSError, ValueError):
+        digest = latest
+    keep = {latest}
+    for f in folders.values():
+        if f.stage == "encode" and f.inputs.get("checkpoint") in (digest, latest):
+            keep |= {k for k in _refresh_of(folders, f.key) if folders[k].stage != "retrieve"}
+            keep |= {f.inputs.get("data")} & set(folders)
+    return keep
+
+
 GRACE_SECONDS = 3600  # a stage folder no run has recorded is kept this long: another process's (an inferencer
 # deployment's refresh, a Ray worker's shard) that a live run has not read yet
 
@@ -236,7 +255,7 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     keep = {k for k, f in folders.items()  # not recorded by any run: an older work folder's, or just built elsewhere
             if k not in recorded and (cfg.keep_runs is None or now - _built_at(f) < GRACE_SECONDS)}
     keep |= {s["key"] for r in kept_runs for s in r["stages"] if s["key"] in folders}
-    keep |= {_latest_key(work_dir)} & set(folders)
+    keep |= _latest_search(folders, work_dir)
     for run in kept_runs:
         encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
         for k, encode in enumerate(encodes):

@@ -222,3 +222,16 @@ def test_a_part_of_another_run_is_never_an_ended_run_whether_it_fails_or_is_kill
         pass
     ended, live = _runs(work)
     assert [r["name"] for r in ended] == ["pipeline"] and live == []
+
+
+def test_the_latest_model_keeps_what_search_reads_whichever_runs_are_kept(tmp_path):
+    """After a training run, evaluations and BM25 checks are runs too: with keep_runs 1 the training run is not kept,
+    but the model latest.json names keeps its corpus encoding, the index on it and the data (`ance search --model`
+    reads them); the ranking searched in that index follows the policy."""
+    work = _retrained(tmp_path / "work", 2)
+    ckpt = next(f for f in stage_folders(work).values() if (f.path / "name.txt").read_text() == "train1")
+    (work / "latest.json").write_text(json.dumps({"checkpoint": str(ckpt.path), "digest": ckpt.key}))
+    with live_run(work, "evaluate"):
+        _stage(work, "evaluate", "a check", {"checkpoint": ckpt.key})
+    kept = _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep)
+    assert kept == ["a check", "data", "enc1b", "idx1b", "train1"]  # run1b (the ranking) goes
