@@ -23,6 +23,7 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
 def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
     from ance_core.data.dataset import read_tables
+    from ance_core.errors import AnceError, warn
     from ance_core.retrieval.config import EvalConfig
     from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
     from ance_core.retrieval.search import read_trec
@@ -33,6 +34,14 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     data = evaluation_data(dataset, split, work_dir)
     with faults_off():
         qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
+    judged, ran = set(qrels["query_id"]), set(run["query_id"])
+    if not judged & ran:
+        raise AnceError(f"{path}: none of its {len(ran):,} queries (e.g. {sorted(ran)[:3]}) is a judged query of "
+                        f"split '{split}' of {dataset} ({len(judged):,}, e.g. {sorted(judged)[:3]}): a run of "
+                        "another split or collection?")
+    if len(judged - ran):
+        warn(f"{path} ranks {len(judged & ran):,} of the {len(judged):,} judged queries of split '{split}': the other "
+             f"{len(judged - ran):,} count as zero (e.g. {sorted(judged - ran)[:3]})")
     if EvalConfig().ignore_identical_ids:
         run = without_identical_ids(run)
     return evaluate_run(run, qrels)[0]
@@ -72,6 +81,13 @@ def corpus_titles(dataset: str) -> dict[str, str]:
     return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
 
 
+def model_work_dir(model: Path) -> str:
+    """The work folder a checkpoint is a stage folder of (<work>/<stage>/<key>, beside its data and latest.json);
+    ./work for a checkpoint elsewhere."""
+    work = model.resolve().parent.parent
+    return str(work) if (work / "latest.json").is_file() or (work / "data").is_dir() else "work"
+
+
 def chosen_fusion(text: str, model: Path, work_dir: str):
     """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what the work
     folder's newest run chose for this model, its hybrid row's fusion, BM25 config and depth, recorded in latest.json
@@ -79,7 +95,7 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     ranking's weight in a convex combination."""
     import json
 
-    from ance_core.errors import AnceError
+    from ance_core.errors import AnceError, warn
     from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import Fusion
 
@@ -90,6 +106,11 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     depth = recorded.get("depth", 1000) if recorded else 1000
     if text == "auto":
+        if not recorded:
+            why = (f"no {latest}" if not latest.is_file() else f"{latest} names {record.get('checkpoint')}, not "
+                   "this model" if not same else f"{latest} records no fusion for it")
+            warn(f"--fusion auto: {why}, so no fusion chosen on a dev split is known for {model}: RRF with the default "
+                 "BM25 settings (give --work-dir the work folder of the run that trained it, or --fusion)")
         return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
     if text == "rrf":
         return Fusion("rrf"), bm25, depth
@@ -119,9 +140,32 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
 
     with faults_off():
         data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
+        check_same_corpus(index, data, dataset)
         bm25 = BM25.load(bm25_index(data, bm25_cfg, work_dir), bm25_cfg)
     sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)
     dense = pd.DataFrame([("q", h.doc_id, h.score) for h in search_text(model, index, query, depth)],
                          columns=["query_id", "doc_id", "score"])
     run = fuse(dense, sparse, fusion, depth).head(top_k)
     return [Hit(d, float(s)) for d, s in zip(run["doc_id"], run["score"], strict=True)]
+
+
+def check_same_corpus(index: Path, data, dataset: str) -> None:
+    """BM25 over `dataset`'s corpus fused with an index of another corpus would interleave two collections' documents:
+    refused unless the index holds exactly the corpus's documents."""
+    import pyarrow.parquet as pq
+
+    from ance_core.artifacts import INDEX_DOCIDS
+    from ance_core.data.corpus import ParquetCorpus
+    from ance_core.errors import AnceError
+
+    held = set((index / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines())
+    corpus = set(pq.read_table(ParquetCorpus.of_folder(data.path).path, columns=["doc_id"])["doc_id"].to_pylist())
+
+    def documents(n: int) -> str:
+        return f"{n:,} document{'s' * (n != 1)}"
+
+    if held != corpus:
+        raise AnceError(f"--dataset {dataset}: its corpus ({documents(len(corpus))}) is not the one the index {index} "
+                        f"holds ({documents(len(held))}, {len(held & corpus):,} of them in {dataset}): give the "
+                        "dataset the model's run encoded")
+

@@ -9,7 +9,15 @@ from ance_cli.app import app, preflight, print_metrics
 from ance_cli.guard import (
     guard,
 )
-from ance_cli.lookups import chosen_fusion, corpus_titles, evaluation_data, hybrid_search, index_of, score_run
+from ance_cli.lookups import (
+    chosen_fusion,
+    corpus_titles,
+    evaluation_data,
+    hybrid_search,
+    index_of,
+    model_work_dir,
+    score_run,
+)
 
 
 @app.command()
@@ -79,7 +87,9 @@ def search(
                                         "on its dev split, when its result is this model or its hybrid row; else "
                                         "rrf), rrf, or the dense ranking's weight in a convex combination of "
                                         "normalised scores, e.g. 0.7")] = "auto",
-    work_dir: Annotated[str, typer.Option(help="--hybrid: the work folder of the data and BM25 stages")] = "work",
+    work_dir: Annotated[str | None, typer.Option(help="--hybrid: the work folder of the data and BM25 stages, and of "
+                                                 "the run whose fusion `auto` reads (default: the one --model is a "
+                                                 "stage of, else ./work)")] = None,
 ):
     """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
     BM25's."""
@@ -94,8 +104,9 @@ def search(
         if hybrid:
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
-            how, bm25_cfg, depth = chosen_fusion(fusion, model, work_dir)
-            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work_dir, how, bm25_cfg, depth)
+            work = work_dir or model_work_dir(model)
+            how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
+            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, index_of(model, index), query, top_k)

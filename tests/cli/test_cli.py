@@ -3,9 +3,11 @@
 import json
 import socket
 
+import pytest
 from typer.testing import CliRunner
 
 from ance_cli.main import app
+from ance_core.errors import AnceWarning
 from tests.tiny import write_beir
 
 runner = CliRunner()
@@ -231,6 +233,16 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
     (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")
     code, out = _invoke([*args, "--run", str(tmp_path / "bad.trec")])
     assert code == 2 and "bad.trec:1: score 'high' is not a number" in out
+    # a run of other queries (another split's, another collection's) would score 0.0: refused; one that ranks some of
+    # the split's queries scores the others as zero: said
+    (tmp_path / "other.trec").write_text("x1 Q0 d1 1 3.0 sys\n")
+    code, out = _invoke([*args, "--run", str(tmp_path / "other.trec")])
+    assert code == 2 and "other.trec: none of its 1 queries (e.g. ['x1']) is a judged query of split 'test'" in out
+    (tmp_path / "half.trec").write_text("q1 Q0 d1 1 3.0 sys\n")
+    with pytest.warns(AnceWarning, match="half.trec ranks 1 of the 2 judged queries of split 'test': the other 1 "):
+        code, out = _invoke([*args, "--run", str(tmp_path / "half.trec"), "--json"])
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.5
 
 
 def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_model, tmp_path):

@@ -6,13 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.tiny import TINY_COMPRESSION, run_pipeline_cli, tiny_pipeline_config
+from tests.tiny import TINY_COMPRESSION, run_pipeline_cli, tiny_pipeline_config, write_beir
 
 pytestmark = pytest.mark.slow
 PIPELINE = pytest.mark.xdist_group("tiny-pipeline")  # the tests of the one tiny pipeline run: on one worker
@@ -151,14 +152,37 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                                     "--trec", str(tmp_path / "hits.trec"), "--query-id", "q7"])
     assert trec.exit_code == 0 and [line.split()[:4] for line in (tmp_path / "hits.trec").read_text().splitlines()] \
         == [["q7", "Q0", line.split()[2], str(k)] for k, line in enumerate(lines, 1)]
-    # --hybrid: the same ranking fused with BM25's over the dataset's corpus (by RRF: another work folder's run)
-    fused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k",
-                                     "3", "--dataset", str(tiny_scifact), "--hybrid",
-                                     "--work-dir", str(tmp_path / "w")])
+    # --hybrid: the same ranking fused with BM25's over the dataset's corpus (by RRF: another work folder's run, which
+    # chose no fusion for this model: said)
+    from ance_core.errors import AnceWarning
+
+    with pytest.warns(AnceWarning, match=f"--fusion auto: no {tmp_path / 'w' / 'latest.json'}, so no fusion chosen"):
+        fused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k",
+                                         "3", "--dataset", str(tiny_scifact), "--hybrid",
+                                         "--work-dir", str(tmp_path / "w")])
     assert fused.exit_code == 0, fused.output
-    head, *hits = fused.output.strip().splitlines()
+    lines = fused.output.strip().splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith("hybrid: "))
+    head, hits = lines[at], lines[at + 1:]
     assert "fused with BM25's by RRF (k=60)" in head and len(hits) == 3
     assert all(0 < float(line.split()[1]) <= round(2 / 61, 4) for line in hits)  # at most 1/61 from each run
+    # without --work-dir: the work folder the model is a stage of, whose latest.json records the fusion its run chose
+    from ance_core.retrieval.fusion import Fusion
+
+    latest = json.loads((work / "latest.json").read_text())
+    assert Path(latest["checkpoint"]).resolve() == final.resolve() and latest.get("fusion")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        own = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "-k", "3", "--dataset",
+                                       str(tiny_scifact), "--hybrid"])
+    assert own.exit_code == 0 and not [w for w in caught if "--fusion auto" in str(w.message)], own.output
+    assert f"fused with BM25's by {Fusion.of(latest['fusion']).label()}" in own.output
+    # another corpus than the one the model's index holds: refused, not two collections interleaved
+    other = write_beir(tmp_path / "other", [{"_id": "x1", "title": "", "text": "cancer cells divide"}],
+                       [{"_id": "q1", "text": "cancer"}], {"test": [("q1", "x1", 1)]})
+    mixed = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--dataset", str(other),
+                                     "--hybrid"])
+    assert mixed.exit_code == 2 and "its corpus (1 document) is not the one the index" in mixed.output, mixed.output
     refused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index),
                                        "--hybrid"])
     assert refused.exit_code == 2 and "--hybrid needs --dataset" in refused.output
