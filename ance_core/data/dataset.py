@@ -122,7 +122,7 @@ def _jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], 
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(path, f"malformed JSON: {e.msg} at column {e.colno}", number) from None
+            raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
         if not isinstance(obj, dict):
             raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
         for name in ("_id", *fields):
@@ -152,6 +152,14 @@ def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[s
 # ---------------------------------------------------------------- layouts
 
 
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _relevance(path: Path, number: int, value: str) -> int:
     """An integer relevance grade ("1", "1.0"); inf, nan, 1e400 and 0.5 are errors naming the line."""
     try:
@@ -168,17 +176,26 @@ def _read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
     or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
     ir_datasets' format), told apart line by line from the content."""
     rows: list[tuple[int, str, str, int]] = []
+    header = {"score", "relevance", "rel"}
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) != 3:
-            parts = line.split()
+            tabs, parts = parts, line.split()
             if len(parts) == 4:  # TREC: qid iteration docid relevance
+                if not rows and header & {p.strip().lower() for p in parts}:
+                    raise DataError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
+                                    "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
+                                    "and no header; remove the extra column", number)
+                if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
+                    raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
+                                    f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
+                                    "TREC's 4 columns end with the relevance", number)
                 parts = [parts[0], parts[2], parts[3]]
             elif len(parts) != 3:
                 raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
                                 f"(query-id iteration doc-id relevance), got {len(parts)}", number)
         parts = [p.strip() for p in parts]
-        if not rows and parts[2].lower() in {"score", "relevance", "rel"}:
+        if not rows and parts[2].lower() in header:
             continue  # header
         rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
     return rows

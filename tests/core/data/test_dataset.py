@@ -67,6 +67,12 @@ def _doc(i):
          "none of its 1 qrels names a document of the corpus"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0"], 2, "expected 3 tab-separated columns"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\thigh"], 2, "relevance 'high' is not a number"),
+        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1\tsomething"], 2,
+         r"got 4 \(an extra column 'something' after the score 1\?\)"),
+        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore\tnote", "q1\td0\t1\tx"], 1,
+         r"a header of 4 columns \(query-id corpus-id score note\)"),
+        ("corpus.jsonl", ['{"_id": "d0", "text": "no end'], 1, r"malformed JSON: Unterminated string starting at "
+         r"\(column 23\)"),
     ],
 )
 def test_malformed_inputs_name_file_and_line(beir, name, lines, line, message):
