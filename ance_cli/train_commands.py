@@ -79,7 +79,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
 
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
-    tune = load_config(None, TuneConfig, tune_sets or (), base=given)
+    tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
     base = recipe_config(tune.recipe, sets or (), config)
     check_pipeline(base)
     preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,

@@ -247,18 +247,18 @@ def negatives_needed(config: PipelineConfig | CompareConfig) -> int:
 
 
 def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineConfig, sets: Sequence[str] = (),
-                base: dict | None = None) -> Any:
+                base: dict | None = None, flag: str = "--set") -> Any:
     """Read a YAML or JSON config (a pipeline's by default; without a path, `base` or the defaults), with `--set`
-    overrides (`apply_sets`) on top; errors name the file, the offending field or the override."""
+    overrides (`apply_sets`) on top; errors name the file, the offending field or the override (as `flag`)."""
     raw: Any = dict(base or {})
     if path is not None:
         raw = read_config_file(path)
-    raw = apply_sets(raw, sets, schema)
+    raw = apply_sets(raw, sets, schema, flag)
     try:
         return schema.model_validate(raw)
     except ValidationError as e:
         where = f"{path}: " if path is not None else ""
-        also = f" (with {' '.join(f'--set {s}' for s in sets)})" if sets else ""
+        also = f" (with {' '.join(f'{flag} {s}' for s in sets)})" if sets else ""
         raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
 
 
@@ -288,20 +288,20 @@ def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
     return kinds == [str]
 
 
-def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = None) -> dict:
+def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = None, flag: str = "--set") -> dict:
     """`key.sub=value` overrides on a config mapping (a copy): dotted keys into its sections, each value read as a YAML
     scalar or flow list/mapping (`3e-5`, `true`, `null`, `[ance, bm25]`) and typed by the config model when validated
-    (an unknown key is refused there, by name)."""
+    (an unknown key is refused there, by name); errors name the override as `flag` gave it."""
     out = copy.deepcopy(raw)
     for item in sets:
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
-            raise AnceError(f"--set {item}: expected key=value with a dotted key, e.g. --set ance.learning_rate=3e-5")
+            raise AnceError(f"{flag} {item}: expected key=value with a dotted key, e.g. --set ance.learning_rate=3e-5")
         try:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as e:
-            raise AnceError(f"--set {item}: the value is not valid YAML: {e}") from None
+            raise AnceError(f"{flag} {item}: the value is not valid YAML: {e}") from None
         if value is not None and text.strip()[:1] not in ("'", '"') and _text_field(schema, parts):
             # a text field takes the text as typed: YAML would drop a trailing space ('query: ', a prefix) or read
             # 'query: ' as a mapping and 2019 as a number; a quoted value is YAML's string
@@ -312,7 +312,8 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise AnceError(f"--set {item}: '{'.'.join(parts[:depth + 1])}' is a value ({child!r}), not a section")
+                raise AnceError(f"{flag} {item}: '{'.'.join(parts[:depth + 1])}' is a value ({child!r}), not a "
+                                "section")
             node = child
         node[parts[-1]] = value
     return out

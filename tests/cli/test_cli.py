@@ -462,3 +462,13 @@ def test_recipes_lists_each_recipes_overrides_which_rebuild_it():
     assert listed["auto"]["sets"] == [] and "dev split" in listed["auto"]["chosen"]
     code, out = _invoke(["recipes"])
     assert code == 0 and "demo: --set mining.sampler=simans" in out
+
+
+def test_a_bad_tune_setting_is_named_by_its_own_flag_before_any_work(tmp_path):
+    code, out = _invoke(["tune", "--tune-set", "foo=[1]", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "invalid config (with --tune-set foo=[1])" in out and "Traceback" not in out
+    code, out = _invoke(["tune", "--tune-set", "seeds", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "--tune-set seeds: expected key=value" in out
+    code, out = _invoke(["tune", "--tune-set", "learning_rates=[-1e-5]", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "learning_rates.0" in out and "greater than 0" in out
+    assert not (tmp_path / "w").exists()
