@@ -239,13 +239,13 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
     as parquet (row groups of CORPUS_ROW_GROUP) as soon as it is read, and only the doc ids are kept: memory holds
     one chunk's text, not the corpus's (8.8M MS MARCO passages are ~3 GB of text). An empty corpus, and one whose
     every title and text is empty (nothing to index: BM25 cannot even build its vocabulary), are refused."""
-    frames, writer, with_text, n = [], None, False, 0
+    frames, writer, n, empty, first_empty = [], None, 0, 0, []
     try:
         while chunk := list(itertools.islice(rows, CORPUS_CHUNK)):
             frame = pd.DataFrame(chunk, columns=["doc_id", "title", "text"])
             n += len(frame)
-            with_text = with_text or bool(((frame["text"].str.strip() != "") | (frame["title"].str.strip() != ""))
-                                          .any())
+            ids = frame.loc[(frame["text"].str.strip() == "") & (frame["title"].str.strip() == ""), "doc_id"]
+            empty, first_empty = empty + len(ids), first_empty + ids.head(5 - len(first_empty)).tolist()
             if out is None:
                 frames.append(frame)
                 continue
@@ -258,8 +258,12 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
             writer.close()
     if not n:
         raise DataError(path, "empty corpus")
-    if not with_text:
+    if empty == n:
         raise DataError(path, f"all {n} documents have an empty title and text: nothing to index")
+    if empty:  # kept (a qrels row may name one), but a model ranks its empty text anywhere: said
+        more = f" and {empty - len(first_empty)} more" if empty > len(first_empty) else ""
+        warn(f"{path}: {empty} of {n} documents have an empty title and text (kept; nothing in them to rank by): "
+             f"{', '.join(first_empty)}{more}")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -315,7 +319,13 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
              f"or search for): {preview(ids)}")
         queries = queries[~empty].reset_index(drop=True)
         qrels = qrels[~qrels["query_id"].isin(ids)]
-    qrels = qrels.drop_duplicates(["query_id", "doc_id", "split"], keep="last").reset_index(drop=True)
+    pairs = ["query_id", "doc_id", "split"]
+    grades = qrels.drop_duplicates([*pairs, "relevance"]).groupby(pairs)["relevance"].agg(list)
+    if len(conflicts := grades[grades.map(len) > 1]):  # the same judgement given two grades: the last line's stands
+        warn(f"{len(conflicts)} (query, document) pairs are judged twice with different grades in the qrels; the "
+             "later line's grade is kept: " + preview(f"{q} / {d} in {split} ({', then '.join(map(str, g))})"
+                                                     for (q, d, split), g in conflicts.items()))
+    qrels = qrels.drop_duplicates(pairs, keep="last").reset_index(drop=True)
     return Dataset(corpus.reset_index(drop=True), queries, qrels)
 
 
