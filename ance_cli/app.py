@@ -61,8 +61,9 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
     from ance_core.data.checks import check_trainable
-    from ance_core.data.dataset import read_tables
+    from ance_core.data.dataset import qrels_file, read_tables
     from ance_core.data.sources import resolve_dataset
+    from ance_core.errors import AnceError
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
@@ -72,7 +73,11 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
             tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=["doc_id"] if trains else [])
         for split in splits:
-            tables.split_qrels(split)
+            try:
+                tables.split_qrels(split)
+            except AnceError as e:  # which folder, and the file it would be in
+                folder = resolve_dataset(data.dataset, data.data_home, download=False)
+                raise AnceError(f"{folder}: {e}; a split's qrels are read from {qrels_file(folder, split)}") from None
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives)

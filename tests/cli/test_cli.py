@@ -80,7 +80,8 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
                     {"train": [("q1", "d1", 1)]})
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
-    assert code == 2 and "split 'test' has no qrels (available splits: train)" in out
+    assert code == 2 and f"{ds}: split 'test' has no qrels (available splits: train); a split's qrels are read " \
+        f"from {ds / 'qrels' / 'test.tsv'}" in out.replace("\n", " ")
 
 
 def test_unknown_recipe_is_refused(tmp_path):
