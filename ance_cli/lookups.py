@@ -152,20 +152,24 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
 def check_same_corpus(index: Path, data, dataset: str) -> None:
     """BM25 over `dataset`'s corpus fused with an index of another corpus would interleave two collections' documents:
     refused unless the index holds exactly the corpus's documents."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ance_core.artifacts import INDEX_DOCIDS
     from ance_core.data.corpus import ParquetCorpus
     from ance_core.errors import AnceError
 
-    held = set((index / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines())
-    corpus = set(pq.read_table(ParquetCorpus.of_folder(data.path).path, columns=["doc_id"])["doc_id"].to_pylist())
+    # (arrow arrays, not Python sets: millions of ids; a MaxP index lists a document once per window)
+    held = pc.unique(pa.array((index / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), pa.string()))
+    corpus = pq.read_table(ParquetCorpus.of_folder(data.path).path, columns=["doc_id"])["doc_id"]  # (ids unique)
+    common = pc.sum(pc.is_in(held, value_set=corpus)).as_py() or 0
 
     def documents(n: int) -> str:
         return f"{n:,} document{'s' * (n != 1)}"
 
-    if held != corpus:
+    if not common == len(held) == len(corpus):
         raise AnceError(f"--dataset {dataset}: its corpus ({documents(len(corpus))}) is not the one the index {index} "
-                        f"holds ({documents(len(held))}, {len(held & corpus):,} of them in {dataset}): give the "
-                        "dataset the model's run encoded")
+                        f"holds ({documents(len(held))}, {common:,} of them in {dataset}): give the dataset the "
+                        "model's run encoded")
 

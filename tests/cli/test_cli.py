@@ -473,3 +473,26 @@ def test_a_bad_tune_setting_is_named_by_its_own_flag_before_any_work(tmp_path):
     code, out = _invoke(["tune", "--tune-set", "learning_rates=[-1e-5]", "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and "learning_rates.0" in out and "greater than 0" in out
     assert not (tmp_path / "w").exists()
+
+
+def test_hybrid_search_refuses_a_corpus_other_than_the_indexs(tmp_path):
+    """A MaxP index lists a document once per window: the same corpus. Another corpus, or one document more, is not."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from ance_cli.lookups import check_same_corpus
+    from ance_core.errors import AnceError
+
+    index, data = tmp_path / "index", tmp_path / "data"
+    index.mkdir()
+    data.mkdir()
+    (index / "docid").write_text("d1\nd1\nd2\n")
+    for ids, fits in ((["d2", "d1"], True), (["d1", "d2", "d3"], False), (["x1", "x2"], False)):
+        pd.DataFrame({"doc_id": ids, "title": "", "text": "t"}).to_parquet(data / "corpus.parquet")
+        if fits:
+            check_same_corpus(index, SimpleNamespace(path=str(data)), "mine")
+        else:
+            with pytest.raises(AnceError, match=rf"--dataset mine: its corpus \({len(ids)} documents\) is not the one "
+                               rf"the index .* holds \(2 documents, {2 * (ids[0] == 'd1')} of them in mine\)"):
+                check_same_corpus(index, SimpleNamespace(path=str(data)), "mine")
