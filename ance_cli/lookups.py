@@ -84,8 +84,10 @@ def corpus_titles(dataset: str) -> dict[str, str]:
 def model_work_dir(model: Path) -> str:
     """The work folder a checkpoint is a stage folder of (<work>/<stage>/<key>, beside its data and latest.json);
     ./work for a checkpoint elsewhere."""
-    work = model.resolve().parent.parent
-    return str(work) if (work / "latest.json").is_file() or (work / "data").is_dir() else "work"
+    model = model.resolve()
+    work = model.parent.parent
+    stage = (model / "manifest.json").is_file() and any((work / name).exists() for name in ("runs", ".locks"))
+    return str(work) if stage else "work"
 
 
 def chosen_fusion(text: str, model: Path, work_dir: str):

@@ -8,6 +8,7 @@ run --config`) is a stage folder of its own.
 under the first seed is one of the trials (every stage cached), so the search's cost is the whole cost.
 """
 
+import dataclasses
 import json
 import time
 import traceback
@@ -98,7 +99,10 @@ def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = Non
         write_json(out / TRIAL_JSON, record)
         return {"score": score, "model": model}
 
-    return run_stage(config.work_dir, "trial", {"pipeline": config}, {"data": data_digest}, build)
+    # (a trial under one-se scores the model that rule delivers since session 9; before, the best dense one: a new
+    # key for those only, so trials under `best`, whose scores did not change, stay cached)
+    scored = {} if getattr(config, "selection", "best") == "best" else {"scores": "the delivered dense model"}
+    return run_stage(config.work_dir, "trial", {"pipeline": config} | scored, {"data": data_digest}, build)
 
 
 def read_trial(ref: ArtifactRef) -> dict:
@@ -211,8 +215,10 @@ class Search:
         try:
             return run_mapped(trial, kwargs, self.base.execution)
         except Exception:
-            if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others
-                return [ref for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
+            if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others (built by the
+                # batch, so answered from the cache now: marked built, not reused from an earlier search)
+                return [ref if ref is None else dataclasses.replace(ref, cached=False)
+                        for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
             c, seed = part[0]
             if c.name == self.baseline:  # every other candidate is paired with it: the search cannot go on
                 raise
@@ -220,6 +226,12 @@ class Search:
                  f"the search ({traceback.format_exc(limit=1).strip().splitlines()[-1]})")
             self.failed.append(c.name)
             return [None]
+
+
+def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:
+    """The seeds a user set on the base config (not their defaults) that a search under `seeds` does not use."""
+    return {f"{f}.seed": seed for f in SEED_FIELDS if (seed := getattr(config, f).seed) != seeds[0]
+            and seed != type(getattr(config, f)).model_fields["seed"].default}
 
 
 def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[int]) -> None:
@@ -254,6 +266,8 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
             break
         ranked = survivors(scores, [c.name for c in alive if c.name not in state.failed], rung, cfg.eta)
         alive = [next(c for c in pool if c.name == name) for name in ranked]  # best first: a budget cut keeps them
+        if not alive:  # every challenger failed: the baseline's further seeds would compare with nothing
+            break
     winner, evidence = decide(scores, baseline.name, cfg.margin, state.failed)
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
@@ -294,11 +308,10 @@ def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = Tu
             raise AnceError(f"ance tune chooses on the dev split, and {config.data.dataset} has none: no split "
                             f"'{config.data.dev_split}', and data.dev_fraction {config.data.dev_fraction} carved "
                             "none from the training queries (raise it, or add the split)")
-        ignored = {f"{f}.seed": seed for f in SEED_FIELDS if (seed := getattr(config, f).seed) != tune.seeds[0]}
-        if ignored:
+        if ignored := unused_seeds(config, tune.seeds):
             warn(f"ance tune runs every trial under its own seeds {tune.seeds} (tune.seeds), so the config's "
                  f"{', '.join(f'{k} {v}' for k, v in ignored.items())} {'is' if len(ignored) == 1 else 'are'} not used "
-                 f"(to search under other seeds: --tune-set seeds=[...])")
+                 f"(to search under other seeds: --seed, or --tune-set seeds=[...])")
         tracker = Tracker(config.work_dir, EXPERIMENT)
         tags = {k: v for k, v in flow_tags().items() if v} | {"dataset": config.data.dataset}
         parent = tracker.start_run(f"{EXPERIMENT} {tags.get('prefect.flow_run_name', '')}".strip(), tags=tags)

@@ -222,8 +222,15 @@ class Tracker:
         except BaseException as e:
             status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
             for run_id in runs():
-                self.end_run(run_id, status)
+                if run_id is not None and self._running(run_id):  # (one the block ended itself keeps its status)
+                    self.end_run(run_id, status)
             raise
+
+    def _running(self, run_id: str) -> bool:
+        try:
+            return self.client.get_run(run_id).info.status == "RUNNING"
+        except Exception:  # the server unreachable: end it (the call is spooled like any other)
+            return True
 
     def summary(self) -> dict:
         """What did not reach MLflow, and where it is kept (printed and returned by the flow)."""

@@ -320,8 +320,8 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
         queries = queries[~empty].reset_index(drop=True)
         qrels = qrels[~qrels["query_id"].isin(ids)]
     pairs = ["query_id", "doc_id", "split"]
-    grades = qrels.drop_duplicates([*pairs, "relevance"]).groupby(pairs)["relevance"].agg(list)
-    if len(conflicts := grades[grades.map(len) > 1]):  # the same judgement given two grades: the last line's stands
+    grades = qrels[qrels.duplicated(pairs, keep=False)].groupby(pairs)["relevance"].agg(list)  # in line order
+    if len(conflicts := grades[grades.map(lambda g: len(set(g)) > 1)]):  # two grades for one pair: the last stands
         warn(f"{len(conflicts)} (query, document) pairs are judged twice with different grades in the qrels; the "
              "later line's grade is kept: " + preview(f"{q} / {d} in {split} ({', then '.join(map(str, g))})"
                                                      for (q, d, split), g in conflicts.items()))

@@ -297,7 +297,8 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
-            raise AnceError(f"{flag} {item}: expected key=value with a dotted key, e.g. --set ance.learning_rate=3e-5")
+            example = "ance.learning_rate=3e-5" if flag == "--set" else "eta=2"
+            raise AnceError(f"{flag} {item}: expected key=value with a dotted key, e.g. {flag} {example}")
         try:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as e:

@@ -183,7 +183,8 @@ def decide(scores: Scores, baseline: str, margin: float, failed: Sequence[str] =
     if best is not None and round(table[best]["paired_diff"], 10) > margin:  # (a difference of margin ties)
         return best, {"table": table, "reason": f"{best} beat {baseline} by {table[best]['paired_diff']:+.4f} dev "
                       f"nDCG@10 (mean over seeds {table[best]['seeds']}; margin {margin})"}
+    crashed = f" ({', '.join(dict.fromkeys(failed))} failed)" if failed else ""
     reason = (f"no candidate beat {baseline} by more than {margin} (the best, {best}: "
               f"{table[best]['paired_diff']:+.4f} over seeds {table[best]['seeds']})" if best is not None
-              else f"no candidate ran the whole recipe beside {baseline}")
+              else f"no candidate ran the whole recipe beside {baseline}{crashed}")
     return baseline, {"table": table, "reason": reason}

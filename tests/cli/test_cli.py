@@ -496,3 +496,19 @@ def test_hybrid_search_refuses_a_corpus_other_than_the_indexs(tmp_path):
             with pytest.raises(AnceError, match=rf"--dataset mine: its corpus \({len(ids)} documents\) is not the one "
                                rf"the index .* holds \(2 documents, {2 * (ids[0] == 'd1')} of them in mine\)"):
                 check_same_corpus(index, SimpleNamespace(path=str(data)), "mine")
+
+
+def test_a_models_work_folder_is_the_one_it_is_a_stage_of(tmp_path):
+    """`ance search --hybrid` without --work-dir writes its data and BM25 stages in the model's work folder: only when
+    the model is a stage folder of one (not a project folder that happens to hold a data/ folder)."""
+    from ance_cli.lookups import model_work_dir
+
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    (project / "models" / "my-ance").mkdir(parents=True)
+    assert model_work_dir(project / "models" / "my-ance") == "work"
+    stage = tmp_path / "work" / "train" / "abc"
+    stage.mkdir(parents=True)
+    (stage / "manifest.json").write_text("{}")
+    (tmp_path / "work" / ".locks").mkdir()
+    assert model_work_dir(stage) == str(tmp_path / "work")

@@ -4,6 +4,7 @@ decision between whole recipes; a rung whose next trial would not fit stops the 
 order the survivors run in, and a failed trial (its candidate leaves; the baseline's stops the search)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -203,3 +204,72 @@ def test_ray_batches_never_straddle_two_seeds(clock):
     scores.add("c0", 42, True, 0.5)
     state.run(scores, pool, Rung(2, [42, 43], True))
     assert batches == [[("c1", 42)], [("base", 43), ("c0", 43)], [("c1", 43)]]
+
+
+def test_only_seeds_the_user_set_are_said_to_be_unused():
+    base = PipelineConfig()  # every seed its default, 42
+    assert tune.unused_seeds(base, [1, 2]) == {} and tune.unused_seeds(base, [42]) == {}
+    set_one = PipelineConfig.model_validate({"warmup": {"seed": 7}})
+    assert tune.unused_seeds(set_one, [42, 43]) == {"warmup.seed": 7} and tune.unused_seeds(set_one, [7]) == {}
+
+
+def test_a_failed_batch_mates_trials_count_as_built_not_reused(clock, monkeypatch):
+    """Ray: a batch in which c0 failed is run again trial by trial; c1, built by the batch, now answers from the cache,
+    but this search built it: not reused (no pointer run, its seconds counted)."""
+    calls, built = [], set()
+
+    def run_mapped(task, kwargs, execution):  # a trial built once answers from the cache after
+        calls.append(len(kwargs))
+        names = [k["name"] for k in kwargs]
+        refs = [Ref(cached=name in built) for name in names]
+        built.update(name for name in names if not name.startswith("c0"))
+        if any(name.startswith("c0") for name in names):
+            raise RuntimeError("worker died")
+        return refs
+
+    monkeypatch.setattr(tune, "run_mapped", run_mapped)
+    execution = {"task_runner": "ray", "workers": 2}
+    state = tune.Search(PipelineConfig.model_validate({"execution": execution}), TuneConfig(), "digest", None, None)
+    state.baseline = "base"
+    pool = [Candidate("base", {}), Candidate("c1", {"x": 1}, 1), Candidate("c0", {"x": 0}, 1),
+            Candidate("c2", {"x": 2}, 1)]
+    with pytest.warns(AnceWarning, match="c0 leaves the search"):
+        state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
+    assert calls == [2, 2, 1, 1] and [(t["candidate"], t["cached"]) for t in state.trials] == [
+        ("base", False), ("c1", False), ("c2", False)]
+
+
+def test_a_search_whose_challengers_all_fail_stops_after_the_warm_ups(clock, monkeypatch):
+    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: type("T", (), {"split_qrels": staticmethod(
+        lambda split: pd.DataFrame({"query_id": ["q"], "doc_id": ["d"], "relevance": [1]}))})())
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+
+    def run_mapped(task, kwargs, execution):
+        if "baseline" not in kwargs[0]["name"]:
+            raise AnceError("the loss is nan")
+        return [Ref()]
+
+    monkeypatch.setattr(tune, "run_mapped", run_mapped)
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})
+    with pytest.warns(AnceWarning):
+        winner, evidence, _, state = tune.search(base, TuneConfig(seeds=[42, 43]), Ref(), None, None)
+    assert winner.name == "demo (baseline)" and [t["full"] for t in state.trials] == [False]  # no baseline-only rungs
+    assert evidence["reason"] == ("no candidate ran the whole recipe beside demo (baseline) (warm-up 2 epochs, "
+                                  "lr 2e-05, lr 2e-05, warm-up 2 epochs failed)")
+
+
+def test_a_trials_key_is_unchanged_under_best_and_new_under_one_se(tmp_path, monkeypatch):
+    """Under one-se a trial now scores the model that rule delivers: its folders from before are not reused; under
+    `best` the scores did not change, nor the key (a search's trials stay cached)."""
+    from ance_core.artifacts import stage_key
+
+    results = [_row("zero-shot", 0.5), _row("warmup", 0.58)]
+    monkeypatch.setattr(tune, "train_and_evaluate", lambda config, trial: {"results": results, "selected": "warmup",
+                                                                           "stages": []})
+    best = PipelineConfig(work_dir=str(tmp_path))
+    ref = tune.trial.fn(best, "d" * 16)
+    assert Path(ref.path).name == stage_key("trial", {"pipeline": best}, {"data": "d" * 16})
+    config = best.model_copy(update={"selection": "one-se"})
+    one_se = tune.trial.fn(config, "d" * 16)
+    assert Path(one_se.path).name not in (Path(ref.path).name,  # (nor the key its folders had before)
+                                          stage_key("trial", {"pipeline": config}, {"data": "d" * 16}))

@@ -172,6 +172,11 @@ def test_runs_a_failed_block_raises_out_of_end_failed_not_running(tmp_path, erro
         raise error
     client = MlflowClient(tracker.uri)
     assert [client.get_run(r).info.status for r in (parent, *children)] == [status, status]
+    ended = tracker.start_run("pipeline")  # a run the block ended itself before failing keeps its status
+    with pytest.raises(ValueError), tracker.ended_on_failure(lambda: [ended]):
+        tracker.end_run(ended)
+        raise ValueError("compression failed after the run was logged")
+    assert client.get_run(ended).info.status == "FINISHED"
     fine = tracker.start_run("pipeline")
     with tracker.ended_on_failure(lambda: [fine]):
         pass

@@ -87,15 +87,15 @@ def test_usable_but_odd_rows_are_kept_with_a_warning_naming_them(beir):
     """A document with an empty title and text is kept (a qrels row may name it) and named; a pair judged twice with
     different grades keeps the later line's grade, and is named; a pair listed twice with one grade is no news."""
     _corrupt(beir, "corpus.jsonl", [_doc(0), _doc(1), _doc(2), json.dumps({"_id": "d3", "title": " ", "text": ""})])
-    _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", "q1\td1\t1", "q1\td0\t2",
-                                       "q1\td1\t1"])
+    _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t2", "q1\td1\t1", "q1\td0\t1",
+                                       "q1\td1\t1", "q1\td0\t2"])
     with pytest.warns(AnceWarning) as caught:
         ds = load_dataset(beir)
     messages = [str(w.message) for w in caught]
     assert any("corpus.jsonl: 1 of 4 documents have an empty title and text (kept; nothing in them to rank by): d3"
                in m for m in messages)
     assert any(m.startswith("1 (query, document) pairs are judged twice with different grades") and
-               "q1 / d0 in train (1, then 2)" in m for m in messages) and not any("d1 in train" in m for m in messages)
+               "q1 / d0 in train (2, then 1, then 2)" in m for m in messages) and not any("d1 in train" in m for m in messages)
     assert len(ds.corpus) == 4 and ds.qrels.query("split == 'train'").set_index("doc_id")["relevance"].to_dict() == {
         "d0": 2, "d1": 1}
 
