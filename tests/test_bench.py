@@ -157,7 +157,12 @@ def test_recipes_bench(tiny_scifact, tiny_model, tmp_path):
     rows = [line for line in out.splitlines() if line.startswith(("work", tiny_scifact.name))]
     assert len(rows) == 2 * 2 * 2  # warm-up and round 1 x depths x lengths
     full_depth = [line.split() for line in rows if line.split()[-7] == "50" and line.split()[-6] == "48"]
-    assert len(full_depth) == 2 and all(abs(float(r[-2])) < 0.02 for r in full_depth)  # the whole corpus: as evaluated
+    shallow = [line.split() for line in rows if line.split()[-7] == "5" and line.split()[-6] == "48"]
+    # 50 deep is nearly the whole corpus (~195 of its ~200 passages): close to the evaluation, and closer than 5 deep.
+    # Not equal: the few passages outside the candidates can rank anywhere under a random tiny model, so how close
+    # depends on the tiny model and data this run built (0.003 here; above 0.02 in one CI-like run)
+    assert len(full_depth) == len(shallow) == 2 and all(abs(float(r[-2])) < 0.1 for r in full_depth)
+    assert sum(abs(float(r[-2])) for r in full_depth) < sum(abs(float(r[-2])) for r in shallow)
     assert "per setting" in out
     # a soup of the two trained checkpoints, scored by `ance evaluate`
     trained = [s["path"] for s in json.loads(Path(next((work / "reports").glob("*/results.json"))).read_text())[
