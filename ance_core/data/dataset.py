@@ -84,17 +84,24 @@ def detect_format(folder: Path) -> str:
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) for non-blank lines; non-UTF-8 bytes name their line. A byte-order mark
-    at the start of the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read
-    decompressed (an evaluation's TREC run as MLflow keeps it)."""
+    """(1-based line number, decoded line) for non-blank lines. Bytes that are not UTF-8 are read as U+FFFD, with one
+    warning per file naming the first such line (one bad row does not stop a load). A byte-order mark at the start of
+    the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read decompressed (an
+    evaluation's TREC run as MLflow keeps it)."""
     if not path.is_file():
         raise DataError(path, "file not found")
+    warned = False
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
         for number, raw in _numbered(f, path):
+            encoding = "utf-8-sig" if number == 1 else "utf-8"
             try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                line = raw.decode(encoding)
             except UnicodeDecodeError as e:
-                raise DataError(path, f"not valid UTF-8 (byte {e.start} of the line)", number) from None
+                line = raw.decode(encoding, errors="replace")
+                if not warned:
+                    warn(f"{path}:{number}: not valid UTF-8 (byte {e.start} of the line): its invalid bytes are read "
+                         "as U+FFFD, and so are any later line's")
+                    warned = True
             line = line.rstrip("\r\n")
             if line.strip():
                 yield number, line
@@ -108,16 +115,26 @@ def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
         raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
-def _claim_id(seen: dict[str, int], path: Path, item_id: str, number: int) -> None:
-    """Record the line an id first appears on; a second appearance is an error naming both lines."""
+def _claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]) -> bool:
+    """Record the line an id first appears on (True); a later line with the same id is left out (False), noted in
+    `repeats` for `_warn_repeats`."""
     if item_id in seen:
-        raise DataError(path, f"duplicate id '{item_id}' (first on line {seen[item_id]})", number)
+        repeats.append(f"'{item_id}' (lines {seen[item_id]} and {number})")
+        return False
     seen[item_id] = number
+    return True
+
+
+def _warn_repeats(path: Path, repeats: list[str]) -> None:
+    if repeats:
+        warn(f"{path}: {len(repeats)} lines repeat the id of an earlier line and are left out (the first line of an "
+             f"id is kept): {preview(repeats)}")
 
 
 def _jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int]
                 ) -> Iterator[tuple[str, ...]]:
     """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
+    repeats: list[str] = []
     for number, line in read_lines(path):
         try:
             obj = json.loads(line)
@@ -133,8 +150,9 @@ def _jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], 
         doc_id = str(obj["_id"])
         if not doc_id:
             raise DataError(path, "empty '_id'", number)
-        _claim_id(seen, path, doc_id, number)
-        yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
+        if _claim_id(seen, doc_id, number, repeats):
+            yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
+    _warn_repeats(path, repeats)
 
 
 def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -226,12 +244,14 @@ CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, wh
 
 def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
     """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read."""
+    repeats: list[str] = []
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
-        _claim_id(seen, path, parts[0], number)
-        yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
+        if _claim_id(seen, parts[0], number, repeats):
+            yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
+    _warn_repeats(path, repeats)
 
 
 def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | None) -> pd.DataFrame:
@@ -297,10 +317,11 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
     for qpath in qrel_files:
         split = qpath.name[len("qrels."):-len(".tsv")]
         queries_path = folder / f"queries.{split}.tsv"
-        qs = [(parts[0], parts[1], number) for number, parts in _read_tsv(queries_path, 2, "id, text")]
         first: dict[str, int] = {}
-        for qid, _, number in qs:
-            _claim_id(first, queries_path, qid, number)
+        repeats: list[str] = []
+        qs = [(parts[0], parts[1], number) for number, parts in _read_tsv(queries_path, 2, "id, text")
+              if _claim_id(first, parts[0], number, repeats)]
+        _warn_repeats(queries_path, repeats)
         rows = _check_qrels(qpath, _read_qrels(qpath), set(first), seen, split)
         query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
         qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(

@@ -57,8 +57,6 @@ def _doc(i):
         ("corpus.jsonl", [_doc(0), "{not json", _doc(2)], 2, "malformed JSON"),
         ("corpus.jsonl", [_doc(0), json.dumps({"title": "x", "text": "y"})], 2, "missing field '_id'"),
         ("corpus.jsonl", [_doc(0), json.dumps({"_id": "d9", "title": "x"})], 2, "missing field 'text'"),
-        ("corpus.jsonl", [_doc(0), _doc(1), _doc(0)], 3, r"duplicate id 'd0' \(first on line 1\)"),
-        ("corpus.jsonl", [_doc(0), b'{"_id": "d1", "text": "caf\xe9"}'], 2, "not valid UTF-8"),
         ("corpus.jsonl", ["[1, 2]"], 1, "expected a JSON object"),
         ("queries.jsonl", [json.dumps({"_id": "q1"})], 1, "missing field 'text'"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "qX\td0\t1"], 2,
@@ -101,6 +99,22 @@ def test_usable_but_odd_rows_are_kept_with_a_warning_naming_them(beir):
         "d0": 2, "d1": 1}
 
 
+def test_a_line_that_is_not_utf8_or_repeats_an_id_is_left_as_it_can_be_with_a_warning(beir):
+    """Real data is messy: one line with a Latin-1 byte is read with U+FFFD in its place, and a document line that
+    repeats an earlier id is left out (the first kept); each gets one warning naming the line, and the load goes on."""
+    _corrupt(beir, "corpus.jsonl", [_doc(0), b'{"_id": "d1", "title": "", "text": "caf\xe9"}', _doc(2), _doc(3),
+                                    _doc(0)])
+    with pytest.warns(AnceWarning) as caught:
+        ds = load_dataset(beir)
+    messages = [str(w.message) for w in caught]
+    assert any("corpus.jsonl:2: not valid UTF-8 (byte 39 of the line): its invalid bytes are read as U+FFFD" in m
+               for m in messages)
+    assert any("corpus.jsonl: 1 lines repeat the id of an earlier line and are left out (the first line of an id is "
+               "kept): 'd0' (lines 1 and 5)" in m for m in messages)
+    assert ds.corpus["doc_id"].tolist() == ["d0", "d1", "d2", "d3"]
+    assert ds.corpus.set_index("doc_id")["text"]["d1"] == "caf\ufffd"
+
+
 def test_empty_corpus(beir):
     _corrupt(beir, "corpus.jsonl", ["", "  "])
     with pytest.raises(DataError, match="empty corpus"):
@@ -130,8 +144,9 @@ def test_msmarco_layout_trec_and_three_column_qrels(tmp_path):
         load_dataset(folder)
     (folder / "qrels.dev.tsv").write_text("20 2 1\n")
     (folder / "queries.train.tsv").write_text("10\twhat first\n10\tagain\n")
-    with pytest.raises(DataError, match=r"queries.train.tsv:2: duplicate id '10' \(first on line 1\)"):
-        load_dataset(folder)
+    with pytest.warns(AnceWarning, match=r"queries.train.tsv: 1 lines repeat the id of an earlier line and are left "
+                      r"out \(the first line of an id is kept\): '10' \(lines 1 and 2\)"):
+        assert load_dataset(folder).queries.set_index("query_id")["text"].get("10") == "what first"
 
 
 def test_resolve_dataset(tmp_path, monkeypatch, beir):
@@ -467,9 +482,11 @@ def test_the_data_stage_writes_the_corpus_as_it_reads_it_and_checks_it_the_same(
         read = read_tables(out)
         pd.testing.assert_frame_equal(read.corpus, whole.corpus)
         pd.testing.assert_frame_equal(read.qrels, whole.qrels)
-    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*docs, docs[1]]))
-    with pytest.raises(DataError, match=r"corpus.jsonl:12: duplicate id 'd1' \(first on line 2\)"):
-        load_dataset(beir, corpus_to=tmp_path / "again.parquet")
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*docs, docs[1] | {"text": "other"}]))
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 lines repeat .*: 'd1' \(lines 2 and 12\)"):
+        again = load_dataset(beir, corpus_to=tmp_path / "again.parquet")
+    assert again.corpus["doc_id"].tolist() == [f"d{i}" for i in range(11)]  # (the first d1 kept, in a later chunk)
+    assert pd.read_parquet(tmp_path / "again.parquet").set_index("doc_id")["text"]["d1"] == "passage 1"
     (beir / "corpus.jsonl").write_text("".join(json.dumps(d | {"title": "", "text": " "}) + "\n" for d in docs))
     with pytest.raises(DataError, match="all 11 documents have an empty title and text"):
         load_dataset(beir, corpus_to=tmp_path / "empty.parquet")
