@@ -9,10 +9,8 @@ Files written on Windows load as they are: a UTF-8 byte-order mark and CRLF line
 A query whose text is empty is dropped with one warning naming it (it can be neither trained on nor searched for).
 """
 
-import gzip
 import itertools
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ance_core.artifacts import digest_of
+from ance_core.data.lines import (
+    check_qrels,
+    claim_id,
+    jsonl_rows,
+    read_jsonl,
+    read_lines,
+    read_qrels,
+    read_tsv,
+    warn_repeats,
+)
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.faults import fault_point
 
@@ -80,163 +88,7 @@ def detect_format(folder: Path) -> str:
     raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
 
 
-# ---------------------------------------------------------------- line readers
-
-
-def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) for non-blank lines. Bytes that are not UTF-8 are read as U+FFFD, with one
-    warning per file naming the first such line (one bad row does not stop a load). A byte-order mark at the start of
-    the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read decompressed (an
-    evaluation's TREC run as MLflow keeps it)."""
-    if not path.is_file():
-        raise DataError(path, "file not found")
-    warned = False
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        for number, raw in _numbered(f, path):
-            encoding = "utf-8-sig" if number == 1 else "utf-8"
-            try:
-                line = raw.decode(encoding)
-            except UnicodeDecodeError as e:
-                line = raw.decode(encoding, errors="replace")
-                if not warned:
-                    warn(f"{path}:{number}: not valid UTF-8 (byte {e.start} of the line): its invalid bytes are read "
-                         "as U+FFFD, and so are any later line's")
-                    warned = True
-            line = line.rstrip("\r\n")
-            if line.strip():
-                yield number, line
-
-
-def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw line); a gzip file that cannot be read is an error naming it."""
-    try:
-        yield from enumerate(f, start=1)
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise DataError(path, f"not a readable gzip file ({e})") from None
-
-
-def _claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]) -> bool:
-    """Record the line an id first appears on (True); a later line with the same id is left out (False), noted in
-    `repeats` for `_warn_repeats`."""
-    if item_id in seen:
-        repeats.append(f"'{item_id}' (lines {seen[item_id]} and {number})")
-        return False
-    seen[item_id] = number
-    return True
-
-
-def _warn_repeats(path: Path, repeats: list[str]) -> None:
-    if repeats:
-        warn(f"{path}: {len(repeats)} lines repeat the id of an earlier line and are left out (the first line of an "
-             f"id is kept): {preview(repeats)}")
-
-
-def _jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int]
-                ) -> Iterator[tuple[str, ...]]:
-    """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
-    repeats: list[str] = []
-    for number, line in read_lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
-        if not isinstance(obj, dict):
-            raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
-        for name in ("_id", *fields):
-            if name not in obj or obj[name] is None:
-                raise DataError(path, f"missing field '{name}'", number)
-            if name != "_id" and not isinstance(obj[name], str):
-                raise DataError(path, f"field '{name}' must be a string", number)
-        doc_id = str(obj["_id"])
-        if not doc_id:
-            raise DataError(path, "empty '_id'", number)
-        if _claim_id(seen, doc_id, number, repeats):
-            yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
-    _warn_repeats(path, repeats)
-
-
-def _read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
-    return pd.DataFrame(list(_jsonl_rows(path, fields, optional, {})), columns=["id", *fields, *optional])
-
-
-def _read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
-    for number, line in read_lines(path):
-        parts = line.split("\t")
-        if len(parts) != columns:
-            raise DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}", number)
-        yield number, parts
-
-
 # ---------------------------------------------------------------- layouts
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _relevance(path: Path, number: int, value: str) -> int:
-    """An integer relevance grade ("1", "1.0"); inf, nan, 1e400 and 0.5 are errors naming the line."""
-    try:
-        grade = float(value)
-    except ValueError:
-        raise DataError(path, f"relevance '{value}' is not a number", number) from None
-    if not math.isfinite(grade) or grade != int(grade):
-        raise DataError(path, f"relevance '{value}' is not an integer grade", number)
-    return int(grade)
-
-
-def _read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
-    """(line, query id, document id, grade) of a qrels file: BEIR's TSV (query-id, corpus-id, score; a header line)
-    or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
-    ir_datasets' format), told apart line by line from the content."""
-    rows: list[tuple[int, str, str, int]] = []
-    header = {"score", "relevance", "rel"}
-    for number, line in read_lines(path):
-        parts = line.split("\t")
-        if len(parts) != 3:
-            tabs, parts = parts, line.split()
-            if len(parts) == 4:  # TREC: qid iteration docid relevance
-                if not rows and header & {p.strip().lower() for p in parts}:
-                    raise DataError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
-                                    "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
-                                    "and no header; remove the extra column", number)
-                if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
-                    raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
-                                    f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
-                                    "TREC's 4 columns end with the relevance", number)
-                parts = [parts[0], parts[2], parts[3]]
-            elif len(parts) != 3:
-                raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
-                                f"(query-id iteration doc-id relevance), got {len(parts)}", number)
-        parts = [p.strip() for p in parts]
-        if not rows and parts[2].lower() in header:
-            continue  # header
-        rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
-    return rows
-
-
-def _check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str
-                 ) -> list[tuple[int, str, str, int]]:
-    """The usable qrels of a split: a row naming a query missing from the queries file, or a document missing from
-    the corpus, is left out with one warning per kind (real collections have such rows; ir_datasets and trec_eval
-    skip them, BEIR's loader skips the documents), unless the split loses every row."""
-    if not rows:
-        raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
-    for column, known, file, one, what in ((1, query_ids, "queries file", "a query", "queries"),
-                                           (2, doc_ids, "corpus", "a document", "documents")):
-        missing = [row for row in rows if row[column] not in known]
-        if len(missing) == len(rows):
-            raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names {one} of the {file} "
-                            f"(first: '{missing[0][column]}'); is this the {file} they were made for?", missing[0][0])
-        if missing:
-            warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
-                 f"{file}; they are left out: {preview([f'{r[column]} (line {r[0]})' for r in missing])}")
-            rows = [row for row in rows if row[column] in known]
-    return rows
 
 
 CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, when the corpus goes to a file)
@@ -249,9 +101,9 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
-        if _claim_id(seen, parts[0], number, repeats):
+        if claim_id(seen, parts[0], number, repeats):
             yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
-    _warn_repeats(path, repeats)
+    warn_repeats(path, repeats)
 
 
 def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | None) -> pd.DataFrame:
@@ -290,9 +142,9 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
 def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     seen: dict[str, int] = {}
     path = folder / "corpus.jsonl"
-    rows = ((d, title, text) for d, text, title in _jsonl_rows(path, ("text",), ("title",), seen))
+    rows = ((d, title, text) for d, text, title in jsonl_rows(path, ("text",), ("title",), seen))
     corpus = _read_corpus(path, rows, corpus_to)
-    queries = _read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
+    queries = read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
     qrels_dir = folder / "qrels"
     files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
     if not files:
@@ -300,7 +152,7 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     query_ids = set(queries["query_id"])
     frames = []
     for path in files:
-        rows = _check_qrels(path, _read_qrels(path), query_ids, seen, path.stem)
+        rows = check_qrels(path, read_qrels(path), query_ids, seen, path.stem)
         frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=path.stem))
     return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
@@ -319,10 +171,10 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
         queries_path = folder / f"queries.{split}.tsv"
         first: dict[str, int] = {}
         repeats: list[str] = []
-        qs = [(parts[0], parts[1], number) for number, parts in _read_tsv(queries_path, 2, "id, text")
-              if _claim_id(first, parts[0], number, repeats)]
-        _warn_repeats(queries_path, repeats)
-        rows = _check_qrels(qpath, _read_qrels(qpath), set(first), seen, split)
+        qs = [(parts[0], parts[1], number) for number, parts in read_tsv(queries_path, 2, "id, text")
+              if claim_id(first, parts[0], number, repeats)]
+        warn_repeats(queries_path, repeats)
+        rows = check_qrels(qpath, read_qrels(qpath), set(first), seen, split)
         query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
         qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
             split=split))
@@ -359,7 +211,7 @@ def qrels_file(folder: Path, split: str) -> Path:
 def positive_grades(folder: Path, split: str) -> set[int]:
     """The positive relevance grades of a dataset folder's qrels of `split` (none when it has no such file)."""
     path = qrels_file(folder, split)
-    return {grade for _, _, _, grade in _read_qrels(path) if grade > 0} if path.is_file() else set()
+    return {grade for _, _, _, grade in read_qrels(path) if grade > 0} if path.is_file() else set()
 
 
 def load_dataset(folder: str | Path, fmt: str = "auto", corpus_to: Path | None = None) -> Dataset:

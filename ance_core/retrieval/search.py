@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ance_core.data.dataset import read_lines
+from ance_core.data.lines import read_lines
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.modeling.model import load_checkpoint, pick_device
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
