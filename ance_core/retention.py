@@ -215,26 +215,19 @@ def _refresh_of(folders: dict[str, StageFolder], encode_key: str) -> set[str]:
         or (f.stage == "retrieve" and f.inputs.get("index") in indexes)}
 
 
-def _latest_key(work_dir: Path) -> str | None:
-    try:
-        return Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).name
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def _latest_search(folders: dict[str, StageFolder], work_dir: Path) -> set[str]:
     """What `ance search --model <the model latest.json names>` reads: the model, its corpus encodings (with their
     shards and indexes; not the rankings searched in them) and the data they encoded."""
-    latest = _latest_key(work_dir)
+    try:
+        record = json.loads((work_dir / LATEST).read_text())
+        latest = Path(record["checkpoint"]).name
+    except (OSError, KeyError, TypeError, ValueError):
+        return set()
     if latest not in folders:
         return set()
-    try:
-        digest = json.loads((work_dir / LATEST).read_text()).get("digest") or latest
-    except (OSError, ValueError):
-        digest = latest
     keep = {latest}
     for f in folders.values():
-        if f.stage == "encode" and f.inputs.get("checkpoint") in (digest, latest):
+        if f.stage == "encode" and f.inputs.get("checkpoint") in (record.get("digest") or latest, latest):
             keep |= {k for k in _refresh_of(folders, f.key) if folders[k].stage != "retrieve"}
             keep |= {f.inputs.get("data")} & set(folders)
     return keep

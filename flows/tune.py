@@ -148,9 +148,10 @@ class Search:
         execution = self.base.execution
         on_ray = execution.task_runner != "local"
         batch = execution.workers if on_ray else 1
-        # batches of one seed each (a batch never straddles two seeds' groups)
-        parts = [group[k:k + batch] for seed in dict.fromkeys(s for _, s in calls)
-                 for group in [[call for call in calls if call[1] == seed]] for k in range(0, len(group), batch)]
+        parts = []  # batches of one seed each (a batch never straddles two seeds' groups)
+        for seed in dict.fromkeys(s for _, s in calls):
+            group = [call for call in calls if call[1] == seed]
+            parts += [group[k:k + batch] for k in range(0, len(group), batch)]
         for n, part in enumerate(parts):
             left = sum(map(len, parts[n:]))  # trials not run yet
             seed = part[0][1]
