@@ -30,15 +30,33 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the trace
     signal.signal(signal.SIGTERM, exit_on_sigterm)
 
 
+def shown_by_the_log() -> bool:
+    """Whether the flow's log has already shown its tables and closing lines on the terminal this command prints to:
+    stdout and stderr are the same terminal, where Prefect's console handler writes a flow's INFO lines (its prints).
+    The command's ending then adds only what is new; redirected or piped, stdout gets the whole summary."""
+    import logging
+    import sys
+
+    try:
+        same = sys.stdout.isatty() and sys.stderr.isatty() and os.path.samestat(os.fstat(sys.stdout.fileno()),
+                                                                                 os.fstat(sys.stderr.fileno()))
+    except (OSError, ValueError, AttributeError):  # a stream without a file descriptor (a capture, a closed one)
+        return False
+    return same and logging.getLogger("prefect.flow_runs").isEnabledFor(logging.INFO)
+
+
 def print_pipeline(result: dict, as_json: bool) -> None:
+    shown = shown_by_the_log()
     typer.echo("")
-    typer.echo(result["markdown"])
+    if not shown:
+        typer.echo(result["markdown"])
     if "compression" in result:
-        typer.echo(f"## Compression of the final model\n\n{result['compression']['table']}\n")
+        if not shown:
+            typer.echo(f"## Compression of the final model\n\n{result['compression']['table']}\n")
         typer.echo(f"compression table and files: {result['compression']['files']}")
     typer.echo(f"result checkpoint: {result['final_checkpoint']}")
     typer.echo(f"report: {result['report_dir']}/results.md; plots: {result['plots_dir']}")
-    if "tracking" in result:
+    if "tracking" in result and not shown:
         from tracking.closing import closing_lines
 
         for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
@@ -104,10 +122,12 @@ def print_table(result: dict, where: str, json_keys: tuple[str, ...]) -> None:
     """A table flow's ending: its table, where its files are, the MLflow lines, and the JSON line when asked."""
     from tracking.closing import closing_lines
 
+    shown = shown_by_the_log()
     typer.echo("")
-    typer.echo(result["table"])
+    if not shown:
+        typer.echo(result["table"])
     typer.echo(where)
-    for line in closing_lines(result["tracking"]):
+    for line in () if shown else closing_lines(result["tracking"]):
         typer.echo(line)
     if json_keys:
         typer.echo(json.dumps({k: result[k] for k in json_keys}))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ance_cli.app import SETS_HELP, app, preflight, print_table, run_pipeline
+from ance_cli.app import SETS_HELP, app, preflight, print_table, run_pipeline, shown_by_the_log
 from ance_cli.guard import (
     guard,
 )
@@ -60,7 +60,8 @@ def run(
         if recipe != AUTO:
             return run_pipeline(recipe_config(recipe, sets or (), config), as_json)
         tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets)
-        typer.echo(tuned["markdown"])
+        if not shown_by_the_log():
+            typer.echo(tuned["markdown"])
         from ance_core.pipeline.config import PipelineConfig
 
         run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json)
@@ -123,7 +124,8 @@ def tune(
 
     def body():
         result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)
-        typer.echo(result["markdown"])
+        if not shown_by_the_log():  # (on a terminal the flow's log has shown it)
+            typer.echo(result["markdown"])
         typer.echo(f"recipe search report: {result['report_dir']}; the winner's config: "
                    f"{result['report_dir']}/recipe.yaml")
         if out is not None:

@@ -41,6 +41,7 @@ from tasks.evaluate import evaluate
 from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
+from tracking.closing import closing_lines
 from tracking.registry import log_checkpoint, model_name, register_models
 from tracking.run import run_url, train_log
 
@@ -155,6 +156,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     tracker = Tracker(work_dir, "compress")
     tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}
+    print("\n".join(closing_lines(summary)))
     return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]), "tracking": summary}
 
 
