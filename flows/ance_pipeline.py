@@ -184,7 +184,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
         compressed = compress_model(final["checkpoint"], final["encode"], run.data, c.compression, run.split,
                                     c.data.eval_split, c.encode, c.index, c.work_dir, c.eval)
         tracked["compression"] = log_compression(run.tracking.tracker, run.tracking.parent, compressed, c.compression,
-                                                 c.data.dataset, run.tracking.tags) | {"table": compressed["table"]}
+                                                 c.data, run.tracking.tags) | {"table": compressed["table"]}
         extra["compression"] = {"table": compressed["table"], "files": compressed["files"],
                                 "rows": public_rows(compressed["rows"])}
         tracked |= run.tracking.tracker.summary()
@@ -213,7 +213,7 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
     `config.start_checkpoint` overrides where it starts. Without a champion (nothing registered yet, or the tracking
     server unreachable) it starts from the newest model of the work folder (<work_dir>/latest.json), and without
     either it stops with a clear error."""
-    start, source = trained_checkpoint(config.work_dir, config.data.dataset, config.start_checkpoint)
+    start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint)
     if not Path(start, "ance_model.json").is_file():
         raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")
     print(f"retraining from {source}: {start}")

@@ -42,7 +42,7 @@ from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
 from tracking.closing import closing_lines
-from tracking.registry import log_checkpoint, model_name, register_models
+from tracking.registry import dataset_folder, log_checkpoint, model_name, register_models
 from tracking.run import run_url, train_log
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
@@ -106,11 +106,12 @@ def compression_table(rows: list[dict], batch: int) -> str:
     return markdown_table(header, body)
 
 
-def log_compression(tracker: Tracker, parent: str | None, result: dict, config: CompressConfig, dataset: str,
+def log_compression(tracker: Tracker, parent: str | None, result: dict, config: CompressConfig, data: DataConfig,
                     tags: dict[str, str]) -> dict:
     """An MLflow run for the compression (nested under the pipeline's run when there is one): its config, the table
     as files, a nested run per row with its metrics, ConAE's training curve and every projector; each ConAE
-    compressed checkpoint (teacher files + projector) is registered as a version of `ance-<dataset>-compressed`."""
+    compressed checkpoint (teacher files + projector) is registered as a version of `ance-<collection>-compressed`
+    (`DataConfig.collection`)."""
     run = tracker.start_run("compression", parent_id=parent, tags=tags | {"teacher": result["checkpoint"]})
     tracker.log_params(run, flatten(config))
     for name in (COMPRESSION_MD, COMPRESSION_CSV):
@@ -130,7 +131,8 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
                 log_checkpoint(tracker, child, r["checkpoint"].path)
                 versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
         tracker.end_run(child)
-    registered = register_models(tracker, f"{model_name(dataset)}-compressed", versions, dataset, result["split"])
+    registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
+                                 result["split"], folder=dataset_folder(data))
     tracker.end_run(run)
     return {"run_id": run, "registered": registered}
 
@@ -142,7 +144,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
                   evaluation: EvalConfig = EvalConfig()) -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
     else the newest model of the work folder (<work_dir>/latest.json)."""
-    path, source = trained_checkpoint(work_dir, data.dataset, checkpoint)
+    path, source = trained_checkpoint(work_dir, data.collection, checkpoint)
     read_meta(path)
     if Path(path, PROJECTOR_FILE).is_file():
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
@@ -154,7 +156,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode,
                                 index, work_dir, evaluation)
     tracker = Tracker(work_dir, "compress")
-    tracked = log_compression(tracker, None, result, compression, data.dataset, flow_tags())
+    tracked = log_compression(tracker, None, result, compression, data, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}
     print("\n".join(closing_lines(summary)))
     return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]), "tracking": summary}

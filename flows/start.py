@@ -26,13 +26,14 @@ def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: d
                | ({"fusion": fusion} if fusion is not None else {}))
 
 
-def trained_checkpoint(work_dir: str | Path, dataset: str, explicit: str | None = None) -> tuple[str, str]:
-    """(checkpoint folder, where it came from): `explicit`, else the champion `models:/ance-<dataset>@champion`, else
+def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | None = None) -> tuple[str, str]:
+    """(checkpoint folder, where it came from): `explicit`, else the champion `models:/ance-<collection>@champion`
+    (`DataConfig.collection`), else
     the newest model of the work folder (<work_dir>/latest.json, written by every pipeline run); an AnceError when
     there is none of them."""
     if explicit is not None:
         return explicit, "the given checkpoint"
-    start, source = champion_checkpoint(work_dir, dataset)
+    start, source = champion_checkpoint(work_dir, collection)
     if start is not None:
         return start, source
     latest = Path(work_dir) / LATEST

@@ -20,6 +20,11 @@ def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable
     where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
     lines += [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
                                                if "final_logging_s" in summary else "")]
+    for c in (summary.get("champion"), summary.get("compression", summary).get("registered")):
+        if c and c.get("shared_with"):
+            lines.append(f"WARNING: MLflow's registered model {c['name']} also holds the models of "
+                         f"{c['shared_with']}, another collection in a folder of the same name: their versions and "
+                         "champion are mixed; give this collection a name of its own (--set data.name=...)")
     if (c := summary.get("champion")) and "promoted" in c:
         lines.append(f"MLflow: champion is version {c['champion_version']} "
                      f"({'promoted now' if c['promoted'] else 'kept'}: {c['reason']})")

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>-<signature>/: MLflow model descriptions
+FOLDER_TAG = "dataset_folder"  # the folder of the collection that first registered a model under its name
 
 
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
@@ -44,15 +45,26 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
-                    split: str, candidate: str | None = None, dev_setting: str | None = None) -> dict:
+                    split: str, candidate: str | None = None, dev_setting: str | None = None,
+                    folder: str | None = None) -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
     split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
     split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
     if the current champion has no such score. Without a candidate (no dev split, a comparison run) no alias moves:
-    the evaluation split never decides."""
+    the evaluation split never decides.
+
+    `folder`, the dataset's folder, is the registered model's `dataset_folder` tag from its first registration; a
+    later run from another folder is told (`shared_with`): two collections whose folders have the same name share
+    one registered model, and its champion, until one is given a `data.name`."""
     client = tracker.client
-    if tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name}) is None:
+    model = tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name})
+    if model is None:
         return {}
+    owner = (model.tags or {}).get(FOLDER_TAG)
+    if folder is not None and owner is None:
+        tracker._safe("set_registered_model_tag", client.set_registered_model_tag, name, FOLDER_TAG, folder,
+                      payload={"name": name, "key": FOLDER_TAG, "value": folder})
+    shared = {"shared_with": owner, "name": name} if folder is not None and owner not in (None, folder) else {}
     chosen, registered = None, []
     for label, run_id, metrics in versions:
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
@@ -64,7 +76,7 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
             if label == candidate:
                 chosen = (version.version, metrics)
     if chosen is None or DEV_KEY not in chosen[1] or not dev_setting:
-        return {"versions": registered} if registered else {}
+        return shared | ({"versions": registered} if registered else {})
     try:
         current = client.get_model_version_by_alias(name, "champion")
     except Exception:
@@ -77,7 +89,7 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     if promote:
         tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", chosen[0],
                       payload={"name": name, "version": chosen[0]})
-    return {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
+    return shared | {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
             "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
             "champion_version": chosen[0] if promote else current.version,
             "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
@@ -92,17 +104,29 @@ def _ensure_registered_model(client: "MlflowClient", name: str):
         return client.create_registered_model(name)
 
 
-def model_name(dataset: str) -> str:
-    """The registered model a dataset's pipeline runs register their rounds under."""
-    return f"ance-{Path(dataset).name}"
+def dataset_folder(data) -> str | None:
+    """The absolute folder a `DataConfig` reads (None when it cannot be found: nothing to compare then)."""
+    from ance_core.data.sources import resolve_dataset
+
+    try:
+        return str(resolve_dataset(data.dataset, data.data_home, download=False).resolve())
+    except Exception:
+        return None
 
 
-def champion_checkpoint(work_dir: str | Path, dataset: str, tracking_uri: str | None = None) -> tuple[str | None, str]:
+def model_name(collection: str) -> str:
+    """The registered model a collection's pipeline runs register their rounds under (`DataConfig.collection`: its
+    `name`, else its folder's name)."""
+    return f"ance-{Path(collection).name}"
+
+
+def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str | None = None
+                        ) -> tuple[str | None, str]:
     """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
 
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
     store = resolve_tracking_uri(work_dir, tracking_uri)
-    name = model_name(dataset)
+    name = model_name(collection)
     try:
         client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
     except AnceError as e:

@@ -1,5 +1,6 @@
 """The data stage's config: which dataset, where it lives, its splits (the carved dev split, the training grades)."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -10,7 +11,14 @@ from ance_core.stage_config import StageConfig
 class DataConfig(StageConfig):
     """Which dataset, where it lives, and which qrels splits train and evaluate."""
 
+    UNSAID = {"name": None}  # (added after stage keys existed)
+    NOT_IN_KEY = ("name",)  # the registry's name for the collection: nothing a stage builds depends on it
+
     dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The collection's name in the MLflow registry: its "
+        "models are versions of `ance-<name>`, one champion per name. Default: the dataset folder's name (two "
+        "collections in folders of the same name need names of their own)")
     format: Literal["auto", "beir", "msmarco"] = "auto"
     data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
@@ -27,6 +35,11 @@ class DataConfig(StageConfig):
     train_min_relevance: int | Literal["auto"] = Field(
         "auto", description="Lowest relevance grade of the train split that is a training positive. auto: each "
         "query's own top grade (on binary qrels: every positive). Lower grades are never sampled as negatives")
+
+    @property
+    def collection(self) -> str:
+        """The name the registry knows the collection by (`name`, else the dataset folder's name)."""
+        return self.name or Path(self.dataset).name
 
     @model_validator(mode="after")
     def _grade_is_positive(self) -> "DataConfig":

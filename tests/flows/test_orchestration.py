@@ -7,12 +7,13 @@ that copy."""
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ance_core.negatives.refresh_state import read_refresh_state
-from tests.tiny import kill_when_hung, run
+from tests.tiny import command, env_for, kill_when_hung, run
 
 pytestmark = pytest.mark.slow
 BASE = pytest.mark.xdist_group("tiny-pipeline")  # the tests of the one tiny pipeline run: on one worker
@@ -110,6 +111,36 @@ def test_deleted_artifact_is_rebuilt_not_returned_dangling(base):
     assert Path(zero_shot_encode["path"], "manifest.json").is_file()
     assert stages[("zero-shot", "index")] and stages[("warmup", "train")]  # same content key: reused
     assert result["results"] == first["results"]
+
+
+@BASE
+def test_a_start_checkpoint_inside_the_work_folder_is_recorded_by_the_run_that_starts_from_it(
+        tiny_pipeline, base, tmp_path):
+    """Retraining from a model of the same work folder (latest.json's, or one named): the run records the folder as
+    one it uses, so a garbage collection meanwhile keeps it; one that gc took (half there) stops the run with a line
+    naming it, before any training (issue 41, item 4)."""
+    from ance_core.artifacts import read_manifest
+    from ance_core.retention import RUNS
+
+    _, config, first = base
+    tiny_pipeline.copy_stages(tmp_path / "work")
+    start = tmp_path / "work" / "train" / Path(first["final_checkpoint"]).name
+    assert read_manifest(start)["key"] == start.name  # a stage folder of this work folder
+    retrain = config | {"work_dir": str(tmp_path / "work"), "start_checkpoint": str(start), "rounds": 1}
+    result, _ = run(tmp_path, retrain)
+    records = list((tmp_path / "work" / RUNS).glob("*.json"))
+    assert len(records) == 1
+    used = {(s["stage"], s["key"]) for s in json.loads(records[0].read_text())["stages"]}
+    assert ("train", start.name) in used
+    gone = start.parent / ("f" * 16)  # a folder gc was removing: no manifest
+    gone.mkdir()
+    trained = {p.name for p in start.parent.iterdir()}
+    (gone / "model.safetensors").write_text("")
+    proc = subprocess.run(command(tmp_path, retrain | {"start_checkpoint": str(gone)}), capture_output=True,
+                          text=True, env=env_for(tmp_path), timeout=900)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"start_checkpoint {gone}: the folder is incomplete or was removed" in proc.stdout + proc.stderr
+    assert {p.name for p in start.parent.iterdir()} == trained  # nothing trained
 
 
 @BASE
