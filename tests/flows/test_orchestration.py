@@ -132,10 +132,9 @@ def test_a_start_checkpoint_inside_the_work_folder_is_recorded_by_the_run_that_s
     assert len(records) == 1
     used = {(s["stage"], s["key"]) for s in json.loads(records[0].read_text())["stages"]}
     assert ("train", start.name) in used
-    gone = start.parent / ("f" * 16)  # a folder gc was removing: no manifest
-    gone.mkdir()
-    trained = {p.name for p in start.parent.iterdir()}
-    (gone / "model.safetensors").write_text("")
+    gone = start.parent / ("f" * 16)  # a folder gc was removing (its manifest goes first): the pre-flight can still
+    shutil.copytree(start, gone, ignore=lambda folder, names: ["manifest.json"])  # load the model, the run cannot
+    trained = {p.name for p in start.parent.iterdir()}                           # use it
     proc = subprocess.run(command(tmp_path, retrain | {"start_checkpoint": str(gone)}), capture_output=True,
                           text=True, env=env_for(tmp_path), timeout=900)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
