@@ -74,10 +74,10 @@ def index_of(model: Path, index: Path | None) -> Path:
 
 
 def corpus_titles(dataset: str) -> dict[str, str]:
-    from ance_core.data.dataset import load_dataset, passage_texts
+    from ance_core.data.dataset import load_corpus, passage_texts
     from ance_core.data.sources import resolve_dataset
 
-    corpus = load_dataset(resolve_dataset(dataset, download=False)).corpus
+    corpus = load_corpus(resolve_dataset(dataset, download=False))  # (a corpus to search needs no queries or qrels)
     return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
 
 

@@ -139,11 +139,24 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
     return pd.concat(frames, ignore_index=True)
 
 
-def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
-    seen: dict[str, int] = {}
+def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = None) -> pd.DataFrame:
     path = folder / "corpus.jsonl"
     rows = ((d, title, text) for d, text, title in jsonl_rows(path, ("text",), ("title",), seen))
-    corpus = _read_corpus(path, rows, corpus_to)
+    return _read_corpus(path, rows, corpus_to)
+
+
+def load_corpus(folder: str | Path, fmt: str = "auto") -> pd.DataFrame:
+    """The corpus alone (doc_id, title, text), validated as `load_dataset` validates it: for a folder that holds a
+    corpus to search and no queries or qrels (`ance search --dataset`)."""
+    folder = Path(folder)
+    if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
+        return _beir_corpus(folder, {})
+    return _read_corpus(folder / "collection.tsv", _collection_rows(folder / "collection.tsv", {}), None)
+
+
+def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
+    seen: dict[str, int] = {}
+    corpus = _beir_corpus(folder, seen, corpus_to)
     queries = read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
     qrels_dir = folder / "qrels"
     files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []

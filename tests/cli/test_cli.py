@@ -372,6 +372,13 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
         run = read_trec(tmp_path / f"{name}.trec")
         assert run["doc_id"].tolist() == hits[name] and set(run["query_id"]) == {"q7"}
     assert len(hits["flat"]) == 5 and hits["flat-parts"] == hits["flat"]
+    # the passages' text shown from a folder that holds the corpus alone (no queries, no qrels: a corpus to search)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "corpus.jsonl").write_text(corpus.to_json(orient="records", lines=True).replace(
+        '"doc_id"', '"_id"'))
+    code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "flat"), "--top-k", "5",
+                         "--dataset", str(tmp_path / "corpus")])
+    assert code == 0 and "and more words" in out, out
     code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "emb")])
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
 

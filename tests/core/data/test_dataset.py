@@ -490,3 +490,19 @@ def test_the_data_stage_writes_the_corpus_as_it_reads_it_and_checks_it_the_same(
     (beir / "corpus.jsonl").write_text("".join(json.dumps(d | {"title": "", "text": " "}) + "\n" for d in docs))
     with pytest.raises(DataError, match="all 11 documents have an empty title and text"):
         load_dataset(beir, corpus_to=tmp_path / "empty.parquet")
+
+
+def test_a_corpus_alone_loads_in_either_layout_without_queries_or_qrels(tmp_path):
+    from ance_core.data.dataset import load_corpus
+
+    (tmp_path / "beir").mkdir()
+    (tmp_path / "beir" / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "one"}\n'
+                                                    '{"_id": "d2", "text": "two"}\n')
+    (tmp_path / "msmarco").mkdir()
+    (tmp_path / "msmarco" / "collection.tsv").write_text("7\tseven\n8\teight\n")
+    beir, msmarco = load_corpus(tmp_path / "beir"), load_corpus(tmp_path / "msmarco")
+    assert beir.to_dict("records") == [{"doc_id": "d1", "title": "T", "text": "one"},
+                                       {"doc_id": "d2", "title": "", "text": "two"}]
+    assert msmarco["doc_id"].tolist() == ["7", "8"] and msmarco["text"].tolist() == ["seven", "eight"]
+    with pytest.raises(AnceError, match="neither a BEIR folder"):
+        load_corpus(tmp_path)
