@@ -8,10 +8,8 @@ run --config`) is a stage folder of its own.
 under the first seed is one of the trials (every stage cached), so the search's cost is the whole cost.
 """
 
-import dataclasses
 import json
 import time
-import traceback
 from pathlib import Path
 
 import yaml
@@ -213,20 +211,17 @@ class Search:
         a warning: a learning rate that diverges is one of the things searched). The baseline's failure stops the
         search: every other candidate is paired with it, and a bad dataset fails it first (it runs first). Configs
         were validated before any trial (`check_candidates`)."""
-        try:
-            return run_mapped(trial, kwargs, self.base.execution)
-        except Exception:
-            if len(kwargs) > 1:  # one of a batch failed: each again on its own, to keep the others (built by the
-                # batch, so answered from the cache now: marked built, not reused from an earlier search)
-                return [ref if ref is None else dataclasses.replace(ref, cached=False)
-                        for k, p in zip(kwargs, part, strict=True) for ref in self._mapped([k], [p])]
-            c, seed = part[0]
-            if c.name == self.baseline:  # every other candidate is paired with it: the search cannot go on
-                raise
-            warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} leaves "
-                 f"the search ({traceback.format_exc(limit=1).strip().splitlines()[-1]})")
-            self.failed.append(c.name)
-            return [None]
+        refs = []  # (each trial of a Ray batch runs to its end: a failed one is not run again for the others)
+        for (c, seed), ref in zip(part, run_mapped(trial, kwargs, self.base.execution, errors=True), strict=True):
+            if isinstance(ref, BaseException) and c.name == self.baseline:  # every other candidate is paired with
+                raise ref  # it: the search cannot go on
+            if isinstance(ref, BaseException):
+                warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} "
+                     f"leaves the search ({type(ref).__name__}: {ref})")
+                self.failed.append(c.name)
+                ref = None
+            refs.append(ref)
+        return refs
 
 
 def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:

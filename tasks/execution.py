@@ -29,16 +29,17 @@ FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL
 
 
 def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig,
-               done: Callable[[int], None] = lambda n: None) -> list[ArtifactRef]:
+               done: Callable[[int], None] = lambda n: None, errors: bool = False) -> list[ArtifactRef]:
     """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
     call order, each marked `cached` when Prefect answered from its cache. The first failure is raised (after that
-    task's own retries, as ChildTasksFailed: the calling task does not retry it again)."""
+    task's own retries, as ChildTasksFailed: the calling task does not retry it again). `errors`: every call runs,
+    and a failed one's place holds its error instead (the recipe search's trials: one that diverges is an answer)."""
     if execution.task_runner == "local":
         if FlowRunContext.get() is None:  # the task's function called outside Prefect (`.fn`: bench/orchestration.py)
             return [stage.fn(**kwargs) for kwargs in calls]
         refs = []
         for k, kwargs in enumerate(calls):
-            with _after_retries(stage, k, len(calls)):
+            with _after_retries(stage, k, len(calls), refs if errors else None):
                 refs.append(run_task(stage, **kwargs))
             done(k + 1)
         return refs
@@ -58,25 +59,32 @@ def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionCon
             done(k + 1)
     refs = []
     for k, future in enumerate(futures):
-        with _after_retries(stage, k, len(calls)):
+        with _after_retries(stage, k, len(calls), refs if errors else None):
             refs.append(future.state.result())  # the first failed task's error
             if not held[k]:  # its folder went between its end and its record: built again, here
                 refs[k] = run_task(stage, **calls[k])
-    return [dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
+    return [ref if isinstance(ref, BaseException) else
+            dataclasses.replace(ref, cached=ref.cached or future.state.name == "Cached")
             for ref, future in zip(refs, futures, strict=True)]
 
 
 @contextlib.contextmanager
-def _after_retries(stage: Task, k: int, calls: int) -> Iterator[None]:
+def _after_retries(stage: Task, k: int, calls: int, errors: list | None = None) -> Iterator[None]:
     """A child task's failure after its own retries, raised as ChildTasksFailed (the parent task does not retry it
-    again); a user error (AnceError, ValueError) as it is."""
+    again); a user error (AnceError, ValueError) as it is. With `errors` (the results so far), it is call k's result
+    instead (in place of a result the call had, when building it again failed)."""
     try:
         yield
-    except (AnceError, ValueError):
-        raise
     except Exception as e:
-        raise ChildTasksFailed(f"{stage.name} call {k + 1} of {calls} failed after its retries: "
-                               f"{type(e).__name__}: {e}") from e
+        error = e if isinstance(e, (AnceError, ValueError)) else ChildTasksFailed(
+            f"{stage.name} call {k + 1} of {calls} failed after its retries: {type(e).__name__}: {e}")
+        if errors is None and error is e:
+            raise
+        if errors is None:
+            raise error from e
+        if error is not e:
+            error.__cause__ = e
+        errors[k:] = [error]
 
 
 def _ray_runner(execution: ExecutionConfig, stage: Task):

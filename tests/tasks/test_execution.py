@@ -8,17 +8,21 @@ import time
 from pathlib import Path
 
 import pytest
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from ance_core.artifacts import read_manifest
+from ance_core.artifacts import ArtifactRef, read_manifest, run_stage
 from ance_core.data.config import DataConfig
+from ance_core.errors import AnceError
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.negatives.config import MiningConfig
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
 from ance_core.system_metrics import SYSTEM_METRICS
 from flows.stages import encode_flow
+from tasks.common import stage_task
+from tasks.execution import run_mapped
 
 pytestmark = pytest.mark.slow
 SHARD_SIZE = 64  # the tiny corpus's 200 documents: 4 shards
@@ -244,3 +248,37 @@ def test_mining_queries_ranks_mines_and_trains_a_seeded_sample_drawn_again_each_
     all_train = set(read_tables(next((tmp_path / "data").glob("[!.]*"))).positives("train"))
     assert chosen[1] == set(round_sample(list(all_train), 5, 42, 2)) and len(all_train) > 5
     assert "queries" not in str(MiningConfig()) and "queries" not in MiningConfig().model_dump()
+
+
+@stage_task("mapped-or-not")
+def _maybe(work_dir: str, name: str) -> ArtifactRef:
+    if name.startswith("bad"):
+        raise AnceError(f"{name}: the loss is nan")  # a user error: not retried
+    return run_stage(work_dir, "encode", {"name": name}, {}, lambda out: (out / "name.txt").write_text(name) and None)
+
+
+@flow(name="mapped-with-errors")
+def _mapped_with_errors(work_dir: str, names: list[str], execution: ExecutionConfig) -> list:
+    return [r if isinstance(r, ArtifactRef) else f"{type(r).__name__}: {r}"
+            for r in run_mapped(_maybe, [{"work_dir": work_dir, "name": n} for n in names], execution, errors=True)]
+
+
+@pytest.mark.parametrize("runner", ["local", "ray"])
+def test_mapped_calls_with_errors_all_run_and_a_failed_one_holds_its_error(runner, tmp_path):
+    """`run_mapped(errors=True)` (the recipe search's trials): every call runs to its end, each failed one's place
+    holds its error, the others their folders; without it the first failure is raised."""
+    if runner == "ray":
+        ray = pytest.importorskip("ray")
+        ray.shutdown()
+    execution = ExecutionConfig(task_runner=runner, workers=2)
+    try:
+        names = ["a", "bad-1", "b", "bad-2"]
+        out = _mapped_with_errors(str(tmp_path / "work"), names, execution)
+    finally:
+        if runner == "ray":
+            ray.shutdown()
+    assert out[1] == "AnceError: bad-1: the loss is nan" and out[3] == "AnceError: bad-2: the loss is nan"
+    assert [Path(r.path, "name.txt").read_text() for r in (out[0], out[2])] == ["a", "b"]
+    with pytest.raises(AnceError, match="bad-1"):
+        flow(name="mapped")(lambda: run_mapped(_maybe, [{"work_dir": str(tmp_path / "w2"), "name": n}
+                                                        for n in names], ExecutionConfig()))()
