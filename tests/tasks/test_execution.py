@@ -97,18 +97,22 @@ def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_afte
 def test_a_ray_shard_whose_folder_gc_removed_before_its_record_is_built_again(checkpoint, tiny_scifact, tmp_path,
                                                                                monkeypatch):
     """On Ray a shard is built on a worker (no run_stage in this process) and recorded here once it has ended: a gc
-    in that window (simulated: the shard's folder removed just before its record) must not leave the encoding a
-    missing shard; the shard is built again, here, and the encoding is the same (issue 41 item 4)."""
+    in that window (a real one, just before the first shard's record, its grace for unrecorded folders set to 0)
+    must not leave the encoding a missing shard; the shard is built again, here, and the encoding is the same (issue
+    41 item 4)."""
     ray = pytest.importorskip("ray")
+    import ance_core.retention as retention
     import tasks.execution as execution
 
     local, _ = _encode(checkpoint, tiny_scifact, tmp_path / "local", ExecutionConfig())
     work, removed, hold = tmp_path / "ray", [], execution.hold_refs
 
     def gc_first(result):
-        if not removed:  # the first shard's record: its folder goes first
+        if not removed:  # the first shard's record: a garbage collection runs first
+            monkeypatch.setattr(retention, "GRACE_SECONDS", 0)  # (a folder no run recorded is otherwise kept 1 h)
+            retention.collect(work, retention.RetentionConfig(keep_runs=1))
             removed.append(result.path)
-            shutil.rmtree(result.path)
+            assert not Path(result.path).exists()  # gc took it
         return hold(result)
 
     monkeypatch.setattr(execution, "hold_refs", gc_first)

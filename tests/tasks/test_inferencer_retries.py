@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -210,18 +211,19 @@ def test_a_try_whose_folders_gc_removed_before_the_trainer_recorded_them_is_repl
     """A refresh built on another worker is recorded by the trainer's run when it reads the result file: a gc that
     removed its folders in between makes that try a failed one (a new try builds them again), never negatives read
     from a missing folder (issue 41 item 4)."""
-    import shutil
-
+    import ance_core.retention as retention
     from ance_core.artifacts import is_complete, run_stage
 
     work, built = tmp_path / "work", {}
 
-    def follow(server, flow_run):  # each try builds its negatives; the first try's are removed before the record
+    def follow(server, flow_run):  # each try builds its negatives; a real gc takes the first try's before the record
         ref = run_stage(str(work), "mine", {"try": flow_run.name}, {},
                         lambda out: (out / "n.txt").write_text("n") and None)
         built[flow_run.name] = ref.path
         if len(built) == 1:
-            shutil.rmtree(ref.path)
+            monkeypatch.setattr(retention, "GRACE_SECONDS", 0)  # (a folder no run recorded is otherwise kept 1 h)
+            retention.collect(work, retention.RetentionConfig(keep_runs=1))
+            assert not Path(ref.path).exists()
         server.result_file.parent.mkdir(parents=True, exist_ok=True)
         server.result_file.write_text(json.dumps({"mine": ref.path}))
         return None
