@@ -32,17 +32,31 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the trace
 
 def shown_by_the_log() -> bool:
     """Whether the flow's log has already shown its tables and closing lines on the terminal this command prints to:
-    stdout and stderr are the same terminal, where Prefect's console handler writes a flow's INFO lines (its prints).
-    The command's ending then adds only what is new; redirected or piped, stdout gets the whole summary."""
+    stdout is a terminal, and a handler of Prefect's flow-run logger (its console handler, on stderr) writes the
+    flow's INFO lines (its prints) to that same terminal. The command's ending then adds only what is new;
+    redirected or piped, or where the log shows no INFO lines there, stdout gets the whole summary."""
     import logging
     import sys
 
     try:
-        same = sys.stdout.isatty() and sys.stderr.isatty() and os.path.samestat(os.fstat(sys.stdout.fileno()),
-                                                                                 os.fstat(sys.stderr.fileno()))
+        if not sys.stdout.isatty():
+            return False
+        terminal = os.fstat(sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # a stream without a file descriptor (a capture, a closed one)
         return False
-    return same and logging.getLogger("prefect.flow_runs").isEnabledFor(logging.INFO)
+    logger = logging.getLogger("prefect.flow_runs")
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    while logger is not None:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.level <= logging.INFO:
+                try:
+                    if os.path.samestat(os.fstat(handler.stream.fileno()), terminal):
+                        return True
+                except (OSError, ValueError, AttributeError):
+                    continue
+        logger = logger.parent if logger.propagate else None
+    return False
 
 
 def print_pipeline(result: dict, as_json: bool) -> None:

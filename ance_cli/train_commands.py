@@ -167,6 +167,9 @@ def compress_command(
     checkpoint: Annotated[Path | None, typer.Option(help="A trained checkpoint folder; default: the dataset's "
                                                     "champion in MLflow, else the work folder's newest model")] = None,
     dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
+    name: Annotated[str | None, typer.Option(help="The collection's name in the MLflow registry (data.name): whose "
+                                             "champion is compressed by default, and the registered model the "
+                                             "compressed versions join (default: the dataset folder's name)")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompressConfig")] = None,
     work_dir: Annotated[str, typer.Option()] = "work",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON last")] = False,
@@ -184,7 +187,7 @@ def compress_command(
         if checkpoint is not None:
             read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         c = load_config(config, CompressConfig) if config else CompressConfig()
-        data = DataConfig(dataset=dataset)
+        data = DataConfig(dataset=dataset, name=name)
         preflight(data, work_dir, (data.train_split, data.eval_split))
         result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
                                work_dir=work_dir)

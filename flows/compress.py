@@ -42,7 +42,7 @@ from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
 from tracking.closing import closing_lines
-from tracking.registry import dataset_folder, log_checkpoint, model_name, register_models
+from tracking.registry import dataset_source, log_checkpoint, model_name, register_models
 from tracking.run import run_url, train_log
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
@@ -132,7 +132,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
                 versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
         tracker.end_run(child)
     registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
-                                 result["split"], folder=dataset_folder(data))
+                                 result["split"], source=dataset_source(data))
     tracker.end_run(run)
     return {"run_id": run, "registered": registered}
 

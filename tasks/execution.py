@@ -29,18 +29,20 @@ FORWARDED_ENV = (FAULT_ENV, FAULT_SIGNAL_ENV, "ANCE_DATA_HOME", "PREFECT_API_URL
 
 
 def run_mapped(stage: Task, calls: list[dict[str, Any]], execution: ExecutionConfig,
-               done: Callable[[int], None] = lambda n: None, errors: bool = False) -> list[ArtifactRef]:
+               done: Callable[[int], None] = lambda n: None, errors: bool = False
+               ) -> list[ArtifactRef | BaseException]:
     """Each call of `stage` (its keyword arguments) as its own task run, on the configured runner; the references in
     call order, each marked `cached` when Prefect answered from its cache. The first failure is raised (after that
     task's own retries, as ChildTasksFailed: the calling task does not retry it again). `errors`: every call runs,
     and a failed one's place holds its error instead (the recipe search's trials: one that diverges is an answer)."""
     if execution.task_runner == "local":
-        if FlowRunContext.get() is None:  # the task's function called outside Prefect (`.fn`: bench/orchestration.py)
+        outside = FlowRunContext.get() is None  # the task's function called outside Prefect (`.fn`: bench/...)
+        if outside and not errors:
             return [stage.fn(**kwargs) for kwargs in calls]
         refs = []
         for k, kwargs in enumerate(calls):
             with _after_retries(stage, k, len(calls), refs if errors else None):
-                refs.append(run_task(stage, **kwargs))
+                refs.append(stage.fn(**kwargs) if outside else run_task(stage, **kwargs))
             done(k + 1)
         return refs
     from prefect_ray.context import remote_options

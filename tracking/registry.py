@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>-<signature>/: MLflow model descriptions
-FOLDER_TAG = "dataset_folder"  # the folder of the collection that first registered a model under its name
+# the collection that first registered a model under its name: its folder and its content digest
+SOURCE_TAGS = {"folder": "dataset_folder", "content": "dataset_content"}
 
 
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
@@ -46,25 +47,29 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
                     split: str, candidate: str | None = None, dev_setting: str | None = None,
-                    folder: str | None = None) -> dict:
+                    source: dict[str, str] | None = None) -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
     split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
     split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
     if the current champion has no such score. Without a candidate (no dev split, a comparison run) no alias moves:
     the evaluation split never decides.
 
-    `folder`, the dataset's folder, is the registered model's `dataset_folder` tag from its first registration; a
-    later run from another folder is told (`shared_with`): two collections whose folders have the same name share
-    one registered model, and its champion, until one is given a `data.name`."""
+    `source` (`dataset_source`: the dataset's folder and content digest) becomes the registered model's tags the
+    first time one is given; a later run whose dataset differs in both, folder and content, is told (`shared_with`):
+    two collections whose folders have the same name share one registered model, and its champion, until one is
+    given a `data.name`. (The same collection read at another path, by a worker of another machine, has the same
+    content; one whose files changed, at the same path, the same folder: neither is told.)"""
     client = tracker.client
     model = tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name})
     if model is None:
         return {}
-    owner = (model.tags or {}).get(FOLDER_TAG)
-    if folder is not None and owner is None:
-        tracker._safe("set_registered_model_tag", client.set_registered_model_tag, name, FOLDER_TAG, folder,
-                      payload={"name": name, "key": FOLDER_TAG, "value": folder})
-    shared = {"shared_with": owner, "name": name} if folder is not None and owner not in (None, folder) else {}
+    owner = {k: v for k, v in (model.tags or {}).items() if k in SOURCE_TAGS.values()}
+    if source is not None and not owner:
+        for field, tag in SOURCE_TAGS.items():
+            tracker._safe("set_registered_model_tag", client.set_registered_model_tag, name, tag, source[field],
+                          payload={"name": name, "key": tag, "value": source[field]})
+    other = source is not None and owner and all(owner.get(tag) != source[f] for f, tag in SOURCE_TAGS.items())
+    shared = {"shared_with": owner.get(SOURCE_TAGS["folder"]), "name": name} if other else {}
     chosen, registered = None, []
     for label, run_id, metrics in versions:
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
@@ -104,12 +109,14 @@ def _ensure_registered_model(client: "MlflowClient", name: str):
         return client.create_registered_model(name)
 
 
-def dataset_folder(data) -> str | None:
-    """The absolute folder a `DataConfig` reads (None when it cannot be found: nothing to compare then)."""
-    from ance_core.data.sources import resolve_dataset
+def dataset_source(data) -> dict[str, str] | None:
+    """The absolute folder a `DataConfig` reads and its content digest (the data stage's, memoised: no second read
+    in the run that prepared it); None when it cannot be found (nothing to compare then)."""
+    from ance_core.data.sources import dataset_digest, resolve_dataset
 
     try:
-        return str(resolve_dataset(data.dataset, data.data_home, download=False).resolve())
+        folder = resolve_dataset(data.dataset, data.data_home, download=False).resolve()
+        return {"folder": str(folder), "content": dataset_digest(folder)}
     except Exception:
         return None
 

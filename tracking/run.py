@@ -28,7 +28,7 @@ from ance_core.pipeline.report import last_dense
 from ance_core.system_metrics import read_system_metrics
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
-from tracking.registry import dataset_folder, log_checkpoint, model_name, register_models
+from tracking.registry import dataset_source, log_checkpoint, model_name, register_models
 
 
 def run_url(tracker: Tracker, run_id: str | None) -> str | None:
@@ -269,7 +269,7 @@ class PipelineTracking:
         decision = {} if self.trial else register_models(
             tracker, model_name(self.config.data.collection), versions, report["dataset"], report["split"],
             selected[0] if selected is not None and dev_setting else None, dev_setting,
-            dataset_folder(self.config.data))
+            dataset_source(self.config.data))
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:

@@ -16,9 +16,10 @@ class DataConfig(StageConfig):
 
     dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
     name: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The collection's name in the MLflow registry: its "
-        "models are versions of `ance-<name>`, one champion per name. Default: the dataset folder's name (two "
-        "collections in folders of the same name need names of their own)")
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", repr=False,
+        description="The collection's name in the MLflow registry: its models are versions of `ance-<name>`, one "
+        "champion per name. Default: the dataset folder's name (two collections in folders of the same name need "
+        "names of their own)")
     format: Literal["auto", "beir", "msmarco"] = "auto"
     data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
@@ -39,7 +40,8 @@ class DataConfig(StageConfig):
     @property
     def collection(self) -> str:
         """The name the registry knows the collection by (`name`, else the dataset folder's name)."""
-        return self.name or Path(self.dataset).name
+        folder = Path(self.dataset).expanduser()
+        return self.name or (folder.name if folder.name not in ("", ".", "..") else folder.resolve().name)
 
     @model_validator(mode="after")
     def _grade_is_positive(self) -> "DataConfig":

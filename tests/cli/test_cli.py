@@ -30,6 +30,8 @@ def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp
     cfg.write_text("methods: [conae]\nonly_kl: true\nno_kl: true\n")
     code, out = _invoke(["compress", "--config", str(cfg), "--dataset", str(tmp_path)])
     assert code == 2 and "only_kl and no_kl" in out and str(cfg) in out and "Traceback" not in out
+    code, out = _invoke(["compress", "--name", "a/b", "--dataset", str(tmp_path)])  # (the registry's name for it)
+    assert code == 2 and "name" in out and "a/b" in out and "Traceback" not in out, out
 
 
 def test_bad_config_names_the_field(tmp_path):

@@ -40,6 +40,7 @@ def test_the_log_has_shown_the_ending_only_on_the_terminal_it_writes_to():
     assert _answer(True)
     assert not _answer(False)  # `ance run > results.md`: the tables go to the file
     assert not _answer(True, os.environ | {"PREFECT_LOGGING_LEVEL": "WARNING"})  # the log shows no INFO lines
+    assert not _answer(True, os.environ | {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"})  # nor there
 
 
 RESULT = {"markdown": "| model | nDCG@10 |\n|---|---|\n| BM25 | 0.5 |", "final_checkpoint": "/w/train/k",

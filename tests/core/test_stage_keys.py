@@ -124,3 +124,17 @@ def test_every_unsaid_value_is_its_fields_default_and_a_saved_config_loads_as_it
         for name, value in cls.UNSAID.items():
             assert cls.model_fields[name].get_default(call_default_factory=True) == value, f"{cls.__name__}.{name}"
         assert cls.model_validate(default.model_dump(mode="json")) == default, cls.__name__
+
+
+def test_the_registrys_name_for_a_collection_is_in_no_key():
+    """`data.name` names the registered model; nothing a stage builds depends on it, so a search's trials and the
+    whole config's keys (which hold the config's repr inside a dict) stay with it set."""
+    from ance_core.data.config import DataConfig
+
+    cfg = recipe_config("full")
+    named = cfg.model_copy(update={"data": DataConfig(dataset=cfg.data.dataset, name="scifact-2026")})
+    assert named.data.collection == "scifact-2026" and cfg.data.collection == "scifact"
+    for stage in ("trial", "tune", "reports"):
+        assert stage_key(stage, {"pipeline": named}, {"data": "d" * 16}) == stage_key(stage, {"pipeline": cfg},
+                                                                                       {"data": "d" * 16})
+    assert digest_of(named) == digest_of(cfg) and digest_of(named.data) == digest_of(cfg.data)

@@ -286,3 +286,6 @@ def test_mapped_calls_with_errors_all_run_and_a_failed_one_holds_its_error(runne
     with pytest.raises(AnceError, match="bad-1"):
         flow(name="mapped")(lambda: run_mapped(_maybe, [{"work_dir": str(tmp_path / "w2"), "name": n}
                                                         for n in names], ExecutionConfig()))()
+    outside = run_mapped(_maybe, [{"work_dir": str(tmp_path / "w3"), "name": n} for n in names], ExecutionConfig(),
+                         errors=True)  # (the functions called outside Prefect, as bench/ does: the same contract)
+    assert [type(r).__name__ for r in outside] == ["ArtifactRef", "AnceError", "ArtifactRef", "AnceError"]
