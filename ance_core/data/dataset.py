@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ance_core.artifacts import digest_of
 from ance_core.data.lines import (
+    LeftOut,
     check_qrels,
     claim_id,
     jsonl_rows,
@@ -97,12 +98,17 @@ CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, wh
 def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
     """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read."""
     repeats: list[str] = []
+    left_out, read = LeftOut(path), 0
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) not in (2, 3):
-            raise DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}", number)
+            left_out.add(DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}",
+                                   number))
+            continue
+        read += 1
         if claim_id(seen, parts[0], number, repeats):
             yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
+    left_out.done(read)
     warn_repeats(path, repeats)
 
 

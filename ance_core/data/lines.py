@@ -44,6 +44,27 @@ def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
         raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
+class LeftOut:
+    """The lines of a file that cannot be read as one of its rows (malformed JSON, a missing field, a wrong number of
+    columns, a grade that is not one): each is left out and the load goes on, with one warning per file naming them
+    (one bad row of real data does not stop a run). A file none of whose lines can be read is an error naming its
+    first problem (the wrong file, or the wrong format: nothing usable is left)."""
+
+    def __init__(self, path: Path):
+        self.path, self.errors = path, []
+
+    def add(self, error: DataError) -> None:
+        self.errors.append(error)
+
+    def done(self, read: int) -> None:
+        """`read`: the lines that could be read."""
+        if self.errors and not read:
+            raise self.errors[0]
+        if n := len(self.errors):
+            warn(f"{self.path}: {n} of its {n + read} rows cannot be read and {'are' if n != 1 else 'is'} left out: "
+                 + preview([f"line {e.line}: {e.problem}" for e in self.errors], limit=3))
+
+
 def claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]) -> bool:
     """Record the line an id first appears on (True); a later line with the same id is left out (False), noted in
     `repeats` for `warn_repeats`."""
@@ -64,24 +85,37 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
                 ) -> Iterator[tuple[str, ...]]:
     """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
     repeats: list[str] = []
+    left_out, read = LeftOut(path), 0
     for number, line in read_lines(path):
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
-        if not isinstance(obj, dict):
-            raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
-        for name in ("_id", *fields):
-            if name not in obj or obj[name] is None:
-                raise DataError(path, f"missing field '{name}'", number)
-            if name != "_id" and not isinstance(obj[name], str):
-                raise DataError(path, f"field '{name}' must be a string", number)
-        doc_id = str(obj["_id"])
-        if not doc_id:
-            raise DataError(path, "empty '_id'", number)
+            doc_id, obj = _json_row(path, number, line, fields)
+        except DataError as e:
+            left_out.add(e)
+            continue
+        read += 1
         if claim_id(seen, doc_id, number, repeats):
             yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
+    left_out.done(read)
     warn_repeats(path, repeats)
+
+
+def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tuple[str, dict]:
+    """(id, object) of a JSON line with its required fields."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
+    if not isinstance(obj, dict):
+        raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
+    for name in ("_id", *fields):
+        if name not in obj or obj[name] is None:
+            raise DataError(path, f"missing field '{name}'", number)
+        if name != "_id" and not isinstance(obj[name], str):
+            raise DataError(path, f"field '{name}' must be a string", number)
+    doc_id = str(obj["_id"])
+    if not doc_id:
+        raise DataError(path, "empty '_id'", number)
+    return doc_id, obj
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -89,11 +123,16 @@ def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = 
 
 
 def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
+    left_out, read = LeftOut(path), 0
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) != columns:
-            raise DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}", number)
+            left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}",
+                                   number))
+            continue
+        read += 1
         yield number, parts
+    left_out.done(read)
 
 
 def _number(text: str) -> bool:
@@ -120,29 +159,53 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
     or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
     ir_datasets' format), told apart line by line from the content."""
     rows: list[tuple[int, str, str, int]] = []
-    header = {"score", "relevance", "rel"}
+    left_out, first = LeftOut(path), True
     for number, line in read_lines(path):
-        parts = line.split("\t")
-        if len(parts) != 3:
-            tabs, parts = parts, line.split()
-            if len(parts) == 4:  # TREC: qid iteration docid relevance
-                if not rows and header & {p.strip().lower() for p in parts}:
-                    raise DataError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
-                                    "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
-                                    "and no header; remove the extra column", number)
-                if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
-                    raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
-                                    f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
-                                    "TREC's 4 columns end with the relevance", number)
-                parts = [parts[0], parts[2], parts[3]]
-            elif len(parts) != 3:
-                raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
-                                f"(query-id iteration doc-id relevance), got {len(parts)}", number)
-        parts = [p.strip() for p in parts]
-        if not rows and parts[2].lower() in header:
-            continue  # header
-        rows.append((number, parts[0], parts[1], _relevance(path, number, parts[2])))
+        try:
+            row = _qrels_row(path, number, line, first)
+        except FileLayoutError:
+            raise
+        except DataError as e:
+            left_out.add(e)
+            continue
+        finally:
+            first = False
+        if row is not None:  # (None: the header)
+            rows.append(row)
+    left_out.done(len(rows))
     return rows
+
+
+QRELS_HEADER = {"score", "relevance", "rel"}
+
+
+def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, str, str, int] | None:
+    """(line, query id, document id, grade) of one qrels line; None for a header (the file's first line). A header of
+    4 columns is an error that stops the load: a file's layout, not one bad row."""
+    parts = line.split("\t")
+    if len(parts) != 3:
+        tabs, parts = parts, line.split()
+        if len(parts) == 4:  # TREC: qid iteration docid relevance
+            if first and QRELS_HEADER & {p.strip().lower() for p in parts}:
+                raise FileLayoutError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
+                                      "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
+                                      "and no header; remove the extra column", number)
+            if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
+                raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
+                                f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
+                                "TREC's 4 columns end with the relevance", number)
+            parts = [parts[0], parts[2], parts[3]]
+        elif len(parts) != 3:
+            raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
+                            f"(query-id iteration doc-id relevance), got {len(parts)}", number)
+    parts = [p.strip() for p in parts]
+    if first and parts[2].lower() in QRELS_HEADER:
+        return None
+    return number, parts[0], parts[1], _relevance(path, number, parts[2])
+
+
+class FileLayoutError(DataError):
+    """A problem with a file's layout (not one of its rows): it stops the load."""
 
 
 def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str

@@ -44,13 +44,12 @@ def test_bad_config_names_the_field(tmp_path):
 def test_bad_data_names_file_and_line_before_any_work(tmp_path):
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
                     {"train": [("q1", "d1", 1)], "test": [("q1", "d1", 1)]})
-    with open(ds / "corpus.jsonl", "a") as f:
-        f.write('{"_id": "d2", "text": \n')
-    cfg = tmp_path / "c.yaml"
-    work = tmp_path / "work"
+    (ds / "corpus.jsonl").write_text('{"_id": "d1", "text": \n{"_id": "d2", "text": \n')  # (nothing readable: a
+    cfg = tmp_path / "c.yaml"                                                                 # bad row alone is left
+    work = tmp_path / "work"                                                                  # out with a warning)
     cfg.write_text(json.dumps({"data": {"dataset": str(ds)}, "work_dir": str(work)}))
     code, out = _invoke(["run", "--config", str(cfg)])
-    assert code == 2 and "corpus.jsonl:2: malformed JSON" in out and "Traceback" not in out
+    assert code == 2 and "corpus.jsonl:1: malformed JSON" in out and "Traceback" not in out
     # nothing half-written (the stage locks are empty files that stay, by design: ance_core/artifacts.py)
     assert not any(p.is_file() and ".locks" not in p.parts for p in work.rglob("*"))
 
@@ -141,12 +140,15 @@ def test_bm25_evaluates_a_dev_split_without_needing_a_dev_split_of_its_own(tmp_p
         ["vitamin d lowers cancer risk", "protein folding in cells", "gene expression in mice", "blood pressure"])]
     queries = [{"_id": "q1", "text": "vitamin d cancer"}, {"_id": "q2", "text": "mice gene"}]
     ds = write_beir(tmp_path / "ds", docs, queries, {"train": [("q2", "d2", 1)], "dev": [("q1", "d0", 1)]})
+    with open(ds / "corpus.jsonl", "a") as f:  # real data is messy: a row cut off is left out, with a warning
+        f.write('{"_id": "d9", "text": "a copy interrupted\n')
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "p")}
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "bm25", "--dataset", str(ds), "--split", "dev",
                            "--work-dir", str(tmp_path / "w"), "--json"], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["ndcg_at_10"] == 1.0
+    assert "corpus.jsonl: 1 of its 5 rows cannot be read and is left out: line 5: malformed JSON" in proc.stderr
 
 
 def test_bm25_and_a_run_file_evaluate_the_dev_split_a_pipeline_carves(tmp_path):

@@ -51,26 +51,60 @@ def _doc(i):
     return json.dumps({"_id": f"d{i}", "title": "", "text": f"text {i}"})
 
 
+BAD_LINES = [  # (file, a line that cannot be read as one of its rows, the problem named)
+    ("corpus.jsonl", "{not json", "malformed JSON"),
+    ("corpus.jsonl", '{"_id": "d9", "text": "no end', r"malformed JSON: Unterminated string starting at \(column 23\)"),
+    ("corpus.jsonl", json.dumps({"title": "x", "text": "y"}), "missing field '_id'"),
+    ("corpus.jsonl", json.dumps({"_id": None, "text": "y"}), "missing field '_id'"),
+    ("corpus.jsonl", json.dumps({"_id": "d9", "title": "x"}), "missing field 'text'"),
+    ("corpus.jsonl", "[1, 2]", "expected a JSON object, got list"),
+    ("corpus.jsonl", json.dumps({"_id": "d9", "text": 5}), "field 'text' must be a string"),
+    ("corpus.jsonl", json.dumps({"_id": "", "text": "x"}), "empty '_id'"),
+    ("queries.jsonl", json.dumps({"_id": "q9"}), "missing field 'text'"),
+    ("queries.jsonl", json.dumps({"_id": "q9", "text": ["a"]}), "field 'text' must be a string"),
+    ("qrels/train.tsv", "q1\td2", "expected 3 tab-separated columns"),
+    ("qrels/train.tsv", "q1\td2\thigh", "relevance 'high' is not a number"),
+    ("qrels/train.tsv", "q1\td2\tinf", "relevance 'inf' is not an integer grade"),
+    ("qrels/train.tsv", "q1\td2\t1\tsomething", r"got 4 \(an extra column 'something' after the score 1\?\)"),
+]
+
+
+@pytest.mark.parametrize(("name", "line", "message"), BAD_LINES)
+def test_a_line_that_cannot_be_read_is_left_out_with_a_warning_naming_file_and_line(beir, tmp_path, name, line,
+                                                                                     message):
+    """Real data is messy: one bad row among usable ones is left out, named (file, line, problem) in one warning,
+    and the load goes on with the rest."""
+    clean = load_dataset(write_beir(tmp_path / "clean", CORPUS, QUERIES, QRELS))
+    lines = (beir / name).read_text().splitlines()
+    _corrupt(beir, name, [*lines[:1], line, *lines[1:]])  # (after the qrels' header)
+    rows = len(lines) + 1 - name.startswith("qrels")  # (a header is not a row)
+    with pytest.warns(AnceWarning, match=rf"{name}: 1 of its {rows} rows cannot be read and is left out: line 2: .*"
+                      rf"{message}"):
+        ds = load_dataset(beir)
+    for table in ("corpus", "queries", "qrels"):
+        pd.testing.assert_frame_equal(getattr(ds, table), getattr(clean, table))
+
+
+@pytest.mark.parametrize(("name", "line", "message"), BAD_LINES)
+def test_a_file_none_of_whose_lines_can_be_read_names_file_and_line(beir, name, line, message):
+    """Nothing usable left (the wrong file, or the wrong format): the first problem, with its file and line."""
+    header = ["query-id\tcorpus-id\tscore"] if name.startswith("qrels") else []
+    _corrupt(beir, name, [*header, line, line])
+    with pytest.raises(DataError, match=message) as err:
+        load_dataset(beir)
+    number = len(header) + 1
+    assert err.value.path.endswith(name) and err.value.line == number and f"{name}:{number}:" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("name", "lines", "line", "message"),
     [
-        ("corpus.jsonl", [_doc(0), "{not json", _doc(2)], 2, "malformed JSON"),
-        ("corpus.jsonl", [_doc(0), json.dumps({"title": "x", "text": "y"})], 2, "missing field '_id'"),
-        ("corpus.jsonl", [_doc(0), json.dumps({"_id": "d9", "title": "x"})], 2, "missing field 'text'"),
-        ("corpus.jsonl", ["[1, 2]"], 1, "expected a JSON object"),
-        ("queries.jsonl", [json.dumps({"_id": "q1"})], 1, "missing field 'text'"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "qX\td0\t1"], 2,
          "none of its 1 qrels names a query of the queries file"),
         ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td77\t1"], 2,
          "none of its 1 qrels names a document of the corpus"),
-        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0"], 2, "expected 3 tab-separated columns"),
-        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\thigh"], 2, "relevance 'high' is not a number"),
-        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1\tsomething"], 2,
-         r"got 4 \(an extra column 'something' after the score 1\?\)"),
-        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore\tnote", "q1\td0\t1\tx"], 1,
-         r"a header of 4 columns \(query-id corpus-id score note\)"),
-        ("corpus.jsonl", ['{"_id": "d0", "text": "no end'], 1, r"malformed JSON: Unterminated string starting at "
-         r"\(column 23\)"),
+        ("qrels/train.tsv", ["query-id\tcorpus-id\tscore\tnote", "q1\td0\t1\tx", "q1\td1\t1\t0"], 1,
+         r"a header of 4 columns \(query-id corpus-id score note\)"),  # a layout, not one row: it stops the load
     ],
 )
 def test_malformed_inputs_name_file_and_line(beir, name, lines, line, message):
@@ -213,8 +247,9 @@ def test_byte_order_mark_and_crlf_are_accepted_in_every_msmarco_file(tmp_path):
 @pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf", "0.5"])
 def test_relevance_that_is_not_an_integer_grade_names_the_line(beir, value):
     _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", f"q1\td1\t{value}"])
-    with pytest.raises(DataError, match=f"train.tsv:3: relevance '{value}' is not an integer grade"):
-        load_dataset(beir)
+    with pytest.warns(AnceWarning, match=f"train.tsv: 1 of its 2 rows cannot be read and is left out: line 3: "
+                      f"relevance '{value}' is not an integer grade"):
+        assert load_dataset(beir).split_qrels("train")["doc_id"].tolist() == ["d0"]
 
 
 def test_integer_valued_floats_are_grades(beir):
@@ -229,20 +264,6 @@ def test_queries_with_empty_text_are_dropped_with_one_warning_naming_them(beir):
         ds = load_dataset(beir)
     assert len(caught) == 1
     assert ds.queries["query_id"].tolist() == ["q1"] and set(ds.qrels["query_id"]) == {"q1"}
-
-
-@pytest.mark.parametrize(
-    ("name", "lines", "message"),
-    [
-        ("corpus.jsonl", [json.dumps({"_id": "d0", "text": 5})], r"corpus.jsonl:1: field 'text' must be a string"),
-        ("corpus.jsonl", [json.dumps({"_id": "", "text": "x"})], r"corpus.jsonl:1: empty '_id'"),
-        ("queries.jsonl", [json.dumps({"_id": "q1", "text": ["a"]})], r"queries.jsonl:1: field 'text' must be a "),
-    ],
-)
-def test_wrong_field_types_name_file_and_line(beir, name, lines, message):
-    _corrupt(beir, name, lines)
-    with pytest.raises(DataError, match=message):
-        load_dataset(beir)
 
 
 def test_missing_files_and_folders_are_named(beir, tmp_path):
@@ -264,9 +285,18 @@ def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
     folder = tmp_path / "marco"
     folder.mkdir()
     (folder / "collection.tsv").write_text("0\tfirst\n1\ta\tb\tc\n")
-    (folder / "queries.train.tsv").write_text("10\twhat\n")
+    (folder / "queries.train.tsv").write_text("10\twhat\n11\twhat\tnot\n")
     (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
-    with pytest.raises(DataError, match=r"collection.tsv:2: expected 2 \(id, text\) or 3 \(id, title, text\) columns"):
+    with pytest.warns(AnceWarning) as caught:  # one bad row of each: left out, named, and the load goes on
+        ds = load_dataset(folder)
+    messages = [str(w.message) for w in caught]
+    assert any(m.endswith("collection.tsv: 1 of its 2 rows cannot be read and is left out: line 2: expected 2 (id, "
+                          "text) or 3 (id, title, text) columns, got 4") for m in messages), messages
+    assert any("queries.train.tsv: 1 of its 2 rows cannot be read and is left out: line 2: expected 2 tab-separated "
+               "columns" in m for m in messages), messages
+    assert ds.corpus["doc_id"].tolist() == ["0"] and ds.queries["query_id"].tolist() == ["10"]
+    (folder / "collection.tsv").write_text("1\ta\tb\tc\n")
+    with pytest.raises(DataError, match=r"collection.tsv:1: expected 2 \(id, text\) or 3 \(id, title, text\) columns"):
         load_dataset(folder)
     (folder / "collection.tsv").write_text("0\tfirst\n")
     (folder / "qrels.train.tsv").write_text("10 0 0 1 extra\n")
