@@ -18,8 +18,9 @@ from ance_cli.guard import (
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
              "config, e.g. --set ance.learning_rate=3e-5 --set rounds=2); repeatable, applied after the config file")
 
+# markdown: a docstring's paragraph is reflowed to the terminal's width, not broken where the source breaks it
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Train dense retrievers with ANCE, orchestrated by Prefect.")
+                  rich_markup_mode="markdown", help="Train dense retrievers with ANCE, orchestrated by Prefect.")
 
 
 @app.callback()

@@ -128,7 +128,7 @@ def search(
 @app.command(name="export")
 def export_command(
     checkpoint: Annotated[str, typer.Option(help="A checkpoint folder, or a registered model version: "
-                                            "models:/<name>@<alias> or models:/<name>/<version>")],
+                                            "`models:/<name>@<alias>` or `models:/<name>/<version>`")],
     out: Annotated[Path, typer.Option(help="The model folder to write (missing or empty, unless --force)")],
     fmt: Annotated[str, typer.Option("--format", help="sentence-transformers, or onnx (the encoder for onnxruntime "
                                      "on CPU, with an MLflow model that serves it)")] = "sentence-transformers",

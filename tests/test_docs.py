@@ -29,6 +29,9 @@ def test_the_documented_commands_exist():
     assert commands == {"demo", "run", "recipes", "tune", "compress", "bm25", "evaluate", "search", "export", "gc"}
     for command in commands | set(re.findall(r"^ance (\w+)", README, re.M)):
         assert CliRunner().invoke(app, [command, "--help"]).exit_code == 0, command
+    # the help is read as markdown (paragraphs reflowed): what it shows in angle brackets must survive as text
+    out = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"}).output
+    assert "models:/<name>@<alias> or models:/<name>/<version>" in out
 
 
 def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_second():
