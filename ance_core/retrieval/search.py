@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ance_core.data.lines import read_lines
+from ance_core.data.lines import LeftOut, read_lines
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.modeling.model import load_checkpoint, pick_device
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
@@ -188,20 +188,24 @@ def write_trec(run: pd.DataFrame, path: str | Path, tag: str) -> None:
 
 def read_trec(path: str | Path) -> pd.DataFrame:
     """A TREC run file (`qid Q0 docid rank score tag`, whitespace-separated; any system's) as a run table, ranked by
-    score within each query as trec_eval ranks it. A malformed line is an error naming it; a document listed twice
-    for a query keeps its first line, with one warning."""
+    score within each query as trec_eval ranks it. A malformed line is left out with one warning naming it (a file
+    none of whose lines can be read is an error naming the first); a document listed twice for a query keeps its
+    first line, with one warning."""
     path = Path(path)
-    rows = []
+    rows, left_out = [], LeftOut(path)
     for number, line in read_lines(path):  # UTF-8 (a BOM and CRLF accepted), blank lines skipped
         parts = line.split()
         if len(parts) != 6:
-            raise DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
-                            f"{len(parts)}", number)
+            left_out.add(DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
+                                   f"{len(parts)}", number))
+            continue
         try:
             score = float(parts[4])
         except ValueError:
-            raise DataError(path, f"score '{parts[4]}' is not a number", number) from None
+            left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number))
+            continue
         rows.append((parts[0], parts[2], score))
+    left_out.done(len(rows))
     if not rows:
         raise DataError(path, "empty run file")
     run = pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])

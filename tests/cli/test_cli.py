@@ -238,6 +238,11 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
     (tmp_path / "bad.trec").write_text("q1 Q0 d1 1 high sys\n")
     code, out = _invoke([*args, "--run", str(tmp_path / "bad.trec")])
     assert code == 2 and "bad.trec:1: score 'high' is not a number" in out
+    (tmp_path / "one-bad.trec").write_text((tmp_path / "run.trec").read_text() + "q2 Q0 d1 3\n")  # cut off
+    with pytest.warns(AnceWarning, match=r"one-bad.trec: 1 of its 5 rows cannot be read and is left out: line 5: "
+                      "expected 6 whitespace-separated columns"):
+        code, out = _invoke([*args, "--run", str(tmp_path / "one-bad.trec"), "--json"])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75, out
     # a run of other queries (another split's, another collection's) would score 0.0: refused; one that ranks some of
     # the split's queries scores the others as zero: said
     (tmp_path / "other.trec").write_text("x1 Q0 d1 1 3.0 sys\n")

@@ -56,8 +56,11 @@ def test_a_trec_run_file_reads_back_ranked_by_score_and_bad_lines_are_named(tmp_
     (tmp_path / "other.trec").write_text("q1 Q0 b 1 1.0 x\nq1 Q0 a 2 3.0 x\nq1 Q0 a 3 0.1 x\n")  # its ranks ignored
     with pytest.warns(AnceWarning, match="1 lines repeat a .* q1/a"):
         assert read_trec(tmp_path / "other.trec")[["doc_id", "rank"]].values.tolist() == [["a", 1], ["b", 2]]
-    (tmp_path / "bad.trec").write_text("q1 Q0 a 1 2.0 x\nq1 a 1 2.0\n")
-    with pytest.raises(DataError, match=r"bad.trec:2: expected 6 whitespace-separated columns"):
+    (tmp_path / "bad.trec").write_text("q1 Q0 a 1 2.0 x\nq1 a 1 2.0\n")  # one bad line: left out, named
+    with pytest.warns(AnceWarning, match=r"bad.trec: 1 of its 2 rows .* left out: line 2: expected 6 whitespace-"):
+        assert read_trec(tmp_path / "bad.trec")["doc_id"].tolist() == ["a"]
+    (tmp_path / "bad.trec").write_text("q1 a 1 2.0\nq1 a 1 2.0\n")  # nothing readable: the first line named
+    with pytest.raises(DataError, match=r"bad.trec:1: expected 6 whitespace-separated columns"):
         read_trec(tmp_path / "bad.trec")
     (tmp_path / "latin.trec").write_bytes(b"q1 Q0 caf\xe9 1 2.0 x\n")
     with pytest.warns(AnceWarning, match=r"latin.trec:1: not valid UTF-8 \(byte 9 of the line\)"):
