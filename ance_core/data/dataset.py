@@ -103,7 +103,7 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             left_out.add(DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}",
-                                   number))
+                                   number), read)
             continue
         read += 1
         if claim_id(seen, parts[0], number, repeats):

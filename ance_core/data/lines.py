@@ -48,21 +48,30 @@ class LeftOut:
     """The lines of a file that cannot be read as one of its rows (malformed JSON, a missing field, a wrong number of
     columns, a grade that is not one): each is left out and the load goes on, with one warning per file naming them
     (one bad row of real data does not stop a run). A file none of whose lines can be read is an error naming its
-    first problem (the wrong file, or the wrong format: nothing usable is left)."""
+    first problem (the wrong file, or the wrong format: nothing usable is left), at once when its first `EARLY` lines
+    are all unreadable (not after reading millions of them)."""
+
+    EARLY, SHOWN = 100, 3
 
     def __init__(self, path: Path):
-        self.path, self.errors = path, []
+        self.path, self.errors, self.count = path, [], 0
 
-    def add(self, error: DataError) -> None:
-        self.errors.append(error)
+    def add(self, error: DataError, read: int) -> None:
+        """`error` of a line left out; `read`: the lines read so far."""
+        self.count += 1
+        if len(self.errors) < self.SHOWN:
+            self.errors.append(error)
+        if not read and self.count >= self.EARLY:
+            raise self.errors[0]
 
     def done(self, read: int) -> None:
         """`read`: the lines that could be read."""
         if self.errors and not read:
             raise self.errors[0]
-        if n := len(self.errors):
+        if n := self.count:
+            shown = "; ".join(f"line {e.line}: {e.problem}" for e in self.errors)
             warn(f"{self.path}: {n} of its {n + read} rows cannot be read and {'are' if n != 1 else 'is'} left out: "
-                 + preview([f"line {e.line}: {e.problem}" for e in self.errors], limit=3))
+                 f"{shown}{f' and {n - len(self.errors)} more' if n > len(self.errors) else ''}")
 
 
 def claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]) -> bool:
@@ -90,7 +99,7 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
         try:
             doc_id, obj = _json_row(path, number, line, fields)
         except DataError as e:
-            left_out.add(e)
+            left_out.add(e, read)
             continue
         read += 1
         if claim_id(seen, doc_id, number, repeats):
@@ -128,7 +137,7 @@ def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[st
         parts = line.split("\t")
         if len(parts) != columns:
             left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}",
-                                   number))
+                                   number), read)
             continue
         read += 1
         yield number, parts
@@ -166,7 +175,7 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         except FileLayoutError:
             raise
         except DataError as e:
-            left_out.add(e)
+            left_out.add(e, len(rows))
             continue
         finally:
             first = False

@@ -197,12 +197,12 @@ def read_trec(path: str | Path) -> pd.DataFrame:
         parts = line.split()
         if len(parts) != 6:
             left_out.add(DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
-                                   f"{len(parts)}", number))
+                                   f"{len(parts)}", number), len(rows))
             continue
         try:
             score = float(parts[4])
         except ValueError:
-            left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number))
+            left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number), len(rows))
             continue
         rows.append((parts[0], parts[2], score))
     left_out.done(len(rows))

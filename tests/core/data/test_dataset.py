@@ -536,3 +536,15 @@ def test_a_corpus_alone_loads_in_either_layout_without_queries_or_qrels(tmp_path
     assert msmarco["doc_id"].tolist() == ["7", "8"] and msmarco["text"].tolist() == ["seven", "eight"]
     with pytest.raises(AnceError, match="neither a BEIR folder"):
         load_corpus(tmp_path)
+
+
+def test_a_file_whose_first_hundred_lines_cannot_be_read_stops_at_once_and_a_warning_names_the_first_three(beir):
+    """A file in the wrong format (a CSV saved as corpus.jsonl) stops after its first 100 lines, not after millions;
+    99 bad lines before a good one are left out, the warning naming the first three and how many more."""
+    _corrupt(beir, "corpus.jsonl", ["d,text"] * 100 + [_doc(0)])
+    with pytest.raises(DataError, match="corpus.jsonl:1: malformed JSON"):
+        load_dataset(beir)
+    _corrupt(beir, "corpus.jsonl", ["d,text"] * 99 + [_doc(0), _doc(1), _doc(2), _doc(3)])
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 99 of its 103 rows cannot be read and are left out: line 1: "
+                      r"malformed JSON: .*; line 2: .*; line 3: .* and 96 more$"):
+        assert len(load_dataset(beir).corpus) == 4
