@@ -47,9 +47,9 @@ def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
 class LeftOut:
     """The lines of a file that cannot be read as one of its rows (malformed JSON, a missing field, a wrong number of
     columns, a grade that is not one): each is left out and the load goes on, with one warning per file naming them
-    (one bad row of real data does not stop a run). A file none of whose lines can be read is an error naming its
-    first problem (the wrong file, or the wrong format: nothing usable is left), at once when its first `EARLY` lines
-    are all unreadable (not after reading millions of them)."""
+    (one bad row of real data does not stop a run). A file more than half of whose lines cannot be read is an error
+    naming its first problem (the wrong file, or the wrong format: what is left is not the collection), at once when
+    its first `EARLY` lines are all unreadable (not after reading millions of them)."""
 
     EARLY, SHOWN = 100, 3
 
@@ -62,16 +62,21 @@ class LeftOut:
         if len(self.errors) < self.SHOWN:
             self.errors.append(error)
         if not read and self.count >= self.EARLY:
-            raise self.errors[0]
+            raise self.errors[0] from None  # (raised inside the caller's handling of this line's error)
 
     def done(self, read: int) -> None:
         """`read`: the lines that could be read."""
-        if self.errors and not read:
+        n = self.count
+        if n and not read:
             raise self.errors[0]
-        if n := self.count:
+        if n > read:
+            e = self.errors[0]
+            raise DataError(self.path, f"{n:,} of its {n + read:,} rows cannot be read, more than half (the wrong file "
+                            f"or format?); the first, line {e.line}: {e.problem}", e.line)
+        if n:
             shown = "; ".join(f"line {e.line}: {e.problem}" for e in self.errors)
-            warn(f"{self.path}: {n} of its {n + read} rows cannot be read and {'are' if n != 1 else 'is'} left out: "
-                 f"{shown}{f' and {n - len(self.errors)} more' if n > len(self.errors) else ''}")
+            warn(f"{self.path}: {n:,} of its {n + read:,} rows cannot be read and {'are' if n != 1 else 'is'} left "
+                 f"out: {shown}{f' and {n - len(self.errors):,} more' if n > len(self.errors) else ''}")
 
 
 def claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]) -> bool:
@@ -114,6 +119,8 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tu
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits, arrays nested thousands deep
+        raise DataError(path, f"malformed JSON: {type(e).__name__}: {str(e)[:100]}", number) from None
     if not isinstance(obj, dict):
         raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
     for name in ("_id", *fields):
@@ -177,10 +184,9 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         except DataError as e:
             left_out.add(e, len(rows))
             continue
-        finally:
-            first = False
-        if row is not None:  # (None: the header)
+        if row is not None:  # (None: the header, which may follow lines left out)
             rows.append(row)
+        first = False
     left_out.done(len(rows))
     return rows
 
@@ -229,9 +235,11 @@ def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: se
         missing = [row for row in rows if row[column] not in known]
         if len(missing) == len(rows):
             raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names {one} of the {file} "
-                            f"(first: '{missing[0][column]}'); is this the {file} they were made for?", missing[0][0])
+                            f"(first: '{missing[0][column]}'); is this the {file} they were made for? (or was it on a "
+                            "line left out above?)", missing[0][0])
         if missing:
             warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
-                 f"{file}; they are left out: {preview([f'{r[column]} (line {r[0]})' for r in missing])}")
+                 f"{file} (or on a line of it left out above); they are left out: "
+                 f"{preview([f'{r[column]} (line {r[0]})' for r in missing])}")
             rows = [row for row in rows if row[column] in known]
     return rows

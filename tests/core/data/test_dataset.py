@@ -426,9 +426,10 @@ def test_qrels_naming_absent_documents_or_queries_are_left_out_with_one_warning_
     with pytest.warns(AnceWarning) as caught:
         ds = load_dataset(beir)
     assert [str(w.message).split("train.tsv: ")[1] for w in caught] == [
-        "1 of 4 qrels of split 'train' name queries that are not in the queries file; they are left out: qX (line 5)",
-        "2 of 3 qrels of split 'train' name documents that are not in the corpus; they are left out: gone1 (line 3), "
-        "gone2 (line 4)"]
+        "1 of 4 qrels of split 'train' name queries that are not in the queries file (or on a line of it left out "
+        "above); they are left out: qX (line 5)",
+        "2 of 3 qrels of split 'train' name documents that are not in the corpus (or on a line of it left out above); "
+        "they are left out: gone1 (line 3), gone2 (line 4)"]
     assert ds.positives("train") == {"q1": {"d0"}}
 
 
@@ -540,11 +541,32 @@ def test_a_corpus_alone_loads_in_either_layout_without_queries_or_qrels(tmp_path
 
 def test_a_file_whose_first_hundred_lines_cannot_be_read_stops_at_once_and_a_warning_names_the_first_three(beir):
     """A file in the wrong format (a CSV saved as corpus.jsonl) stops after its first 100 lines, not after millions;
-    99 bad lines before a good one are left out, the warning naming the first three and how many more."""
+    one more than half of whose lines cannot be read is refused too (what is left is not the collection); a few bad
+    lines among many are left out, the warning naming the first three and how many more."""
     _corrupt(beir, "corpus.jsonl", ["d,text"] * 100 + [_doc(0)])
     with pytest.raises(DataError, match="corpus.jsonl:1: malformed JSON"):
         load_dataset(beir)
-    _corrupt(beir, "corpus.jsonl", ["d,text"] * 99 + [_doc(0), _doc(1), _doc(2), _doc(3)])
-    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 99 of its 103 rows cannot be read and are left out: line 1: "
-                      r"malformed JSON: .*; line 2: .*; line 3: .* and 96 more$"):
+    _corrupt(beir, "corpus.jsonl", [_doc(0), *["d,text"] * 4, _doc(1), _doc(2)])
+    with pytest.raises(DataError, match=r"corpus.jsonl:2: 4 of its 7 rows cannot be read, more than half \(the wrong "
+                       r"file or format\?\); the first, line 2: malformed JSON"):
+        load_dataset(beir)
+    docs = [json.dumps({"_id": f"d{i}", "text": f"text {i}"}) for i in range(4, 100)]
+    _corrupt(beir, "corpus.jsonl", ["d,text"] * 5 + [_doc(0), _doc(1), _doc(2), _doc(3), *docs])
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 5 of its 105 rows cannot be read and are left out: line 1: "
+                      r"malformed JSON: .*; line 2: .*; line 3: .* and 2 more$"):
+        assert len(load_dataset(beir).corpus) == 100
+
+
+def test_json_that_python_cannot_hold_is_a_row_left_out(beir):
+    """An integer _id of 5,000 digits and arrays nested 100,000 deep are malformed rows, not a traceback."""
+    _corrupt(beir, "corpus.jsonl", [*(_doc(i) for i in range(4)), '{"_id": ' + "9" * 5000 + ', "text": "x"}',
+                                    '{"_id": "d9", "text": "x", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 2 of its 6 rows .* line 5: malformed JSON: ValueError: .*; "
+                      "line 6: malformed JSON: RecursionError"):
         assert len(load_dataset(beir).corpus) == 4
+
+
+def test_a_qrels_header_after_a_line_left_out_is_still_the_header(beir):
+    _corrupt(beir, "qrels/train.tsv", ["q1", "query-id\tcorpus-id\tscore", "q1\td0\t1", "q1\td1\t1"])
+    with pytest.warns(AnceWarning, match=r"train.tsv: 1 of its 3 rows cannot be read and is left out: line 1: "):
+        assert load_dataset(beir).split_qrels("train")["doc_id"].tolist() == ["d0", "d1"]
