@@ -213,9 +213,9 @@ class Search:
         were validated before any trial (`check_candidates`)."""
         refs = []  # (each trial of a Ray batch runs to its end: a failed one is not run again for the others)
         for (c, seed), ref in zip(part, run_mapped(trial, kwargs, self.base.execution, errors=True), strict=True):
-            if isinstance(ref, BaseException) and c.name == self.baseline:  # every other candidate is paired with
-                raise ref  # it: the search cannot go on
             if isinstance(ref, BaseException):
+                if c.name == self.baseline:  # every other candidate is paired with it: the search cannot go on
+                    raise ref
                 warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} "
                      f"leaves the search ({type(ref).__name__}: {ref})")
                 self.failed.append(c.name)

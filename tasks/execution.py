@@ -77,15 +77,16 @@ def _after_retries(stage: Task, k: int, calls: int, errors: list | None = None) 
     instead (in place of a result the call had, when building it again failed)."""
     try:
         yield
-    except Exception as e:
-        error = e if isinstance(e, (AnceError, ValueError)) else ChildTasksFailed(
-            f"{stage.name} call {k + 1} of {calls} failed after its retries: {type(e).__name__}: {e}")
-        if errors is None and error is e:
+    except (AnceError, ValueError) as e:
+        if errors is None:
             raise
+        errors[k:] = [e]
+    except Exception as e:
+        error = ChildTasksFailed(f"{stage.name} call {k + 1} of {calls} failed after its retries: "
+                                 f"{type(e).__name__}: {e}")
         if errors is None:
             raise error from e
-        if error is not e:
-            error.__cause__ = e
+        error.__cause__ = e
         errors[k:] = [error]
 
 

@@ -98,17 +98,17 @@ CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, wh
 def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
     """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read."""
     repeats: list[str] = []
-    left_out, read = LeftOut(path), 0
+    left_out = LeftOut(path)
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) not in (2, 3):
             left_out.add(DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}",
-                                   number), read)
+                                   number))
             continue
-        read += 1
+        left_out.keep()
         if claim_id(seen, parts[0], number, repeats):
             yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
-    left_out.done(read)
+    left_out.done()
     warn_repeats(path, repeats)
 
 

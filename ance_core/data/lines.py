@@ -54,19 +54,22 @@ class LeftOut:
     EARLY, SHOWN = 100, 3
 
     def __init__(self, path: Path):
-        self.path, self.errors, self.count = path, [], 0
+        self.path, self.errors, self.count, self.read = path, [], 0, 0
 
-    def add(self, error: DataError, read: int) -> None:
-        """`error` of a line left out; `read`: the lines read so far."""
+    def keep(self) -> None:
+        """A line read as a row."""
+        self.read += 1
+
+    def add(self, error: DataError) -> None:
+        """`error` of a line left out."""
         self.count += 1
         if len(self.errors) < self.SHOWN:
             self.errors.append(error)
-        if not read and self.count >= self.EARLY:
+        if not self.read and self.count >= self.EARLY:
             raise self.errors[0] from None  # (raised inside the caller's handling of this line's error)
 
-    def done(self, read: int) -> None:
-        """`read`: the lines that could be read."""
-        n = self.count
+    def done(self) -> None:
+        n, read = self.count, self.read
         if n and not read:
             raise self.errors[0]
         if n > read:
@@ -99,17 +102,17 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
                 ) -> Iterator[tuple[str, ...]]:
     """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
     repeats: list[str] = []
-    left_out, read = LeftOut(path), 0
+    left_out = LeftOut(path)
     for number, line in read_lines(path):
         try:
             doc_id, obj = _json_row(path, number, line, fields)
         except DataError as e:
-            left_out.add(e, read)
+            left_out.add(e)
             continue
-        read += 1
+        left_out.keep()
         if claim_id(seen, doc_id, number, repeats):
             yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
-    left_out.done(read)
+    left_out.done()
     warn_repeats(path, repeats)
 
 
@@ -139,16 +142,16 @@ def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = 
 
 
 def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
-    left_out, read = LeftOut(path), 0
+    left_out = LeftOut(path)
     for number, line in read_lines(path):
         parts = line.split("\t")
         if len(parts) != columns:
             left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}",
-                                   number), read)
+                                   number))
             continue
-        read += 1
+        left_out.keep()
         yield number, parts
-    left_out.done(read)
+    left_out.done()
 
 
 def _number(text: str) -> bool:
@@ -182,12 +185,13 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         except FileLayoutError:
             raise
         except DataError as e:
-            left_out.add(e, len(rows))
+            left_out.add(e)
             continue
         if row is not None:  # (None: the header, which may follow lines left out)
             rows.append(row)
+            left_out.keep()
         first = False
-    left_out.done(len(rows))
+    left_out.done()
     return rows
 
 

@@ -197,15 +197,16 @@ def read_trec(path: str | Path) -> pd.DataFrame:
         parts = line.split()
         if len(parts) != 6:
             left_out.add(DataError(path, f"expected 6 whitespace-separated columns (qid Q0 docid rank score tag), got "
-                                   f"{len(parts)}", number), len(rows))
+                                   f"{len(parts)}", number))
             continue
         try:
             score = float(parts[4])
         except ValueError:
-            left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number), len(rows))
+            left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number))
             continue
         rows.append((parts[0], parts[2], score))
-    left_out.done(len(rows))
+        left_out.keep()
+    left_out.done()
     if not rows:
         raise DataError(path, "empty run file")
     run = pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
