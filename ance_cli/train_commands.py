@@ -7,9 +7,7 @@ from typing import Annotated
 import typer
 
 from ance_cli.app import SETS_HELP, app, preflight, print_table, run_pipeline, shown_by_the_log
-from ance_cli.guard import (
-    guard,
-)
+from ance_cli.guard import fail, guard
 
 
 @app.command()
@@ -177,6 +175,8 @@ def compress_command(
 ):
     """Compress a trained model's embeddings (ConAE and the PCA / truncation baselines) and measure quality, index
     size and search latency on the evaluation split (the compress deployment's flow)."""
+    from pydantic import ValidationError
+
     from ance_core.compression.config import CompressConfig
     from ance_core.data.config import DataConfig
     from ance_core.modeling.model import read_meta
@@ -188,7 +188,10 @@ def compress_command(
         if checkpoint is not None:
             read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         c = load_config(config, CompressConfig) if config else CompressConfig()
-        data = DataConfig(dataset=dataset, name=name)
+        try:
+            data = DataConfig(dataset=dataset, name=name)
+        except ValidationError as e:
+            fail(f"--name {name!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
         preflight(data, work_dir, (data.train_split, data.eval_split))
         result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
                                work_dir=work_dir)

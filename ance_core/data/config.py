@@ -1,11 +1,14 @@
 """The data stage's config: which dataset, where it lives, its splits (the carved dev split, the training grades)."""
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ance_core.stage_config import StageConfig
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a collection's name in the registry (`name`)
 
 
 class DataConfig(StageConfig):
@@ -16,10 +19,10 @@ class DataConfig(StageConfig):
 
     dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
     name: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", repr=False,
+        None, repr=False,
         description="The collection's name in the MLflow registry: its models are versions of `ance-<name>`, one "
-        "champion per name. Default: the dataset folder's name (two collections in folders of the same name need "
-        "names of their own)")
+        "champion per name; letters, digits, '.', '_' and '-', starting with a letter or digit. Default: the dataset "
+        "folder's name (two collections in folders of the same name need names of their own)")
     format: Literal["auto", "beir", "msmarco"] = "auto"
     data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
@@ -42,6 +45,14 @@ class DataConfig(StageConfig):
         """The name the registry knows the collection by (`name`, else the dataset folder's name)."""
         folder = Path(self.dataset).expanduser()
         return self.name or (folder.name if folder.name not in ("", ".", "..") else folder.resolve().name)
+
+    @field_validator("name")
+    @classmethod
+    def _registry_name(cls, name: str | None) -> str | None:
+        if name is not None and not NAME.fullmatch(name):
+            raise ValueError("a collection's name is letters, digits, '.', '_' and '-', starting with a letter or "
+                             "digit (it names the registered model ance-<name>)")
+        return name
 
     @model_validator(mode="after")
     def _grade_is_positive(self) -> "DataConfig":

@@ -324,5 +324,6 @@ def format_validation_error(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {err['msg']}" + (f" (got {err['input']!r})" if "input" in err else ""))
+        message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
+        lines.append(f"  {loc}: {message}" + (f" (got {err['input']!r})" if "input" in err else ""))
     return "\n".join(lines)

@@ -31,7 +31,9 @@ def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp
     code, out = _invoke(["compress", "--config", str(cfg), "--dataset", str(tmp_path)])
     assert code == 2 and "only_kl and no_kl" in out and str(cfg) in out and "Traceback" not in out
     code, out = _invoke(["compress", "--name", "a/b", "--dataset", str(tmp_path)])  # (the registry's name for it)
-    assert code == 2 and "name" in out and "a/b" in out and "Traceback" not in out, out
+    assert code == 2 and "--name 'a/b'" in out and "letters, digits" in out and "invalid config" not in out, out
+    code, out = _invoke(["run", "--set", "data.name=a/b"])  # in a config, the field's path and the rule
+    assert code == 2 and "data.name: a collection's name is letters" in out and "Value error" not in out, out
 
 
 def test_bad_config_names_the_field(tmp_path):
