@@ -118,11 +118,14 @@ class Search:
         self.trials: list[dict] = []
         self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches that built
         self.failed: list[str] = []
+        self.reused = 0.0  # seconds that trials reused from an earlier search took when they ran: budgeted too
         self.stopped: str | None = None  # the budget ended the search
         self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
 
     def seconds_left(self) -> float:
-        return self.cfg.budget_minutes * 60 - (time.time() - self.started)
+        """The budget less this search's wall time and the time its reused trials took when they ran: a search
+        resumed after an interruption (or extended with a larger budget) decides as an uninterrupted one would."""
+        return self.cfg.budget_minutes * 60 - (time.time() - self.started) - self.reused
 
     def estimate(self, kind: str) -> float:
         """A batch of trials' expected wall seconds: the mean of the batches of its kind (`KINDS`) that built (not
@@ -179,12 +182,16 @@ class Search:
                       for c, seed in part]
             began = time.time()
             refs = self._mapped(kwargs, part)
+            records = [read_trial(ref) if ref is not None else None for ref in refs]
             if any(ref is not None and not ref.cached for ref in refs):
                 self.batches[kind if rung.full else "warm-up"].append(time.time() - began)
-            for (c, seed), ref, call in zip(part, refs, kwargs, strict=True):
+            elif any(refs):  # all reused: the batch's time when it ran (its trials ran side by side on Ray)
+                took = max(record["seconds"] for record in records if record is not None)
+                self.reused += took
+                self.batches[kind if rung.full else "warm-up"].append(took)
+            for (c, seed), ref, record, call in zip(part, refs, records, kwargs, strict=True):
                 if ref is None:
                     continue
-                record = read_trial(ref)
                 if ref.cached:
                     self._cached_run(call["name"], record)
                 scores.add(c.name, seed, rung.full, record["score"])
@@ -288,7 +295,9 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
     return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers)\n\n{markdown_table(header, rows)}"
             f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
             + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped) if note)
-            + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s.\n")
+            + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s"
+            + (f"; the cached ones took {state.reused:.0f} s when they ran, counted in the budget" if state.reused
+               else "") + ".\n")
 
 
 @flow(name="ance-tune", log_prints=True)

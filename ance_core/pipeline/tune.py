@@ -52,7 +52,10 @@ class TuneConfig(StageConfig):
                           "difference over the seeds both ran)")
     budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
                                   "(or a batch of Ray trials) that the time of those before it says would not fit, "
-                                  "and decides on the trials run")
+                                  "and decides on the trials run. Trials reused from an earlier search count at the "
+                                  "minutes they took then: a search resumed after an interruption decides as an "
+                                  "uninterrupted one would, and one run again with a larger budget goes on where the "
+                                  "smaller stopped")
 
     @model_validator(mode="after")
     def _distinct(self) -> "TuneConfig":

@@ -62,6 +62,32 @@ def test_the_warm_up_rung_leaves_two_whole_recipes_time(clock):
     assert len(state.trials) == 8 and state.stopped.startswith("the budget of 10 minutes stopped the search at rung 2")
 
 
+def test_a_resumed_search_counts_its_reused_trials_and_decides_as_an_uninterrupted_one(clock):
+    """Killed after three of its warm-ups, the search is run again: the three come back cached (no time now) and are
+    budgeted at the 60 s each took, so the rung stops where the uninterrupted search stopped (six of eight, above),
+    where a fresh budget once ran all eight."""
+    pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(7)]
+    state = _search(clock, 10, {False: 60.0, True: 120.0})
+    first = state._mapped
+    done: set[str] = set()
+
+    def resumed(kwargs, part):
+        names = [call["name"] for call in kwargs]
+        if all(name in done for name in names):
+            return [Ref(cached=True) for _ in part]
+        done.update(names)
+        return first(kwargs, part)
+
+    state._mapped = resumed
+    done.update(f"{c.name} · seed 42 · warm-up only" for c in pool[:3])  # the killed search's three trials
+    scores = Scores([c.name for c in pool])
+    state.run(scores, pool, Rung(0, [42], False))
+    assert [t["cached"] for t in state.trials] == [True] * 3 + [False] * 3 and state.reused == 180
+    assert state.cut == "the warm-up rung stopped after 6 of its 8 trials, to leave the budget to whole recipes"
+    assert "the cached ones took 180 s when they ran, counted in the budget" in tune.report(
+        pool, state, pool[0], {"table": {}, "reason": "r"})
+
+
 def test_a_budget_for_everything_cuts_nothing(clock):
     pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(3)]
     state = _search(clock, 60, {False: 60.0, True: 120.0})
