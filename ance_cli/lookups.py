@@ -133,15 +133,20 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
     import pandas as pd
 
     from ance_core.data.config import DataConfig
+    from ance_core.data.dataset import has_labels
+    from ance_core.data.sources import resolve_dataset
     from ance_core.retrieval.bm25 import BM25
     from ance_core.retrieval.fusion import fuse
     from ance_core.retrieval.search import Hit, search_text
     from tasks.bm25 import bm25_index
     from tasks.common import faults_off
-    from tasks.data import prepare_data
+    from tasks.data import prepare_corpus, prepare_data
 
     with faults_off():
-        data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
+        if has_labels(resolve_dataset(dataset, download=False)):  # the data stage: a run's BM25 index is reused
+            data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
+        else:  # a corpus to search, with no queries or qrels
+            data = prepare_corpus(dataset, None, "auto", work_dir)
         check_same_corpus(index, data, dataset)
         bm25 = BM25.load(bm25_index(data, bm25_cfg, work_dir), bm25_cfg)
     sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)

@@ -1,6 +1,6 @@
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data.config import DataConfig
-from ance_core.data.dataset import load_dataset, positive_grades, save_tables
+from ance_core.data.dataset import CORPUS_ROW_GROUP, load_corpus, load_dataset, positive_grades, save_tables
 from ance_core.data.sources import dataset_digest, resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
 from ance_core.errors import AnceError
@@ -36,3 +36,16 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
                            corpus_written=True)
 
     return run_stage(work_dir, "data", key_cfg, inputs, build)
+
+
+def prepare_corpus(dataset: str, data_home: str | None, fmt: str, work_dir: str) -> ArtifactRef:
+    """A folder's corpus alone, stored as the data stage stores it (corpus.parquet): what BM25 needs to search a
+    corpus that comes without queries or qrels (`ance search --hybrid`). Keyed by the folder's content."""
+    folder = resolve_dataset(dataset, data_home, download=False)
+
+    def build(out):
+        corpus = load_corpus(folder, fmt)
+        corpus.to_parquet(out / "corpus.parquet", index=False, row_group_size=CORPUS_ROW_GROUP)
+        return {"documents": len(corpus)}
+
+    return run_stage(work_dir, "corpus", {"format": fmt}, {"content": dataset_digest(folder)}, build)

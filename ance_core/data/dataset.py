@@ -89,6 +89,13 @@ def detect_format(folder: Path) -> str:
     raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
 
 
+def has_labels(folder: Path, fmt: str = "auto") -> bool:
+    """Whether a dataset folder holds queries and qrels beside its corpus (else it is a corpus to search only)."""
+    if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
+        return (folder / "queries.jsonl").is_file() and any((folder / "qrels").glob("*.tsv"))
+    return any(folder.glob("qrels.*.tsv"))
+
+
 # ---------------------------------------------------------------- layouts
 
 

@@ -166,6 +166,15 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     head, hits = lines[at], lines[at + 1:]
     assert "fused with BM25's by RRF (k=60)" in head and len(hits) == 3
     assert all(0 < float(line.split()[1]) <= round(2 / 61, 4) for line in hits)  # at most 1/61 from each run
+    # a corpus to search that comes without queries or qrels: BM25 over the corpus alone, the same fused hits
+    (corpus_only := tmp_path / "corpus-only").mkdir()
+    shutil.copy(tiny_scifact / "corpus.jsonl", corpus_only)
+    with pytest.warns(AnceWarning, match="--fusion auto"):
+        alone = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k",
+                                         "3", "--dataset", str(corpus_only), "--hybrid",
+                                         "--work-dir", str(tmp_path / "w")])
+    assert alone.exit_code == 0, alone.output
+    assert alone.output.strip().splitlines()[-3:] == hits
     # without --work-dir: the work folder the model is a stage of, whose latest.json records the fusion its run chose
     from ance_core.retrieval.fusion import Fusion
 
