@@ -12,6 +12,8 @@ variants tell which of its suspects holds:
   plan for each new shape);
 - `mask2d`: BERT given its (B, T) attention mask, as before `prepared_mask` (modeling/model.py), whose padding check
   in transformers reads a GPU value at every forward;
+- `fullchunk`: the producer's first chunk a whole tokenizing.CHUNK (8,192 texts), as before encode.FIRST_CHUNK (the
+  model waited for it);
 - `bf16w`: the weights cast to bf16 and no autocast (the forward ceiling rose from 37.7% to 50.3% of the peak so);
   the variant also reports how far its embeddings are from the autocast model's (cosine, top-10 agreement);
 - combinations, joined by `+` (e.g. `thread+cudnn`).
@@ -45,12 +47,14 @@ from gpu import forward_flops, model_source, utilisation  # bench/gpu.py (this s
 from msmarco_shape import synthetic_msmarco
 
 from ance_core.data.dataset import load_dataset, passage_texts
+from ance_core.modeling import tokenizing
 from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
 from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval import attention as attention_module
+from ance_core.retrieval import encode as encode_module
 from ance_core.retrieval.encode import encode_texts, padded_chunks
 
-KNOBS = {"thread", "batched", "pad32", "cudnn", "mask2d", "bf16w"}
+KNOBS = {"thread", "batched", "pad32", "cudnn", "mask2d", "fullchunk", "bf16w"}
 
 
 def one_variant(args) -> dict:
@@ -66,6 +70,8 @@ def one_variant(args) -> dict:
     dtype = autocast_dtype("auto", device)
     if "mask2d" in knobs:
         model.prepared_masks = False
+    if "fullchunk" in knobs:
+        encode_module.FIRST_CHUNK = tokenizing.CHUNK
     agreement = None
     if "bf16w" in knobs:
         agreement = bf16_agreement(model, tokenizer, texts[:2000], args.length, args.batch_tokens, dtype)

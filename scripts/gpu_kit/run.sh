@@ -6,8 +6,8 @@
 #   bash scripts/gpu_kit/run.sh measure carry .kit/site : one call, no weights: the compiled training step and encoding
 #                                                          with MiniLM's and BERT-base's shapes, then the GPU suite
 #   bash scripts/gpu_kit/run.sh pace    carry .kit/site : one call, no weights: what sets encoding's pace
-#                                                          (bench/encode_pace.py: as shipped, without the prepared
-#                                                          4-D mask, bf16 weights), then the GPU suite
+#                                                          (bench/encode_pace.py: as shipped, with the first chunk
+#                                                          as large as the rest, bf16 weights), then the GPU suite
 #   bash scripts/gpu_kit/run.sh model   carry .kit/model: MiniLM restored to fp32; `ance demo` end to end (Prefect's
 #                                                          temporary server, MLflow's SQLite store), MiniLM's benchmark
 # Each step has a time limit (the whole of a part stays under ~5 min) and a line in $OUT/steps.txt (rc, seconds).
@@ -50,11 +50,12 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_
   if [ "$part" = pace ]; then  # each variant in its own process: cold and warm passes, the forwards alone
     if [ -n "$SMALL" ]; then sizes=(--passages 100 --length 64); bt=(2048 2048); else sizes=(--passages 30000)
       bt=(131072 65536); fi
-    # as shipped (profiled: host syncs per batch), before prepared_mask (mask2d), bf16 weights instead of autocast
+    # as shipped (profiled), before the small first chunk (fullchunk), bf16 weights instead of autocast
     step pace 240 $PY bench/encode_pace.py --model "$KIT/tokenizer" --shape bert-base "${sizes[@]}" --profile \
-      --batch-tokens "${bt[0]}" --variants thread thread+mask2d thread+bf16w --timeout 75 --json "$OUT/pace_bert.json"
+      --batch-tokens "${bt[0]}" --variants thread thread+fullchunk thread+bf16w --timeout 75 \
+      --json "$OUT/pace_bert.json"
     step pace 130 $PY bench/encode_pace.py --model "$KIT/tokenizer" "${sizes[@]}" --batch-tokens "${bt[1]}" \
-      --variants thread thread+bf16w --timeout 55 --json "$OUT/pace_minilm.json"
+      --variants thread thread+fullchunk --timeout 55 --json "$OUT/pace_minilm.json"
     step tests_gpu 150 $PY -m pytest -q -p no:cacheprovider tests/gpu
     exit 0
   fi
