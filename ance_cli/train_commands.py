@@ -75,12 +75,17 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from ance_core.pipeline.recipes import recipe_config
     from ance_core.pipeline.tune import TuneConfig
     from flows.ance_pipeline import check_pipeline
-    from flows.tune import tune_recipe
+    from flows.tune import earlier_budget, tune_recipe
 
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
     base = recipe_config(tune.recipe, sets or (), config)
+    if budget_minutes is None and not any(s.split("=")[0].strip() == "budget_minutes" for s in tune_sets or ()):
+        if earlier := earlier_budget(base, tune):  # the search run again: its trials budgeted as they were
+            tune = tune.model_copy(update={"budget_minutes": earlier[0]})
+            typer.echo(f"recipe search: the budget of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
+                       "trials this one reuses (--budget-minutes to give another)")
     check_pipeline(base)
     preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
                negatives=negatives_needed(base))

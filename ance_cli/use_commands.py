@@ -87,9 +87,9 @@ def search(
                                         "on its dev split, when its result is this model or its hybrid row; else "
                                         "rrf), rrf, or the dense ranking's weight in a convex combination of "
                                         "normalised scores, e.g. 0.7")] = "auto",
-    work_dir: Annotated[str | None, typer.Option(help="--hybrid: the work folder of the data and BM25 stages, and of "
-                                                 "the run whose fusion `auto` reads (default: the one --model is a "
-                                                 "stage of, else ./work)")] = None,
+    work_dir: Annotated[str | None, typer.Option(help="--hybrid: the work folder of the data (or corpus) and BM25 "
+                                                 "stages, and of the run whose fusion `auto` reads (default: the one "
+                                                 "--model is a stage of, else ./work)")] = None,
 ):
     """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
     BM25's."""

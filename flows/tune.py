@@ -9,6 +9,7 @@ under the first seed is one of the trials (every stage cached), so the search's 
 """
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -116,7 +117,8 @@ class Search:
         self.baseline: str | None = None  # the baseline candidate's name (set by `search`)
         self.started = time.time()
         self.trials: list[dict] = []
-        self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches that built
+        self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches run (a
+        # reused trial's: the time it took when it ran)
         self.failed: list[str] = []
         self.reused = 0.0  # seconds that trials reused from an earlier search took when they ran: budgeted too
         self.stopped: str | None = None  # the budget ended the search
@@ -128,8 +130,9 @@ class Search:
         return self.cfg.budget_minutes * 60 - (time.time() - self.started) - self.reused
 
     def estimate(self, kind: str) -> float:
-        """A batch of trials' expected wall seconds: the mean of the batches of its kind (`KINDS`) that built (not
-        cached); before one did, a whole recipe's is FULL_OVER_WARM warm-ups', and a new seed's adds its warm-up."""
+        """A batch of trials' expected wall seconds: the mean of the batches of its kind (`KINDS`) run so far (a
+        reused one at the time it took when it ran); before one ran, a whole recipe's is FULL_OVER_WARM warm-ups', and
+        a new seed's adds its warm-up."""
         walls = self.batches[kind]
         if walls:
             return sum(walls) / len(walls)
@@ -183,12 +186,14 @@ class Search:
             began = time.time()
             refs = self._mapped(kwargs, part)
             records = [read_trial(ref) if ref is not None else None for ref in refs]
-            if any(ref is not None and not ref.cached for ref in refs):
-                self.batches[kind if rung.full else "warm-up"].append(time.time() - began)
-            elif any(refs):  # all reused: the batch's time when it ran (its trials ran side by side on Ray)
-                took = max(record["seconds"] for record in records if record is not None)
-                self.reused += took
-                self.batches[kind if rung.full else "warm-up"].append(took)
+            wall = time.time() - began
+            # what the reused trials of the batch took when they ran (side by side on Ray: the longest), beyond what
+            # the batch took now
+            took = max([r["seconds"] for ref, r in zip(refs, records, strict=True) if ref is not None and ref.cached],
+                       default=0.0)
+            self.reused += max(took - wall, 0.0)
+            if any(ref is not None for ref in refs):
+                self.batches[kind if rung.full else "warm-up"].append(max(wall, took))
             for (c, seed), ref, record, call in zip(part, refs, records, kwargs, strict=True):
                 if ref is None:
                     continue
@@ -229,6 +234,29 @@ class Search:
                 ref = None
             refs.append(ref)
         return refs
+
+
+BUDGET = re.compile(r"budget_minutes=([0-9.e+-]+)")
+
+
+def earlier_budget(base: PipelineConfig, cfg: TuneConfig) -> tuple[float, str] | None:
+    """(budget minutes, folder) of the newest finished search in the work folder of the same base config and search
+    settings but its budget: what a search run again without a budget of its own takes (`ance run --recipe auto`
+    after `ance tune --budget-minutes N`), so that the trials it reuses are budgeted as they were and it decides as
+    that search did. (A search's stage key holds each config's repr.)"""
+    want_base, want_tune = str(base), BUDGET.sub("", str(cfg))
+    found = []
+    for manifest in Path(base.work_dir, "tune").glob("*/manifest.json"):
+        try:
+            config = json.loads(manifest.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(config, dict) or config.get("base") != want_base:
+            continue
+        tune = str(config.get("tune", ""))
+        if BUDGET.sub("", tune) == want_tune and (budget := BUDGET.search(tune)):
+            found.append((manifest.stat().st_mtime, float(budget.group(1)), str(manifest.parent)))
+    return max(found)[1:] if found else None
 
 
 def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:

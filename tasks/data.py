@@ -1,6 +1,6 @@
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data.config import DataConfig
-from ance_core.data.dataset import CORPUS_ROW_GROUP, load_corpus, load_dataset, positive_grades, save_tables
+from ance_core.data.dataset import load_corpus, load_dataset, positive_grades, save_tables
 from ance_core.data.sources import dataset_digest, resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
 from ance_core.errors import AnceError
@@ -43,9 +43,7 @@ def prepare_corpus(dataset: str, data_home: str | None, fmt: str, work_dir: str)
     corpus that comes without queries or qrels (`ance search --hybrid`). Keyed by the folder's content."""
     folder = resolve_dataset(dataset, data_home, download=False)
 
-    def build(out):
-        corpus = load_corpus(folder, fmt)
-        corpus.to_parquet(out / "corpus.parquet", index=False, row_group_size=CORPUS_ROW_GROUP)
-        return {"documents": len(corpus)}
+    def build(out):  # (the corpus written as it is read: its text is never held whole)
+        return {"documents": len(load_corpus(folder, fmt, corpus_to=out / "corpus.parquet"))}
 
     return run_stage(work_dir, "corpus", {"format": fmt}, {"content": dataset_digest(folder)}, build)

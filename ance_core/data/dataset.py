@@ -90,10 +90,12 @@ def detect_format(folder: Path) -> str:
 
 
 def has_labels(folder: Path, fmt: str = "auto") -> bool:
-    """Whether a dataset folder holds queries and qrels beside its corpus (else it is a corpus to search only)."""
+    """Whether a dataset folder holds queries and qrels beside its corpus (BEIR: queries.jsonl and a qrels/<split>.tsv;
+    MS MARCO: a qrels.<split>.tsv, each with its queries.<split>.tsv); else it is a corpus to search only."""
     if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
         return (folder / "queries.jsonl").is_file() and any((folder / "qrels").glob("*.tsv"))
-    return any(folder.glob("qrels.*.tsv"))
+    splits = [q.name[len("qrels."):-len(".tsv")] for q in folder.glob("qrels.*.tsv")]
+    return bool(splits) and all((folder / f"queries.{split}.tsv").is_file() for split in splits)
 
 
 # ---------------------------------------------------------------- layouts
@@ -158,13 +160,14 @@ def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = No
     return _read_corpus(path, rows, corpus_to)
 
 
-def load_corpus(folder: str | Path, fmt: str = "auto") -> pd.DataFrame:
+def load_corpus(folder: str | Path, fmt: str = "auto", corpus_to: Path | None = None) -> pd.DataFrame:
     """The corpus alone (doc_id, title, text), validated as `load_dataset` validates it: for a folder that holds a
-    corpus to search and no queries or qrels (`ance search --dataset`)."""
+    corpus to search and no queries or qrels (`ance search --dataset`). With `corpus_to`, written there as it is read
+    and only the doc ids returned (`_read_corpus`)."""
     folder = Path(folder)
     if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
-        return _beir_corpus(folder, {})
-    return _read_corpus(folder / "collection.tsv", _collection_rows(folder / "collection.tsv", {}), None)
+        return _beir_corpus(folder, {}, corpus_to)
+    return _read_corpus(folder / "collection.tsv", _collection_rows(folder / "collection.tsv", {}), corpus_to)
 
 
 def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:

@@ -55,7 +55,8 @@ class TuneConfig(StageConfig):
                                   "and decides on the trials run. Trials reused from an earlier search count at the "
                                   "minutes they took then: a search resumed after an interruption decides as an "
                                   "uninterrupted one would, and one run again with a larger budget goes on where the "
-                                  "smaller stopped")
+                                  "smaller stopped. The CLI without --budget-minutes takes the budget of the newest "
+                                  "finished search of the same config and settings in the work folder")
 
     @model_validator(mode="after")
     def _distinct(self) -> "TuneConfig":

@@ -230,6 +230,52 @@ def test_ray_batches_never_straddle_two_seeds(clock):
     assert batches == [[("c1", 42)], [("base", 43), ("c0", 43)], [("c1", 43)]]
 
 
+def test_a_ray_batch_mixing_reused_and_new_trials_budgets_the_reused_ones_time_beyond_its_own(clock):
+    """Killed in the middle of a Ray batch, a search run again finds one trial of the batch reused (it took 60 s) and
+    runs its mate (20 s now): the batch counts as the 60 s the reused one took, 40 s more than its wall time."""
+    execution = {"task_runner": "ray", "workers": 2}
+    state = tune.Search(PipelineConfig.model_validate({"execution": execution}), TuneConfig(), "digest", None, None)
+
+    def mapped(kwargs, part):
+        clock["t"] += 20.0
+        return [Ref(cached=True), Ref()]
+
+    state._mapped = mapped
+    pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1)]
+    state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
+    assert state.reused == 40.0 and state.batches["warm-up"] == [60.0]
+    assert state.seconds_left() == 90 * 60 - 20 - 40
+
+
+def test_a_search_run_again_without_a_budget_takes_the_earlier_searchs(tmp_path, monkeypatch):
+    """`ance run --recipe auto` after `ance tune --budget-minutes 300` (same base, same search): the budget of that
+    search, so that its reused trials fit as they did; another base or search setting, or a budget given, is its own."""
+    import json
+
+    import ance_cli.train_commands as commands
+    import flows.ance_pipeline
+
+    base = PipelineConfig(work_dir=str(tmp_path / "w"))
+    folder = tmp_path / "w" / "tune" / "k1"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"config": {"base": str(base), "tune": str(
+        TuneConfig(budget_minutes=300))}}))
+    assert tune.earlier_budget(base, TuneConfig()) == (300.0, str(folder))
+    assert tune.earlier_budget(base, TuneConfig(eta=2)) is None
+    assert tune.earlier_budget(PipelineConfig(work_dir=str(tmp_path / "w"), rounds=2), TuneConfig()) is None
+    seen = []
+    monkeypatch.setattr(tune, "tune_recipe", lambda base, cfg: seen.append(cfg.budget_minutes))
+    monkeypatch.setattr(commands, "preflight", lambda *a, **k: None)
+    monkeypatch.setattr(flows.ance_pipeline, "check_pipeline", lambda *a, **k: None)
+    import ance_core.pipeline.recipes as recipes
+
+    monkeypatch.setattr(recipes, "recipe_config", lambda *a, **k: base)
+    commands._tune(None, None, None)
+    commands._tune(None, None, 20.0)
+    commands._tune(None, None, None, tune_sets=["budget_minutes=15"])
+    assert seen == [300.0, 20.0, 15.0]
+
+
 def test_only_seeds_the_user_set_are_said_to_be_unused():
     base = PipelineConfig()  # every seed its default, 42
     assert tune.unused_seeds(base, [1, 2]) == {} and tune.unused_seeds(base, [42]) == {}

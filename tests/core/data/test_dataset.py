@@ -537,6 +537,29 @@ def test_a_corpus_alone_loads_in_either_layout_without_queries_or_qrels(tmp_path
     assert msmarco["doc_id"].tolist() == ["7", "8"] and msmarco["text"].tolist() == ["seven", "eight"]
     with pytest.raises(AnceError, match="neither a BEIR folder"):
         load_corpus(tmp_path)
+    # written as it is read (`ance search --hybrid`'s corpus stage): the ids come back, the text is in the file
+    ids = load_corpus(tmp_path / "msmarco", corpus_to=tmp_path / "c.parquet")
+    assert ids.columns.tolist() == ["doc_id"] and pd.read_parquet(tmp_path / "c.parquet").equals(msmarco)
+
+
+def test_a_folder_has_labels_only_with_queries_and_qrels_for_them(tmp_path):
+    """Else it is a corpus to search (`ance search --hybrid` then indexes the corpus alone)."""
+    from ance_core.data.dataset import has_labels
+
+    beir, msmarco = tmp_path / "beir", tmp_path / "msmarco"
+    (beir / "qrels").mkdir(parents=True)
+    msmarco.mkdir()
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "one"}\n')
+    (msmarco / "collection.tsv").write_text("7\tseven\n")
+    assert not has_labels(beir) and not has_labels(msmarco)
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "q"}\n')
+    assert not has_labels(beir)  # queries, no qrels
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert has_labels(beir)
+    (msmarco / "qrels.dev.tsv").write_text("1\t0\t7\t1\n")
+    assert not has_labels(msmarco)  # qrels whose queries.dev.tsv is missing
+    (msmarco / "queries.dev.tsv").write_text("1\tq\n")
+    assert has_labels(msmarco)
 
 
 def test_a_file_whose_first_hundred_lines_cannot_be_read_stops_at_once_and_a_warning_names_the_first_three(beir):
