@@ -223,6 +223,12 @@ def test_pad_bench(tiny_model, tmp_path):
     assert "tokenizer.pad:" in out and "pad_ids:" in out and out.strip().endswith("x faster"), out
 
 
+def test_evaluate_bench(tmp_path):
+    """bench/evaluate.py at toy size: both conversions compared (the same values) and the ratio printed."""
+    out = bench("evaluate.py", "--queries", "20", "--depth", "50", tmp_path=tmp_path)
+    assert "(the same values)" in out and out.strip().endswith("x faster"), out
+
+
 def test_search_and_forward_ceiling_benches(tmp_path):
     """bench/search.py (the torch backend against faiss-cpu: the same top-k) and bench/forward_ceiling.py at toy sizes
     on the CPU."""

@@ -22,13 +22,23 @@ MEASURES = {
 _NAMES = {str(m): k for k, m in MEASURES.items()}
 
 
+def nested(query_ids: pd.Series, doc_ids: pd.Series, values: list) -> dict[str, dict]:
+    """{query: {doc: value}}, the form trec_eval takes. Built here from plain lists: given DataFrames, ir_measures
+    builds it once per provider by iterating the rows as named tuples, 8x slower (3.2 s of a 300-query, 1000-deep
+    evaluation's 3.7 s on an AVX2 EPYC; the same values)."""
+    out: dict[str, dict] = {}
+    for q, d, v in zip(query_ids.astype(str).tolist(), doc_ids.astype(str).tolist(), values, strict=True):
+        out.setdefault(q, {})[d] = v
+    return out
+
+
 def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
     """One row per query of the qrels: query_id and one column per metric."""
-    qrels = qrels[["query_id", "doc_id", "relevance"]].astype({"relevance": int})
-    run = run[["query_id", "doc_id", "score"]].astype({"score": float})
+    judged = nested(qrels["query_id"], qrels["doc_id"], qrels["relevance"].astype(int).tolist())
+    ranked = nested(run["query_id"], run["doc_id"], run["score"].astype(float).tolist())
     values = [
         (m.query_id, _NAMES[str(m.measure)], float(m.value))
-        for m in ir_measures.iter_calc(list(MEASURES.values()), qrels, run)
+        for m in ir_measures.iter_calc(list(MEASURES.values()), judged, ranked)
     ]
     table = pd.DataFrame(values, columns=["query_id", "metric", "value"])
     table = table.pivot(index="query_id", columns="metric", values="value")
