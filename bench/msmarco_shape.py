@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
+
+from ance_core.retrieval.bm25 import bm25s  # (bm25s without JAX: ance_core/retrieval/bm25.py)
+
+STOPWORDS_EN = bm25s.stopwords.STOPWORDS_EN
 
 MEAN_WORDS, SIGMA = 60, 0.45  # log-normal passage length: mean exp(mu + sigma^2 / 2) = 60 words
 LONG_EVERY, VOCABULARY = 2000, 30_000

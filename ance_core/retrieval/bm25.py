@@ -1,23 +1,42 @@
 """BM25 with bm25s and a Snowball stemmer: the baseline run and the source of BM25 negatives."""
 
+import importlib
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import bm25s
 import numpy as np
 import pandas as pd
 import Stemmer
-from bm25s import scoring
 from tqdm.auto import tqdm
 
 from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import run_frame
+
+
+def _bm25s_without_jax():
+    """bm25s, imported with JAX kept out. Where JAX is installed bm25s imports it and starts it (a top-k of five
+    numbers, for its `jax` backend): JAX's threads then make every later fork of the process unsafe (the training
+    loader's worker processes: JAX warned of a deadlock on the GPU machine), and on a GPU its first backend took 75%
+    of the memory. BM25 searches with numpy (bm25s's backend without JAX, the one measured here). A process that
+    imported JAX already keeps it; `import jax` works after this as before."""
+    if "jax" in sys.modules or "bm25s" in sys.modules:
+        return importlib.import_module("bm25s")
+    sys.modules["jax"] = None  # `import jax` raises ImportError while bm25s is imported
+    try:
+        return importlib.import_module("bm25s")
+    finally:
+        del sys.modules["jax"]
+
+
+bm25s = _bm25s_without_jax()
+scoring = importlib.import_module("bm25s.scoring")
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 DOC_IDS = "doc_ids.parquet"  # beside bm25s's files in a saved index: the corpus's ids, in its rows' order

@@ -20,3 +20,24 @@ def test_jax_is_kept_off_the_gpu_unless_the_user_says_otherwise():
     a user's own setting wins."""
     assert _imported_env() == {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert _imported_env(JAX_PLATFORMS="cuda")["JAX_PLATFORMS"] == "cuda"
+
+
+def test_bm25s_is_imported_without_jax_and_jax_still_imports_after(tmp_path):
+    """bm25s imports JAX where it is installed and starts it; JAX's threads make the training loader's forks unsafe
+    (JAX warned of a deadlock on the GPU machine). ance_core imports bm25s with JAX kept out, and a later
+    `import jax` works. A stand-in `jax` package on the path shows both (JAX is not installed here)."""
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "lax.py").write_text("def top_k(values, k):\n    return sorted(values)[-k:]\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+    def run(script: str) -> str:
+        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    # the stand-in is what bm25s finds when imported plainly
+    assert run("import sys, bm25s; print('jax' in sys.modules, bm25s.selection.JAX_IS_AVAILABLE)") == "True True"
+    assert run("import sys; from ance_core.retrieval.bm25 import bm25s; "
+               "print('jax' in sys.modules, bm25s.selection.JAX_IS_AVAILABLE); import jax.lax; "
+               "print('jax' in sys.modules)") == "False False\nTrue"
