@@ -77,7 +77,7 @@ def search(
     index: Annotated[Path | None, typer.Option(help="Index folder (an index stage's: `docid` and the index); "
                                                "default: the newest index of --model's encoding in its work "
                                                "folder")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many hits")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
     trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
     query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file")] = "q1",
@@ -98,6 +98,8 @@ def search(
     from ance_core.retrieval.search import search_text
 
     def body():
+        if not query.strip():
+            raise AnceError("the query is empty: give the text to search for (ance search \"...\" --model ...)")
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")

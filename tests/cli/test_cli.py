@@ -23,6 +23,15 @@ def test_not_a_checkpoint(tmp_path):
     assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
 
 
+def test_search_refuses_an_empty_query_and_a_top_k_below_one(tmp_path):
+    """Once an empty query printed ten arbitrary hits and --top-k 0 an AssertionError's traceback."""
+    code, out = _invoke(["search", "  ", "--model", str(tmp_path)])
+    assert code == 2 and "the query is empty" in out and "Traceback" not in out, out
+    for k in ("0", "-3"):
+        code, out = _invoke(["search", "cells", "--model", str(tmp_path), "--top-k", k])
+        assert code == 2 and "--top-k" in out and "Traceback" not in out, out
+
+
 def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp_path):
     code, out = _invoke(["compress", "--checkpoint", str(tmp_path), "--dataset", str(tmp_path)])
     assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
