@@ -143,10 +143,11 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
     from tasks.data import prepare_corpus, prepare_data
 
     with faults_off():
-        if has_labels(resolve_dataset(dataset, download=False)):  # the data stage: a run's BM25 index is reused
+        folder = resolve_dataset(dataset, download=False)
+        if has_labels(folder):  # the data stage: a run's BM25 index is reused
             data = prepare_data.fn(DataConfig(dataset=dataset, download=False), work_dir)
         else:  # a corpus to search, with no queries or qrels
-            data = prepare_corpus(dataset, None, "auto", work_dir)
+            data = prepare_corpus(folder, work_dir)
         check_same_corpus(index, data, dataset)
         bm25 = BM25.load(bm25_index(data, bm25_cfg, work_dir), bm25_cfg)
     sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)

@@ -81,11 +81,10 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
     base = recipe_config(tune.recipe, sets or (), config)
-    if budget_minutes is None and not any(s.split("=")[0].strip() == "budget_minutes" for s in tune_sets or ()):
-        if earlier := earlier_budget(base, tune):  # the search run again: its trials budgeted as they were
-            tune = tune.model_copy(update={"budget_minutes": earlier[0]})
-            typer.echo(f"recipe search: the budget of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
-                       "trials this one reuses (--budget-minutes to give another)")
+    if "budget_minutes" not in tune.model_fields_set and (earlier := earlier_budget(base, tune)):
+        tune = tune.model_copy(update={"budget_minutes": earlier[0]})  # its reused trials budgeted as they were
+        typer.echo(f"recipe search: the budget of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
+                   "trials this one reuses (--budget-minutes to give another)")
     check_pipeline(base)
     preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
                negatives=negatives_needed(base))
@@ -185,7 +184,7 @@ def compress_command(
     from ance_core.compression.config import CompressConfig
     from ance_core.data.config import DataConfig
     from ance_core.modeling.model import read_meta
-    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.config import load_config, validation_message
 
     def body():
         from flows.compress import compress_flow
@@ -196,7 +195,7 @@ def compress_command(
         try:
             data = DataConfig(dataset=dataset, name=name)
         except ValidationError as e:
-            fail(f"--name {name!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+            fail(f"--name {name!r}: {validation_message(e.errors()[0])}")
         preflight(data, work_dir, (data.train_split, data.eval_split))
         result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
                                work_dir=work_dir)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from ance_core.artifacts import ArtifactRef, run_stage
 from ance_core.data.config import DataConfig
 from ance_core.data.dataset import load_corpus, load_dataset, positive_grades, save_tables
@@ -38,10 +40,9 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     return run_stage(work_dir, "data", key_cfg, inputs, build)
 
 
-def prepare_corpus(dataset: str, data_home: str | None, fmt: str, work_dir: str) -> ArtifactRef:
-    """A folder's corpus alone, stored as the data stage stores it (corpus.parquet): what BM25 needs to search a
-    corpus that comes without queries or qrels (`ance search --hybrid`). Keyed by the folder's content."""
-    folder = resolve_dataset(dataset, data_home, download=False)
+def prepare_corpus(folder: Path, work_dir: str, fmt: str = "auto") -> ArtifactRef:
+    """A dataset folder's corpus alone, stored as the data stage stores it (corpus.parquet): what BM25 needs to search
+    a corpus that comes without queries or qrels (`ance search --hybrid`). Keyed by the folder's content."""
 
     def build(out):  # (the corpus written as it is read: its text is never held whole)
         return {"documents": len(load_corpus(folder, fmt, corpus_to=out / "corpus.parquet"))}

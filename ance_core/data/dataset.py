@@ -94,8 +94,17 @@ def has_labels(folder: Path, fmt: str = "auto") -> bool:
     MS MARCO: a qrels.<split>.tsv, each with its queries.<split>.tsv); else it is a corpus to search only."""
     if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
         return (folder / "queries.jsonl").is_file() and any((folder / "qrels").glob("*.tsv"))
-    splits = [q.name[len("qrels."):-len(".tsv")] for q in folder.glob("qrels.*.tsv")]
-    return bool(splits) and all((folder / f"queries.{split}.tsv").is_file() for split in splits)
+    splits = msmarco_splits(folder)
+    return bool(splits) and all(queries.is_file() for _, _, queries in splits)
+
+
+def msmarco_splits(folder: Path) -> list[tuple[str, Path, Path]]:
+    """(split, its qrels.<split>.tsv, its queries.<split>.tsv) of an MS MARCO folder, by file name."""
+    splits = []
+    for qrels in sorted(folder.glob("qrels.*.tsv")):
+        split = qrels.name[len("qrels."):-len(".tsv")]
+        splits.append((split, qrels, folder / f"queries.{split}.tsv"))
+    return splits
 
 
 # ---------------------------------------------------------------- layouts
@@ -192,12 +201,10 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
     seen: dict[str, int] = {}
     corpus = _read_corpus(path, _collection_rows(path, seen), corpus_to)
     query_frames, qrel_frames = [], []
-    qrel_files = sorted(folder.glob("qrels.*.tsv"))
-    if not qrel_files:
+    splits = msmarco_splits(folder)
+    if not splits:
         raise DataError(folder, "no qrels.<split>.tsv files")
-    for qpath in qrel_files:
-        split = qpath.name[len("qrels."):-len(".tsv")]
-        queries_path = folder / f"queries.{split}.tsv"
+    for split, qpath, queries_path in splits:
         first: dict[str, int] = {}
         repeats: list[str] = []
         qs = [(parts[0], parts[1], number) for number, parts in read_tsv(queries_path, 2, "id, text")

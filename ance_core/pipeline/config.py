@@ -225,7 +225,7 @@ class CompareConfig(StageConfig):
         try:
             return MiningConfig.model_validate(fields)
         except ValidationError as e:
-            reasons = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
+            reasons = "; ".join(map(validation_message, e.errors()))
             raise ValueError(f"samplers: '{sampler}' cannot take the shared mining options: {reasons}") from None
 
     def as_pipeline(self) -> PipelineConfig:
@@ -320,10 +320,14 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
     return out
 
 
+def validation_message(err: dict) -> str:
+    """One error of a ValidationError, without pydantic's prefix to a validator's own message."""
+    return err["msg"].removeprefix("Value error, ")
+
+
 def format_validation_error(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
-        lines.append(f"  {loc}: {message}" + (f" (got {err['input']!r})" if "input" in err else ""))
+        lines.append(f"  {loc}: {validation_message(err)}" + (f" (got {err['input']!r})" if "input" in err else ""))
     return "\n".join(lines)
