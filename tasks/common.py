@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -215,6 +216,32 @@ TASK_DEFAULTS = dict(
 )
 
 
+_RUNNING: dict[uuid.UUID, TaskRun] = {}  # task run id -> the engine's TaskRun, while its body runs in this process
+_RUNNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _running_here() -> Iterator[None]:
+    """Records the calling task run in `_RUNNING` while the body runs (any thread of this process)."""
+    context = TaskRunContext.get()
+    run = context.task_run if context is not None else None
+    if run is not None:
+        with _RUNNING_LOCK:
+            _RUNNING[run.id] = run
+    try:
+        yield
+    finally:
+        if run is not None:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(run.id, None)
+
+
+def running_task_runs() -> list[TaskRun]:
+    """The stage task runs whose bodies are running in this process now (their engines' TaskRun objects)."""
+    with _RUNNING_LOCK:
+        return list(_RUNNING.values())
+
+
 def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = None, ignore: tuple[str, ...] = (),
                **options: Any):
     """Decorator: a Prefect task with the stage defaults, the content cache key (without the `ignore` inputs) and
@@ -223,8 +250,9 @@ def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = No
     def wrap(fn):
         @functools.wraps(fn)
         def body(*args, **kwargs):
-            inject_fault(name)
-            return fn(*args, **kwargs)
+            with _running_here():
+                inject_fault(name)
+                return fn(*args, **kwargs)
 
         return task(name=name, cache_policy=StageCache(extra=extra_key, ignore=ignore),
                     **(TASK_DEFAULTS | options))(body)

@@ -38,7 +38,7 @@ from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import train
 from ance_core.training.plan import planned_steps
 from ance_core.training.state import checkpoint_step, latest_checkpoint
-from tasks.common import stage_task
+from tasks.common import running_task_runs, stage_task
 from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
 from tasks.train import ACCUMULATION_RULE, fault_callback, progress_callback
@@ -182,8 +182,12 @@ def trainer_config(cfg: TrainConfig, split: str, rounds: int, encode: EncodeConf
 def _crash_task_runs_beside(reason: str) -> None:
     """Set Crashed the task runs of this task's flow run that are still Running or Pending, other than this one: a
     stopped process takes the inferencer's threads (daemons) down with it, and their task runs would stay Running on
-    the server, where Prefect's own handler crashes only the flow run and the task run it was in. Best effort: the
-    server may be going away too."""
+    the server, where Prefect's own handler crashes only the flow run and the task run it was in.
+
+    Two paths, as a task run's states reach the server by two: those running here are ended by a Crashed state event
+    sent after their Running one (the server records a state only if newer, so a Running event it has not yet
+    recorded cannot undo it: a busy server records events seconds late), and those the server knows as Running or
+    Pending are set Crashed through its API. Best effort: the server may be going away too."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -195,10 +199,21 @@ def _crash_task_runs_beside(reason: str) -> None:
     from prefect.client.schemas.objects import StateType
     from prefect.context import TaskRunContext
     from prefect.states import Crashed
+    from prefect.utilities.engine import emit_task_run_state_change_event
 
     context = TaskRunContext.get()
     if context is None:
         return
+    log = logging.getLogger(__name__)
+    for run in running_task_runs():
+        if run.id == context.task_run.id or run.flow_run_id != context.task_run.flow_run_id:
+            continue
+        try:
+            crashed = Crashed(message=reason)
+            crashed.state_details.task_run_id, crashed.state_details.flow_run_id = run.id, run.flow_run_id
+            emit_task_run_state_change_event(task_run=run, initial_state=run.state, validated_state=crashed)
+        except Exception as e:  # noqa: BLE001
+            log.warning(f"could not end the task run {run.name}: {e}")
     try:
         with get_client(sync_client=True) as client:
             running = client.read_task_runs(
@@ -209,7 +224,7 @@ def _crash_task_runs_beside(reason: str) -> None:
                 if run.id != context.task_run.id:
                     client.set_task_run_state(run.id, Crashed(message=reason), force=True)
     except Exception as e:  # noqa: BLE001
-        logging.getLogger(__name__).warning(f"could not end the refresh's task runs: {e}")
+        log.warning(f"could not end the refresh's task runs: {e}")
 
 
 def _copy_from(saved: Path):
