@@ -4,6 +4,7 @@ a slow embedded Prefect server says what to change; SIGTERM ends the command cle
 
 import logging
 import os
+from typing import NoReturn
 
 import typer
 
@@ -59,7 +60,8 @@ def plain_warnings() -> None:
     warnings.showwarning = show
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
+    """One red `error:` line on stderr, then exit status 2 (a user error)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
