@@ -124,8 +124,8 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
                                    number))
             continue
         left_out.keep()
-        if claim_id(seen, parts[0], number, repeats):
-            yield parts[0], parts[1] if len(parts) == 3 else "", parts[-1]
+        if claim_id(seen, parts[0].strip(), number, repeats):  # (ids trimmed, as qrels' are)
+            yield parts[0].strip(), parts[1] if len(parts) == 3 else "", parts[-1]
     left_out.done()
     warn_repeats(path, repeats)
 
@@ -190,10 +190,31 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     query_ids = set(queries["query_id"])
     frames = []
     for path in files:
-        rows = check_qrels(path, read_qrels(path), query_ids, seen, path.stem)
-        frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
-            split=path.stem))
-    return _finish(corpus, queries, pd.concat(frames, ignore_index=True), folder / "queries.jsonl")
+        if (rows := _usable_qrels(path, path.stem, query_ids, seen)) is not None:
+            frames.append(_qrels_frame(rows, path.stem))
+    return _finish(corpus, queries, _all_splits(frames, files), folder / "queries.jsonl")
+
+
+def _usable_qrels(path: Path, split: str, query_ids: set, doc_ids: dict[str, int]
+                  ) -> list[tuple[int, str, str, int]] | None:
+    """A split's usable qrels rows (`check_qrels`), or None, with a warning, for a file with no qrels lines (a header
+    alone, or nothing): that split is left out and the others load (a run that asks for it is told it is missing). A
+    file whose lines cannot be used is an error: the wrong file, or the wrong corpus."""
+    rows = read_qrels(path)
+    if not rows:
+        warn(f"{path}: no qrels lines: split '{split}' is left out")
+        return None
+    return check_qrels(path, rows, query_ids, doc_ids, split)
+
+
+def _qrels_frame(rows: list[tuple[int, str, str, int]], split: str) -> pd.DataFrame:
+    return pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(split=split)
+
+
+def _all_splits(frames: list[pd.DataFrame], files: list[Path]) -> pd.DataFrame:
+    if not frames:
+        raise DataError(files[0].parent, f"no qrels lines in any of {', '.join(f.name for f in files)}")
+    return pd.concat(frames, ignore_index=True)
 
 
 def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
@@ -204,18 +225,25 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
     splits = msmarco_splits(folder)
     if not splits:
         raise DataError(folder, "no qrels.<split>.tsv files")
+    texts: dict[str, tuple[str, str]] = {}  # query id -> (its text, where it was first read): one query per id
     for split, qpath, queries_path in splits:
         first: dict[str, int] = {}
         repeats: list[str] = []
         qs = [(parts[0], parts[1], number) for number, parts in read_tsv(queries_path, 2, "id, text")
               if claim_id(first, parts[0], number, repeats)]
         warn_repeats(queries_path, repeats)
-        rows = check_qrels(qpath, read_qrels(qpath), set(first), seen, split)
-        query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
-        qrel_frames.append(pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(
-            split=split))
+        clashes = [f"'{q}' ('{texts[q][0][:40]}' in {texts[q][1]}, '{text[:40]}' in {queries_path.name}:{number})"
+                   for q, text, number in qs if q in texts and texts[q][0] != text]
+        if clashes:  # each split numbered from 1: the other split's qrels would be read against this split's text
+            raise DataError(queries_path, f"{len(clashes)} query id(s) already name another query in an "
+                            f"earlier split's queries file: {preview(clashes)}; an id must name one query across the "
+                            "collection's splits: give one split's queries other ids (in its queries and qrels files)")
+        texts |= {q: (text, f"{queries_path.name}:{number}") for q, text, number in qs if q not in texts}
+        if (rows := _usable_qrels(qpath, split, set(first), seen)) is not None:
+            query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
+            qrel_frames.append(_qrels_frame(rows, split))
     queries = pd.concat(query_frames, ignore_index=True).drop_duplicates("query_id")
-    return _finish(corpus, queries, pd.concat(qrel_frames, ignore_index=True), folder / "queries.<split>.tsv")
+    return _finish(corpus, queries, _all_splits(qrel_frames, [s[1] for s in splits]), folder / "queries.<split>.tsv")
 
 
 def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, queries_file: Path) -> Dataset:

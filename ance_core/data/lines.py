@@ -2,8 +2,10 @@
 gzip, bytes that are not UTF-8), ids claimed once, JSON lines, TSV rows, and qrels in BEIR's or TREC's layout."""
 
 import gzip
+import io
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,9 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise DataError(path, "file not found")
     warned = False
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        if f.peek(2)[:2] in UTF16_BOMS:
+            yield from _utf16_lines(f, path)
+            return
         for number, raw in _numbered(f, path):
             encoding = "utf-8-sig" if number == 1 else "utf-8"
             try:
@@ -32,8 +37,26 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
                          "as U+FFFD, and so are any later line's")
                     warned = True
             line = line.rstrip("\r\n")
+            if number > 1 and line.startswith("\ufeff"):  # files joined by `cat`: a mark at each one's start
+                line = line[1:]
             if line.strip():
                 yield number, line
+
+
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 file's first bytes (little-, big-endian)
+
+
+def _utf16_lines(f, path: Path) -> Iterator[tuple[int, str]]:
+    """`read_lines` of a UTF-16 file with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
+    them): decoded as UTF-16, not read as UTF-8 with a NUL byte between every character."""
+    try:
+        for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-16", errors="replace", newline=None),
+                                      start=1):
+            line = line.rstrip("\r\n").lstrip("\ufeff")
+            if line.strip():
+                yield number, line
+    except (OSError, EOFError) as e:
+        raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
 def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -103,6 +126,7 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
     """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
     repeats: list[str] = []
     left_out = LeftOut(path)
+    surrogates: list[int] = []
     for number, line in read_lines(path):
         try:
             doc_id, obj = _json_row(path, number, line, fields)
@@ -110,10 +134,27 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
             left_out.add(e)
             continue
         left_out.keep()
-        if claim_id(seen, doc_id, number, repeats):
-            yield (doc_id, *(obj[f] for f in fields), *(str(obj.get(f) or "") for f in optional))
+        row = (doc_id, *(obj[f] for f in fields), *(_optional_text(obj.get(f)) for f in optional))
+        if "\\u" in line and any(_SURROGATE.search(value) for value in row):  # (only a \u escape makes one)
+            surrogates.append(number)
+            row = tuple(_SURROGATE.sub("\ufffd", value) for value in row)
+        if claim_id(seen, row[0], number, repeats):
+            yield row
     left_out.done()
     warn_repeats(path, repeats)
+    if surrogates:
+        warn(f"{path}: {len(surrogates)} lines hold half of a UTF-16 surrogate pair (a \\ud800-\\udfff escape "
+             f"alone, as an emoji cut in two; not text), read as U+FFFD: lines {preview(surrogates)}")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _optional_text(value) -> str:
+    """An optional field's text: missing, null and NaN (pandas' `to_json` writes a missing title as NaN) are empty."""
+    if value is None or isinstance(value, float) and not math.isfinite(value):
+        return ""
+    return str(value)
 
 
 def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tuple[str, dict]:
@@ -131,10 +172,20 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tu
             raise DataError(path, f"missing field '{name}'", number)
         if name != "_id" and not isinstance(obj[name], str):
             raise DataError(path, f"field '{name}' must be a string", number)
-    doc_id = str(obj["_id"])
-    if not doc_id:
+    return _id_text(path, number, obj["_id"]), obj
+
+
+def _id_text(path: Path, number: int, value) -> str:
+    """A JSON `_id` as the text qrels name it: a string trimmed (qrels ids are), an integer as its digits, an integral
+    float as its integer's (pandas writes an int column with gaps as 1.0); anything else is an error naming the line."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise DataError(path, f"'_id' must be a string or an integer, got {json.dumps(value)[:40]}", number)
+    text = str(value).strip()
+    if not text:
         raise DataError(path, "empty '_id'", number)
-    return doc_id, obj
+    return text
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -142,12 +193,15 @@ def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = 
 
 
 def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[str]]]:
+    """(line, its `columns` tab-separated values) of each readable line, the first trimmed (an id); the last holds the
+    rest of the line, tabs included, trimmed (text with a tab in it, or a trailing tab, is still one value)."""
     left_out = LeftOut(path)
     for number, line in read_lines(path):
-        parts = line.split("\t")
-        if len(parts) != columns:
-            left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}",
-                                   number))
+        parts = line.split("\t", columns - 1)
+        parts[0], parts[-1] = parts[0].strip(), parts[-1].strip()
+        if len(parts) != columns or not parts[0]:
+            left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}"
+                                   if len(parts) != columns else "empty id", number))
             continue
         left_out.keep()
         yield number, parts
@@ -170,7 +224,13 @@ def _relevance(path: Path, number: int, value: str) -> int:
         raise DataError(path, f"relevance '{value}' is not a number", number) from None
     if not math.isfinite(grade) or grade != int(grade):
         raise DataError(path, f"relevance '{value}' is not an integer grade", number)
+    if abs(grade) > MAX_GRADE:
+        raise DataError(path, f"relevance '{value}' is out of range (a grade is a small integer: at most "
+                        f"{MAX_GRADE:,} either way)", number)
     return int(grade)
+
+
+MAX_GRADE = 2**31 - 1  # (qrels are stored as 64-bit integers; trec_eval's are 32-bit)
 
 
 def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
@@ -208,7 +268,7 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
             if first and QRELS_HEADER & {p.strip().lower() for p in parts}:
                 raise FileLayoutError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
                                       "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
-                                      "and no header; remove the extra column", number)
+                                      "and no header; remove the header line", number)
             if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
                 raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
                                 f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "

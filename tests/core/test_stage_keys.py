@@ -93,9 +93,10 @@ def test_every_stage_has_a_rule_and_each_rule_is_pinned():
         for path in (root / folder).rglob("*.py"):
             built |= set(re.findall(r"(?:run_stage|stage_key)\([^,()]+, *\"([a-z0-9-]+)\"", path.read_text()))
     assert built == set(STAGE_RULES)
-    assert STAGE_RULES == dict.fromkeys(sorted(STAGE_RULES), 0)  # bumped: none yet
+    # bumped: data and corpus (what messy collections load as: ids trimmed, UTF-16 files, half surrogate pairs)
+    assert STAGE_RULES == dict.fromkeys(sorted(STAGE_RULES), 0) | {"data": 1, "corpus": 1}
     keys = {name: stage_key(name, {"probe": 1}, {"input": "d" * 16}) for name in sorted(STAGE_RULES)}
-    assert digest_of(keys) == "340c3c262a9e139d"  # (with "corpus", ance search --hybrid on a corpus alone)
+    assert digest_of(keys) == "4b96357d201e97e6"
 
 
 def _stage_configs():

@@ -1,0 +1,125 @@
+"""Collections as users bring them: JSON written by JavaScript or pandas, files saved by Windows tools or joined by
+`cat`, ids with stray spaces, MS MARCO-style splits numbered each from 1. Each loads as meant, or is refused naming
+the file and what to change; a bad row is left out with a warning, never a traceback."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from ance_core.data.dataset import load_dataset, save_tables
+from ance_core.errors import AnceWarning, DataError
+from tests.tiny import write_beir
+
+CORPUS = [{"_id": "d1", "title": "t1", "text": "apple pie"}, {"_id": "d2", "title": "t2", "text": "cherry tart"}]
+QUERIES = [{"_id": "q1", "text": "apple"}, {"_id": "q2", "text": "cherry"}]
+QRELS = {"train": [("q1", "d1", 1)], "test": [("q2", "d2", 1)]}
+
+
+def _lines(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_half_a_surrogate_pair_is_read_as_a_replacement_character_with_one_warning(tmp_path):
+    """`\\ud83d` alone (an emoji cut in two by JavaScript) is valid JSON but not text: it used to crash the load when
+    the table was built (UnicodeEncodeError, a traceback)."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "corpus.jsonl").write_text((folder / "corpus.jsonl").read_text()
+                                         + '{"_id": "d3", "title": "t", "text": "bad \\ud83d end"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "apple \\udc00"}\n{"_id": "q2", "text": "cherry"}\n')
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 lines hold half of a UTF-16 surrogate pair .*lines 3"):
+        ds = load_dataset(folder)
+    assert ds.corpus.set_index("doc_id").loc["d3", "text"] == "bad \ufffd end"
+    assert ds.queries.set_index("query_id").loc["q1", "text"] == "apple \ufffd"
+    (tmp_path / "tables").mkdir()
+    save_tables(ds, tmp_path / "tables")  # (parquet took no surrogates either)
+
+
+def test_ids_and_titles_as_pandas_and_spreadsheets_write_them(tmp_path):
+    """A title NaN (pandas' `to_json` of a missing value) is no title, not the word 'nan'; an id 1.0 is the id qrels
+    call 1; ids are trimmed in every file as they are in qrels; an id that is a list is a bad row, left out."""
+    folder = tmp_path / "ds"
+    write_beir(folder, CORPUS, QUERIES, {"train": [("q1", "1", 1), ("q1", "d1", 1)], "test": [("q2", "d2", 1)]})
+    (folder / "corpus.jsonl").write_text('{"_id": "d1 ", "title": NaN, "text": "apple pie"}\n'
+                                         '{"_id": " d2", "title": "t2", "text": "cherry tart"}\n'
+                                         '{"_id": 1.0, "title": "t", "text": "one"}\n'
+                                         '{"_id": ["x"], "title": "t", "text": "list"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "q1\\t", "text": "apple"}\n{"_id": "q2", "text": "cherry"}\n')
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 of its 4 rows cannot be read .*line 4: '_id' must be a "
+                      r"string or an integer"):
+        ds = load_dataset(folder)
+    corpus = ds.corpus.set_index("doc_id")
+    assert sorted(corpus.index) == ["1", "d1", "d2"] and corpus.loc["d1", "title"] == ""
+    assert sorted(ds.qrels["doc_id"]) == ["1", "d1", "d2"] and sorted(ds.queries["query_id"]) == ["q1", "q2"]
+
+
+def test_a_grade_too_large_to_store_is_a_bad_row(tmp_path):
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t1e20\n")
+    with pytest.warns(AnceWarning, match=r"train.tsv: 1 of its 2 rows .*line 3: relevance '1e20' is out of range"):
+        ds = load_dataset(folder)
+    (tmp_path / "tables").mkdir()
+    save_tables(ds, tmp_path / "tables")  # (it was an OverflowError here)
+    assert ds.qrels[ds.qrels["split"] == "train"]["doc_id"].tolist() == ["d1"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_files_saved_as_utf16_load_as_their_utf8_twins(tmp_path, encoding):
+    """Windows PowerShell 5.1's `>` writes UTF-16 with a byte-order mark: it used to be read as UTF-8 (a NUL between
+    characters) and refused as malformed JSON or a grade that is not a number."""
+    clean = load_dataset(write_beir(tmp_path / "clean", CORPUS, QUERIES, QRELS))
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
+        text = (folder / name).read_text().replace("\n", "\r\n")
+        (folder / name).write_bytes((b"\xfe\xff" if encoding.endswith("be") else b"") + text.encode(encoding))
+    ds = load_dataset(folder)
+    for table in ("corpus", "queries", "qrels"):
+        pd.testing.assert_frame_equal(getattr(ds, table), getattr(clean, table))
+
+
+def test_files_joined_by_cat_keep_every_id(tmp_path):
+    """A byte-order mark at the start of the second of two files `cat` joined is not part of its first id."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    rows = [json.dumps(r) for r in CORPUS]
+    (folder / "corpus.jsonl").write_bytes(("\ufeff" + rows[0] + "\r\n" + "\ufeff" + rows[1] + "\r\n").encode())
+    assert sorted(load_dataset(folder).corpus["doc_id"]) == ["d1", "d2"]
+
+
+def _marco(tmp_path, train_queries: str, test_queries: str):
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    (folder / "collection.tsv").write_text("d1\tapple pie\nd2 \tcherry tart\n")
+    (folder / "queries.train.tsv").write_text(train_queries)
+    (folder / "qrels.train.tsv").write_text("1\t0\td1\t1\n")
+    (folder / "queries.test.tsv").write_text(test_queries)
+    (folder / "qrels.test.tsv").write_text("2\t0\td2\t1\n")
+    return folder
+
+
+def test_msmarco_queries_with_a_trailing_tab_or_a_tab_in_their_text_load(tmp_path):
+    """`1\\tapple recipe\\t` (a trailing tab, as spreadsheet exports write) was a bad row, and with most lines so the
+    file was refused; the text is everything after the id's tab. Ids are trimmed (the collection's 'd2 ')."""
+    ds = load_dataset(_marco(tmp_path, "1\tapple recipe\t\n", "2\tcherry\tdessert\n"))
+    assert dict(zip(ds.queries["query_id"], ds.queries["text"], strict=True)) == {"1": "apple recipe",
+                                                                                  "2": "cherry\tdessert"}
+    assert sorted(ds.qrels["doc_id"]) == ["d1", "d2"]
+
+
+def test_msmarco_splits_that_give_one_query_id_two_texts_are_refused(tmp_path):
+    """Splits numbered each from 1: train's qrels would be read against test's text, silently (the shared-queries
+    warning then blamed the splits for overlapping). The same query in two splits' files is fine."""
+    folder = _marco(tmp_path, "1\tapple recipe\n2\tcherry\n", "2\tcherry\n")
+    assert sorted(load_dataset(folder).queries["query_id"]) == ["1", "2"]
+    (folder / "queries.test.tsv").write_text("1\tcherry dessert\n2\tcherry\n")
+    (folder / "queries.train.tsv").write_text("1\tapple recipe\n")  # (splits are read in name order: test first)
+    with pytest.raises(DataError, match=r"queries.train.tsv: 1 query id\(s\) already name another query in an "
+                       r"earlier split's queries file: '1' \('cherry dessert' in queries.test.tsv:1, 'apple recipe' in "
+                       r"queries.train.tsv:1\); an id must name one query"):
+        load_dataset(folder)
+
+
+def test_a_trec_header_line_is_named_as_a_header(tmp_path):
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "qrels" / "train.tsv").write_text("qid iter docno rel\nq1 0 d1 1\n")
+    with pytest.raises(DataError, match="remove the header line"):
+        load_dataset(folder)
