@@ -103,10 +103,17 @@ def search(
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")
+        if trec is not None and trec.is_dir():
+            raise AnceError(f"--trec {trec}: a folder; give the run file's path (e.g. {trec / 'hits.trec'})")
+        if trec is not None and (not query_id or len(query_id.split()) != 1 or query_id != query_id.strip()):
+            raise AnceError(f"--query-id '{query_id}': a TREC run's query id is one word (no spaces, not empty)")
         if hybrid:
+            from ance_core.artifacts import writable_work_dir
+
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
             work = work_dir or model_work_dir(model)
+            writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
             how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
             hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
@@ -187,11 +194,12 @@ def _export_onnx(checkpoint: str, out: Path, int8: bool, force: bool) -> dict:
     from ance_core.export.onnx import export_onnx
     from tracking.pyfunc import mlflow_model_files
 
-    result = export_onnx(checkpoint, out, int8, force)
-    with tempfile.TemporaryDirectory(prefix="ance-export-mlflow-") as tmp:
-        for f in mlflow_model_files(out, tmp):
-            shutil.copy2(f, out / f.name)
-    return result
+    def servable(folder: Path) -> None:  # (inside the export's atomic folder: a failure leaves no half export)
+        with tempfile.TemporaryDirectory(prefix="ance-export-mlflow-") as tmp:
+            for f in mlflow_model_files(folder, tmp):
+                shutil.copy2(f, folder / f.name)
+
+    return export_onnx(checkpoint, out, int8, force, finish=servable)
 
 
 @app.command()

@@ -94,11 +94,12 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # keys from before the rules); tests/core/test_stage_keys.py pins this table, every stage name the code builds, and
 # a key per stage, so a change of output meets a failing test until its rule is bumped on purpose (issue 41 changed the
 # keys of the inputs that were missing: a teacher's content, SimANS under a margin). Bumped: data and corpus to 1 (ids
-# trimmed in every file, UTF-16 files, half surrogate pairs and NaN titles: what messy collections load as changed).
+# trimmed in every file, UTF-16 files, half surrogate pairs and NaN titles: what messy collections load as changed);
+# fusion and fuse to 1 (RRF no longer ranks BM25's score-0 filler rows as hits).
 STAGE_RULES: dict[str, int] = {
     "data": 1, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 0, "negative-stats": 0, "score-profile": 0, "train": 0, "train-async": 0,
-    "snapshot": 0, "dev-candidates": 0, "evaluate": 0, "fusion": 0, "fuse": 0, "serving": 0, "reports": 0,
+    "snapshot": 0, "dev-candidates": 0, "evaluate": 0, "fusion": 1, "fuse": 1, "serving": 0, "reports": 0,
     "compress": 0, "trial": 0, "tune": 0, "corpus": 1,
 }
 

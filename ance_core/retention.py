@@ -248,7 +248,6 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     keep = {k for k, f in folders.items()  # not recorded by any run: an older work folder's, or just built elsewhere
             if k not in recorded and (cfg.keep_runs is None or now - _built_at(f) < GRACE_SECONDS)}
     keep |= {s["key"] for r in kept_runs for s in r["stages"] if s["key"] in folders}
-    keep |= _latest_search(folders, work_dir)
     for run in kept_runs:
         encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
         for k, encode in enumerate(encodes):
@@ -260,6 +259,7 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
             keep |= _refresh_of(folders, encode)
     if not cfg.keep_rankings:  # ended runs' rankings: what they fed is built (a live run's stay, below)
         keep -= {s["key"] for r in ended for s in r["stages"] if s["stage"] == "retrieve"}
+    keep |= _latest_search(folders, work_dir)  # (after the refreshes: the model a run delivers may be an early one's)
     live_keys = {s["key"] for r in live for s in r["stages"] if s["key"] in folders}
     keep |= live_keys | {k for key in live_keys if folders[key].stage == "encode" for k in _refresh_of(folders, key)}
     plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),

@@ -20,10 +20,10 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read decompressed (an
     evaluation's TREC run as MLflow keeps it)."""
     if not path.is_file():
-        raise DataError(path, "file not found")
+        raise DataError(path, "a folder, not a file" if path.is_dir() else "file not found")
     warned = False
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        if f.peek(2)[:2] in UTF16_BOMS:
+        if _first_bytes(f, path) in UTF16_BOMS:
             yield from _utf16_lines(f, path)
             return
         for number, raw in _numbered(f, path):
@@ -44,6 +44,13 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 file's first bytes (little-, big-endian)
+
+
+def _first_bytes(f, path: Path) -> bytes:
+    try:
+        return f.peek(2)[:2]
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
 def _utf16_lines(f, path: Path) -> Iterator[tuple[int, str]]:

@@ -17,7 +17,7 @@ difference). Compressed checkpoints (ConAE projectors) are not exported.
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,11 @@ def _require_onnxruntime():
     return onnxruntime
 
 
-def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, force: bool = False) -> dict[str, Any]:
-    """Write `checkpoint` as an ONNX export folder `out`, atomically; returns what was written and the largest
-    difference between the served model's embeddings and PyTorch's on a few texts."""
+def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, force: bool = False,
+                finish: Callable[[Path], None] | None = None) -> dict[str, Any]:
+    """Write `checkpoint` as an ONNX export folder `out`, atomically (`finish(folder)` adds what else it holds, e.g.
+    the MLflow model files, before it is put in place); returns what was written and the largest difference between
+    the served model's embeddings and PyTorch's on a few texts."""
     _require_onnxruntime()
     checkpoint, out = Path(checkpoint), Path(out)
     check_target(out, force, checkpoint)
@@ -85,6 +87,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
             expected = model(batch["input_ids"], batch["attention_mask"]).numpy()
         got = OnnxEncoder(tmp).encode_texts(texts, meta.query_max_length)
         difference = float(np.abs(got - expected).max() / np.abs(expected).max())
+        if finish is not None:
+            finish(tmp)
     return {"out": str(out), "format": "onnx", "serve": f"{ONNX_DIR}/{served}", "dim": int(expected.shape[1]),
             "max_relative_difference": difference, "query_max_length": meta.query_max_length,
             "passage_max_length": meta.passage_max_length}

@@ -2,7 +2,8 @@
 
 Two ways, each over the union of the two runs' hits per query:
 - reciprocal-rank fusion (Cormack et al. 2009): score = 1/(k + rank_dense) + 1/(k + rank_bm25), k = 60, a hit missing
-  from one run contributing nothing from it;
+  from one run contributing nothing from it (BM25's rows of score 0, documents that match no query term and fill a
+  query's run to its depth, are not hits);
 - a convex combination of per-query normalised scores: score = w·s_dense + (1 − w)·s_bm25, each run's scores of the
   query min-max scaled to [0, 1] over its own hits, a hit missing from a run taking that run's minimum (0).
 
@@ -62,6 +63,9 @@ def fuse(dense: pd.DataFrame, bm25: pd.DataFrame, fusion: Fusion, depth: int | N
     """The fused run (query_id, doc_id, rank, score), best first, `depth` hits per query; every query of either run."""
     dense, bm25 = _ranked(dense, depth), _ranked(bm25, depth)
     if fusion.method == "rrf":
+        # BM25's score-0 rows match no query term: filler at arbitrary ranks, not hits (in a convex combination they
+        # add nothing: the minimum, as a hit the run lacks)
+        bm25 = bm25[bm25["score"] > 0]
         parts = [run.assign(part=1.0 / (fusion.k + run["rank"])) for run in (dense, bm25)]
     else:
         parts = [dense.assign(part=fusion.weight * _normalised(dense)),

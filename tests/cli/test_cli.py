@@ -401,6 +401,16 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
     assert code == 0 and "and more words" in out, out
     code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "emb")])
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
+    # what a review found failing after the search, with a traceback, or writing lines `ance evaluate --run` refuses
+    flat = ["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "flat")]
+    for args, message in ((["--trec", str(tmp_path)], "a folder; give the run file's path"),
+                          (["--trec", str(tmp_path / "q.trec"), "--query-id", "q 7"], "is one word"),
+                          (["--trec", str(tmp_path / "q.trec"), "--query-id", ""], "is one word"),
+                          (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--work-dir",
+                            str(tmp_path / "flat.trec")], "cannot be created or written")):
+        code, out = _invoke([*flat, *args])
+        assert code == 2 and message in out and "Traceback" not in out, (args, out)
+    assert not (tmp_path / "q.trec").exists()
 
 
 def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path, monkeypatch):

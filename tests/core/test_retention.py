@@ -224,6 +224,17 @@ def test_a_part_of_another_run_is_never_an_ended_run_whether_it_fails_or_is_kill
     assert [r["name"] for r in ended] == ["pipeline"] and live == []
 
 
+def test_the_latest_model_keeps_what_search_reads_when_it_is_not_among_the_last_refreshes(tmp_path):
+    """The model a run delivers may be its starting one, or its warm-up (chosen on dev): its encoding is then an early
+    refresh of the run, which keep_refreshes lets go, but `ance search --model <it>` reads it (found by a review: gc
+    removed it, and search then found no index)."""
+    work = _retrained(tmp_path / "work", 1)
+    start = next(f for f in stage_folders(work).values() if (f.path / "name.txt").read_text() == "pretrained")
+    (work / "latest.json").write_text(json.dumps({"checkpoint": str(start.path), "digest": start.key}))
+    kept = _names(plan_gc(work, RetentionConfig(keep_runs=1, keep_refreshes=1)).keep)
+    assert {"pretrained", "enc0a", "idx0a", "data"} <= set(kept), kept
+
+
 def test_the_latest_model_keeps_what_search_reads_whichever_runs_are_kept(tmp_path):
     """After a training run, evaluations and BM25 checks are runs too: with keep_runs 1 the training run is not kept,
     but the model latest.json names keeps its corpus encoding, the index on it and the data (`ance search --model`

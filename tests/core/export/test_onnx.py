@@ -80,3 +80,17 @@ def test_bad_input_is_one_clear_line(exported, tmp_path):
     assert code == 2 and "unknown export format 'tflite'" in output and "onnx" in output
     with pytest.raises(Exception, match="not an ONNX export"):
         Encoder(checkpoint, backend="onnx")
+
+
+def test_an_export_that_fails_while_made_servable_leaves_nothing(exported, tmp_path):
+    """The MLflow model files are written inside the export's atomic folder: a failure there (a review simulated it)
+    left an ONNX folder without its MLmodel, not servable, that a re-run refused as not empty."""
+    checkpoint, _, _ = exported
+
+    def failing(folder):
+        (folder / "MLmodel").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        export_onnx(checkpoint, tmp_path / "out", finish=failing)
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []

@@ -51,8 +51,14 @@ def test_a_trec_run_file_reads_back_ranked_by_score_and_bad_lines_are_named(tmp_
 
     run = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "rank": [1, 2, 1],
                         "score": [2.5, 1.0, 0.5]})
-    write_trec(run, tmp_path / "run.trec", "sys")
+    write_trec(run, tmp_path / "run.trec", "my model")  # a tag is one column: its space written as _
     pd.testing.assert_frame_equal(read_trec(tmp_path / "run.trec"), run)
+    assert {line.split()[-1] for line in (tmp_path / "run.trec").read_text().splitlines()} == {"my_model"}
+    with pytest.raises(KeyError):  # a failure leaves no file, whole or half
+        write_trec(run.drop(columns="score"), tmp_path / "failed.trec", "sys")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.trec"]
+    with pytest.raises(DataError, match=r": a folder, not a file"):
+        read_trec(tmp_path)
     (tmp_path / "other.trec").write_text("q1 Q0 b 1 1.0 x\nq1 Q0 a 2 3.0 x\nq1 Q0 a 3 0.1 x\n")  # its ranks ignored
     with pytest.warns(AnceWarning, match="1 lines repeat a .* q1/a"):
         assert read_trec(tmp_path / "other.trec")[["doc_id", "rank"]].values.tolist() == [["a", 1], ["b", 2]]

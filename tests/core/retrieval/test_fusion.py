@@ -22,6 +22,20 @@ def test_reciprocal_rank_fusion_sums_one_over_k_plus_rank_of_each_run():
     assert run["doc_id"].tolist() == ["c", "b", "a", "d"] and run["rank"].tolist() == [1, 2, 3, 4]
 
 
+def test_bm25s_rows_of_score_0_are_filler_not_hits():
+    """BM25 fills a query's run to its depth with documents that match no query term (score 0, at arbitrary ranks):
+    under RRF they were ranked as hits, so with one BM25 match the filler at rank 2 outranked the dense model's own
+    top hits (found by a review with `ance search --hybrid`); a convex combination gives them nothing either way."""
+    dense = _run([("q", "a", 0.9), ("q", "b", 0.8), ("q", "c", 0.7), ("q", "m", 0.1)])
+    bm25 = _run([("q", "m", 2.4), ("q", "x", 0.0), ("q", "y", 0.0), ("q", "z", 0.0)])
+    run = fuse(dense, bm25, Fusion("rrf"))
+    assert run["doc_id"].tolist() == ["m", "a", "b", "c"]  # m: 1/64 + 1/61; no filler
+    convex = fuse(dense, bm25, Fusion("convex", 0.5)).set_index("doc_id")["score"]
+    # the filler is BM25's minimum, 0 (the lone match scales to 1 against it): it adds nothing to any document
+    assert convex[["a", "b", "c", "m"]].tolist() == pytest.approx([0.5, 0.5 * 7 / 8, 0.5 * 6 / 8, 0.5])
+    assert set(convex[["x", "y", "z"]]) == {0.0}
+
+
 def test_a_convex_combination_scales_each_runs_scores_of_the_query_to_0_1():
     run = fuse(DENSE, BM25, Fusion("convex", 0.7))
     # dense: a 1, b 0.5, c 0 (min-max); bm25: c 1, d 0.4, b 0; a document a run missed gets 0 from it
