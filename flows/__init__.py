@@ -5,10 +5,10 @@ flows record their runs in MLflow through the `tracking/` package. prefect.yaml 
 
   ance_pipeline.py  `ance-train` (deployments ance-train and ance-train-gpu; `ance run`, `ance demo`): BM25 warm-up,
                     ANCE rounds (sync or async refresh), every model evaluated, the results report, the registry;
-                    `retrain` (deployment retrain, weekly when its schedule is on): the rounds again from the newest
-                    trained model
-  stages.py         `bm25-warmup` and `refresh-negatives` (deployments of the same names): the warm-up alone, and the
-                    inferencer alone (encode, index, mine with a checkpoint)
+                    `retrain` (deployment retrain, weekly when its schedule is on): the rounds again from the
+                    registry's champion (the work folder's newest trained model when there is none)
+  stages.py         `bm25-warmup` and `refresh-negatives` (deployments of the same names): the warm-up alone (the
+                    pipeline with `warmup_only`), and the inferencer alone (encode, index, mine with a checkpoint)
   evaluate.py       `evaluate` (deployment evaluate; `ance evaluate`): a checkpoint's metrics on a split;
                     `bm25-baseline` (`ance bm25`)
   compare.py        `compare-negatives` (deployment compare-negatives; `ance compare`): each negative sampler trained

@@ -8,40 +8,30 @@ from ance_core.artifacts import write_json
 from ance_core.data.config import DataConfig
 from ance_core.modeling.model import checkpoint_ref
 from ance_core.negatives.config import MiningConfig
-from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.report import read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.training.config import TrainConfig
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
-from tasks.model import init_checkpoint
-from tasks.refresh import evaluate_stages, refresh_negatives
-from tasks.train import train_round
+from tasks.refresh import refresh_negatives
 
 
 @flow(name="bm25-warmup", log_prints=True)
 def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     """Train the starting model on BM25 negatives (the paper's warm-up; `bm25_negatives.sampler` picks others) and
-    evaluate it."""
+    evaluate it: the pipeline with `warmup_only`, so the warm-up is planned (its learning-rate schedule, dev checks, a
+    margin's scorer) and keyed as in the whole run of this config, which then reuses it. Returns the warm-up's
+    checkpoint and the run's results (the zero-shot model and the warm-up, each with its hybrid row)."""
+    from flows.ance_pipeline import train_and_evaluate
+
+    warmup = PipelineConfig.model_validate(config.model_dump(mode="json") | {"warmup_only": True})
     with live_run(config.work_dir, "bm25-warmup"):  # the stages it uses, which garbage collection leaves
-        return _bm25_warmup(config)
-
-
-def _bm25_warmup(config: PipelineConfig) -> dict:
-    c, wd, split = config, config.work_dir, config.data.train_split
-    data = run_task(prepare_data, c.data, wd)
-    warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
-    negatives = refresh_negatives(None, data, split, c.encode, c.index, c.bm25_negatives, 0, wd, c.bm25,
-                                  execution=c.execution, train=warm_cfg)["mine"]
-    checkpoint = run_task(train_round, run_task(init_checkpoint, c.model, wd), negatives, data, split, warm_cfg, wd)
-    refs = evaluate_stages(checkpoint, data, c.data.eval_split, c.eval, c.encode, c.index, wd,
-                           execution=c.execution)
-    metrics = read_metrics(refs["evaluate"])
-    print(f"warm-up checkpoint {checkpoint.path}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    return {"checkpoint": checkpoint.path, "metrics": metrics}
+        result = train_and_evaluate(warmup)
+    print(f"warm-up checkpoint {result['last_checkpoint']}")
+    return {"checkpoint": result["last_checkpoint"], "selected": result["selected"], "results": result["results"],
+            "mlflow_run_id": result["mlflow_run_id"]}
 
 
 @flow(name="refresh-negatives", log_prints=True)

@@ -19,7 +19,8 @@ python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" - > "$WORK/requirements.txt" <<'EOF'
 import tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["minilm"]:
+extras = project["optional-dependencies"]
+for requirement in project["dependencies"] + extras["minilm"] + extras["gpu"]:  # Dockerfile.gpu's .[minilm,gpu]
     if requirement.split("[")[0].strip() not in ("torch", "faiss-cpu"):  # torch is pinned below; faiss-gpu replaces
         print(requirement)
 EOF

@@ -195,6 +195,8 @@ def test_the_gpu_pool_runs_keep_their_work_and_log_to_the_stack(monkeypatch):
 
     settings = DockerWorker(work_pool_name="gpu")._build_container_settings(Engine(), job)
     assert settings["image"] == env["ANCE_GPU_IMAGE"] == "ance-worker-gpu:latest"
+    # built on the host, pushed nowhere: never pulled (a :latest tag is otherwise always pulled, and fails)
+    assert job._determine_image_pull_policy().value == "Never"
     # the work folder (stage folders, checkpoints, Prefect's task results) and the data home outlive the container
     assert set(settings["volumes"]) == {f"{env['ANCE_GPU_WORK']}:/app/work", f"{env['ANCE_GPU_DATA']}:/data"}
     environment = settings["environment"]
@@ -215,3 +217,6 @@ def test_the_gpu_pool_runs_keep_their_work_and_log_to_the_stack(monkeypatch):
     assert cpu["environment"]["PREFECT_LOCAL_STORAGE_PATH"] == environment["PREFECT_LOCAL_STORAGE_PATH"]
     assert compose["volumes"]["ance-work"]["name"] == env["ANCE_GPU_WORK"]
     assert compose["networks"]["default"]["name"] == env["ANCE_GPU_NETWORK"]
+    # the gpu launcher (uid 1000) may use the host's Docker socket: it joins the socket's group
+    launcher = compose["services"]["worker-gpu"]
+    assert "/var/run/docker.sock" in str(launcher["volumes"]) and launcher["group_add"]

@@ -143,7 +143,9 @@ def test_a_missing_snapshot_names_the_trainers_real_folder(tmp_path):
 
 def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tiny_scifact, tiny_model, tmp_path):
     """The third stage flow behind the deployments (flows/stages.py `bm25-warmup`): what it trained and read is
-    recorded as its run, so gc leaves it (issue 41 item 4)."""
+    recorded as its run, so gc leaves it (issue 41 item 4). Its warm-up is the pipeline's, planned as in the whole run
+    (a review found it trained without the run's learning-rate schedule, so under another key, and crashed with
+    `bm25_negatives.margin`, a valid config, for want of the zero-shot scorer)."""
     import json
 
     from ance_core.pipeline.config import PipelineConfig
@@ -151,8 +153,11 @@ def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tin
     from tests.tiny import tiny_pipeline_config
 
     work = tmp_path / "work"
-    config = PipelineConfig.model_validate(tiny_pipeline_config(tiny_scifact, tiny_model, work, rounds=0))
+    raw = tiny_pipeline_config(tiny_scifact, tiny_model, work, rounds=1)
+    config = PipelineConfig.model_validate(raw | {"bm25_negatives": raw.get("bm25_negatives", {}) | {"margin": 0.1}})
     result = bm25_warmup(config)
+    trained = json.loads((Path(result["checkpoint"]) / "manifest.json").read_text())["config"]
+    assert "schedule" in trained, trained  # the whole run's continuous schedule (warm-up and round), as the pipeline
     runs = [json.loads(p.read_text()) for p in (work / RUNS).glob("*.json")]
     assert [r["name"] for r in runs] == ["bm25-warmup"] and not list((work / LIVE).glob("*.json"))
     stages = {s["stage"]: s for s in runs[0]["stages"]}
