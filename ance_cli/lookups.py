@@ -164,12 +164,12 @@ def check_same_corpus(index: Path, data, dataset: str) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from ance_core.artifacts import INDEX_DOCIDS
+    from ance_core.artifacts import INDEX_DOCIDS, id_lines
     from ance_core.data.corpus import ParquetCorpus
     from ance_core.errors import AnceError
 
     # (arrow arrays, not Python sets: millions of ids; a MaxP index lists a document once per window)
-    held = pc.unique(pa.array((index / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), pa.string()))
+    held = pc.unique(pa.array(id_lines(index / INDEX_DOCIDS), pa.string()))
     corpus = pq.read_table(ParquetCorpus.of_folder(data.path).path, columns=["doc_id"])["doc_id"]  # (ids unique)
     common = pc.sum(pc.is_in(held, value_set=corpus)).as_py() or 0
 

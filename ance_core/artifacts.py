@@ -125,6 +125,20 @@ def writable_work_dir(work_dir: str | Path) -> Path:
     return folder
 
 
+def shard_paths(folder: str | Path) -> list[Path]:
+    """An encode folder's emb_<k>.npy shards in their order: by k (emb_100000 after emb_99999; by name it would sort
+    before emb_10001, and its rows would meet another shard's ids)."""
+    return sorted(Path(folder).glob(EMBEDDING_SHARDS), key=lambda path: int(path.stem.rsplit("_", 1)[-1]))
+
+
+def id_lines(path: str | Path) -> list[str]:
+    """The ids of a file that holds one per line ("\n"-joined, docids.txt): split on "\n" alone (str.splitlines also
+    splits on \r, \v, \f, \x1c-\x1e, \x85, \u2028 and \u2029, and one id holding one would shift every later id
+    onto the wrong vectors; the data readers refuse such ids, ance_core/data/lines.py)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text.removesuffix("\n").split("\n") if text else []
+
+
 def is_complete(folder: str | Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
 

@@ -13,7 +13,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ance_core.artifacts import DOCIDS, EMBEDDINGS, TRAIN_LOG, ArtifactRef, run_stage
+from ance_core.artifacts import DOCIDS, EMBEDDINGS, TRAIN_LOG, ArtifactRef, id_lines, run_stage
 from ance_core.compression.conae import Projector, fit_pca, row_chunks, teacher_from, train_conae
 from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
 from ance_core.data.dataset import read_tables
@@ -47,7 +47,7 @@ def encode_split_queries(checkpoint: ArtifactRef, data: ArtifactRef, split: str,
 
 def read_query_embeddings(ref: ArtifactRef) -> tuple[np.ndarray, list[str]]:
     folder = Path(ref.path)
-    return np.load(folder / QUERY_EMBEDDINGS), (folder / QUERY_IDS).read_text(encoding="utf-8").splitlines()
+    return np.load(folder / QUERY_EMBEDDINGS), id_lines(folder / QUERY_IDS)
 
 
 @stage_task("compress")

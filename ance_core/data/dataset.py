@@ -24,6 +24,7 @@ from ance_core.data.lines import (
     LeftOut,
     check_qrels,
     claim_id,
+    id_problem,
     jsonl_rows,
     read_jsonl,
     read_lines,
@@ -119,13 +120,15 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
     left_out = LeftOut(path)
     for number, line in read_lines(path):
         parts = line.split("\t")
-        if len(parts) not in (2, 3):
-            left_out.add(DataError(path, f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}",
-                                   number))
+        doc_id = parts[0].strip()  # (ids trimmed, as qrels' are)
+        problem = (f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}"
+                   if len(parts) not in (2, 3) else "empty id" if not doc_id else id_problem(doc_id))
+        if problem:
+            left_out.add(DataError(path, problem, number))
             continue
         left_out.keep()
-        if claim_id(seen, parts[0].strip(), number, repeats):  # (ids trimmed, as qrels' are)
-            yield parts[0].strip(), parts[1] if len(parts) == 3 else "", parts[-1]
+        if claim_id(seen, doc_id, number, repeats):
+            yield doc_id, parts[1] if len(parts) == 3 else "", parts[-1]
     left_out.done()
     warn_repeats(path, repeats)
 

@@ -192,7 +192,20 @@ def _id_text(path: Path, number: int, value) -> str:
     text = str(value).strip()
     if not text:
         raise DataError(path, "empty '_id'", number)
+    if problem := id_problem(text):
+        raise DataError(path, problem, number)
     return text
+
+
+LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
+
+
+def id_problem(text: str) -> str | None:
+    """Why `text` (trimmed) cannot be an id, or None: one holding a line break (\\n, \\r, \\u2028 ... inside it) would
+    break every file that holds ids one per line (docids.txt, TREC runs) and shift the ids after it."""
+    if LINE_BREAKS.search(text):
+        return f"id {json.dumps(text)[:60]} holds a line break"
+    return None
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -206,9 +219,10 @@ def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[st
     for number, line in read_lines(path):
         parts = line.split("\t", columns - 1)
         parts[0], parts[-1] = parts[0].strip(), parts[-1].strip()
-        if len(parts) != columns or not parts[0]:
-            left_out.add(DataError(path, f"expected {columns} tab-separated columns ({name}), got {len(parts)}"
-                                   if len(parts) != columns else "empty id", number))
+        problem = (f"expected {columns} tab-separated columns ({name}), got {len(parts)}" if len(parts) != columns
+                   else "empty id" if not parts[0] else id_problem(parts[0]))
+        if problem:
+            left_out.add(DataError(path, problem, number))
             continue
         left_out.keep()
         yield number, parts

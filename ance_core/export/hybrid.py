@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, link_or_copy
+from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, id_lines, link_or_copy, shard_paths
 from ance_core.errors import AnceError
 from ance_core.export.encoder import Encoder
 from ance_core.retrieval.bm25 import BM25
@@ -41,7 +41,7 @@ def write_package(out: Path, encode: str | Path, bm25_index: str | Path, bm25: B
     ids and of the BM25 index's files, and package.json (`depth`: how deep each ranking is fused, the pipeline's
     `eval.top_k`)."""
     out.mkdir(parents=True, exist_ok=True)
-    shards = sorted(Path(encode).glob(EMBEDDING_SHARDS))
+    shards = shard_paths(encode)
     if not shards:
         raise AnceError(f"{encode}: no embedding shards to package")
     for path in [*shards, Path(encode) / DOCIDS]:
@@ -77,8 +77,8 @@ class HybridSearch:
         record = json.loads((folder / PACKAGE).read_text())
         self.fusion, self.depth = Fusion.of(record["fusion"]), record.get("depth", DEPTH)
         self.encoder = encoder or Encoder(checkpoint)
-        self.shards = [np.load(p, mmap_mode="r") for p in sorted(folder.glob(EMBEDDING_SHARDS))]
-        self.doc_ids = np.array((folder / DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
+        self.shards = [np.load(p, mmap_mode="r") for p in shard_paths(folder)]
+        self.doc_ids = np.array(id_lines(folder / DOCIDS), dtype=object)
         self.bm25 = BM25.load(folder / "bm25", BM25Config.model_validate(record["bm25"]))
         if self.encoder.model.projector is not None or self.encoder.meta.document_mode != "firstp":
             raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")

@@ -11,6 +11,7 @@ import numpy as np
 
 from ance_core.artifacts import INDEX
 from ance_core.compression.config import CompressConfig, IndexType
+from ance_core.errors import AnceError
 from ance_core.retrieval.encode import iter_shards
 from ance_core.retrieval.index import SEARCH_PARAMS, SearchIndex, _copy_row_ids
 
@@ -31,6 +32,9 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
         if d % cfg.pq_dims_per_code:
             raise ValueError(f"compression.pq_dims_per_code {cfg.pq_dims_per_code} does not divide the vector "
                              f"dimension {d} of {embeddings_dir}")
+        if n < 2:  # (2^0 codes: faiss writes an index it cannot read back)
+            raise AnceError(f"{embeddings_dir}: IVF-PQ needs at least 2 vectors to train its codes, the corpus has "
+                            f"{n}; compare a flat index on a corpus this small")
         m, bits = d // cfg.pq_dims_per_code, min(8, int(math.log2(n)))
         nlist = cfg.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
         index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, bits, faiss.METRIC_INNER_PRODUCT)

@@ -7,7 +7,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from ance_core.artifacts import EMBEDDING_SHARDS
+from ance_core.artifacts import shard_paths
 from ance_core.retrieval.config import IndexConfig
 
 SCALAR_QUANTIZERS = {"sq8": faiss.ScalarQuantizer.QT_8bit, "fp16": faiss.ScalarQuantizer.QT_fp16}
@@ -36,7 +36,7 @@ def _training_sample(embeddings_dir: str | Path, n: int, size: int) -> np.ndarra
     """`size` rows spread evenly over the encoding (an IVF quantizer's training set), read through memory maps."""
     wanted = np.unique(np.linspace(0, n - 1, min(size, n)).astype(np.int64))
     rows, start = [], 0
-    for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
+    for path in shard_paths(embeddings_dir):
         shard = np.load(path, mmap_mode="r")
         inside = wanted[(wanted >= start) & (wanted < start + len(shard))] - start
         rows.append(np.asarray(shard[inside], dtype=np.float32))

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, EMBEDDINGS, WINDOWS, link_or_copy
+from ance_core.artifacts import DOCIDS, EMBEDDINGS, WINDOWS, id_lines, link_or_copy, shard_paths
 from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
@@ -350,21 +350,27 @@ def encode_queries(
     device = next(model.parameters()).device
     emb = encode_texts(model, tokenizer, meta.queries(texts), meta.query_max_length, cfg.batch_size,
                        autocast_dtype(cfg.precision, device), batch_tokens=cfg.batch_tokens)
-    return emb if model.projector is None else model.projector.queries(emb)
+    emb = emb if model.projector is None else model.projector.queries(emb)
+    if not (finite := np.isfinite(emb).all(axis=1)).all():  # (faiss drops such a query from the run without a word)
+        bad = np.flatnonzero(~finite)
+        raise AnceError(f"{len(bad)} of {len(texts)} queries are encoded to NaN or inf, the first "
+                        f"'{texts[bad[0]][:60]}' (a diverged checkpoint, or fp16 autocast overflowing: try "
+                        "encode.precision bf16 or fp32)")
+    return emb
 
 
 def iter_shards(folder: str | Path) -> Iterator[np.ndarray]:
     """Each shard's rows in order, as float32 (whatever `encode.dtype` stored)."""
-    for path in sorted(Path(folder).glob(EMBEDDING_SHARDS)):
+    for path in shard_paths(folder):
         yield np.load(path).astype(np.float32, copy=False)
 
 
 def read_docids(folder: str | Path) -> list[str]:
-    return (Path(folder) / DOCIDS).read_text(encoding="utf-8").splitlines()
+    return id_lines(Path(folder) / DOCIDS)
 
 
 def map_shards(folder: str | Path) -> Iterator[np.ndarray]:
     """An encode folder's shards in order as read-only memory maps (rows, h) in the dtype they were saved in: a
     caller holds what it slices out, not the corpus (compression's PCA reads them a chunk of rows at a time)."""
-    for path in sorted(Path(folder).glob(EMBEDDING_SHARDS)):
+    for path in shard_paths(folder):
         yield np.load(path, mmap_mode="r")

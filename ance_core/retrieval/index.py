@@ -32,7 +32,9 @@ from ance_core.artifacts import (
     INDEX_DOCIDS,
     INDEX_WINDOWS,
     WINDOWS,
+    id_lines,
     link_or_copy,
+    shard_paths,
 )
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
@@ -73,7 +75,7 @@ def faiss_type(cfg: IndexConfig, n: int, d: int) -> str:
 
 def encoding_shape(embeddings_dir: str | Path) -> tuple[int, int]:
     """(rows, dim) of an encoding, read from the shards' headers."""
-    shapes = [np.load(path, mmap_mode="r").shape for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS))]
+    shapes = [np.load(path, mmap_mode="r").shape for path in shard_paths(embeddings_dir)]
     if not shapes:
         raise ValueError(f"{embeddings_dir}: no emb_*.npy shards")
     return sum(n for n, _ in shapes), shapes[0][1]
@@ -103,7 +105,7 @@ def build_index(embeddings_dir: str | Path, out: Path, cfg: IndexConfig = IndexC
     k = min(cfg.shards, n)
     summary = {"vectors": n, "dim": d, "type": faiss_type(cfg, n, d)} | ({"shards": k} if k > 1 else {})
     if cfg.type == "flat":
-        for path in sorted(Path(embeddings_dir).glob(EMBEDDING_SHARDS)):
+        for path in shard_paths(embeddings_dir):
             link_or_copy(path, out / path.name)
         (out / FLAT).write_text(json.dumps({"parts": k}))
         fault_point("build-index", 1)  # the index written, its doc ids not yet
@@ -155,7 +157,7 @@ class ShardRows:
     flat index's exact vectors, from the files it was built from)."""
 
     def __init__(self, folder: Path):
-        self.shards = [np.load(path, mmap_mode="r") for path in sorted(folder.glob(EMBEDDING_SHARDS))]
+        self.shards = [np.load(path, mmap_mode="r") for path in shard_paths(folder)]
         self.offsets = np.cumsum([0, *(len(shard) for shard in self.shards)])
 
     def __len__(self) -> int:
@@ -211,7 +213,10 @@ class SearchIndex:
             self._offsets = np.array([0, self.index.ntotal])
         else:
             self._load_faiss(folder, cfg)
-        self.docids = np.array((folder / INDEX_DOCIDS).read_text(encoding="utf-8").splitlines(), dtype=object)
+        self.docids = np.array(id_lines(folder / INDEX_DOCIDS), dtype=object)
+        if len(self.docids) != int(self._offsets[-1]):  # every hit would be named by another row's id
+            raise AnceError(f"{folder}: {len(self.docids):,} ids in {INDEX_DOCIDS} for {int(self._offsets[-1]):,} "
+                            "vectors: the index folder is damaged; build it again (delete the folder)")
         window_file = folder / INDEX_WINDOWS
         self.windows = (np.array(window_file.read_text().split(), dtype=np.int64) if window_file.is_file()
                         else np.zeros(len(self.docids), dtype=np.int64))

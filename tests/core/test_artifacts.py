@@ -76,3 +76,16 @@ def test_atomic_folder_leaves_nothing_new_when_the_block_fails(tmp_path):
         (tmp / "new.txt").write_text("new")
         raise KeyboardInterrupt
     assert [p.name for p in tmp_path.iterdir()] == ["abc"] and [p.name for p in final.iterdir()] == ["old.txt"]
+
+
+def test_shards_are_ordered_by_number_and_ids_split_on_newlines_alone(tmp_path):
+    from ance_core.artifacts import EMBEDDINGS, id_lines, shard_paths
+
+    for k in (100000, 9, 10001, 99999):
+        (tmp_path / EMBEDDINGS.format(k)).write_bytes(b"")
+    assert [p.name for p in shard_paths(tmp_path)] == ["emb_00009.npy", "emb_10001.npy", "emb_99999.npy",
+                                                       "emb_100000.npy"]
+    (tmp_path / "ids").write_text("a\nb\x1cc\nd\u2028e\n\n", encoding="utf-8")
+    assert id_lines(tmp_path / "ids") == ["a", "b\x1cc", "d\u2028e", ""]
+    (tmp_path / "none").write_text("")
+    assert id_lines(tmp_path / "none") == []

@@ -123,3 +123,17 @@ def test_a_trec_header_line_is_named_as_a_header(tmp_path):
     (folder / "qrels" / "train.tsv").write_text("qid iter docno rel\nq1 0 d1 1\n")
     with pytest.raises(DataError, match="remove the header line"):
         load_dataset(folder)
+
+
+def test_an_id_holding_a_line_break_is_a_bad_row(tmp_path):
+    """An id with \\u2028 or \\x1c inside (trimming keeps them) would break every file that holds ids one per line."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "corpus.jsonl").write_text((folder / "corpus.jsonl").read_text()
+                                         + '{"_id": "d3\\u2028x", "title": "t", "text": "three"}\n')
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 of its 3 rows .*line 3: id \"d3\\u2028x\" holds a line "
+                      r"break"):
+        assert sorted(load_dataset(folder).corpus["doc_id"]) == ["d1", "d2"]
+    marco = _marco(tmp_path, "1\tapple\n", "2\tcherry\n")
+    (marco / "collection.tsv").write_text("d1\tapple pie\nd2\tcherry tart\nd\x1c3\tthree\n")
+    with pytest.warns(AnceWarning, match=r"collection.tsv: 1 of its 3 rows .*line 3: id .* holds a line break"):
+        assert sorted(load_dataset(marco).corpus["doc_id"]) == ["d1", "d2"]
