@@ -136,7 +136,8 @@ def ance_rounds_async(run: RunBook, label: str, checkpoint: ArtifactRef) -> tupl
         state, trained = held_result(train_async, checkpoint, refs["mine"], run.data, run.split, c.ance, c.rounds,
                                      c.encode, c.index, c.mining, c.max_staleness, c.work_dir, c.execution,
                                      c.inferencer, c.data, c.bm25)
-    trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached")
+    # reused: answered from Prefect's cache, or its folder found built (run_task ORs the two the same way)
+    trainer = dataclasses.replace(trained["checkpoint"], cached=state.name == "Cached" or trained["checkpoint"].cached)
     run.log.timings.append(StageTiming("ANCE (async)", "train", trainer))
     label = start
     for k in range(1, c.rounds + 1):

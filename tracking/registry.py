@@ -72,6 +72,8 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     shared = {"shared_with": owner.get(SOURCE_TAGS["folder"]), "name": name} if other else {}
     chosen, registered = None, []
     for label, run_id, metrics in versions:
+        if run_id is None:  # its MLflow run was never created (the server down): no checkpoint to point at
+            continue
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
         tags |= {"dev_split": dev_setting} if dev_setting else {}
         version = tracker._safe("create_model_version", client.create_model_version, name,
@@ -84,10 +86,15 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
         return shared | ({"versions": registered} if registered else {})
     try:
         current = client.get_model_version_by_alias(name, "champion")
-    except Exception:
+    except Exception as e:
+        if not _not_found(e):  # (a timeout, a 5xx: the champion may be better; it is not replaced unseen)
+            return shared | {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
+                             "promoted": False, "reason": f"the current champion could not be read "
+                             f"({type(e).__name__}: {str(e)[:120]}); the alias was not moved"}
         current = None
-    comparable = (current is not None and current.tags.get("dataset") == dataset
-                  and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags)
+    # the same dev queries and labels (dev_setting holds the split's digest): the dataset's path may differ (another
+    # machine's worker, `scifact` against `data/scifact`) for the same collection, under the same registered model
+    comparable = current is not None and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags
     current_score = float(current.tags[DEV_KEY]) if comparable else None
     # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
     promote = current_score is None or round(chosen[1][DEV_KEY], 6) > current_score
@@ -100,6 +107,13 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
             "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
             "reason": ("no champion with a dev score on the same dev split" if current_score is None else
                        "higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")}
+
+
+def _not_found(error: Exception) -> bool:
+    """Whether an MLflow error says the thing asked for does not exist (an alias not set yet: INVALID_PARAMETER_VALUE
+    "... not found"; a model or version: RESOURCE_DOES_NOT_EXIST), not that the store could not answer."""
+    code = getattr(error, "error_code", None)
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(error))
 
 
 def _ensure_registered_model(client: "MlflowClient", name: str):
@@ -144,6 +158,10 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         folder = _download(client, version, f"models:/{name}@champion", tmp)
+        if not (Path(folder) / "ance_model.json").is_file():  # registered while its files were still spooled
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None, (f"models:/{name}@champion (version {version.version}) holds no checkpoint files (run "
+                          f"{version.run_id} logged none: the tracking server was unreachable then)")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(folder, final)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -101,7 +101,7 @@ class PipelineTracking:
         self.delivered: dict[tuple[str, str], set[int]] = {}  # (run id, stage label) -> steps that arrived live
 
     def child(self, label: str) -> str | None:
-        if label not in self.children:
+        if self.children.get(label) is None:  # (a run the server could not create is tried again, not kept as None)
             self.children[label] = self.tracker.start_run(label, parent_id=self.parent, tags=self.tags | {
                 "stage": label})
             if self.inputs and self.children[label]:
@@ -147,9 +147,18 @@ class PipelineTracking:
         except Exception as e:
             warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are "
                           "in the run's report folder", stacklevel=2)
+            for run in [*self.children.values(), self.parent]:  # not left RUNNING in the runs table forever
+                if run is not None and self._running(run):
+                    self.tracker.end_run(run, "FAILED")
             tracked = self.tracker.summary() | {"run_id": self.parent, "run_url": run_url(self.tracker, self.parent),
                                                 "champion": {}, "error": f"{type(e).__name__}: {e}"}
         return tracked | {"final_logging_s": round(time.perf_counter() - started, 1)}
+
+    def _running(self, run_id: str) -> bool:
+        try:
+            return self.tracker.client.get_run(run_id).info.status == "RUNNING"
+        except Exception:  # noqa: BLE001 (unreachable: ending it is tried, and spooled, anyway)
+            return True
 
     def log_system_metrics(self, timings: list) -> None:
         """The system metrics sampled while each training and encoding stage ran (ance_core/system_metrics.py): to the

@@ -57,3 +57,52 @@ def test_a_second_collection_in_a_folder_of_the_same_name_is_told_it_shares_the_
     assert "data.name" in warning[0]
     tags = tracker.client.get_registered_model("ance-corpus").tags
     assert tags[SOURCE_TAGS["folder"]] == str(first.resolve()) and len(tags[SOURCE_TAGS["content"]]) == 16
+
+
+def test_the_champion_moves_only_to_a_better_model_on_the_same_dev_split_whatever_the_datasets_path(tmp_path,
+                                                                                                    monkeypatch):
+    """A review found the alias moved to a worse model when the same collection was named by another path (the
+    comparison asked for the same `data.dataset` string), or when the champion could not be read (a timeout counted
+    as no champion); and a model whose MLflow run was never created was registered as runs:/None/checkpoint."""
+    from tracking.client import Tracker
+    from tracking.registry import register_models
+
+    tracker = Tracker(tmp_path / "work", "ance-train")
+
+    def register(dataset: str, dev: float, run_id: str | None = "new") -> dict:
+        if run_id == "new":
+            run_id = tracker.start_run("ANCE round 1")
+            tracker.end_run(run_id)
+        return register_models(tracker, "ance-scifact", [("ANCE round 1", run_id, {DEV_KEY: dev})], dataset, "test",
+                               "ANCE round 1", "dev 0123456789abcdef")
+
+    assert register("scifact", 0.70)["promoted"]
+    worse = register(str(tmp_path / "data" / "scifact"), 0.50)  # the same collection, by its folder's path
+    assert not worse["promoted"] and worse["champion_dev_ndcg_at_10_before"] == 0.70
+    assert register("data/scifact", 0.75)["promoted"]
+    client = tracker.client
+    monkeypatch.setattr(client, "get_model_version_by_alias",
+                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("read timed out")))
+    unseen = register("scifact", 0.30)
+    assert not unseen["promoted"] and "could not be read (ConnectionError: read timed out)" in unseen["reason"]
+    monkeypatch.undo()
+    assert client.get_model_version_by_alias("ance-scifact", "champion").tags[DEV_KEY] == "0.750000"
+    versions = len(client.search_model_versions("name='ance-scifact'"))
+    assert "versions" not in register("scifact", 0.90, run_id=None)  # nothing registered, no alias moved
+    assert len(client.search_model_versions("name='ance-scifact'")) == versions
+
+
+def test_a_failure_while_logging_the_end_leaves_no_run_running(tmp_path):
+    """`finish_safely` turns a logging bug into a warning (the pipeline trained fine); its runs were left RUNNING in
+    MLflow's runs table (a review reproduced it with an empty report)."""
+    from ance_core.pipeline.config import PipelineConfig
+    from tracking.run import PipelineTracking
+
+    config = PipelineConfig(work_dir=str(tmp_path / "work"))
+    tracking = PipelineTracking(config, {"prefect.flow_run_name": "test"})
+    child = tracking.child("warmup")
+    with pytest.warns(UserWarning, match="MLflow logging at the end of the run failed"):
+        tracked = tracking.finish_safely({}, [], [], str(tmp_path))
+    assert "error" in tracked
+    client = tracking.tracker.client
+    assert [client.get_run(r).info.status for r in (child, tracking.parent)] == ["FAILED", "FAILED"]
