@@ -43,11 +43,20 @@ def configure_mlflow() -> None:
 
 
 def mlflow_client(uri: str, registry_uri: str | None = None):
-    """An MlflowClient for `uri`, MLflow configured first (see MLFLOW_DEFAULTS)."""
+    """An MlflowClient for `uri`, MLflow configured first (see MLFLOW_DEFAULTS); a URI MLflow cannot use (a typo in
+    its scheme, `localhost:5000` without one) is an AnceError naming where it came from."""
     configure_mlflow()
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(uri, registry_uri=registry_uri)
+    try:
+        return MlflowClient(uri, registry_uri=registry_uri)
+    except Exception as e:  # (an unsupported scheme: MLflow's registry store lookup raises)
+        from ance_core.errors import AnceError
+
+        where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "the tracking URI"
+        raise AnceError(f"{where} '{uri}' cannot be used by MLflow ({type(e).__name__}: {str(e)[:150]}); give a "
+                        "tracking server as http(s)://host:port, or sqlite:///<path>.db (unset: the work folder's "
+                        "own store)") from None
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
@@ -103,6 +112,10 @@ class Tracker:
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
+        if found is not None and found.lifecycle_stage == "deleted":  # deleted in the UI: no run can be logged to it
+            self.client.restore_experiment(found.experiment_id)
+            warnings.warn(f"the MLflow experiment '{name}' at {self.uri} had been deleted; it is restored to log this "
+                          "run (to remove it for good: `mlflow gc`, then its name is free)", stacklevel=3)
         if found is not None:
             experiment_id = found.experiment_id
         else:

@@ -63,13 +63,17 @@ class LiveMetrics:
                                   for r in records for k in keys if k in r]
             if not self.pending[run]:
                 continue
-            sent = self.pending[run]
-            ok = all(self.tracker.attempt(self.tracker.client.log_batch, run, metrics=sent[i:i + BATCH])[0]
-                     for i in range(0, len(sent), BATCH))
-            if ok:
-                self.tracker.delivered_late += carried
-                self.delivered[run] |= {m.step - self.offset for m in sent}
-                self.pending[run] = []
+            sent: set[int] = set()
+            while self.pending[run]:  # batch by batch: a delivered batch leaves the queue at once (were it kept
+                batch = self.pending[run][:BATCH]  # until all arrived, a later batch's failure would send it again)
+                if not self.tracker.attempt(self.tracker.client.log_batch, run, metrics=batch)[0]:
+                    break
+                self.tracker.delivered_late += min(carried, len(batch))
+                carried = max(0, carried - len(batch))
+                sent |= {m.step - self.offset for m in batch}
+                del self.pending[run][:BATCH]
+            # a step is delivered when all its points are (one split across batches is sent again whole at the end)
+            self.delivered[run] |= sent - {m.step - self.offset for m in self.pending[run]}
         self.busy_s += time.perf_counter() - started
 
     def close(self) -> None:

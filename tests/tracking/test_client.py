@@ -115,6 +115,31 @@ def test_live_metrics_are_retried_and_delivered_late_when_the_server_comes_back(
     assert live.delivered[run] == {1, 2, 3, 4} and tracker.delivered_late == 1 and tracker.undelivered == {}
 
 
+def test_a_flush_whose_later_batch_fails_does_not_send_its_delivered_batches_again(tmp_path, monkeypatch):
+    """After an outage more than a batch of points waits; a review found the flush all or nothing: batch 1 arrived,
+    batch 2 failed, and the next flush sent batch 1 again (300 steps, 443 points)."""
+    import tracking.live
+
+    monkeypatch.setattr("tracking.client.PROBE_SECONDS", 0.0)
+    monkeypatch.setattr(tracking.live, "BATCH", 10)
+    tracker = Tracker(tmp_path, "ance-test")
+    run = tracker.start_run("train")
+    tracker.client = flaky = FlakyClient(tracker.client)
+    live = LiveMetrics(tracker, {run: ["loss"]}, step_offset=0, interval=3600)
+    for step in range(1, 26):
+        live({"step": step, "loss": 1.0 / step})
+    real = flaky.log_batch
+    flaky.log_batch = lambda run_id, **kw: (_ for _ in ()).throw(ConnectionError("reset")) if flaky.calls >= 1 \
+        else real(run_id, **kw)  # the first batch arrives, the second fails
+    with pytest.warns(UserWarning, match="retries later"):
+        live.flush()
+    assert live.delivered[run] == set(range(1, 11)) and len(live.pending[run]) == 15
+    flaky.log_batch = real
+    live.close()
+    steps = [m.step for m in MlflowClient(tracker.uri).get_metric_history(run, "loss")]
+    assert sorted(steps) == list(range(1, 26))  # each once
+
+
 def test_after_a_failure_calls_go_to_the_spool_until_the_next_probe(tmp_path):
     tracker = Tracker(tmp_path, "ance-test")
     run = tracker.start_run("train")
@@ -181,3 +206,22 @@ def test_runs_a_failed_block_raises_out_of_end_failed_not_running(tmp_path, erro
     with tracker.ended_on_failure(lambda: [fine]):
         pass
     assert client.get_run(fine).info.status == "RUNNING"
+
+
+def test_a_tracking_uri_mlflow_cannot_use_is_one_clear_error(tmp_path, monkeypatch):
+    """A typo in the scheme gave MLflow's traceback (the store lookup raises in MlflowClient's constructor)."""
+    from ance_core.errors import AnceError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "htp://localhost:5000")
+    with pytest.raises(AnceError, match=r"MLFLOW_TRACKING_URI 'htp://localhost:5000' cannot be used by MLflow"):
+        Tracker(tmp_path / "work", "ance-train")
+
+
+def test_an_experiment_deleted_in_the_ui_is_restored_and_logged_to(tmp_path):
+    """MLflow refuses runs in a deleted experiment: every call went to the spool with "server unreachable"."""
+    first = Tracker(tmp_path / "work", "ance-train")
+    first.client.delete_experiment(first.experiment_id)
+    with pytest.warns(UserWarning, match="had been deleted; it is restored"):
+        tracker = Tracker(tmp_path / "work", "ance-train")
+    run = tracker.start_run("after")
+    assert run is not None and tracker.experiment_id == first.experiment_id and not tracker.undelivered
