@@ -186,10 +186,12 @@ class Tracker:
 
     def log_history(self, run_id: str | None, records: Iterable[dict], keys: list[str], step_offset: int = 0) -> None:
         """Per-step records (e.g. train_log.jsonl) as metric histories, batched (no per-step round trips); a record's
-        "timestamp" (ms since the epoch), where it has one, is its points' time."""
+        "timestamp" (ms since the epoch), where it has one, is its points' time; else the time they are logged (not
+        1970: MLflow's charts by wall time would start there)."""
         from mlflow.entities import Metric
 
-        metrics = [Metric(metric_key(k), float(r[k]), int(r.get("timestamp", 0)), int(r["step"]) + step_offset)
+        now = int(time.time() * 1000)
+        metrics = [Metric(metric_key(k), float(r[k]), int(r.get("timestamp", now)), int(r["step"]) + step_offset)
                    for r in records for k in keys if k in r]
         for start in range(0, len(metrics), BATCH):
             chunk = metrics[start:start + BATCH]

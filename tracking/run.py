@@ -295,6 +295,8 @@ def log_evaluation(tracker: Tracker, run_id: str | None, folder: str | Path, art
     `ance evaluate --run` reads it as it is. The files
     are gathered in the work folder's `mlflow-pending/` and removed once delivered (an undelivered call is kept to
     replay, and its folder with it)."""
+    if run_id is None:  # no MLflow run to hold them (the server was down when it was to be created): nothing kept
+        return
     pending = Path(tracker.work_dir) / PENDING / uuid.uuid4().hex[:16]
     pending.mkdir(parents=True)
     for path in Path(folder).iterdir():

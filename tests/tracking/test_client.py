@@ -112,6 +112,8 @@ def test_live_metrics_are_retried_and_delivered_late_when_the_server_comes_back(
     live.close()
     history = MlflowClient(tracker.uri).get_metric_history(run, "loss")
     assert [m.step for m in history] == [101, 102, 103, 104]  # global steps, none lost, none twice
+    tracker.log_metrics(run, {"ndcg_at_10": 0.5})  # (a record without a time: logged now, not dated 1970)
+    assert MlflowClient(tracker.uri).get_metric_history(run, "ndcg_at_10")[0].timestamp > 1.7e12
     assert live.delivered[run] == {1, 2, 3, 4} and tracker.delivered_late == 1 and tracker.undelivered == {}
 
 
@@ -225,3 +227,16 @@ def test_an_experiment_deleted_in_the_ui_is_restored_and_logged_to(tmp_path):
         tracker = Tracker(tmp_path / "work", "ance-train")
     run = tracker.start_run("after")
     assert run is not None and tracker.experiment_id == first.experiment_id and not tracker.undelivered
+
+
+def test_an_evaluation_with_no_mlflow_run_keeps_no_pending_copy(tmp_path):
+    """With the tracking server down from the start (no run id), every evaluation gzipped its TREC run into a new
+    mlflow-pending folder that nothing could ever deliver (a review counted them piling up)."""
+    from tracking.run import PENDING, log_evaluation
+
+    tracker = Tracker(tmp_path / "work", "ance-test")
+    stage = tmp_path / "evaluate"
+    stage.mkdir()
+    (stage / "metrics.json").write_text("{}")
+    log_evaluation(tracker, None, stage, "evaluation")
+    assert not (tmp_path / "work" / PENDING).exists() or not any((tmp_path / "work" / PENDING).iterdir())
