@@ -74,7 +74,8 @@ class IndexConfig(StageConfig):
         "flat", description="flat: exact inner product (the paper's); ivf: IVF-Flat, nprobe of nlist lists; hnsw: "
         "HNSW graph (CPU only). Used for mining in the rounds; evaluation searches a flat index")
     shards: int = Field(1, ge=1, description="Index parts searched together (faiss IndexShards): one per GPU on GPU "
-                        "machines, threads in one process on CPU; a flat index gives the same results")
+                        "machines, threads in one process on CPU; a flat index gives the same results (documents "
+                        "of equal score aside: which of them make the top k may differ)")
     nlist: int | None = Field(None, ge=1, description="ivf: inverted lists; unset: 4 * sqrt(vectors), at least 39 "
                               "vectors per list")
     ivf_storage: Literal["auto", "flat", "sq8", "fp16"] = Field(
