@@ -211,9 +211,12 @@ class Tracker:
         self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
                    payload={"run_id": run_id, "tags": tags})
 
-    def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> None:
-        self._safe("log_artifact", self.client.log_artifact, run_id, str(path), artifact_path,
-                   payload={"run_id": run_id, "file": str(path), "artifact_path": artifact_path})
+    def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> bool:
+        """True when delivered; else the call is kept in the spool."""
+        ok, result = self.attempt(self.client.log_artifact, run_id, str(path), artifact_path)
+        if not ok:
+            self.keep("log_artifact", {"run_id": run_id, "file": str(path), "artifact_path": artifact_path}, result)
+        return ok
 
     def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> bool:
         """True when delivered; else the call is kept to replay, naming `folder` (which must then stay)."""

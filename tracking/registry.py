@@ -25,11 +25,13 @@ SOURCE_TAGS = {"folder": "dataset_folder", "content": "dataset_content"}
 
 
 def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
-                   ) -> None:
+                   ) -> bool:
     """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state, and
     the files that make `checkpoint/` an MLflow model that encodes text (tracking/pyfunc.py): a registered version
     loads with `mlflow.pyfunc.load_model` and serves with `mlflow models serve`. `retrieval`: a retrieval package
-    (ance_core/export/hybrid.py) logged as `checkpoint/retrieval/`, with which the served model searches."""
+    (ance_core/export/hybrid.py) logged as `checkpoint/retrieval/`, with which the served model searches. True when
+    every model file arrived (a version is registered only then: one whose files are in the spool would download as
+    an empty folder)."""
     from ance_core.export.hybrid import RETRIEVAL
     from tracking.pyfunc import mlflow_model_files
 
@@ -39,10 +41,10 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     except Exception as e:  # tracking never stops the pipeline: the checkpoint is still logged and registered
         warnings.warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); "
                       "mlflow.pyfunc cannot load this version", stacklevel=2)
-    for path in files:
-        tracker.log_artifact(run_id, path, "checkpoint")
+    delivered = [tracker.log_artifact(run_id, path, "checkpoint") for path in files]
     if retrieval is not None:
         tracker.log_artifacts(run_id, retrieval, f"checkpoint/{RETRIEVAL}")
+    return run_id is not None and all(delivered)
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,

@@ -206,15 +206,17 @@ class PipelineTracking:
                 tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
                                     ["staleness"], global_step)
             global_step += len(records)
+            logged = True
             if not self.trial:
                 # the result's checkpoint (an asynchronous trainer's final one is its last round's) gets the package
                 last_round = t is last_train and t.label not in results
                 result = selected is not None and (t.label == selected[0] or (
                     last_round and selected[0] == last_dense(report["results"])))
-                log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
-            if t.label in results:
+                logged = log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
+            # (a checkpoint whose files did not reach MLflow is not registered: it would download as an empty folder)
+            if logged and t.label in results:
                 versions.append((t.label, child, results[t.label]))
-            elif t is last_train:  # the asynchronous trainer: its final checkpoint is the last model evaluated
+            elif logged and t is last_train:  # the asynchronous trainer: its final checkpoint is the last evaluated
                 versions.append((t.label, child, results[last_dense(report["results"])]))
                 if selected is not None and selected[0] == last_dense(report["results"]):
                     selected = (t.label, selected[1])
@@ -223,8 +225,8 @@ class PipelineTracking:
             versions, selected = [], None
         if selected is not None and selected[0] not in {label for label, _, _ in versions}:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
-            log_checkpoint(tracker, self.child(label), selected[1].path, retrieval)
-            versions.append((label, self.child(label), results[label]))
+            if log_checkpoint(tracker, self.child(label), selected[1].path, retrieval):
+                versions.append((label, self.child(label), results[label]))
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)
         with tempfile.TemporaryDirectory() as tmp:

@@ -106,3 +106,32 @@ def test_a_failure_while_logging_the_end_leaves_no_run_running(tmp_path):
     assert "error" in tracked
     client = tracking.tracker.client
     assert [client.get_run(r).info.status for r in (child, tracking.parent)] == ["FAILED", "FAILED"]
+
+
+def test_a_checkpoint_whose_files_did_not_arrive_reports_it(tmp_path, tiny_model):
+    """log_checkpoint says whether every model file reached MLflow; the run registers only those that did (a version
+    registered while its files were in the spool downloaded as an empty folder, and `retrain` failed on it)."""
+    from tests.tiny import random_head_checkpoint
+    from tracking.client import Tracker
+    from tracking.registry import log_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    tracker = Tracker(tmp_path / "work", "ance-train")
+    run = tracker.start_run("ANCE round 1")
+    assert log_checkpoint(tracker, run, checkpoint)
+    with pytest.warns(UserWarning, match="retries later"):  # (warned once per tracker)
+        assert not log_checkpoint(tracker, None, checkpoint)  # no run to hold them
+    spooled = tracker.undelivered.get("log_artifact", 0)
+    real = tracker.client.log_artifact
+
+    def flaky(run_id, path, artifact_path=None):
+        if path.endswith(".safetensors"):
+            raise ConnectionError("connection reset")
+        return real(run_id, path, artifact_path)
+
+    tracker.failed_since, tracker._next_probe = None, 0.0  # (the server answers again: no wait for the next probe)
+    second = tracker.start_run("ANCE round 2")
+    assert second is not None
+    tracker.client.log_artifact = flaky
+    assert not log_checkpoint(tracker, second, checkpoint)
+    assert tracker.undelivered["log_artifact"] > spooled
