@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from filelock import FileLock, Timeout
 from pydantic import BaseModel
@@ -322,11 +322,19 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     """Replace a file's content at once (a temporary file and a rename: a new file, never half of one)."""
+    with replaced_file(path) as f:
+        f.write(text)
+
+
+@contextmanager
+def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[TextIO]:
+    """A text file to write `path` through, streamed: a temporary file beside it, renamed into place when the block
+    ends (a new file, never half of one); removed when the block raises."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "w", encoding=encoding) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -122,7 +122,7 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
         parts = line.split("\t")
         doc_id = parts[0].strip()  # (ids trimmed, as qrels' are)
         problem = (f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}"
-                   if len(parts) not in (2, 3) else "empty id" if not doc_id else id_problem(doc_id))
+                   if len(parts) not in (2, 3) else id_problem(doc_id))
         if problem:
             left_out.add(DataError(path, problem, number))
             continue

@@ -1,6 +1,7 @@
 """A collection's files read line by line, each problem naming its file and line: decoding (a byte-order mark, CRLF,
 gzip, bytes that are not UTF-8), ids claimed once, JSON lines, TSV rows, and qrels in BEIR's or TREC's layout."""
 
+import contextlib
 import gzip
 import io
 import json
@@ -22,11 +23,11 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     if not path.is_file():
         raise DataError(path, "a folder, not a file" if path.is_dir() else "file not found")
     warned = False
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-        if _first_bytes(f, path) in UTF16_BOMS:
-            yield from _utf16_lines(f, path)
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f, _readable_gzip(path):
+        if f.peek(2)[:2] in UTF16_BOMS:
+            yield from _utf16_lines(f)
             return
-        for number, raw in _numbered(f, path):
+        for number, raw in enumerate(f, start=1):
             encoding = "utf-8-sig" if number == 1 else "utf-8"
             try:
                 line = raw.decode(encoding)
@@ -46,32 +47,23 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 file's first bytes (little-, big-endian)
 
 
-def _first_bytes(f, path: Path) -> bytes:
+@contextlib.contextmanager
+def _readable_gzip(path: Path) -> Iterator[None]:
+    """A gzip file that cannot be read (gzip.BadGzipFile is an OSError; a cut-off one an EOFError) is an error naming
+    it."""
     try:
-        return f.peek(2)[:2]
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise DataError(path, f"not a readable gzip file ({e})") from None
-
-
-def _utf16_lines(f, path: Path) -> Iterator[tuple[int, str]]:
-    """`read_lines` of a UTF-16 file with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
-    them): decoded as UTF-16, not read as UTF-8 with a NUL byte between every character."""
-    try:
-        for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-16", errors="replace", newline=None),
-                                      start=1):
-            line = line.rstrip("\r\n").lstrip("\ufeff")
-            if line.strip():
-                yield number, line
+        yield
     except (OSError, EOFError) as e:
         raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
-def _numbered(f, path: Path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw line); a gzip file that cannot be read is an error naming it."""
-    try:
-        yield from enumerate(f, start=1)
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise DataError(path, f"not a readable gzip file ({e})") from None
+def _utf16_lines(f) -> Iterator[tuple[int, str]]:
+    """`read_lines` of a UTF-16 file with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
+    them): decoded as UTF-16, not read as UTF-8 with a NUL byte between every character."""
+    for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-16", errors="replace", newline=None), start=1):
+        line = line.rstrip("\r\n").lstrip("\ufeff")
+        if line.strip():
+            yield number, line
 
 
 class LeftOut:
@@ -201,8 +193,11 @@ LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.s
 
 
 def id_problem(text: str) -> str | None:
-    """Why `text` (trimmed) cannot be an id, or None: one holding a line break (\\n, \\r, \\u2028 ... inside it) would
-    break every file that holds ids one per line (docids.txt, TREC runs) and shift the ids after it."""
+    """Why `text` (trimmed) cannot be an id, or None: empty, or holding a line break (\\n, \\r, \\u2028 ... inside
+    it), which would break every file that holds ids one per line (docids.txt, TREC runs) and shift the ids after
+    it."""
+    if not text:
+        return "empty id"
     if LINE_BREAKS.search(text):
         return f"id {json.dumps(text)[:60]} holds a line break"
     return None
@@ -220,7 +215,7 @@ def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[st
         parts = line.split("\t", columns - 1)
         parts[0], parts[-1] = parts[0].strip(), parts[-1].strip()
         problem = (f"expected {columns} tab-separated columns ({name}), got {len(parts)}" if len(parts) != columns
-                   else "empty id" if not parts[0] else id_problem(parts[0]))
+                   else id_problem(parts[0]))
         if problem:
             left_out.add(DataError(path, problem, number))
             continue

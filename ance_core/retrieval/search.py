@@ -1,6 +1,5 @@
 """Dense retrieval with a checkpoint and an index: queries in, a run (query_id, doc_id, rank, score) out."""
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ance_core.artifacts import replaced_file
 from ance_core.data.lines import LeftOut, read_lines
 from ance_core.errors import AnceError, DataError, preview, warn
 from ance_core.modeling.model import load_checkpoint, pick_device
@@ -183,15 +183,10 @@ def search_text(checkpoint: str | Path, index_dir: str | Path, text: str, top_k:
 def write_trec(run: pd.DataFrame, path: str | Path, tag: str) -> None:
     """A run as a TREC run file: `qid Q0 docid rank score tag` per line (the tag's spaces as `_`: a column is one
     word). Written beside and renamed into place when whole: a failure leaves no half-written file."""
-    path, tag = Path(path), "_".join(str(tag).split()) or "run"
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as f:
-            for q, d, r, s in run[RUN_COLUMNS].itertuples(index=False):
-                f.write(f"{q} Q0 {d} {r} {s:.6f} {tag}\n")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    tag = "_".join(str(tag).split()) or "run"
+    with replaced_file(path, encoding="utf-8") as f:
+        for q, d, r, s in run[RUN_COLUMNS].itertuples(index=False):
+            f.write(f"{q} Q0 {d} {r} {s:.6f} {tag}\n")
 
 
 def read_trec(path: str | Path) -> pd.DataFrame:
