@@ -211,20 +211,23 @@ class Tracker:
         self._safe("set_tags", self.client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
                    payload={"run_id": run_id, "tags": tags})
 
+    def _delivered(self, what: str, fn: Callable, *args: Any, payload: Any = None) -> bool:
+        """`_safe` for a call whose result says nothing (a file logged): whether it was delivered (else it is kept in
+        the spool)."""
+        ok, result = self.attempt(fn, *args)
+        if not ok:
+            self.keep(what, payload, result)
+        return ok
+
     def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> bool:
         """True when delivered; else the call is kept in the spool."""
-        ok, result = self.attempt(self.client.log_artifact, run_id, str(path), artifact_path)
-        if not ok:
-            self.keep("log_artifact", {"run_id": run_id, "file": str(path), "artifact_path": artifact_path}, result)
-        return ok
+        return self._delivered("log_artifact", self.client.log_artifact, run_id, str(path), artifact_path,
+                               payload={"run_id": run_id, "file": str(path), "artifact_path": artifact_path})
 
     def log_artifacts(self, run_id: str | None, folder: str | Path, artifact_path: str | None = None) -> bool:
         """True when delivered; else the call is kept to replay, naming `folder` (which must then stay)."""
-        ok, result = self.attempt(self.client.log_artifacts, run_id, str(folder), artifact_path)
-        if not ok:
-            self.keep("log_artifacts", {"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path},
-                      result)
-        return ok
+        return self._delivered("log_artifacts", self.client.log_artifacts, run_id, str(folder), artifact_path,
+                               payload={"run_id": run_id, "folder": str(folder), "artifact_path": artifact_path})
 
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is not None:
