@@ -30,6 +30,7 @@ from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_ref, read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retention import live_run
+from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from flows.book import flow_tags
 from flows.start import trained_checkpoint
@@ -60,6 +61,7 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
     dims = sorted((d for d in c.dims if d < h), reverse=True)
     if skipped := [d for d in c.dims if d >= h]:
         print(f"compression: skipping L = {skipped}, not below the model's dimension {h}")
+    check_ann_options(c, [h, *dims], read_manifest(embeddings.path)["summary"]["documents"])
     train_queries = (run_task(encode_split_queries, checkpoint, data, train_split, encode, work_dir)
                      if "conae" in c.methods and dims else None)
     variants = [("teacher", h, None, checkpoint, embeddings)]
@@ -95,12 +97,15 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
 
 
 def compression_table(rows: list[dict], batch: int) -> str:
-    """ConAE Table 2's layout: quality against the teacher's flat index, index size and latency."""
-    base = next(r for r in rows if r["method"] == "teacher" and r["index"] == rows[0]["index"])
+    """ConAE Table 2's layout: quality and size against the teacher's flat index (its first index when flat is not
+    compared), and latency."""
+    teacher = [r for r in rows if r["method"] == "teacher"]
+    base = next((r for r in teacher if r["index"] == "flat"), teacher[0])
     header = ["method", "dim", "index", "nDCG@10", "MRR@10", "R@100", "nDCG@10 vs teacher", "index bytes",
               "size vs teacher", f"latency/query, batched {batch} (ms)", "latency/query, single (ms)"]
     body = [[r["method"], str(r["dim"]), r["index"], *(f"{r[k]:.4f}" for k in METRICS),
-             f"{100 * (r['ndcg_at_10'] / base['ndcg_at_10'] - 1):+.1f}%", f"{r['index_bytes']:,}",
+             f"{100 * (r['ndcg_at_10'] / base['ndcg_at_10'] - 1):+.1f}%" if base["ndcg_at_10"] else "n/a",
+             f"{r['index_bytes']:,}",
              f"{r['index_bytes'] / base['index_bytes']:.2f}×", f"{r['latency_batched_ms']:.4f}",
              f"{r['latency_single_ms']:.4f}"] for r in rows]
     return markdown_table(header, body)
@@ -113,27 +118,29 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
     compressed checkpoint (teacher files + projector) is registered as a version of `ance-<collection>-compressed`
     (`DataConfig.collection`)."""
     run = tracker.start_run("compression", parent_id=parent, tags=tags | {"teacher": result["checkpoint"]})
-    tracker.log_params(run, flatten(config))
-    for name in (COMPRESSION_MD, COMPRESSION_CSV):
-        tracker.log_artifact(run, Path(result["files"]) / name)
-    versions, logged = [], set()
-    for r in result["rows"]:
-        label = f"{r['method']}-{r['dim']} {r['index']}"
-        child = tracker.start_run(label, parent_id=run, tags=tags | {"method": r["method"], "dim": str(r["dim"]),
-                                                                     "index": r["index"]})
-        figures = {k: float(r[k]) for k in (*METRICS, "index_bytes", "latency_batched_ms", "latency_single_ms")}
-        tracker.log_metrics(child, figures | {"dim": r["dim"]})
-        if r["compress"] is not None and r["compress"].path not in logged:  # once per projector
-            logged.add(r["compress"].path)
-            tracker.log_artifact(child, Path(r["checkpoint"].path) / PROJECTOR_FILE, "projector")
-            if r["method"] == "conae":
-                tracker.log_history(child, train_log(r["compress"].path), ["loss", "kl", "l_q", "l_d"])
-                log_checkpoint(tracker, child, r["checkpoint"].path)
-                versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
-        tracker.end_run(child)
-    registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
-                                 result["split"], source=dataset_source(data))
-    tracker.end_run(run)
+    child = None
+    with tracker.ended_on_failure(lambda: [child, run]):  # (interrupted: FAILED / KILLED, never left RUNNING)
+        tracker.log_params(run, flatten(config))
+        for name in (COMPRESSION_MD, COMPRESSION_CSV):
+            tracker.log_artifact(run, Path(result["files"]) / name)
+        versions, logged = [], set()
+        for r in result["rows"]:
+            label = f"{r['method']}-{r['dim']} {r['index']}"
+            child = tracker.start_run(label, parent_id=run, tags=tags | {"method": r["method"], "dim": str(r["dim"]),
+                                                                         "index": r["index"]})
+            figures = {k: float(r[k]) for k in (*METRICS, "index_bytes", "latency_batched_ms", "latency_single_ms")}
+            tracker.log_metrics(child, figures | {"dim": r["dim"]})
+            if r["compress"] is not None and r["compress"].path not in logged:  # once per projector
+                logged.add(r["compress"].path)
+                tracker.log_artifact(child, Path(r["checkpoint"].path) / PROJECTOR_FILE, "projector")
+                if r["method"] == "conae":
+                    tracker.log_history(child, train_log(r["compress"].path), ["loss", "kl", "l_q", "l_d"])
+                    if log_checkpoint(tracker, child, r["checkpoint"].path):  # (undelivered: no empty version)
+                        versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
+            tracker.end_run(child)
+        registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
+                                     result["split"], source=dataset_source(data))
+        tracker.end_run(run)
     return {"run_id": run, "registered": registered}
 
 

@@ -18,6 +18,7 @@ Every method ends as a `Projector`: an affine map per side (query, document), sa
 beside a checkpoint's weights; encoding with such a checkpoint applies it (ance_core/retrieval/encode.py).
 """
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +121,8 @@ def train_conae(teacher: Teacher, dim: int, *, lam: float, lr: float, batch_size
     queries = torch.from_numpy(np.ascontiguousarray(teacher.queries, dtype=np.float32))
     scores = torch.from_numpy(np.ascontiguousarray(teacher.scores, dtype=np.float32))
     negatives = [np.setdiff1d(top, pos) for top, pos in zip(teacher.top, teacher.positives, strict=True)]
-    if any(len(n) == 0 for n in negatives):
-        raise ValueError("a training query's teacher top-k holds only its positives: raise compression.top_k")
+    if any(len(n) == 0 for n in negatives):  # (teacher_from leaves such queries out)
+        raise ValueError("a training query's teacher top-k holds only its positives")
     step = 0
     for epoch in range(epochs):
         order = rng.permutation(len(queries))
@@ -191,9 +192,11 @@ class Projector:
 
     @classmethod
     def from_pca(cls, fit: "PcaFit") -> "Projector":
-        """Queries and documents share the map x -> (x - mean) C = x C - mean C."""
+        """Documents map by x -> (x - mean) C, queries by x -> x C: a query centred too would score a document
+        q C C^T d - mean C C^T d + const, and the middle term differs per document (even a lossless PCA would reorder
+        the teacher's ranking); uncentred, the mean adds q C C^T mean, the same for every document of a query."""
         bias = -(fit.mean @ fit.components)
-        return cls("pca", fit.components.T, bias, fit.components.T, bias)
+        return cls("pca", fit.components.T, np.zeros_like(bias), fit.components.T, bias)
 
     @classmethod
     def truncation(cls, h: int, dim: int) -> "Projector":
@@ -272,16 +275,33 @@ def fit_pca(docs: np.ndarray | Iterable[np.ndarray], dim: int) -> PcaFit:
 def teacher_from(docs: np.ndarray, doc_ids: list[str], queries: np.ndarray, query_ids: list[str],
                  positives: dict[str, set[str]], top_k: int) -> Teacher:
     """The training signal: each query's exact top-k by the teacher's inner product, and its labelled positives that
-    are in the corpus. Queries without one are left out (they have no d+ for eq. 5-6)."""
+    are in the corpus. Queries without one are left out (they have no d+ for eq. 5-6), and so are those whose top-k
+    holds only positives (no negative to draw), with a warning naming them."""
     import faiss
+
+    from ance_core.errors import AnceError
 
     row = {d: i for i, d in enumerate(doc_ids)}
     keep = [i for i, q in enumerate(query_ids) if any(d in row for d in positives.get(q, ()))]
     if not keep:
-        raise ValueError("no training query has a labelled positive in the corpus: nothing to compress with")
+        raise AnceError("compression: no training query has a labelled positive in the corpus: nothing to compress "
+                        "with")
     index = faiss.IndexFlatIP(docs.shape[1])
     index.add(np.ascontiguousarray(docs, dtype=np.float32))
+    k = min(top_k, len(docs))
     q = np.ascontiguousarray(queries[keep], dtype=np.float32)
-    scores, top = index.search(q, min(top_k, len(docs)))
+    scores, top = index.search(q, k)
     pos = [np.array(sorted(row[d] for d in positives[query_ids[i]] if d in row)) for i in keep]
-    return Teacher(q, docs, top, scores, pos)
+    has_negative = [len(np.setdiff1d(top[j], pos[j])) > 0 for j in range(len(keep))]
+    usable = [j for j, ok in enumerate(has_negative) if ok]
+    if len(usable) < len(keep):
+        full = [query_ids[i] for i, ok in zip(keep, has_negative, strict=True) if not ok]
+        advice = (f"raise compression.top_k (now {top_k})" if k < len(docs)
+                  else f"the corpus ({len(docs)} documents) holds no document outside their positives")
+        if not usable:
+            raise AnceError(f"compression: every training query's teacher top-{k} holds only its positives (e.g. "
+                            f"{', '.join(full[:5])}): no negative to train ConAE with; {advice}")
+        warnings.warn(f"compression: {len(full)} training queries left out of ConAE, their teacher top-{k} holding "
+                      f"only their positives ({', '.join(full[:5])}{', ...' if len(full) > 5 else ''}); {advice}",
+                      stacklevel=2)
+    return Teacher(q[usable], docs, top[usable], scores[usable], [pos[j] for j in usable])

@@ -50,6 +50,10 @@ class CompressConfig(StageConfig):
             raise ValueError("only_kl and no_kl together leave no loss to train with; set one of them")
         if min(self.dims) < 1:
             raise ValueError(f"dims must be positive, got {self.dims}")
+        if "ivfpq" in self.index_types and (odd := [d for d in self.dims if d % self.pq_dims_per_code]):
+            raise ValueError(f"pq_dims_per_code {self.pq_dims_per_code} does not divide dims {odd} (IVF-PQ codes "
+                             f"pq_dims_per_code dimensions per byte); give a divisor of each, or leave ivfpq out of "
+                             "index_types")
         for name in ("methods", "dims", "index_types"):
             values = getattr(self, name)
             if len(set(values)) != len(values):

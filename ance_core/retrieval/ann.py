@@ -16,6 +16,24 @@ from ance_core.retrieval.encode import iter_shards
 from ance_core.retrieval.index import SEARCH_PARAMS, SearchIndex, _copy_row_ids
 
 
+def check_ann_options(cfg: CompressConfig, dims: list[int], vectors: int) -> None:
+    """The approximate indexes' options against the vectors they will index (`dims`: the teacher's and each compressed
+    one), before any compression trains: an IVF-PQ that cannot be built is one line now, not a failure after every
+    ConAE fit."""
+    if "ivfpq" not in cfg.index_types:
+        return
+    if odd := [d for d in dims if d % cfg.pq_dims_per_code]:
+        raise AnceError(f"compression.pq_dims_per_code {cfg.pq_dims_per_code} does not divide the dimension "
+                        f"{odd[0]} of the vectors IVF-PQ would index (dims {dims}); give a divisor of each, or leave "
+                        "ivfpq out of compression.index_types")
+    if vectors < 2:
+        raise AnceError(f"IVF-PQ needs at least 2 vectors to train its codes, the corpus has {vectors}; leave ivfpq "
+                        "out of compression.index_types")
+    if cfg.ivf_nlist is not None and cfg.ivf_nlist > vectors:
+        raise AnceError(f"compression.ivf_nlist {cfg.ivf_nlist} is more inverted lists than the corpus has vectors "
+                        f"({vectors}); give at most {vectors}, or leave it unset (4 sqrt(n), at most n/39)")
+
+
 def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg: CompressConfig) -> dict:
     """An approximate index ('hnsw' or 'ivfpq'; 'flat' is `build_index`) over the shards. IVF-PQ codes
     `cfg.pq_dims_per_code` dimensions per byte (8-bit codes; fewer on collections too small to train 256 centroids
@@ -29,12 +47,7 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
         search = {"efSearch": cfg.hnsw_ef_search}
         summary = {"type": "IndexHNSWFlat", "M": cfg.hnsw_m}
     elif kind == "ivfpq":
-        if d % cfg.pq_dims_per_code:
-            raise ValueError(f"compression.pq_dims_per_code {cfg.pq_dims_per_code} does not divide the vector "
-                             f"dimension {d} of {embeddings_dir}")
-        if n < 2:  # (2^0 codes: faiss writes an index it cannot read back)
-            raise AnceError(f"{embeddings_dir}: IVF-PQ needs at least 2 vectors to train its codes, the corpus has "
-                            f"{n}; compare a flat index on a corpus this small")
+        check_ann_options(cfg, [d], n)  # (n < 2: 2^0 codes, an index faiss writes and cannot read back)
         m, bits = d // cfg.pq_dims_per_code, min(8, int(math.log2(n)))
         nlist = cfg.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
         index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, bits, faiss.METRIC_INNER_PRODUCT)

@@ -81,7 +81,7 @@ def test_pca_and_truncation_projectors():
     assert np.allclose(fit.components[:2], np.eye(2), atol=0.05)  # the two high-variance axes, signs made positive
     pca = Projector.pca(docs, 2)
     assert np.allclose(pca.docs(docs), (docs - fit.mean) @ fit.components, atol=1e-4)
-    assert np.allclose(pca.queries(docs[:3]), pca.docs(docs[:3]))  # one map for both sides
+    assert np.allclose(pca.queries(docs[:3]), docs[:3] @ fit.components, atol=1e-4)  # the same C, queries uncentred
     cut = Projector.truncation(8, 3)
     assert np.array_equal(cut.docs(docs), docs[:, :3]) and cut.method == "truncate"
 
@@ -131,3 +131,19 @@ def test_config_refuses_contradictory_ablations_and_repeated_entries():
         CompressConfig(dims=[128, 128])
     with pytest.raises(ValidationError):
         CompressConfig(methods=["svd"])
+
+
+def test_a_query_whose_top_k_holds_only_positives_is_left_out_with_a_warning(recwarn):
+    from ance_core.errors import AnceError
+
+    docs, queries = _easy_set()
+    doc_ids, query_ids = [f"d{i}" for i in range(len(docs))], [f"q{i}" for i in range(len(queries))]
+    positives = {q: {f"d{i}"} for i, q in enumerate(query_ids)}
+    top5 = np.argsort(-(queries[:1] @ docs.T), axis=1)[0, :5]
+    positives["q0"] = {f"d{i}" for i in top5}  # q0's whole top-5 is relevant: no negative to draw
+    with pytest.warns(UserWarning, match=r"1 training queries left out of ConAE.*\(q0\); raise compression.top_k"):
+        teacher = teacher_from(docs, doc_ids, queries, query_ids, positives, 5)
+    assert len(teacher.queries) == 79 and len(teacher.positives) == len(teacher.top) == 79
+    train_conae(teacher, 4, lam=0.1, lr=1e-2, batch_size=16, epochs=1, only_kl=False, no_kl=False, seed=0)
+    with pytest.raises(AnceError, match="the corpus \\(2 documents\\) holds no document outside their positives"):
+        teacher_from(docs[:2], doc_ids[:2], queries[:2], query_ids[:2], {"q0": {"d0", "d1"}, "q1": {"d0", "d1"}}, 20)
