@@ -54,6 +54,10 @@ def run(
     from ance_core.pipeline.recipes import AUTO, recipe_config
 
     def body():
+        if recipe != AUTO and (given := [f for f, v in (("--budget-minutes", budget_minutes),
+                                                         ("--tune-set", tune_sets)) if v]):
+            fail(f"{' and '.join(given)}: search settings, for --recipe auto only (the recipe is "
+                 f"{recipe or 'the pipeline defaults'}: nothing is searched)")
         if recipe is None:
             return run_pipeline(load_config(config, sets=sets or ()), as_json)
         if recipe != AUTO:
@@ -73,9 +77,9 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
     from ance_core.pipeline.config import load_config, negatives_needed
     from ance_core.pipeline.recipes import recipe_config
-    from ance_core.pipeline.tune import TuneConfig
+    from ance_core.pipeline.tune import TuneConfig, earlier_budget
     from flows.ance_pipeline import check_pipeline
-    from flows.tune import earlier_budget, tune_recipe
+    from flows.tune import tune_recipe
 
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}

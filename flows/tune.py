@@ -9,7 +9,8 @@ under the first seed is one of the trials (every stage cached), so the search's 
 """
 
 import json
-import re
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, write_json
+from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
@@ -35,8 +36,9 @@ from ance_core.pipeline.tune import (
     whole_reserve,
 )
 from ance_core.retention import live_run
+from ance_core.retrieval.config import ExecutionConfig
 from flows.ance_pipeline import check_pipeline, train_and_evaluate
-from flows.book import Trial, flow_tags
+from flows.book import Trial, artifact_key, flow_tags, publish
 from tasks.common import run_task, stage_task
 from tasks.data import prepare_data
 from tasks.execution import run_mapped
@@ -101,7 +103,8 @@ def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = Non
     # (a trial under one-se scores the model that rule delivers since session 9; before, the best dense one: a new
     # key for those only, so trials under `best`, whose scores did not change, stay cached)
     scored = {} if getattr(config, "selection", "best") == "best" else {"scores": "the delivered dense model"}
-    return run_stage(config.work_dir, "trial", {"pipeline": config} | scored, {"data": data_digest}, build)
+    keyed = config.model_copy(update={"execution": ExecutionConfig()})  # where its shards ran changes no result
+    return run_stage(config.work_dir, "trial", {"pipeline": keyed} | scored, {"data": data_digest}, build)
 
 
 def read_trial(ref: ArtifactRef) -> dict:
@@ -163,7 +166,17 @@ class Search:
             kind = "whole" if seed == self.cfg.seeds[0] else "new seed"
             if rung.full and (n == 0 or parts[n - 1][0][1] != seed):  # a seed's whole recipes: all or none, so
                 batches = [p for p in parts[n:] if p[0][1] == seed]  # every comparison the decision makes is paired
-                if self.seconds_left() < self.estimate(kind) * len(batches):
+                fit = int(max(self.seconds_left(), 0) // max(self.estimate(kind), 1e-9))
+                if fit < len(batches) and rung.number == 1 and self._paired(batches[:fit]):
+                    # the first whole rung: the baseline and its best challengers that fit (what the warm-up rung's
+                    # reserve kept time for), rather than no whole recipe at all
+                    dropped = sum(map(len, batches[fit:]))
+                    parts[n:] = batches[:fit] + [p for p in parts[n:] if p[0][1] != seed]  # (the loop reads on)
+                    self.cut = ((f"{self.cut}; " if self.cut else "") + f"rung 1 ran {sum(map(len, batches[:fit]))} "
+                                f"of its {sum(map(len, batches))} whole recipes (the baseline and the best "
+                                f"challengers first), to fit the budget")
+                    left -= dropped
+                elif fit < len(batches):
                     self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                     f"{rung.number} (seed {seed}'s {sum(map(len, batches))} trials would not fit; "
                                     f"{left} of its trials not run)")
@@ -207,6 +220,11 @@ class Search:
                 print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10 "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
 
+    def _paired(self, batches: list[list[tuple[Candidate, int]]]) -> bool:
+        """Whether the batches run the baseline and at least one challenger beside it."""
+        names = [c.name for part in batches for c, _ in part]
+        return self.baseline in names and len(names) >= 2
+
     def _cached_run(self, name: str, record: dict) -> None:
         """A trial reused from an earlier search (cached) still gets a run nested under this search's, pointing at
         the run that trained it, so that every search's run lists all of its trials."""
@@ -234,29 +252,6 @@ class Search:
                 ref = None
             refs.append(ref)
         return refs
-
-
-BUDGET = re.compile(r"budget_minutes=([0-9.e+-]+)")
-
-
-def earlier_budget(base: PipelineConfig, cfg: TuneConfig) -> tuple[float, str] | None:
-    """(budget minutes, folder) of the newest finished search in the work folder of the same base config and search
-    settings but its budget: what a search run again without a budget of its own takes (`ance run --recipe auto`
-    after `ance tune --budget-minutes N`), so that the trials it reuses are budgeted as they were and it decides as
-    that search did. (A search's stage key holds each config's repr.)"""
-    want_base, want_tune = str(base), BUDGET.sub("", str(cfg))
-    found = []
-    for manifest in Path(base.work_dir, "tune").glob("*/manifest.json"):
-        try:
-            config = json.loads(manifest.read_text())["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not isinstance(config, dict) or config.get("base") != want_base:
-            continue
-        tune = str(config.get("tune", ""))
-        if BUDGET.sub("", tune) == want_tune and (budget := BUDGET.search(tune)):
-            found.append((manifest.stat().st_mtime, float(budget.group(1)), str(manifest.parent)))
-    return max(found)[1:] if found else None
 
 
 def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:
@@ -355,27 +350,36 @@ def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = Tu
             markdown = report(pool, state, winner, evidence)
 
             def build(out):
+                write_report(out)
+                (out / RECIPE_YAML).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
+
+            def write_report(out: Path) -> None:
                 write_json(out / TUNE_JSON, {"winner": winner.name, "overrides": winner.overrides,
                                              "candidates": [{"name": c.name, "overrides": c.overrides} for c in pool],
                                              "trials": state.trials, "evidence": evidence, "stopped": state.stopped,
                                              "cut": state.cut})
                 (out / TUNE_MD).write_text(markdown)
-                (out / RECIPE_YAML).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 
             trials = sorted(t["path"] for t in state.trials)
             notes = {"stopped": state.stopped, "cut": state.cut, "failed": state.failed}  # (a search of the same
             # trials that the budget stopped elsewhere, or in which a candidate failed, writes its own report)
             folder = run_stage(config.work_dir, "tune", {"tune": tune, "base": config, "trials": trials,
                                                          "notes": notes}, {"data": data.digest}, build)
+            if folder.cached:  # the newest search of these settings is this one (earlier_budget reads the time)
+                os.utime(Path(folder.path, MANIFEST))
             print(markdown)
             for name, row in evidence["table"].items():
                 safe = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
                 tracker.log_metrics(parent, {f"mean_dev_ndcg_at_10.{safe}": row["mean"]})
             tracker.set_tags(parent, {"winner": winner.name, "reason": evidence["reason"][:5000]})
-            for name in (TUNE_MD, TUNE_JSON, RECIPE_YAML):
-                tracker.log_artifact(parent, Path(folder.path, name), "tune")
+            with tempfile.TemporaryDirectory() as this:  # this search's report (a reused folder's is the first's:
+                write_report(Path(this))  # its trials then ran, now they are cached)
+                for name in (TUNE_MD, TUNE_JSON):
+                    tracker.log_artifact(parent, Path(this, name), "tune")
+            tracker.log_artifact(parent, Path(folder.path, RECIPE_YAML), "tune")
             tracker.end_run(parent)
-        create_markdown_artifact(markdown, key="ance-tune", description="the recipe search and its choice")
+        publish(create_markdown_artifact, markdown, key=artifact_key("ance-tune", config.data.collection),
+                description="the recipe search and its choice")
     return {"winner": winner.name, "overrides": winner.overrides, "config": chosen.model_dump(mode="json"),
             "report_dir": folder.path, "markdown": markdown, "reason": evidence["reason"], "stopped": state.stopped,
             "trials": state.trials, "mlflow_run_id": parent, "summary": read_manifest(folder.path).get("summary")}

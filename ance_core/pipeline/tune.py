@@ -21,15 +21,21 @@ decision is then made on the trials run.
 """
 
 import itertools
+import json
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from ance_core.stage_config import StageConfig
+
+if TYPE_CHECKING:
+    from ance_core.pipeline.config import PipelineConfig
 
 PositivesRule = Literal["query-top", "collection-top", "all"]
 
@@ -192,3 +198,26 @@ def decide(scores: Scores, baseline: str, margin: float, failed: Sequence[str] =
               f"{table[best]['paired_diff']:+.4f} over seeds {table[best]['seeds']})" if best is not None
               else f"no candidate ran the whole recipe beside {baseline}{crashed}")
     return baseline, {"table": table, "reason": reason}
+
+
+BUDGET = re.compile(r"budget_minutes=([0-9.e+-]+)")
+
+
+def earlier_budget(base: "PipelineConfig", cfg: TuneConfig) -> tuple[float, str] | None:
+    """(budget minutes, folder) of the newest finished search in the work folder of the same base config and search
+    settings but its budget: what a search run again without a budget of its own takes (`ance run --recipe auto`
+    after `ance tune --budget-minutes N`), so that the trials it reuses are budgeted as they were and it decides as
+    that search did. (A search's stage key holds each config's repr.)"""
+    want_base, want_tune = str(base), BUDGET.sub("", str(cfg))
+    found = []
+    for manifest in Path(base.work_dir, "tune").glob("*/manifest.json"):
+        try:
+            config = json.loads(manifest.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(config, dict) or config.get("base") != want_base:
+            continue
+        tune = str(config.get("tune", ""))
+        if BUDGET.sub("", tune) == want_tune and (budget := BUDGET.search(tune)):
+            found.append((manifest.stat().st_mtime, float(budget.group(1)), str(manifest.parent)))
+    return max(found)[1:] if found else None

@@ -101,6 +101,15 @@ def test_unknown_recipe_is_refused(tmp_path):
     assert code == 2 and "unknown recipe 'fastest'; choose one of demo, full" in out and "Traceback" not in out
 
 
+@pytest.mark.parametrize("recipe", [[], ["--recipe", "demo"]])
+def test_search_settings_without_recipe_auto_are_refused(tmp_path, recipe):
+    """They were ignored: the run trained the defaults or the fixed recipe, with no search and no word of it."""
+    work = tmp_path / "w"
+    code, out = _invoke(["run", *recipe, "--budget-minutes", "5", "--tune-set", "eta=2", "--set", f"work_dir={work}"])
+    assert code == 2 and "--budget-minutes and --tune-set: search settings, for --recipe auto only" in out, out
+    assert "Traceback" not in out and not work.exists()
+
+
 def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     from ance_core.artifacts import run_stage
     from ance_core.retention import live_run

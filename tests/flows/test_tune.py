@@ -73,6 +73,15 @@ def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_th
     assert summary["winner"] == result["winner"] and set(summary["recipes"][baseline]) == {"42", "43"}
     assert "max(BM25, zero-shot)" in bench.stdout
 
+    # the same search once more, every trial cached: its folder is the first's, now the newest search of these
+    # settings (what a search without a budget of its own replays), and its MLflow run holds its own report
+    manifest = Path(result["report_dir"], "manifest.json")
+    os.utime(manifest, (1e9, 1e9))
+    second = json.loads(_ance(["tune", *search, "--json"], tmp_path).stdout.strip().splitlines()[-1])
+    assert second["report_dir"] == result["report_dir"] and manifest.stat().st_mtime > 1e9
+    report = client.download_artifacts(second["mlflow_run_id"], "tune/tune.md", str(tmp_path / "report"))
+    assert f"{len(trials)} trials ({len(trials)} cached)" in Path(report).read_text()  # not the first's "(0 cached)"
+
     # the same search again: every trial cached; `ance run --recipe auto` trains the winner (its trial's stages). A
     # seed set on the base config is not the search's (its trials run under tune.seeds): said, and the trials reused
     again = _ance(["run", "--recipe", "auto", "--config", str(tmp_path / "c.json"), "--json", *settings,
@@ -81,7 +90,8 @@ def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_th
     assert "the config's warmup.seed 7 is not used" in again.stdout + again.stderr
     # the second search's run lists every trial too: each cached one a nested run pointing at the run that trained it
     searches = [r for r in client.search_runs([parent.info.experiment_id])
-                if "mlflow.parentRunId" not in r.data.tags and r.info.run_id != parent.info.run_id]
+                if "mlflow.parentRunId" not in r.data.tags
+                and r.info.run_id not in (parent.info.run_id, second["mlflow_run_id"])]
     assert len(searches) == 1 and searches[0].info.status == "FINISHED"
     pointers = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{searches[0].info.run_id}'")

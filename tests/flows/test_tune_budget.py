@@ -12,7 +12,7 @@ import pytest
 import flows.tune as tune
 from ance_core.errors import AnceError, AnceWarning
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig
+from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, earlier_budget
 
 
 @dataclass
@@ -156,6 +156,31 @@ def test_the_survivors_run_best_first(clock, monkeypatch):
         "demo (baseline)", "lr 2e-05, warm-up 2 epochs", "lr 2e-05"]
 
 
+def test_a_short_budget_runs_the_baseline_and_the_best_challengers_whole(clock, monkeypatch):
+    """The real search over graded qrels (12 candidates), warm-ups 60 s, whole recipes 120 s, 10 minutes: the warm-up
+    rung stops after six, leaving two whole recipes' time; rung 1's survivors (three with the baseline) would not all
+    fit. It runs the baseline and the best challenger whole, and decides between them (it ran no whole recipe at all:
+    'no candidate ran the whole recipe')."""
+    scores = iter([0.50, 0.52, 0.55, 0.51, 0.53, 0.54] + [0.60, 0.62, 0.0, 0.0])
+    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: type("T", (), {"split_qrels": staticmethod(
+        lambda split: pd.DataFrame({"query_id": ["q", "q"], "doc_id": ["d", "e"], "relevance": [1, 2]}))})())
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+    monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": float(ref.path), "model": "m", "seconds": 60.0})
+
+    def mapped(self, kwargs, part):
+        clock["t"] += 120 if not kwargs[0]["name"].endswith("warm-up only") else 60
+        return [Ref(path=str(next(scores))) for _ in part]
+
+    monkeypatch.setattr(tune.Search, "_mapped", mapped)
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})
+    winner, evidence, pool, state = tune.search(base, TuneConfig(budget_minutes=10), Ref(), None, None)
+    assert len(pool) == 12 and sum(not t["full"] for t in state.trials) == 6
+    whole = [t["candidate"] for t in state.trials if t["full"]]
+    assert whole[0] == pool[0].name and len(whole) == 2  # the baseline, then the warm-up rung's best (0.55)
+    assert whole[1] == [t["candidate"] for t in state.trials if t["score"] == 0.55][0]
+    assert winner.name == whole[1] and "beat" in evidence["reason"] and "rung 1 ran 2 of its 3" in state.cut
+
+
 def test_a_challenger_whose_trial_fails_leaves_the_search_and_the_baselines_failure_stops_it(clock, monkeypatch):
     """A learning rate that diverges is one of the things a search tries: its AnceError (the loss is nan) drops that
     candidate, the other trials go on. The baseline's failure stops the search (everything is paired with it)."""
@@ -260,9 +285,9 @@ def test_a_search_run_again_without_a_budget_takes_the_earlier_searchs(tmp_path,
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"config": {"base": str(base), "tune": str(
         TuneConfig(budget_minutes=300))}}))
-    assert tune.earlier_budget(base, TuneConfig()) == (300.0, str(folder))
-    assert tune.earlier_budget(base, TuneConfig(eta=2)) is None
-    assert tune.earlier_budget(PipelineConfig(work_dir=str(tmp_path / "w"), rounds=2), TuneConfig()) is None
+    assert earlier_budget(base, TuneConfig()) == (300.0, str(folder))
+    assert earlier_budget(base, TuneConfig(eta=2)) is None
+    assert earlier_budget(PipelineConfig(work_dir=str(tmp_path / "w"), rounds=2), TuneConfig()) is None
     seen = []
     monkeypatch.setattr(tune, "tune_recipe", lambda base, cfg: seen.append(cfg.budget_minutes))
     monkeypatch.setattr(commands, "preflight", lambda *a, **k: None)
@@ -337,3 +362,19 @@ def test_a_trials_key_is_unchanged_under_best_and_new_under_one_se(tmp_path, mon
     one_se = tune.trial.fn(config, "d" * 16)
     assert Path(one_se.path).name not in (Path(ref.path).name,  # (nor the key its folders had before)
                                           stage_key("trial", {"pipeline": config}, {"data": "d" * 16}))
+
+
+def test_a_trials_key_does_not_depend_on_where_its_shards_run(tmp_path, monkeypatch):
+    """A local search with execution.workers 4 and the same search on Ray trained every trial again (the execution
+    settings were in the key); the trials' results do not depend on them."""
+    from ance_core.artifacts import stage_key
+
+    keys = []
+    monkeypatch.setattr(tune, "run_stage", lambda work_dir, stage, config, inputs, build: keys.append(
+        stage_key(stage, config, inputs)))
+    for execution in ({}, {"workers": 4}, {"task_runner": "ray", "workers": 3, "threads_per_worker": 2}):
+        config = PipelineConfig.model_validate({"work_dir": str(tmp_path), "execution": execution})
+        tune.trial.fn(config, "digest")
+    assert len(keys) == 3 and len(set(keys)) == 1
+    tune.trial.fn(PipelineConfig.model_validate({"work_dir": str(tmp_path), "rounds": 2}), "digest")
+    assert keys[-1] != keys[0]
