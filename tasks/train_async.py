@@ -37,8 +37,9 @@ from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import train
 from ance_core.training.plan import planned_steps
+from ance_core.training.ranks import inferencer_gpu
 from ance_core.training.state import checkpoint_step, latest_checkpoint
-from tasks.common import running_task_runs, stage_task
+from tasks.common import progress_artifact, running_task_runs, stage_task
 from tasks.inferencer import DeploymentInferencer
 from tasks.refresh import refresh_negatives
 from tasks.train import ACCUMULATION_RULE, fault_callback, progress_callback
@@ -82,6 +83,7 @@ class AsyncNegatives:
         self.steps_per_round = steps_per_round
         self.remote = remote  # inferencer.mode deployment: flow runs on the inferencer's own workers
         self.logger = get_run_logger()
+        self.trainer_gpus, self.warned_gpu = 1, False  # the training ranks' GPUs (`ddp`: world_size)
         self.board = MemoryBoard()
         self.threads: list[threading.Thread] = []
         self.refresh = RefreshState(out, first.path, max_staleness)
@@ -107,8 +109,12 @@ class AsyncNegatives:
                     mined = context.run(self.remote.refresh, snapshot, step, round_, self.refresh_args, self.out,
                                         self.trainer_key)
                 else:
-                    if torch.cuda.device_count() > 1:  # 1:1 allocation (paper A.3): the trainer keeps GPU 0
-                        torch.cuda.set_device(torch.cuda.device_count() - 1)
+                    gpu, shared = inferencer_gpu(torch.cuda.device_count(), self.trainer_gpus)
+                    if gpu is not None:  # 1:1 allocation (paper A.3): the trainer's ranks keep their GPUs
+                        torch.cuda.set_device(gpu)
+                    if shared and not self.warned_gpu:
+                        self.warned_gpu = True
+                        self.logger.warning(shared)
                     mined = context.run(refresh_negatives, snapshot, round_=round_, **self.refresh_args)["mine"].path
             except Exception as e:  # the trainer goes on with the negatives it has; the run reports the failure
                 self.logger.warning(f"refresh from the step-{step} checkpoint failed: {e}")
@@ -302,9 +308,13 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         resumed = checkpoint_step(out)
         in_use = async_negatives.resume(resumed, snapshot_steps) if resumed else None
         train_cfg = cfg.model_copy(update={"max_steps": per_round * rounds})
-        callbacks = [progress_callback(), *live_callbacks(), fault_callback("train-async")]
+        bar = progress_artifact(per_round * rounds, f"training {rounds} ANCE rounds, negatives refreshed "
+                                f"asynchronously: {per_round * rounds} steps")
+        callbacks = [progress_callback(), lambda record: bar(record["step"]), *live_callbacks(),
+                     fault_callback("train-async")]
         if cfg.world_size > 1:  # rank 0 reads the board from a file and saves the snapshots the task publishes
             async_negatives.ddp()
+            async_negatives.trainer_gpus = cfg.world_size
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": train_cfg.model_dump(mode="json"), "schedule": None,
                     "round": 1,
@@ -329,6 +339,7 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             summary = train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
                             tables.relevant(split), train_cfg, out, callbacks=callbacks, negatives_update=update,
                             snapshot_steps=set(snapshot_steps), on_snapshot=async_negatives.on_snapshot, round_=1)
+        bar.finish()
         report.update(async_negatives.finish(rounds))
         (out / ASYNC_REFRESH).write_text(json.dumps(report, indent=1))
         return summary | {"wait_seconds": report["wait_seconds"]}

@@ -43,7 +43,7 @@ from ance_core.errors import AnceError
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import rank_refresh
 from ance_core.training.config import TrainConfig
-from ance_core.training.loop import train
+from ance_core.training.loop import cut_log, train
 from ance_core.training.plan import Schedule
 
 FAULT_HOOK = "ANCE_FAULT_HOOK"  # a module each rank imports first (the pipeline passes tasks.common: ANCE_FAULT)
@@ -99,6 +99,15 @@ class LogTail:
         return records
 
 
+def rank_threads(world_size: int) -> dict[str, str]:
+    """Each rank's share of this machine's cores, unless OMP_NUM_THREADS is set: torchrun sets it to 1 for several
+    processes per node, and gloo ranks on a 16-core machine would train on one thread each."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cores // world_size))}
+
+
 def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[[dict], None]] = (),
            resumed_step: int = 0, env: dict[str, str] | None = None, poll_seconds: float = 0.5) -> dict:
     """Train the stage described by `spec` (what `train` takes, as paths; see `main`) on `world_size` processes
@@ -109,9 +118,12 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
     (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))
+    if (out / TRAIN_LOG).is_file():  # cut back here, as rank 0 will once it starts: the tail's first polls must not
+        cut_log(out / TRAIN_LOG, resumed_step)  # read the killed attempt's steps after the checkpoint as new ones
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
                "-m", "ance_core.training.distributed", str(out / SPEC)]
-    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent, env=os.environ | (env or {}))
+    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent,
+                            env=os.environ | rank_threads(world_size) | (env or {}))
     tail = LogTail(out / TRAIN_LOG, seen=resumed_step)
     try:
         while True:

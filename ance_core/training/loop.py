@@ -77,6 +77,17 @@ SnapshotHook = Callable[[int, Callable[[Path], None]], None]
 # ---------------------------------------------------------------- the loop
 
 
+
+def cut_log(path: Path, step: int, write: bool = True) -> list[dict]:
+    """A training log's records of the steps up to `step` (the checkpoint a stage resumes from; 0: none); `write`:
+    the log cut back to them, written as a new file, so that a reader tailing the old one sees the change
+    (distributed.LogTail)."""
+    kept = [ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
+    if write:
+        write_text(path, "".join(ln + "\n" for ln in kept))
+    return [json.loads(ln) for ln in kept]
+
+
 def train(
     init_checkpoint: str | Path,
     negatives: pd.DataFrame,
@@ -185,9 +196,7 @@ def train(
     if (resume := latest_checkpoint(out)) is not None:
         step = load_state(resume, model, optimizer, scheduler, scaler, ranks)
     log_path = out / TRAIN_LOG
-    kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
-    if ranks.main:
-        write_text(log_path, "".join(ln + "\n" for ln in kept))  # a new file: a reader tailing the old one sees it
+    kept = cut_log(log_path, step, write=ranks.main)
     encoder = PairEncoder(model)
     if ranks.world > 1:
         encoder = torch.nn.parallel.DistributedDataParallel(
@@ -199,7 +208,7 @@ def train(
                            left_padded=padding[1])
     state = dict(model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer, scheduler=scheduler,
                  scaler=scaler, epoch=step // per_epoch)
-    best = _dev_start(dev, out, step, [json.loads(ln) for ln in kept], state, ranks)
+    best = _dev_start(dev, out, step, kept, state, ranks)
     model.train()
     bar = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True, disable=not ranks.main)
     per_rank = -(-cfg.batch_size // ranks.world)

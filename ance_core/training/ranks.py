@@ -78,6 +78,19 @@ def restore_rng(saved: dict[str, torch.Tensor], ranks: Ranks) -> None:
             if key.endswith(suffix) and (suffix or "_rank" not in key)}
     torch.set_rng_state(mine["torch_cpu"])
     if torch.cuda.is_available():
-        cuda = [mine[k] for k in sorted(mine) if k.startswith("cuda_")]
+        cuda = [mine[k] for k in sorted((k for k in mine if k.startswith("cuda_")), key=lambda k: int(k[5:]))]
         if cuda:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def inferencer_gpu(count: int, trainer_gpus: int) -> tuple[int | None, str | None]:
+    """(the GPU an in-process inferencer encodes on, a warning or None): paper A.3's 1:1 allocation, the training
+    ranks on GPUs 0..trainer_gpus-1 and the inferencer on the first GPU none of them uses; with none free, the last
+    one, shared with a rank (whose steps every other rank then waits for). None with one GPU or none."""
+    if count <= 1:
+        return None, None
+    if count > trainer_gpus:
+        return trainer_gpus, None
+    return count - 1, (f"the inferencer shares GPU {count - 1} with a training rank (ance.world_size {trainer_gpus} "
+                       f"on {count} GPUs): every rank's step waits for that one; leave it a GPU of its own "
+                       f"(ance.world_size {count - 1})")

@@ -355,3 +355,67 @@ def test_gradient_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
     expected = torch.full((1, 4), sum(2 * (r + m) for r in (0, 1) for m in range(3)) / 3 * 2 / 2)
     for r in (0, 1):
         torch.testing.assert_close(counts[r][2], expected)
+
+
+def test_a_resumed_launch_reports_the_resumed_runs_steps_not_the_killed_attempts(tmp_path, monkeypatch):
+    """The killed attempt logged steps 1-8 and checkpointed at 5. The launcher's first poll ran before rank 0 cut the
+    log back: it sent the old steps 6-8 to the callbacks (MLflow, Prefect), then skipped the resumed run's own 6-8 as
+    seen. Now the launcher cuts the log first: the callbacks get steps 6-9 of the resumed run only."""
+    import ance_core.training.distributed as distributed
+
+    out = tmp_path / "stage"
+    out.mkdir()
+    log = out / "train_log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": "old"}) + "\n" for s in range(1, 9)))
+
+    class Ranks:  # torchrun's side, faked: rank 0 cuts the log back at its second poll, then trains steps 6-9
+        def __init__(self, *args, **kwargs):
+            self.polls, self.returncode = 0, None
+
+        def poll(self):
+            self.polls += 1
+            if self.polls == 2:
+                kept = [ln for ln in log.read_text().splitlines() if json.loads(ln)["step"] <= 5]
+                log.write_text("".join(ln + "\n" for ln in kept)
+                               + "".join(json.dumps({"step": s, "loss": "new"}) + "\n" for s in range(6, 10)))
+                (out / distributed.RESULT).write_text(json.dumps({"resumed_from_step": 5}))
+                self.returncode = 0
+            return self.returncode
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", Ranks)
+    records = []
+    launch({}, out, 2, callbacks=[records.append], resumed_step=5, poll_seconds=0)
+    assert [(r["step"], r["loss"]) for r in records] == [(s, "new") for s in range(6, 10)]
+
+
+def test_each_rank_gets_its_share_of_the_cores_unless_the_user_set_threads(monkeypatch):
+    """torchrun sets OMP_NUM_THREADS=1 for several processes per node: gloo ranks trained on one thread each."""
+    from ance_core.training.distributed import rank_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert rank_threads(2) == {"OMP_NUM_THREADS": "8"} and rank_threads(32) == {"OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rank_threads(2) == {}
+
+
+def test_the_inferencer_takes_a_gpu_no_rank_trains_on_or_says_it_shares_one():
+    from ance_core.training.ranks import inferencer_gpu
+
+    assert inferencer_gpu(0, 1) == (None, None) and inferencer_gpu(1, 1) == (None, None)
+    assert inferencer_gpu(2, 1) == (1, None) and inferencer_gpu(4, 2) == (2, None)
+    gpu, warning = inferencer_gpu(2, 2)
+    assert gpu == 1 and "shares GPU 1 with a training rank (ance.world_size 2 on 2 GPUs)" in warning
+
+
+def test_cuda_rng_states_are_restored_in_device_order_past_ten_gpus(monkeypatch):
+    """Sorted as text, cuda_10 came before cuda_2: on 11+ GPUs a resumed rank drew another device's dropout."""
+    from ance_core.training import ranks as ranks_module
+
+    restored = []
+    monkeypatch.setattr(ranks_module.torch, "set_rng_state", lambda state: None)
+    monkeypatch.setattr(ranks_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ranks_module.torch.cuda, "set_rng_state_all", lambda states: restored.extend(states))
+    saved = {"torch_cpu": torch.zeros(1)} | {f"cuda_{i}": torch.tensor([i]) for i in range(12)}
+    ranks_module.restore_rng(saved, ranks_module.Ranks(0, 1))
+    assert [int(t) for t in restored] == list(range(12))
