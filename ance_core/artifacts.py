@@ -95,10 +95,11 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # a key per stage, so a change of output meets a failing test until its rule is bumped on purpose (issue 41 changed the
 # keys of the inputs that were missing: a teacher's content, SimANS under a margin). Bumped: data and corpus to 1 (ids
 # trimmed in every file, UTF-16 files, half surrogate pairs and NaN titles: what messy collections load as changed);
-# fusion and fuse to 1 (RRF no longer ranks BM25's score-0 filler rows as hits).
+# fusion and fuse to 1 (RRF no longer ranks BM25's score-0 filler rows as hits); compress to 1 (PCA no longer centres
+# the queries); mine to 1 (BM25's filler rows are no candidates, a query's own id is never its negative).
 STAGE_RULES: dict[str, int] = {
     "data": 1, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
-    "query-embeddings": 0, "mine": 0, "negative-stats": 0, "score-profile": 0, "train": 0, "train-async": 0,
+    "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 0, "train-async": 0,
     "snapshot": 0, "dev-candidates": 0, "evaluate": 0, "fusion": 1, "fuse": 1, "serving": 0, "reports": 0,
     "compress": 1, "trial": 0, "tune": 0, "corpus": 1,
 }
@@ -326,6 +327,18 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+def new_file_mode() -> int:
+    """The mode open() gives a new file: 0666 less the process's umask (read from /proc, which leaves the umask alone:
+    setting it to read it back would race other threads' file creation); 0644 where /proc has no answer."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
+
+
 @contextmanager
 def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[TextIO]:
     """A text file to write `path` through, streamed: a temporary file beside it, renamed into place when the block
@@ -333,6 +346,7 @@ def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[Tex
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())  # (mkstemp's file is 0600: the renamed file gets what open() would give it)
         with os.fdopen(fd, "w", encoding=encoding) as f:
             yield f
         os.replace(tmp, path)

@@ -9,6 +9,7 @@ process's GPU memory is recorded. A machine without psutil records nothing (a wa
 Sampled every ANCE_SYSTEM_METRICS_INTERVAL seconds (10, MLflow's default), and once more when the stage ends.
 """
 
+import contextlib
 import json
 import os
 import threading
@@ -22,7 +23,16 @@ _warned = False
 
 
 def interval() -> float:
-    return float(os.environ.get("ANCE_SYSTEM_METRICS_INTERVAL", "10"))
+    """ANCE_SYSTEM_METRICS_INTERVAL seconds, at least 1 (0 would sample in a tight loop); 10 with a warning when it is
+    not a number (a typo there never stops a stage)."""
+    value = os.environ.get("ANCE_SYSTEM_METRICS_INTERVAL", "10")
+    try:
+        seconds = float(value)
+    except ValueError:
+        warnings.warn(f"ANCE_SYSTEM_METRICS_INTERVAL={value!r} is not a number of seconds: system metrics are sampled "
+                      "every 10 s", stacklevel=2)
+        return 10.0
+    return max(seconds, 1.0) if seconds == seconds else 10.0  # (NaN: the default)
 
 
 class _Gpus:
@@ -42,21 +52,23 @@ class _Gpus:
     def read(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.nvml is not None:
-            for i, handle in enumerate(self.handles):
-                memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
-                out[f"gpu_{i}_utilization_percentage"] = float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                out[f"gpu_{i}_memory_usage_megabytes"] = memory.used / 2**20
-                out[f"gpu_{i}_memory_usage_percentage"] = 100.0 * memory.used / memory.total
-                try:
+            for i, handle in enumerate(self.handles):  # each reading on its own: a GPU that does not report one
+                # (utilisation under MIG, power on some boards) keeps the others, and the sample its CPU figures
+                with contextlib.suppress(Exception):
+                    out[f"gpu_{i}_utilization_percentage"] = float(
+                        self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                with contextlib.suppress(Exception):
+                    memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+                    out[f"gpu_{i}_memory_usage_megabytes"] = memory.used / 1e6
+                    out[f"gpu_{i}_memory_usage_percentage"] = 100.0 * memory.used / memory.total
+                with contextlib.suppress(Exception):
                     out[f"gpu_{i}_power_usage_watts"] = self.nvml.nvmlDeviceGetPowerUsage(handle) / 1000
-                except Exception:  # not every board reports its power
-                    pass
             return out
         import torch
 
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
-                out[f"gpu_{i}_memory_usage_megabytes"] = torch.cuda.memory_reserved(i) / 2**20
+                out[f"gpu_{i}_memory_usage_megabytes"] = torch.cuda.memory_reserved(i) / 1e6
         return out
 
     def close(self) -> None:
@@ -115,13 +127,13 @@ class SystemSampler:
     def sample(self) -> dict[str, float]:
         psutil = self.psutil
         memory = psutil.virtual_memory()
-        values = {"cpu_utilization_percentage": psutil.cpu_percent(None),
-                  "system_memory_usage_megabytes": (memory.total - memory.available) / 2**20,
+        values = {"cpu_utilization_percentage": psutil.cpu_percent(None),  # (megabytes: 1e6 bytes, as MLflow's)
+                  "system_memory_usage_megabytes": memory.used / 1e6,
                   "system_memory_usage_percentage": memory.percent,
-                  "process_memory_rss_megabytes": self.process.memory_info().rss / 2**20}
+                  "process_memory_rss_megabytes": self.process.memory_info().rss / 1e6}
         try:
             disk = psutil.disk_usage(str(self.path.parent))
-            values |= {"disk_usage_percentage": disk.percent, "disk_available_megabytes": disk.free / 2**20}
+            values |= {"disk_usage_percentage": disk.percent, "disk_available_megabytes": disk.free / 1e6}
         except OSError:  # the folder was published (renamed) or removed
             pass
         values |= self.gpus.read()

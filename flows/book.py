@@ -10,9 +10,11 @@ starts from (`start_of`: the best so far) and which dense model the hybrid row f
 run's result.
 """
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import deployment, flow_run
@@ -65,12 +67,13 @@ class RunBook:
         self.c, self.wd, self.split = config, config.work_dir, config.data.train_split
         self.log = StageLog()
         self.trial = trial
+        self.experiment = experiment
         if trial is not None:
             self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment, trial=True,
                                              trial_of=trial.parent_run, name=trial.name)
         else:
             self.tracking = PipelineTracking(config, flow_tags(), experiment=experiment)
-            link_mlflow_run(self.tracking)
+            link_mlflow_run(self.tracking, key=self.artifact_key("mlflow-run"))
         self.with_dev, self.next_mining = dev, next_mining
         self.eval_split = config.data.eval_split
         self.dev_split: str | None = None
@@ -300,8 +303,27 @@ class RunBook:
                                 best=result.get("best_on_dev"))
         print("\n".join(closing))
         if self.trial is None:
-            link_mlflow_run(self.tracking, result["markdown"], closing)
-            publish_tables(result["results"], self.log.timings, self.started_from)
+            link_mlflow_run(self.tracking, result["markdown"], closing, key=self.artifact_key("mlflow-run"))
+            publish_tables(result["results"], self.log.timings, self.started_from, self.artifact_key)
+
+    def artifact_key(self, kind: str) -> str:
+        """A Prefect artifact key of this flow and collection (`ance-train-scifact-results`): the Artifacts page keeps
+        each one's history apart from other flows' and collections'."""
+        return artifact_key(self.experiment, self.c.data.collection, kind)
+
+
+def artifact_key(*parts: str) -> str:
+    """`parts` as a Prefect artifact key: lowercase letters, digits and dashes (Prefect refuses anything else)."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")[:200]
+
+
+def publish(create: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """A Prefect artifact, best effort: a Prefect API that fails here warns and leaves the run alone (its MLflow runs
+    would be left RUNNING at the start; at the end a finished, registered run would show as failed)."""
+    try:
+        create(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        warn(f"the Prefect artifact {kwargs.get('key')} was not published ({type(e).__name__}: {e})")
 
 
 def flow_tags() -> dict[str, str]:
@@ -317,19 +339,21 @@ RESULT_COLUMNS = {"dev_ndcg_at_10": "dev nDCG@10", "ndcg_at_10": "nDCG@10", "mrr
                   "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
 
 
-def publish_tables(results: list[dict], timings: list[StageTiming], started_from: dict[str, str]) -> None:
-    """The results table and the per-stage wall times as Prefect table artifacts of the flow run, keyed
-    (`ance-results`, `ance-stage-times`) so the UI's Artifacts page keeps their history across runs."""
+def publish_tables(results: list[dict], timings: list[StageTiming], started_from: dict[str, str],
+                   key: Callable[[str], str]) -> None:
+    """The results table and the per-stage wall times as Prefect table artifacts of the flow run, keyed (`key`:
+    `<flow>-<collection>-results`, `-stage-times`) so the UI's Artifacts page keeps their history across runs."""
     rows = [{"model": r["model"], "trained from": started_from.get(r["model"], "")}
             | {label: round(r[k], 4) if k in r else None for k, label in RESULT_COLUMNS.items()} for r in results]
-    create_table_artifact(rows, key="ance-results", description="the run's models: dev and evaluation metrics")
+    publish(create_table_artifact, rows, key=key("results"), description="the run's models: dev and evaluation metrics")
     stages = [{"model": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "reused": t.ref.cached}
               for t in timings]
-    create_table_artifact(stages, key="ance-stage-times", description="each stage's wall seconds (a reused stage: "
-                          "the seconds it took when it was built)")
+    publish(create_table_artifact, stages, key=key("stage-times"), description="each stage's wall seconds (a reused "
+            "stage: the seconds it took when it was built)")
 
 
-def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = ()) -> None:
+def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = (),
+                    key: str = "mlflow-run") -> None:
     """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
     the results and anything tracking could not deliver)."""
     parent, uri = tracking.parent, tracking.tracker.uri
@@ -341,4 +365,4 @@ def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, clo
     lines += [f"- {line.removeprefix('MLflow: ')}" for line in closing]
     if markdown:
         lines += ["", markdown]
-    create_markdown_artifact("\n".join(lines), key="mlflow-run", description="the MLflow run of this pipeline run")
+    publish(create_markdown_artifact, "\n".join(lines), key=key, description="the MLflow run of this pipeline run")

@@ -260,32 +260,51 @@ def stage_task(name: str, extra_key: Callable[[dict[str, Any]], Any] | None = No
     return wrap
 
 
-def progress_artifact(total: int, description: str, every_s: float = 5.0) -> Callable[[int], None]:
-    """`update(done)`: a long stage's progress (done of `total`) as a Prefect progress artifact on its task run (the
-    UI's bar), created at the first update and updated at most every `every_s` seconds and at the end; nothing outside
-    a task run. Best effort: a server that does not answer leaves the work alone."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-    from prefect.context import TaskRunContext
+_BARS: dict[str, Any] = {}  # task run id -> its progress artifact's id: a retried attempt moves the same bar
 
-    if TaskRunContext.get() is None or total <= 0:
-        return lambda done: None
-    state: dict[str, Any] = {"id": None, "at": 0.0}
 
-    def update(done: int) -> None:
-        now = time.monotonic()
-        if now - state["at"] < every_s and done < total:
+class Progress:
+    """A long stage's progress bar in the Prefect UI (a progress artifact on its task run): `bar(done)` of `total`,
+    created at the first update and updated at most every `every_s` seconds and when done reaches total; `finish()`
+    fills it (a stage that ends early: dev checks' early stop). A retried attempt of the task run moves the same bar
+    (not a second one left behind where the first attempt stopped). Best effort: a server that does not answer
+    leaves the work alone."""
+
+    def __init__(self, total: int, description: str, every_s: float, task_run: str | None):
+        self.total, self.description, self.every_s, self.task_run = total, description, every_s, task_run
+        self.at = 0.0
+
+    def __call__(self, done: int) -> None:
+        if self.task_run is None or self.total <= 0:
             return
-        state["at"] = now
-        progress = round(100 * min(done, total) / total, 1)
+        now = time.monotonic()
+        if now - self.at < self.every_s and done < self.total:
+            return
+        self.at = now
+        self._send(round(100 * min(max(done, 0), self.total) / self.total, 1))
+
+    def finish(self) -> None:
+        if self.task_run is not None and self.total > 0:
+            self._send(100.0)
+
+    def _send(self, progress: float) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
         try:
-            if state["id"] is None:
-                state["id"] = create_progress_artifact(progress, description=description)
+            if (artifact := _BARS.get(self.task_run)) is None:
+                _BARS[self.task_run] = create_progress_artifact(progress, description=self.description)
             else:
-                update_progress_artifact(state["id"], progress)
+                update_progress_artifact(artifact, progress)
         except Exception as e:  # noqa: BLE001
             logging.getLogger("ance").debug(f"progress artifact not updated: {e}")
 
-    return update
+
+def progress_artifact(total: int, description: str, every_s: float = 5.0) -> Progress:
+    """A Progress bar on the current task run (one that does nothing outside a task run)."""
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return Progress(total, description, every_s, str(context.task_run.id) if context is not None else None)
 
 
 def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:

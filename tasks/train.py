@@ -127,13 +127,16 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
                     "schedule": dataclasses.asdict(schedule) if schedule is not None else None, "round": round_}
-            return launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
-                          env={FAULT_HOOK: "tasks.common"})
-        tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
-        pairs = read_training_pairs(Path(negatives.path, NEGATIVES))
-        return train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
-                     tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_,
-                     dev=dev.stage_dev(data, tables) if dev is not None else None)
+            summary = launch(spec, out, cfg.world_size, callbacks, resumed_step=checkpoint_step(out),
+                             env={FAULT_HOOK: "tasks.common"})
+        else:
+            tables = read_tables(data.path, corpus_columns=[])  # the passages are read by row, as needed
+            pairs = read_training_pairs(Path(negatives.path, NEGATIVES))
+            summary = train(checkpoint.path, pairs, ParquetCorpus.of_folder(data.path), tables.split_queries(split),
+                            tables.relevant(split), cfg, out, callbacks=callbacks, schedule=schedule, round_=round_,
+                            dev=dev.stage_dev(data, tables) if dev is not None else None)
+        bar.finish()  # (dev checks may stop it before its last step)
+        return summary
 
     inputs = {"checkpoint": checkpoint.digest, "negatives": negatives.digest, "data": data.digest}
     if dev is not None:

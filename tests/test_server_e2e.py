@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.book import artifact_key
 from tests.tiny import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server-e2e")]  # one stack for the module
@@ -220,13 +221,15 @@ def test_ui_triggered_run_completes_with_artifacts(stack, trained, tiny):
     assert models[:4] == ["BM25", "zero-shot", "warmup", "ANCE round 1"] and models[4].endswith(" + BM25")
     # in the Prefect UI: the results table and the stage times as keyed table artifacts of the flow run, and each
     # training stage's progress as a progress artifact that reached 100
+    results, times = (artifact_key("ance-train", Path(tiny["data"]["dataset"]).name, kind)
+                      for kind in ("results", "stage-times"))  # (its flow's and collection's history)
+    assert results.startswith("ance-train-") and results.endswith("-results")
     tables = {a["key"]: a for a in api(stack, "POST", "/artifacts/filter", json={"artifacts": {
-        "key": {"any_": ["ance-results", "ance-stage-times"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()}
-    assert set(tables) == {"ance-results", "ance-stage-times"} and {a["type"] for a in tables.values()} == {"table"}
-    rows = json.loads(tables["ance-results"]["data"]) if isinstance(tables["ance-results"]["data"], str) else \
-        tables["ance-results"]["data"]
+        "key": {"any_": [results, times]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()}
+    assert set(tables) == {results, times} and {a["type"] for a in tables.values()} == {"table"}
+    rows = json.loads(tables[results]["data"]) if isinstance(tables[results]["data"], str) else tables[results]["data"]
     assert [r["model"] for r in rows] == models and all("nDCG@10" in r for r in rows)
-    assert "warmup" in json.dumps(tables["ance-stage-times"]["data"])
+    assert "warmup" in json.dumps(tables[times]["data"])
     progress = api(stack, "POST", "/artifacts/filter", json={"artifacts": {
         "type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()
     assert len(progress) >= 2 and {a["data"] for a in progress} == {100.0}, progress  # the warm-up, the round
@@ -291,8 +294,9 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
                           params={"name": f"ance-{Path(tiny['data']['dataset']).name}", "alias": "champion"})
     assert champion["model_version"]["run_id"] in {r["info"]["run_id"] for r in children.values()}
     # the Prefect run links back to the MLflow run
+    link = artifact_key("ance-train", Path(tiny["data"]["dataset"]).name, "mlflow-run")
     artifacts = api(stack, "POST", "/artifacts/filter", json={"artifacts": {
-        "key": {"any_": ["mlflow-run"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()
+        "key": {"any_": [link]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()
     assert artifacts and any(f"{stack['mlflow']}/#/experiments/" in a["data"] and pid in a["data"] for a in artifacts)
 
 

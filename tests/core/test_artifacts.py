@@ -89,3 +89,20 @@ def test_shards_are_ordered_by_number_and_ids_split_on_newlines_alone(tmp_path):
     assert id_lines(tmp_path / "ids") == ["a", "b\x1cc", "d\u2028e", ""]
     (tmp_path / "none").write_text("")
     assert id_lines(tmp_path / "none") == []
+
+
+def test_a_replaced_file_gets_the_mode_a_new_file_would_get(tmp_path):
+    """Written through mkstemp (mode 0600), TREC runs and logs were readable by their owner alone."""
+    import os
+
+    from ance_core.artifacts import write_text
+
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "run.trec", "q Q0 d 1 1.0 t\n")
+        os.umask(0o027)
+        write_text(tmp_path / "log.jsonl", "{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.trec").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "log.jsonl").stat().st_mode & 0o777 == 0o640
