@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, digest_of, file_digest, run_stage
@@ -155,6 +156,9 @@ def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int,
     queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts. `tables`
     (the dataset) serves only the scorer."""
     frames = {name: ranking_rows(Path(ref.path, RUN), query_ids) for name, ref in rankings.items()}
+    if "bm25" in frames:  # BM25's matches only: its score-0 rows, which pad a query with few matches to the run's
+        # depth, match no query term and sit at arbitrary ranks (one fixed block of the corpus for every such query)
+        frames["bm25"] = frames["bm25"].filter(pc.greater(frames["bm25"]["score"], 0))
     scores, windows = None, None  # the positives' exact scores (and MaxP windows): dense retrieval writes them
     table = None
     if "dense" in rankings and Path(rankings["dense"].path, POSITIVE_SCORES).is_file():

@@ -58,8 +58,10 @@ def pairs_of(positives: dict[str, set[str]], query_ids: list[str]) -> tuple[np.n
 
 def excluded_documents(query_ids: list[str], positives: dict[str, set[str]],
                        relevant: dict[str, set[str]]) -> list[list[str]]:
-    """Per query: the documents never a negative (its labelled-relevant ones and its positives), sorted."""
-    return [sorted(relevant.get(q, set()) | positives[q]) for q in query_ids]
+    """Per query: the documents never a negative, sorted: its labelled-relevant ones, its positives, and the document
+    of its own id (the query itself, where the corpus holds the queries: ArguAna, Quora; evaluation drops it too,
+    `eval.ignore_identical_ids`)."""
+    return [sorted(relevant.get(q, set()) | positives[q] | {q}) for q in query_ids]
 
 
 def own_positive_scores(query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str],

@@ -94,11 +94,12 @@ def test_every_stage_has_a_rule_and_each_rule_is_pinned():
             built |= set(re.findall(r"(?:run_stage|stage_key)\([^,()]+, *\"([a-z0-9-]+)\"", path.read_text()))
     assert built == set(STAGE_RULES)
     # bumped: data and corpus (what messy collections load as: ids trimmed, UTF-16 files, half surrogate pairs);
-    # fusion and fuse (RRF without BM25's score-0 filler rows); compress (PCA no longer centres the queries)
+    # fusion and fuse (RRF without BM25's score-0 filler rows); compress (PCA no longer centres the queries); mine
+    # (BM25's filler rows are no candidates, a query's own id no negative)
     assert STAGE_RULES == dict.fromkeys(sorted(STAGE_RULES), 0) | {"data": 1, "corpus": 1, "fusion": 1, "fuse": 1,
-                                                                   "compress": 1}
+                                                                   "compress": 1, "mine": 1}
     keys = {name: stage_key(name, {"probe": 1}, {"input": "d" * 16}) for name in sorted(STAGE_RULES)}
-    assert digest_of(keys) == "4b0cafd3fb306a43"
+    assert digest_of(keys) == "ef00ce5b39743fcc"
 
 
 def _stage_configs():

@@ -201,3 +201,16 @@ def test_a_stage_of_several_epochs_gets_a_draw_per_epoch(tmp_path):
     # 60 pairs in batches of 16: 4 steps per epoch, 9 steps begin 3 epochs; a sample of 20 queries: 2 per epoch
     assert epoch_draws(data, "train", mining, 1, TrainConfig(max_steps=9, batch_size=16)) == 3
     assert epoch_draws(data, "train", MiningConfig(queries=20), 1, TrainConfig(max_steps=9, batch_size=16)) == 5
+
+
+def test_bm25s_zero_score_filler_rows_are_no_candidates(tmp_path):
+    """BM25 pads a query with few matches to its depth with score-0 rows that match no query term: one fixed block of
+    the corpus. A query with two matches drew nearly all its warm-up negatives from that block."""
+    rows = [("q0", "d1", 1, 3.2), ("q0", "d2", 2, 1.1)] + [("q0", f"d{100 + r}", r, 0.0) for r in range(3, 101)]
+    ref = _folder(tmp_path / "bm25", pd.DataFrame(rows, columns=["query_id", "doc_id", "rank", "score"]),
+                  pd.DataFrame(columns=["query_id", "doc_id", "score"]), old=False)
+    positives = {"q0": {"d1"}}
+    cfg = MiningConfig(sampler="bm25", top_k=100, num_negatives=2, seed=0)
+    table = mine_queries(cfg, positives, 0, {"bm25": ref}, None, positives, sorted_ids(CORPUS), None, None)
+    [negatives] = [set(ids) for ids in table["negative_ids"]]
+    assert "d2" in negatives and not negatives & {f"d{100 + r}" for r in range(3, 101)}  # the match, then random

@@ -181,3 +181,18 @@ def test_later_draws_are_other_valid_negatives_and_draw_0_is_the_single_draw(sam
     assert changed > len(one)  # of 2 x the pairs
     again = sample_negatives(cfg, positives, 1, rankings, CORPUS, scores, draws=3)
     pd.testing.assert_frame_equal(again, three)
+
+
+@pytest.mark.parametrize("sampler", ["ance", "simans"])
+def test_a_document_of_the_querys_own_id_is_never_its_negative(sampler):
+    """Where the corpus holds the queries (ArguAna, Quora), a query's own text ranks first: it was drawn as its own
+    negative (SimANS preferred it, its score closest to the positive's), though evaluation drops it as the query."""
+    ids = np.array([["q0", "d1", "d2", "d3"], ["q1", "d4", "d5", "d6"]], dtype=object)
+    run = run_frame(["q0", "q1"], ids, np.array([[16.0, 11.0, 5.0, 4.0], [16.0, 11.0, 5.0, 4.0]]))
+    positives = {"q0": {"d1"}, "q1": {"d4"}}
+    scores = {("q0", "d1"): 11.0, ("q1", "d4"): 11.0}
+    for seed in range(20):
+        cfg = MiningConfig(sampler=sampler, top_k=4, num_negatives=2, seed=seed)
+        table = sample_negatives(cfg, positives, 1, {"dense": run}, ["q0", "q1", *CORPUS], scores)
+        for row in table.itertuples():
+            assert row.query_id not in set(row.negative_ids), (seed, row)
