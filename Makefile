@@ -13,7 +13,7 @@ export PREFECT_PORT ?= 4200
 # Prefect's temporary server gets 20 s to start by default: not enough on a busy 2-core machine.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
-.PHONY: demo compress compare quality test docs test-gpu gpu-kit bench-gpu check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
+.PHONY: demo compress compare quality test docs test-gpu gpu-kit bench-gpu gpu-image check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ quality: env  ## the longer recipe (ance demo --recipe full: 2 SimANS rounds, 2 
 compress: env  ## the demo pipeline (cached stages reused), then compression of its final model (RESULTS.md)
 	$(BIN)/ance demo --compress
 
-compare: env  ## the compare-negatives flow on SciFact: every negative sampler from one BM25 warm-up (RESULTS.md)
+compare: env  ## the compare-negatives flow on SciFact: seven negative samplers from one BM25 warm-up (RESULTS.md)
 	$(BIN)/ance compare
 
 TEST_WORKERS ?= 4
@@ -44,6 +44,9 @@ test-gpu: env  ## the CUDA suite (tests/gpu: encoding, faiss-gpu, bf16/fp16 trai
 docs: env  ## the manual (README + docs/ + RESULTS + BENCHMARKS) as a site in site/: mkdocs-material, --strict
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	@echo "open site/index.html, or serve it: $(BIN)/mkdocs serve -a 127.0.0.1:8000"
+
+gpu-image:  ## build the gpu work pool's image (ance-worker-gpu:latest) on this host: the pool never pulls it
+	docker build -f docker/Dockerfile.gpu -t ance-worker-gpu:latest .
 
 check-gpu-deps:  ## does the GPU image's dependency set (CUDA torch, faiss-gpu, constraints.txt) resolve? pip dry-run
 	scripts/check-gpu-deps.sh
@@ -59,7 +62,7 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends chromium docker-compose >/dev/null; }
 
-up: env  ## start Prefect (127.0.0.1:$(PREFECT_PORT)) and MLflow (127.0.0.1:5000) servers and a cpu-pool worker (logs in .stack/logs)
+up: env  ## start Prefect (127.0.0.1:$(PREFECT_PORT)) and MLflow (127.0.0.1:5000) servers and the cpu and infer pools' workers (logs in .stack/logs)
 	scripts/stack.sh up
 
 down:  ## stop what `make up` started

@@ -2,7 +2,8 @@
 `load_config` reads either from YAML or JSON with errors that name the file and the field.
 
 Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is refused before any work starts.
-The defaults are the demo: SciFact, all-MiniLM-L6-v2, BM25 warm-up then two ANCE rounds on a 2-core CPU.
+The defaults: SciFact, all-MiniLM-L6-v2, a BM25 warm-up then one ANCE round on a 2-core CPU (the `demo` recipe sets
+SimANS rounds and lr 4e-5 over them: ance_core/pipeline/recipes.py).
 """
 
 import copy
