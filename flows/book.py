@@ -42,6 +42,7 @@ from tasks.refresh import evaluate_stages, refresh_negatives
 from tasks.report import report
 from tasks.train import DevInputs, Schedule, dev_candidates, train_round
 from tracking.closing import closing_lines
+from tracking.registry import dev_setting
 from tracking.run import PipelineTracking, run_url
 
 
@@ -105,7 +106,7 @@ class RunBook:
         summary = read_manifest(self.data.path)["summary"]
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
-            self.dev_setting = f"{self.dev_split} {summary['split_digests'][self.dev_split]}"
+            self.dev_setting = dev_setting(self.dev_split, summary["split_digests"][self.dev_split], self.c.eval)
         splits = {"training": self.split, "dev": self.dev_split, "evaluation": self.eval_split}
         self.tracking.set_dataset(self.data.digest, self.data.path, summary,
                                   {context: split for context, split in splits.items() if split})
@@ -178,7 +179,7 @@ class RunBook:
         runs = [self.dev_runs["BM25"], self.dev_runs[started_from]]
         candidates = self.log.run(label, "dev-candidates", dev_candidates, runs, self.data, self.dev_split,
                                   check.depth, self.wd)
-        start_score = read_metrics(self.dev[started_from])["ndcg_at_10"]
+        start_score = check.start_score(read_metrics(self.dev[started_from])["ndcg_at_10"])
         return DevInputs(candidates, self.dev_split, check, start_score, self.c.encode,
                          self.c.eval.ignore_identical_ids)
 

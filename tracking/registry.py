@@ -98,8 +98,11 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     # machine's worker, `scifact` against `data/scifact`) for the same collection, under the same registered model
     comparable = current is not None and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags
     current_score = float(current.tags[DEV_KEY]) if comparable else None
+    # a champion scored on other dev queries (another dev_fraction, dev_seed or dataset version) is not compared: two
+    # configs would take the alias from each other in turn, each unseen by the other's dev split
+    elsewhere = current is not None and not comparable and DEV_KEY in current.tags
     # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
-    promote = current_score is None or round(chosen[1][DEV_KEY], 6) > current_score
+    promote = not elsewhere and (current_score is None or round(chosen[1][DEV_KEY], 6) > current_score)
     if promote:
         tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", chosen[0],
                       payload={"name": name, "version": chosen[0]})
@@ -107,7 +110,10 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
             "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
             "champion_version": chosen[0] if promote else current.version,
             "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
-            "reason": ("no champion with a dev score on the same dev split" if current_score is None else
+            "reason": (f"the champion (version {current.version}) was chosen on another dev split "
+                       f"({current.tags.get('dev_split')!r}, this run's {dev_setting!r}): not comparable, the alias "
+                       "stays (move it in MLflow's UI to change it)" if elsewhere else
+                       "no champion with a dev score" if current_score is None else
                        "higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")}
 
 
@@ -250,3 +256,10 @@ def _pipeline_run(client: "MlflowClient", run_id: str) -> dict[str, Any]:
         end = next((k for k in range(start, len(lines)) if not lines[k].startswith("|")), len(lines))
         out["results_markdown"] = "\n".join(lines[start:end])
     return out
+
+
+def dev_setting(split: str, digest: str, evaluation) -> str:
+    """What a dev score was measured on, so a champion is compared only with a score of the same: the split, its
+    content digest, and the evaluation's rule where it is not the default (identical ids kept: ArguAna's and
+    Quora's queries then rank themselves first). Evaluation always searches an exact index, so nothing else enters."""
+    return f"{split} {digest}" + ("" if evaluation.ignore_identical_ids else " identical ids kept")

@@ -11,12 +11,16 @@ from ance_core.errors import AnceError, warn
 def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fraction: float, seed: int) -> Dataset:
     """The dataset with a dev split for model selection and recipe choices.
 
-    A dataset that has a split named `dev_split` keeps it. Otherwise about `fraction` of the train split's queries that
-    have a positive (relevance > 0) move to a new split `dev_split`, with all their qrels: they are no longer trained
-    on. Each query moves when sha256(seed, query id), read as a number in [0, 1), is below `fraction`: its membership
-    depends on nothing else, so adding queries to a dataset never moves the others, and seeds give independent splits.
+    A dataset that has a split named `dev_split` keeps it, and its queries are not trained on: their rows of the train
+    split (a query in both files) are left out, with a warning naming them. Otherwise about `fraction` of the train
+    split's queries that have a positive (relevance > 0) move to a new split `dev_split`, with all their qrels: they
+    are no longer trained on. Each query moves when sha256(seed, query id), read as a number in [0, 1), is below
+    `fraction`: its membership depends on nothing else, so adding queries to a dataset never moves the others, and
+    seeds give independent splits.
     """
     splits = set(dataset.qrels["split"])
+    if dev_split is not None and dev_split in splits and train_split in splits and train_split != dev_split:
+        return _without_dev_queries(dataset, train_split, dev_split)
     if dev_split is None or dev_split in splits or fraction <= 0 or train_split not in splits:
         return dataset
     train = dataset.split_qrels(train_split)
@@ -34,6 +38,20 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
     qrels = dataset.qrels.copy()
     qrels.loc[moved, "split"] = dev_split
     return Dataset(dataset.corpus, dataset.queries, qrels)
+
+
+def _without_dev_queries(dataset: Dataset, train_split: str, dev_split: str) -> Dataset:
+    """The dataset without the train rows of the queries its own dev split holds (they would choose the run's result
+    and the champion on queries the models trained on)."""
+    dev = set(dataset.split_qrels(dev_split)["query_id"])
+    shared = (dataset.qrels["split"] == train_split) & dataset.qrels["query_id"].isin(dev)
+    if not shared.any():
+        return dataset
+    ids = sorted(set(dataset.qrels.loc[shared, "query_id"]))
+    warn(f"{len(ids)} queries of the '{dev_split}' split are in the '{train_split}' split too "
+         f"({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): they are not trained on (a model is chosen on "
+         "them)")
+    return Dataset(dataset.corpus, dataset.queries, dataset.qrels.loc[~shared].reset_index(drop=True))
 
 
 def _unit_hash(seed: int, query_id: str) -> float:

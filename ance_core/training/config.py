@@ -152,6 +152,12 @@ class DevCheckConfig(StageConfig):
     keep_best: bool = Field(True, description="The stage's model is its best check's (the starting model when no check "
                             "beat it); false: its last step's")
 
+    def start_score(self, evaluated: float) -> float | None:
+        """The starting model's score a stage's checks must beat: its dev evaluation's, when a check scores as the
+        evaluation does; None with `passage_max_length` (the stage's first check scores it as its later ones: a
+        shorter check overstates a trained model, RESULTS.md, and a stage that made the model worse would be kept)."""
+        return evaluated if self.passage_max_length is None else None
+
     @property
     def active(self) -> bool:
         return self.per_epoch > 0

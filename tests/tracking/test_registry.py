@@ -69,17 +69,21 @@ def test_the_champion_moves_only_to_a_better_model_on_the_same_dev_split_whateve
 
     tracker = Tracker(tmp_path / "work", "ance-train")
 
-    def register(dataset: str, dev: float, run_id: str | None = "new") -> dict:
+    def register(dataset: str, dev: float, run_id: str | None = "new", dev_setting: str = "dev 0123456789abcdef"
+                 ) -> dict:
         if run_id == "new":
             run_id = tracker.start_run("ANCE round 1")
             tracker.end_run(run_id)
         return register_models(tracker, "ance-scifact", [("ANCE round 1", run_id, {DEV_KEY: dev})], dataset, "test",
-                               "ANCE round 1", "dev 0123456789abcdef")
+                               "ANCE round 1", dev_setting)
 
     assert register("scifact", 0.70)["promoted"]
     worse = register(str(tmp_path / "data" / "scifact"), 0.50)  # the same collection, by its folder's path
     assert not worse["promoted"] and worse["champion_dev_ndcg_at_10_before"] == 0.70
     assert register("data/scifact", 0.75)["promoted"]
+    # another dev split (another dev_seed): not compared, so not promoted (it took the alias as "no champion")
+    elsewhere = register("scifact", 0.40, dev_setting="dev fedcba9876543210")
+    assert not elsewhere["promoted"] and "chosen on another dev split" in elsewhere["reason"]
     client = tracker.client
     monkeypatch.setattr(client, "get_model_version_by_alias",
                         lambda *a, **k: (_ for _ in ()).throw(ConnectionError("read timed out")))
@@ -135,3 +139,11 @@ def test_a_checkpoint_whose_files_did_not_arrive_reports_it(tmp_path, tiny_model
     tracker.client.log_artifact = flaky
     assert not log_checkpoint(tracker, second, checkpoint)
     assert tracker.undelivered["log_artifact"] > spooled
+
+
+def test_a_dev_score_kept_identical_ids_is_another_setting():
+    from ance_core.retrieval.config import EvalConfig
+    from tracking.registry import dev_setting
+
+    assert dev_setting("dev", "0123456789abcdef", EvalConfig()) == "dev 0123456789abcdef"  # the tags runs have
+    assert dev_setting("dev", "0123456789abcdef", EvalConfig(ignore_identical_ids=False)) != "dev 0123456789abcdef"

@@ -364,6 +364,20 @@ def test_dev_split_is_a_seeded_share_of_the_train_queries(tmp_path):
         assert with_dev_split(ds, "train", "dev", 0.001, seed=0) is ds
 
 
+def test_a_datasets_own_dev_queries_are_not_trained_on(tmp_path):
+    """A dev file naming train queries kept their train rows: the models trained on the queries that then chose the
+    run's result and the champion, with no word of it."""
+    ds = load_dataset(_many_queries(tmp_path))
+    qrels = ds.qrels.copy()
+    dev_rows = qrels[qrels["query_id"].isin(["q1", "q2"])].assign(split="dev")
+    own = type(ds)(ds.corpus, ds.queries, pd.concat([qrels, dev_rows], ignore_index=True))
+    assert {"q1", "q2"} <= set(own.positives("train"))
+    with pytest.warns(AnceWarning, match=r"2 queries of the 'dev' split are in the 'train' split too \(q1, q2\)"):
+        kept = with_dev_split(own, "train", "dev", 0.2, seed=0)
+    assert not {"q1", "q2"} & set(kept.positives("train")) and set(kept.positives("dev")) == {"q1", "q2"}
+    assert len(kept.positives("train")) == 48
+
+
 def test_graded_qrels_train_on_each_querys_top_grade_and_say_what_they_left_out(tmp_path):
     ds = load_dataset(_many_queries(tmp_path, grades=(1, 2)))
     with pytest.warns(AnceWarning, match=r"the 50 'train' pairs at each query's own top grade \(graded qrels, grades "
