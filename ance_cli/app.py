@@ -117,8 +117,8 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         return tables
     except Exception:
         folder = Path(work_dir).expanduser()
-        if fresh and not any(not p.name.startswith(".") for p in folder.iterdir()):
-            shutil.rmtree(folder, ignore_errors=True)  # the empty folder this command made is not left behind
+        if fresh and not any(folder.rglob("manifest.json")):  # the folder this command made, with no stage built
+            shutil.rmtree(folder, ignore_errors=True)  # in it (its locks, empty stage folders): not left behind
         raise  # (a validated data stage is kept: it is whole, and the next run reuses it)
 
 

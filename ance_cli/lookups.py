@@ -22,18 +22,15 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
 
 def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
-    from ance_core.data.dataset import read_tables
+    from ance_cli.app import preflight
     from ance_core.errors import AnceError, warn
     from ance_core.retrieval.config import EvalConfig
     from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
     from ance_core.retrieval.search import read_trec
-    from tasks.common import faults_off
-    from tasks.data import prepare_data
 
     run = read_trec(path)  # a malformed file fails before the data is read
     data = evaluation_data(dataset, split, work_dir)
-    with faults_off():
-        qrels = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=[]).split_qrels(split)
+    qrels = preflight(data, work_dir, (split,)).split_qrels(split)  # (a split it lacks: one line naming its file)
     judged, ran = set(qrels["query_id"]), set(run["query_id"])
     if not judged & ran:
         raise AnceError(f"{path}: none of its {len(ran):,} queries (e.g. {sorted(ran)[:3]}) is a judged query of "

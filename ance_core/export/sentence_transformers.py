@@ -30,7 +30,9 @@ the checkpoint itself holds.
 
 import inspect
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,14 @@ def check_target(out: str | Path, force: bool, checkpoint: str | Path | None = N
         raise AnceError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise AnceError(f"{out}: exists and is not empty; pass --force to replace it")
+    ancestor = next(p for p in out.parents if p.exists())  # where the export's folders would be made
+    if not ancestor.is_dir():
+        raise AnceError(f"{out}: {ancestor} is a file, not a folder; choose another --out")
+    try:  # (a folder made and removed: what the export does there; /proc, /sys and read-only places refuse it)
+        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".ance-write-check-"))
+    except OSError as e:
+        raise AnceError(f"{out}: a folder cannot be made in {ancestor} ({e.strerror or type(e).__name__}); choose "
+                        "another --out") from None
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, fmt: str = "sentence-transformers",

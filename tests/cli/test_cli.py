@@ -110,6 +110,22 @@ def test_search_settings_without_recipe_auto_are_refused(tmp_path, recipe):
     assert "Traceback" not in out and not work.exists()
 
 
+def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_names_its_file(tmp_path):
+    """A dataset error left a new work folder holding its lock and an empty data/ folder; `evaluate --run` on a split
+    the dataset lacks wrote the data stage, then said so in a line without the qrels file's path."""
+    empty = write_beir(tmp_path / "empty", [], [{"_id": "q1", "text": "one"}], {"test": [("q1", "d0", 1)]})
+    work = tmp_path / "w"
+    code, out = _invoke(["bm25", "--dataset", str(empty), "--split", "test", "--work-dir", str(work)])
+    assert code == 2 and "empty corpus" in out and "Traceback" not in out, out
+    assert not work.exists()
+    good = write_beir(tmp_path / "good", [{"_id": f"d{i}", "text": f"text {i}"} for i in range(3)],
+                      [{"_id": "q1", "text": "one"}], {"test": [("q1", "d0", 1)]})
+    (tmp_path / "run.trec").write_text("q1 Q0 d0 1 2.0 x\n")
+    code, out = _invoke(["evaluate", "--run", str(tmp_path / "run.trec"), "--dataset", str(good), "--split", "nosuch",
+                         "--work-dir", str(work)])
+    assert code == 2 and "split 'nosuch' has no qrels" in out and str(good / "qrels" / "nosuch.tsv") in out, out
+
+
 def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     from ance_core.artifacts import run_stage
     from ance_core.retention import live_run

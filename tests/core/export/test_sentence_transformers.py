@@ -4,6 +4,7 @@ bad input is one clear line."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,6 +168,13 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
     assert code == 0 and (tmp_path / "out" / "modules.json").is_file() and not (tmp_path / "out" / "keep.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".partial")]
+    # a place no folder can be made in (a traceback, exit 1, before): one line, for either format
+    (tmp_path / "afile").write_text("x")
+    for out, message in ((tmp_path / "afile" / "sub", "afile is a file, not a folder"),
+                         (Path("/proc/ance-export"), "a folder cannot be made in /proc")):
+        for fmt in ("sentence-transformers", "onnx"):
+            code, printed = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(out), "--format", fmt])
+            assert code == 2 and message in printed and "Traceback" not in printed, (out, fmt, printed)
 
 
 def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
