@@ -191,7 +191,11 @@ def compress_command(
     from ance_core.pipeline.config import load_config, validation_message
 
     def body():
-        from flows.compress import compress_flow
+        from ance_core.artifacts import read_manifest
+        from flows.compress import check_compression, compress_flow
+        from flows.start import trained_checkpoint
+        from tasks.common import faults_off
+        from tasks.data import prepare_data
 
         if checkpoint is not None:
             read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
@@ -200,7 +204,12 @@ def compress_command(
             data = DataConfig(dataset=dataset, name=name)
         except ValidationError as e:
             fail(f"--name {name!r}: {validation_message(e.errors()[0])}")
+        teacher, _ = trained_checkpoint(work_dir, data.collection, str(checkpoint) if checkpoint else None)
+        read_meta(teacher)
         preflight(data, work_dir, (data.train_split, data.eval_split))
+        with faults_off():  # (the pre-flight's data stage, reused)
+            documents = read_manifest(prepare_data.fn(data, work_dir).path)["summary"]["documents"]
+        check_compression(teacher, c, documents)  # before the corpus is encoded
         result = compress_flow(str(checkpoint.resolve()) if checkpoint else None, data, compression=c,
                                work_dir=work_dir)
         print_table(result, f"table and files: {result['files']}",

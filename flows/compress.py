@@ -8,6 +8,7 @@ cached: all its figures come from one run. The table's files go to <work_dir>/co
 (`atomic_folder`).
 """
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -94,6 +95,21 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
                                             "rows": frame.to_dict("records")})
     print(f"## Compression of {checkpoint.path}, {eval_split}\n\n{table}\n\ntable: {out / COMPRESSION_MD}")
     return {"table": table, "rows": rows, "files": str(out), "checkpoint": checkpoint.path, "split": eval_split}
+
+
+def check_compression(checkpoint: str, c: CompressConfig, documents: int) -> None:
+    """What a compression would refuse late, refused before any work: no `dims` below the model's dimension (nothing
+    to compress), and approximate-index options the corpus cannot take (`check_ann_options`)."""
+    config = Path(checkpoint, "config.json")
+    try:
+        h = int(json.loads(config.read_text())["hidden_size"])  # (the head keeps it: Linear(h, h))
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # (a model config without it: the stage says what it finds)
+    dims = sorted((d for d in c.dims if d < h), reverse=True)
+    if not dims:
+        raise AnceError(f"compression.dims {c.dims}: none is below the model's dimension {h}, so there is nothing to "
+                        "compress; give dimensions below it")
+    check_ann_options(c, [h, *dims], documents)
 
 
 def compression_table(rows: list[dict], batch: int) -> str:

@@ -38,7 +38,7 @@ def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | No
         return start, source
     latest = Path(work_dir) / LATEST
     if not latest.is_file():
-        raise AnceError(f"{source}, and {latest} does not exist: no trained model yet; run the ance-train deployment "
-                        "first or name a checkpoint")
+        raise AnceError(f"{source}, and {latest} does not exist: no trained model yet; train one first (ance run, or "
+                        "the ance-train deployment) or name a checkpoint (--checkpoint)")
     print(f"{source}; using the newest model of the work folder instead")
     return json.loads(latest.read_text())["checkpoint"], str(latest)

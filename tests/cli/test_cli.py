@@ -45,6 +45,26 @@ def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp
     assert code == 2 and "data.name: a collection's name is letters" in out and "Value error" not in out, out
 
 
+def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded(tiny_model, tiny_scifact, tmp_path):
+    """Dims none of which is below the model's, an IVF-PQ with more lists than documents, no model to compress: each
+    was found after the data stage and the corpus encoding (or, for dims, never: a table of the teacher alone)."""
+    from tests.tiny import random_head_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")  # (32 dimensions)
+    work = tmp_path / "w"
+    cases = [("dims: [64, 512]\n", "compression.dims [64, 512]: none is below the model's dimension 32"),
+             ("dims: [16]\nmethods: [truncate]\nindex_types: [ivfpq]\nivf_nlist: 100000\n",
+              "compression.ivf_nlist 100000 is more inverted lists than the corpus has vectors")]
+    for text, message in cases:
+        (tmp_path / "c.yaml").write_text(text)
+        code, out = _invoke(["compress", "--checkpoint", str(checkpoint), "--dataset", str(tiny_scifact),
+                             "--config", str(tmp_path / "c.yaml"), "--work-dir", str(work)])
+        assert code == 2 and message in out and "Traceback" not in out, out
+        assert not (work / "encode").exists()
+    code, out = _invoke(["compress", "--dataset", str(tiny_scifact), "--work-dir", str(tmp_path / "empty")])
+    assert code == 2 and "no trained model yet; train one first (ance run" in out and "Traceback" not in out, out
+
+
 def test_bad_config_names_the_field(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("warmup:\n  learning_rate: -1\n")
