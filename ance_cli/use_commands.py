@@ -219,8 +219,12 @@ def gc(
     from ance_core.retention import RetentionConfig, collect
 
     def body():
-        if not Path(work_dir).is_dir():
-            raise AnceError(f"{work_dir}: no such work folder")
+        folder = Path(work_dir)
+        if not folder.is_dir():
+            raise AnceError(f"{work_dir}: {'a file, not' if folder.exists() else 'no such'} work folder")
+        if not (folder / ".locks").is_dir():  # (every stage a run builds takes its lock there)
+            raise AnceError(f"{work_dir}: not a work folder (no stage was ever built in it: no .locks/); nothing to "
+                            "collect")
         plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes,
                                                    keep_rankings=keep_rankings), dry_run)
         verb = "would remove" if dry_run else "removed"

@@ -116,8 +116,10 @@ def claim_id(seen: dict[str, int], item_id: str, number: int, repeats: list[str]
 
 def warn_repeats(path: Path, repeats: list[str]) -> None:
     if repeats:
-        warn(f"{path}: {len(repeats)} lines repeat the id of an earlier line and are left out (the first line of an "
-             f"id is kept): {preview(repeats)}")
+        lines = "1 line repeats" if len(repeats) == 1 else f"{len(repeats)} lines repeat"
+        left = "is" if len(repeats) == 1 else "are"
+        warn(f"{path}: {lines} the id of an earlier line and {left} left out (the first line of an id is kept): "
+             f"{preview(repeats)}")
 
 
 def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int]

@@ -171,6 +171,11 @@ def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     assert len(list((work / "encode").iterdir())) == 1
     code, out = _invoke(["gc", "--work-dir", str(tmp_path / "nowhere")])
     assert code == 2 and "no such work folder" in out and "Traceback" not in out
+    (tmp_path / "plain").mkdir()  # an ordinary folder: "removed 0 stage folders; kept 0" before
+    (tmp_path / "afile").write_text("x")
+    for folder, message in (("plain", "not a work folder (no stage was ever built in it"), ("afile", "a file, not")):
+        code, out = _invoke(["gc", "--work-dir", str(tmp_path / folder)])
+        assert code == 2 and message in out and "Traceback" not in out, out
 
 
 def test_set_overrides_a_config_and_a_wrong_key_is_one_line(tmp_path):

@@ -143,7 +143,7 @@ def test_a_line_that_is_not_utf8_or_repeats_an_id_is_left_as_it_can_be_with_a_wa
     messages = [str(w.message) for w in caught]
     assert any("corpus.jsonl:2: not valid UTF-8 (byte 39 of the line): its invalid bytes are read as U+FFFD" in m
                for m in messages)
-    assert any("corpus.jsonl: 1 lines repeat the id of an earlier line and are left out (the first line of an id is "
+    assert any("corpus.jsonl: 1 line repeats the id of an earlier line and is left out (the first line of an id is "
                "kept): 'd0' (lines 1 and 5)" in m for m in messages)
     assert ds.corpus["doc_id"].tolist() == ["d0", "d1", "d2", "d3"]
     assert ds.corpus.set_index("doc_id")["text"]["d1"] == "caf\ufffd"
@@ -186,7 +186,7 @@ def test_msmarco_layout_trec_and_three_column_qrels(tmp_path):
         load_dataset(folder)
     (folder / "qrels.dev.tsv").write_text("20 2 1\n")
     (folder / "queries.train.tsv").write_text("10\twhat first\n10\tagain\n")
-    with pytest.warns(AnceWarning, match=r"queries.train.tsv: 1 lines repeat the id of an earlier line and are left "
+    with pytest.warns(AnceWarning, match=r"queries.train.tsv: 1 line repeats the id of an earlier line and is left "
                       r"out \(the first line of an id is kept\): '10' \(lines 1 and 2\)"):
         assert load_dataset(folder).queries.set_index("query_id")["text"].get("10") == "what first"
 
@@ -534,7 +534,7 @@ def test_the_data_stage_writes_the_corpus_as_it_reads_it_and_checks_it_the_same(
         pd.testing.assert_frame_equal(read.corpus, whole.corpus)
         pd.testing.assert_frame_equal(read.qrels, whole.qrels)
     (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*docs, docs[1] | {"text": "other"}]))
-    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 lines repeat .*: 'd1' \(lines 2 and 12\)"):
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 line repeats .*: 'd1' \(lines 2 and 12\)"):
         again = load_dataset(beir, corpus_to=tmp_path / "again.parquet")
     assert again.corpus["doc_id"].tolist() == [f"d{i}" for i in range(11)]  # (the first d1 kept, in a later chunk)
     assert pd.read_parquet(tmp_path / "again.parquet").set_index("doc_id")["text"]["d1"] == "passage 1"
