@@ -20,8 +20,12 @@ def check_ann_options(cfg: CompressConfig, dims: list[int], vectors: int) -> Non
     """The approximate indexes' options against the vectors they will index (`dims`: the teacher's and each compressed
     one), before any compression trains: an IVF-PQ that cannot be built is one line now, not a failure after every
     ConAE fit."""
-    if "ivfpq" not in cfg.index_types:
-        return
+    if "ivfpq" in cfg.index_types:
+        check_ivfpq(cfg, dims, vectors)
+
+
+def check_ivfpq(cfg: CompressConfig, dims: list[int], vectors: int) -> None:
+    """An IVF-PQ of `vectors` vectors of each of `dims` dimensions can be built (`check_ann_options`)."""
     if odd := [d for d in dims if d % cfg.pq_dims_per_code]:
         raise AnceError(f"compression.pq_dims_per_code {cfg.pq_dims_per_code} does not divide the dimension "
                         f"{odd[0]} of the vectors IVF-PQ would index (dims {dims}); give a divisor of each, or leave "
@@ -47,7 +51,7 @@ def build_ann_index(embeddings_dir: str | Path, out: Path, kind: IndexType, cfg:
         search = {"efSearch": cfg.hnsw_ef_search}
         summary = {"type": "IndexHNSWFlat", "M": cfg.hnsw_m}
     elif kind == "ivfpq":
-        check_ann_options(cfg, [d], n)  # (n < 2: 2^0 codes, an index faiss writes and cannot read back)
+        check_ivfpq(cfg, [d], n)  # (n < 2: 2^0 codes, an index faiss writes and cannot read back)
         m, bits = d // cfg.pq_dims_per_code, min(8, int(math.log2(n)))
         nlist = cfg.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
         index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, bits, faiss.METRIC_INNER_PRODUCT)
