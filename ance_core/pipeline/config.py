@@ -267,10 +267,15 @@ def read_config_file(path: str | Path) -> dict:
     """A YAML or JSON config file's mapping of sections; errors name the file."""
     path = Path(path)
     if not path.is_file():
-        raise AnceError(f"{path}: config file not found")
+        raise AnceError(f"{path}: {'a folder, not a config file' if path.is_dir() else 'config file not found'}")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except yaml.YAMLError as e:  # where and what, in one line (PyYAML's own text spans several)
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise AnceError(f"{where}: not valid YAML/JSON: {problem}") from None
+    except UnicodeDecodeError as e:
         raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
     if not isinstance(raw, dict):
         raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")

@@ -36,6 +36,12 @@ def test_load_config_names_file_and_field(tmp_path):
         load_config(tmp_path / "broken.yaml")
     with pytest.raises(AnceError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
+    with pytest.raises(AnceError, match="a folder, not a config file"):  # ("config file not found" before)
+        load_config(tmp_path)
+    (tmp_path / "indent.yaml").write_text("warmup:\n  epochs: 1\n   batch_size: 4\n")
+    with pytest.raises(AnceError) as err:  # (PyYAML's seven lines, 'in "<unicode string>"', before)
+        load_config(tmp_path / "indent.yaml")
+    assert str(err.value).startswith(f"{tmp_path / 'indent.yaml'}:3:") and "\n" not in str(err.value)
 
 
 def test_a_section_set_in_part_keeps_its_other_defaults(tmp_path):
