@@ -81,6 +81,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from flows.ance_pipeline import check_pipeline
     from flows.tune import tune_recipe
 
+    if budget_minutes is not None and not budget_minutes > 0:  # (named as the option, not as the config field)
+        fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be above 0")
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")

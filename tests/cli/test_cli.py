@@ -146,6 +146,13 @@ def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_name
     assert code == 2 and "split 'nosuch' has no qrels" in out and str(good / "qrels" / "nosuch.tsv") in out, out
 
 
+@pytest.mark.parametrize("command", [["tune"], ["run", "--recipe", "auto"]])
+def test_a_budget_of_no_minutes_names_its_option(tmp_path, command):
+    code, out = _invoke([*command, "--budget-minutes", "0", "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "--budget-minutes 0: the search's wall minutes must be above 0" in out, out
+    assert "invalid config" not in out and not (tmp_path / "w").exists()
+
+
 def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     from ance_core.artifacts import run_stage
     from ance_core.retention import live_run
