@@ -117,6 +117,9 @@ def writable_work_dir(work_dir: str | Path) -> Path:
     from ance_core.errors import AnceError
 
     folder = Path(work_dir).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise AnceError(f"work_dir {folder}: a file, not a folder; set work_dir (--set work_dir=... or --work-dir) to "
+                        "a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):

@@ -96,6 +96,8 @@ def test_a_work_dir_that_cannot_be_created_is_one_line_before_any_work(tmp_path)
         assert code == 2 and f"error: work_dir {work}: cannot be created or written (Not a directory)" in out, out
         assert "Traceback" not in out and len(set(out.strip().splitlines())) == 1, out  # (stderr read twice)
     assert not (tmp_path / "ds" / ".ance").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "ds"]
+    code, out = _invoke(["bm25", "--dataset", str(ds), "--work-dir", str(tmp_path / "a-file")])  # the file itself
+    assert code == 2 and f"work_dir {tmp_path / 'a-file'}: a file, not a folder" in out, out  # ("File exists")
 
 
 def test_a_one_document_corpus_is_refused_before_any_stage(tmp_path):
