@@ -59,7 +59,7 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
         raise AnceError(f"{checkpoint.path}: compression of a maxp checkpoint (one vector per window) is not "
                         "supported; compress a firstp model")
     h = read_manifest(embeddings.path)["summary"]["dim"]
-    dims = sorted((d for d in c.dims if d < h), reverse=True)
+    dims = compressible_dims(c, h)
     if skipped := [d for d in c.dims if d >= h]:
         print(f"compression: skipping L = {skipped}, not below the model's dimension {h}")
     check_ann_options(c, [h, *dims], read_manifest(embeddings.path)["summary"]["documents"])
@@ -97,6 +97,11 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
     return {"table": table, "rows": rows, "files": str(out), "checkpoint": checkpoint.path, "split": eval_split}
 
 
+def compressible_dims(c: CompressConfig, h: int) -> list[int]:
+    """The compressed dimensions below the model's `h`, largest first (the others compress nothing)."""
+    return sorted((d for d in c.dims if d < h), reverse=True)
+
+
 def check_compression(checkpoint: str, c: CompressConfig, documents: int) -> None:
     """What a compression would refuse late, refused before any work: no `dims` below the model's dimension (nothing
     to compress), and approximate-index options the corpus cannot take (`check_ann_options`)."""
@@ -105,7 +110,7 @@ def check_compression(checkpoint: str, c: CompressConfig, documents: int) -> Non
         h = int(json.loads(config.read_text())["hidden_size"])  # (the head keeps it: Linear(h, h))
     except (OSError, ValueError, KeyError, TypeError):
         return  # (a model config without it: the stage says what it finds)
-    dims = sorted((d for d in c.dims if d < h), reverse=True)
+    dims = compressible_dims(c, h)
     if not dims:
         raise AnceError(f"compression.dims {c.dims}: none is below the model's dimension {h}, so there is nothing to "
                         "compress; give dimensions below it")

@@ -286,6 +286,7 @@ class Progress:
     def finish(self) -> None:
         if self.task_run is not None and self.total > 0:
             self._send(100.0)
+            _BARS.pop(self.task_run, None)  # (its stage is done: no attempt moves it again)
 
     def _send(self, progress: float) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
