@@ -466,7 +466,7 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
                           (["--trec", str(tmp_path / "q.trec"), "--query-id", "q 7"], "is one word"),
                           (["--trec", str(tmp_path / "q.trec"), "--query-id", ""], "is one word"),
                           (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--work-dir",
-                            str(tmp_path / "flat.trec")], "cannot be created or written")):
+                            str(tmp_path / "flat.trec")], "a file, not a folder")):
         code, out = _invoke([*flat, *args])
         assert code == 2 and message in out and "Traceback" not in out, (args, out)
     assert not (tmp_path / "q.trec").exists()

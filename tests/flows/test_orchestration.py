@@ -124,7 +124,8 @@ def test_a_start_checkpoint_inside_the_work_folder_is_recorded_by_the_run_that_s
 
     _, config, first = base
     tiny_pipeline.copy_stages(tmp_path / "work")
-    start = tmp_path / "work" / "train" / Path(first["final_checkpoint"]).name
+    trained_last = [s for s in first["stages"] if s["stage"] == "train"][-1]  # not the final checkpoint: dev may pick
+    start = tmp_path / "work" / "train" / Path(trained_last["path"]).name     # the zero-shot model (a model/ folder)
     assert read_manifest(start)["key"] == start.name  # a stage folder of this work folder
     retrain = config | {"work_dir": str(tmp_path / "work"), "start_checkpoint": str(start), "rounds": 1}
     result, _ = run(tmp_path, retrain)
