@@ -186,6 +186,9 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     seen: dict[str, int] = {}
     corpus = _beir_corpus(folder, seen, corpus_to)
     queries = read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
+    if queries.empty:
+        raise DataError(folder / "queries.jsonl", "no queries: the file is empty (a query is a line "
+                        '{"_id": ..., "text": ...})')
     qrels_dir = folder / "qrels"
     files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
     if not files:
@@ -234,6 +237,8 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
         repeats: list[str] = []
         qs = [(parts[0], parts[1], number) for number, parts in read_tsv(queries_path, 2, "id, text")
               if claim_id(first, parts[0], number, repeats)]
+        if not qs:
+            raise DataError(queries_path, "no queries: the file is empty (a query is a line 'id<TAB>text')")
         warn_repeats(queries_path, repeats)
         clashes = [f"'{q}' ('{texts[q][0][:40]}' in {texts[q][1]}, '{text[:40]}' in {queries_path.name}:{number})"
                    for q, text, number in qs if q in texts and texts[q][0] != text]

@@ -98,6 +98,9 @@ def max_positions(source: str | Path) -> int | None:
         config = AutoConfig.from_pretrained(str(Path(name).expanduser()) if name.startswith("~") else name,
                                             local_files_only=True)  # a folder, or the Hugging Face cache
     except (OSError, ValueError) as e:
+        if Path(name).expanduser().is_file():
+            raise AnceError(f"cannot load model '{source}': a file, not a model folder (give the folder that holds its "
+                            "config.json, or a Hugging Face id)") from None
         if Path(name).expanduser().exists():
             raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
         if name.startswith(("/", "./", "../", "~")):

@@ -376,6 +376,12 @@ def test_a_model_that_cannot_be_loaded_is_one_line_before_any_work(tmp_path):
     assert code == 2 and f"cannot load model '{tmp_path / 'no-such-model'}'" in out and "Traceback" not in out
     assert len({line for line in out.splitlines() if line.strip()}) == 1 and not (tmp_path / "w").exists()  # (the
     # runner's output holds stderr twice)
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 8)  # a model's file, not its folder (it said the file was
+    cfg.write_text(json.dumps({"model": {"name": str(tmp_path / "model.safetensors")},  # not valid JSON)
+                               "work_dir": str(tmp_path / "w")}))
+    code, out = _invoke(["run", "--config", str(cfg)])
+    assert code == 2 and f"'{tmp_path / 'model.safetensors'}': a file, not a model folder" in out, out
+    assert "Traceback" not in out and not (tmp_path / "w").exists()
 
 
 def test_a_hub_model_offline_is_one_line_at_once_without_the_hubs_retries(tmp_path, monkeypatch):

@@ -314,6 +314,17 @@ def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
     (folder / "collection.tsv").write_text("\n\n")
     with pytest.raises(DataError, match=r"collection.tsv: empty corpus"):
         load_dataset(folder)
+    (folder / "collection.tsv").write_text("0\tfirst\n1\tsecond\n")
+    (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
+    (folder / "queries.train.tsv").write_text("\n")  # (it said no qrels line names a query of the queries file)
+    with pytest.raises(DataError, match=r"queries.train.tsv: no queries: the file is empty"):
+        load_dataset(folder)
+
+
+def test_an_empty_queries_file_is_named_as_empty(beir):
+    _corrupt(beir, "queries.jsonl", [""])
+    with pytest.raises(DataError, match=r"queries.jsonl: no queries: the file is empty"):
+        load_dataset(beir)
 
 
 def test_archive_entries_that_escape_the_target_folder_are_refused(tmp_path, monkeypatch):
