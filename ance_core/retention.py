@@ -6,8 +6,8 @@ lock nobody holds (the run was killed) counts as an ended run.
 
 `plan_gc` decides, from the records and the stage manifests (each names its inputs' digests), what may go:
 
-- **kept runs**: the stage folders the last `keep_runs` runs used (every run's when unset): what a re-run of them
-  reuses from the cache (a run records every stage it uses, built or reused, so their inputs are among them);
+- **kept runs**: the stage folders the last `keep_runs` runs to finish used (every run's when unset): what a re-run
+  of them reuses from the cache (a run records every stage it uses, built or reused, so their inputs are among them);
 - **refreshes**: of each kept run, only the corpus encodings of its last `keep_refreshes` checkpoints (every one when
   unset) keep their big files: the `encode` folder, its `encode-shard` folders, the indexes built on it and the
   rankings searched in them (`retrieve`). Older refreshes go even though a kept run used them (its negatives,
@@ -21,8 +21,9 @@ lock nobody holds (the run was killed) counts as an ended run.
   (`mlflow.db`, `mlartifacts/`: registered model versions are copies there), the champion downloaded for
   retraining, plots, locks.
 
-`collect` removes what the plan names, each folder under its stage's lock (a stage being built is skipped) and moved
-aside before it is deleted, so no reader sees half a folder.
+`collect` removes what the plan names, each folder under its stage's lock (a stage being built is skipped; one a run
+took since the plan, or latest.json names since, is kept) and moved aside before it is deleted, so no reader sees half
+a folder; what a killed gc left aside (`.gc-*`) the next one deletes. One gc runs at a time in a work folder.
 """
 
 import json
@@ -31,6 +32,7 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,9 +51,9 @@ class RetentionConfig(StageConfig):
     """What a work folder keeps after each run (`ance gc` applies the same rules to a whole work folder). Unset keeps
     everything: every stage stays cached for re-runs. Scheduled retraining (the `retrain` deployment) sets both."""
 
-    keep_runs: int | None = Field(None, ge=1, description="Keep the stage folders of the last N runs of the work "
-                                  "folder (and what they were built from); older runs' stages are removed. Unset: "
-                                  "every run's")
+    keep_runs: int | None = Field(None, ge=1, description="Keep the stage folders of the last N runs to finish in "
+                                  "the work folder (and what they were built from); older runs' stages are removed. "
+                                  "Unset: every run's")
     keep_refreshes: int | None = Field(
         None, ge=1, description="Of each kept run, keep the corpus encodings and indexes of its last N refreshes "
         "(one per checkpoint it encoded: the largest files of a work folder); the older ones are removed, the run's "
@@ -133,15 +135,31 @@ def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[Liv
         Path(run.lock.lock_file).unlink(missing_ok=True)
 
 
-def _live_keys(work_dir: Path) -> set[str]:
-    """The stage keys live runs have recorded so far."""
-    return {s["key"] for r in _runs(work_dir)[1] for s in r["stages"]}
+def _protected_keys(work_dir: Path, since: float) -> set[str]:
+    """The stage keys live runs have recorded so far, and those of runs that ended at or after `since` (a run that
+    started after a gc's plan, reused a folder it planned to remove, and ended meanwhile)."""
+    ended, live = _runs(work_dir)
+    return {s["key"] for r in [*live, *(r for r in ended if r.get("finished", 0) >= since)] for s in r["stages"]}
+
+
+def _record(path: Path) -> dict | None:
+    """A run record, or None when it is gone (a part of another run removes its own) or is no run record (a file
+    someone put there, or one cut short): such a file is passed over, never a reason for gc to fail."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(record, dict) and isinstance(record.get("id"), str)
+          and isinstance(record.get("started"), (int, float)) and isinstance(record.get("stages"), list)
+          and all(isinstance(s, dict) and {"stage", "key"} <= s.keys() for s in record["stages"]))
+    return record if ok else None
 
 
 def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(ended runs oldest first, live runs): a `.live` record whose lock is free belongs to a run that was killed."""
+    """(ended runs, the one that finished last last; live runs): a `.live` record whose lock is free belongs to a run
+    that was killed (ordered by its start)."""
     live_paths = sorted((work_dir / LIVE).glob("*.json"))  # before runs/: a run ending meanwhile is in one of them
-    ended = [json.loads(p.read_text()) for p in sorted((work_dir / RUNS).glob("*.json"))]
+    ended = [r for p in sorted((work_dir / RUNS).glob("*.json")) if (r := _record(p)) is not None]
     finished, live = {r["id"] for r in ended}, []
     for path in live_paths:
         if path.stem in finished:
@@ -153,13 +171,13 @@ def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
             held = False
         except Timeout:
             held = True
-        try:
-            record = json.loads(path.read_text())
-        except FileNotFoundError:  # it ended since runs/ was read: its record is there now
-            record, held = json.loads((work_dir / RUNS / path.name).read_text()), False
-        if held or not record.get("part"):  # (a killed part of another run is no run of its own)
+        record = _record(path)
+        if record is None and not path.exists():  # it ended since runs/ was read: its record is there now (none
+            record, held = _record(work_dir / RUNS / path.name), False  # for a part of another run: it removes it)
+        if record is not None and (held or not record.get("part")):  # (a killed part of another run is no run)
             (live if held else ended).append(record)
-    ended.sort(key=lambda r: r["started"])
+    # "the last N runs" are the last to finish: a long run that started before shorter ones keeps its place
+    ended.sort(key=lambda r: (r.get("finished") or r["started"], r["started"]))
     return ended, live
 
 
@@ -191,8 +209,8 @@ def stage_folders(work_dir: str | Path) -> dict[str, StageFolder]:
     out = {}
     for manifest in Path(work_dir).glob(f"*/*/{MANIFEST}"):
         folder = manifest.parent
-        if folder.name.startswith("."):
-            continue
+        if folder.name.startswith(".") or folder.is_symlink() or folder.parent.is_symlink():
+            continue  # (a link someone made is not the work folder's to remove, nor is what it points to)
         try:
             m = json.loads(manifest.read_text())
         except (OSError, json.JSONDecodeError):
@@ -223,11 +241,10 @@ def _latest_search(folders: dict[str, StageFolder], work_dir: Path) -> set[str]:
         latest = Path(record["checkpoint"]).name
     except (OSError, KeyError, TypeError, ValueError):
         return set()
-    if latest not in folders:
-        return set()
-    keep = {latest}
+    keep = {latest} & set(folders)  # (a model that is no stage folder, the champion a retrain kept: its encodings)
+    names = {record.get("digest"), latest if keep else None} - {None}
     for f in folders.values():
-        if f.stage == "encode" and f.inputs.get("checkpoint") in (record.get("digest") or latest, latest):
+        if f.stage == "encode" and f.inputs.get("checkpoint") in names:
             keep |= {k for k in _refresh_of(folders, f.key) if folders[k].stage != "retrieve"}
             keep |= {f.inputs.get("data")} & set(folders)
     return keep
@@ -245,9 +262,9 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     kept_runs = ended if cfg.keep_runs is None else ended[-cfg.keep_runs:]
     recorded = {s["key"] for r in [*ended, *live] for s in r["stages"]}
     now = time.time() if now is None else now
-    keep = {k for k, f in folders.items()  # not recorded by any run: an older work folder's, or just built elsewhere
-            if k not in recorded and (cfg.keep_runs is None or now - _built_at(f) < GRACE_SECONDS)}
-    keep |= {s["key"] for r in kept_runs for s in r["stages"] if s["key"] in folders}
+    unrecorded = {k for k, f in folders.items()  # not recorded by any run: an older work folder's, or just built
+                  if k not in recorded and (cfg.keep_runs is None or now - _built_at(f) < GRACE_SECONDS)}  # elsewhere
+    keep = {s["key"] for r in kept_runs for s in r["stages"] if s["key"] in folders}
     for run in kept_runs:
         encodes = [s["key"] for s in run["stages"] if s["stage"] == "encode" and s["key"] in folders]
         for k, encode in enumerate(encodes):
@@ -260,6 +277,7 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     if not cfg.keep_rankings:  # ended runs' rankings: what they fed is built (a live run's stay, below)
         keep -= {s["key"] for r in ended for s in r["stages"] if s["stage"] == "retrieve"}
     keep |= _latest_search(folders, work_dir)  # (after the refreshes: the model a run delivers may be an early one's)
+    keep |= unrecorded  # (after the refreshes too: a live run's shards of a new encoding are not an old refresh's)
     live_keys = {s["key"] for r in live for s in r["stages"] if s["key"] in folders}
     keep |= live_keys | {k for key in live_keys if folders[key].stage == "encode" for k in _refresh_of(folders, key)}
     plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),
@@ -286,11 +304,21 @@ def _freed_bytes(paths: list[Path]) -> int:
 
 def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -> GcPlan:
     """Remove the stage folders `plan_gc` names (unless `dry_run`); a folder whose stage is being built is skipped."""
+    since = time.time()
     plan = plan_gc(work_dir, cfg)
     if dry_run:
         return plan
-    locks = Path(work_dir) / ".locks"
-    removed = []
+    work_dir = Path(work_dir).resolve()
+    with FileLock(work_dir / ".locks" / "gc.lock"):  # one gc at a time (each deletes what another left aside)
+        return _collect(work_dir, plan, since)
+
+
+def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
+    for aside in work_dir.glob("*/.gc-*"):  # what an earlier gc moved aside and could not delete (killed meanwhile)
+        _delete(aside)
+    folders = stage_folders(work_dir)
+    locks = work_dir / ".locks"
+    removed: dict[Path, StageFolder] = {}  # moved aside -> the folder it was
     for folder in plan.remove:
         lock_file = locks / f"{folder.stage}-{folder.key}.lock"
         lock = FileLock(lock_file)
@@ -298,17 +326,29 @@ def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -
             lock.acquire(timeout=0)
         except Timeout:
             continue
-        try:
-            if folder.key in _live_keys(Path(work_dir)):  # a live run took it since the plan (artifacts.run_stage)
+        try:  # what the plan did not know: a live run took it since (artifacts.run_stage), or a run that took it
+            # ended meanwhile, or latest.json names it now
+            if folder.key in _protected_keys(work_dir, since) | _latest_search(folders, work_dir):
                 continue
             aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
             try:
                 os.replace(folder.path, aside)  # no reader sees a stage folder without its files
             except FileNotFoundError:
                 continue
-            shutil.rmtree(aside, ignore_errors=True)
-            removed.append(folder)
+            removed[aside] = folder
         finally:
             lock.release()  # (the lock file stays: a run waiting on it holds its inode)
-    plan.remove = removed
+    plan.keep += [f for f in plan.remove if f not in removed.values()]
+    plan.remove = list(removed.values())
+    plan.freed_bytes = _freed_bytes(list(removed))  # what was removed, not what was planned
+    for aside in removed:
+        _delete(aside)
     return plan
+
+
+def _delete(folder: Path) -> None:
+    """Delete a folder gc moved aside; what cannot be deleted now is said, and the next gc tries again."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():
+        warnings.warn(f"{folder}: could not be deleted whole (files in use, or no permission); the next gc tries "
+                      "again", stacklevel=3)

@@ -71,6 +71,10 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
 def run_stages(c: PipelineConfig, run: RunBook) -> dict:
     """The stages of `train_and_evaluate`, in `run`: data, BM25, the warm-up (or a start checkpoint), the rounds, the
     evaluations and the hybrid row, and the run's end."""
+    # retraining from a model of the work folder: recorded as used first (a gc meanwhile leaves it)
+    if c.start_checkpoint and not hold_refs(checkpoint_ref(c.start_checkpoint)):
+        raise AnceError(f"start_checkpoint {c.start_checkpoint}: the folder is incomplete or was removed (by a "
+                        "garbage collection?); train it again or give another checkpoint")
     run.prepare_data()
     run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)
@@ -78,9 +82,6 @@ def run_stages(c: PipelineConfig, run: RunBook) -> dict:
     rounds_pairs = [stage_pairs(run.data, run.split, c.mining, k) for k in range(1, len(rounds_cfgs) + 1)]
     if c.start_checkpoint:  # retraining: the rounds start from a model trained before
         label, checkpoint = "start", ArtifactRef(c.start_checkpoint, checkpoint_digest(c.start_checkpoint))
-        if not hold_refs(checkpoint_ref(c.start_checkpoint)):  # one inside the work folder: recorded as used
-            raise AnceError(f"start_checkpoint {c.start_checkpoint}: the folder is incomplete or was removed (by a "
-                            "garbage collection?); train it again or give another checkpoint")
         schedules = SchedulePlan(c.schedule, rounds_cfgs, pairs=rounds_pairs)
     else:  # the BM25 warm-up, from the pretrained model
         warm_cfg = train_config_for(c.bm25_negatives, c.warmup)
@@ -171,7 +172,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
         if "fusion" in hybrid else None
     if run.trial is None:
         record_latest(c.work_dir, final["checkpoint"], chosen,
-                      next(r for r in result["results"] if r["model"] == chosen), fusion)
+                      next(r for r in result["results"] if r["model"] == chosen), fusion, run.dev_setting)
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own

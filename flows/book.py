@@ -32,6 +32,7 @@ from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.config import negatives_needed
 from ance_core.pipeline.report import DEV_KEY, StageTiming, read_metrics, read_report, select_model
 from ance_core.training.config import TrainConfig
+from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
 from tasks.bm25 import bm25_index, bm25_run
 from tasks.common import StageLog, run_task
@@ -107,6 +108,8 @@ class RunBook:
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
             self.dev_setting = dev_setting(self.dev_split, summary["split_digests"][self.dev_split], self.c.eval)
+            if self.c.start_checkpoint:
+                warn_other_dev_split(self.wd, self.c.start_checkpoint, self.dev_setting)
         splits = {"training": self.split, "dev": self.dev_split, "evaluation": self.eval_split}
         self.tracking.set_dataset(self.data.digest, self.data.path, summary,
                                   {context: split for context, split in splits.items() if split})

@@ -183,8 +183,8 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
         result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode,
                                 index, work_dir, evaluation)
-    tracker = Tracker(work_dir, "compress")
-    tracked = log_compression(tracker, None, result, compression, data, flow_tags())
+        tracker = Tracker(work_dir, "compress")  # (in the live run: a gc meanwhile leaves what is being logged)
+        tracked = log_compression(tracker, None, result, compression, data, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}
     print("\n".join(closing_lines(summary)))
     return {k: v for k, v in result.items() if k != "rows"} | {"rows": public_rows(result["rows"]), "tracking": summary}

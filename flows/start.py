@@ -8,22 +8,36 @@ from pathlib import Path
 from prefect.runtime import flow_run
 
 from ance_core.artifacts import ArtifactRef, write_json
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, warn
 from tracking.registry import champion_checkpoint
 
 LATEST = "latest.json"
 
 
-def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict, fusion: dict | None = None
-                  ) -> None:
+def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict, fusion: dict | None = None,
+                  dev_setting: str | None = None) -> None:
     """<work_dir>/latest.json names the newest run's result (its model chosen on the dev split): where `retrain` starts
     from when the registry has no champion. A hybrid result's `fusion` (method, weight) is what `ance search --hybrid`
-    fuses the checkpoint's ranking with BM25's by."""
+    fuses the checkpoint's ranking with BM25's by; `dev_setting` the dev split it was chosen on (its training left
+    those queries out)."""
     run = flow_run.get_id()
     write_json(Path(work_dir) / LATEST, {"checkpoint": checkpoint.path, "digest": checkpoint.digest, "model": label,
                                         "metrics": metrics, "flow_run_id": run,
                                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-               | ({"fusion": fusion} if fusion is not None else {}))
+               | ({"fusion": fusion} if fusion is not None else {})
+               | ({"dev_setting": dev_setting} if dev_setting else {}))
+
+
+def start_dev_setting(work_dir: str | Path, start: str) -> str | None:
+    """The dev split the model a run starts from was chosen on, where it is known: a champion downloaded for
+    retraining (its version's tag) or the work folder's newest model (latest.json); None for any other checkpoint."""
+    champion = Path(start).parent / f"{Path(start).name}.json"
+    if Path(start).parent.name == "champion" and champion.is_file():
+        return json.loads(champion.read_text()).get("dev_setting")
+    latest = Path(work_dir) / LATEST
+    if latest.is_file() and (record := json.loads(latest.read_text())).get("checkpoint") == str(start):
+        return record.get("dev_setting")
+    return None
 
 
 def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | None = None) -> tuple[str, str]:
@@ -42,3 +56,15 @@ def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | No
                         "the ance-train deployment) or name a checkpoint (--checkpoint)")
     print(f"{source}; using the newest model of the work folder instead")
     return json.loads(latest.read_text())["checkpoint"], str(latest)
+
+
+def warn_other_dev_split(work_dir: str | Path, start: str, setting: str) -> None:
+    """A warning when the model a run starts from was chosen on a dev split other than this run's `setting`: a run
+    leaves its own dev queries out of training, but not another split's, so the starting model may have trained on
+    some of this run's dev queries (its dev score then reads high, and dev selection may keep it)."""
+    chosen_on = start_dev_setting(work_dir, start)
+    if chosen_on and chosen_on.split(" ")[:2] != setting.split(" ")[:2]:
+        warn(f"the starting model {start} was chosen on another dev split ({chosen_on!r}; this run's: {setting!r}): it "
+             "may have trained on some of this run's dev queries, so its dev score can read high and the run may keep "
+             "it over a better model; keep the dev split fixed across retrains (data.dev_fraction, data.dev_seed), or "
+             "start from a model of this dev split")

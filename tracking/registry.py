@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ance_core.artifacts import write_json
 from ance_core.errors import AnceError
 from ance_core.modeling.model import model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
@@ -173,6 +174,8 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
         shutil.rmtree(final, ignore_errors=True)
         os.replace(folder, final)
         shutil.rmtree(tmp, ignore_errors=True)
+    if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
+        write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
     return str(final), f"models:/{name}@champion (version {version.version})"
 
 

@@ -246,3 +246,137 @@ def test_the_latest_model_keeps_what_search_reads_whichever_runs_are_kept(tmp_pa
         _stage(work, "evaluate", "a check", {"checkpoint": ckpt.key})
     kept = _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep)
     assert kept == ["a check", "data", "enc1b", "idx1b", "train1"]  # run1b (the ranking) goes
+
+
+# ---------------------------------------------------------------- what a review of the gc lifecycle found (session 14)
+
+
+def _run_record(work: Path, run_id: str, started: float, finished: float, keys: list[str]) -> None:
+    (work / RUNS).mkdir(parents=True, exist_ok=True)
+    (work / RUNS / f"{run_id}.json").write_text(json.dumps({
+        "id": run_id, "name": run_id, "pid": 0, "started": started, "finished": finished,
+        "stages": [{"stage": "train", "key": k} for k in keys]}))
+
+
+def test_the_last_runs_are_the_last_to_finish(tmp_path):
+    """A retrain that started before shorter runs (evaluations, BM25 checks) and ended after them: with keep_runs 1
+    its own retention removed its checkpoints (the runs were ordered by their start)."""
+    work = tmp_path / "work"
+    long, short = _stage(work, "train", "long", {}), _stage(work, "train", "short", {})
+    _run_record(work, "a-long", started=100.0, finished=900.0, keys=[long.digest])
+    _run_record(work, "b-short", started=200.0, finished=300.0, keys=[short.digest])
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    assert _names(plan.keep) == ["long"] and _names(plan.remove) == ["short"]
+
+
+def test_the_latest_model_outside_the_stage_folders_keeps_its_encodings(tmp_path):
+    """latest.json may name the champion a retrain started from (no round beat it): a folder of `champion/`, no
+    stage folder. Its corpus encodings were removed as older refreshes, and `ance search --model` found no index."""
+    work = _retrained(tmp_path / "work", 1)
+    champion = work / "champion" / "ance-x-v1"
+    champion.mkdir(parents=True)
+    start = next(f for f in stage_folders(work).values() if (f.path / "name.txt").read_text() == "pretrained")
+    (work / "latest.json").write_text(json.dumps({"checkpoint": str(champion), "digest": start.key}))
+    kept = _names(plan_gc(work, RetentionConfig(keep_runs=1, keep_refreshes=1)).keep)
+    assert {"enc0a", "idx0a", "data"} <= set(kept), kept
+    assert "pretrained" not in kept  # (the champion folder is not a stage folder: never gc's)
+
+
+def test_a_folder_a_run_reused_and_ended_with_after_the_plan_is_not_removed(tmp_path, monkeypatch):
+    """A whole cached re-run between the plan and the removal: it reused a planned folder, named it in latest.json
+    and ended (its record is no longer live): `collect` checks the runs that ended since the plan, and latest.json."""
+    from ance_core import retention
+
+    work = tmp_path / "work"
+    with live_run(work, "old"):
+        old = _stage(work, "train", "old", {})
+    with live_run(work, "newer"):
+        _stage(work, "train", "newer", {})
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    assert _names(plan.remove) == ["old"]
+
+    def stale_plan(*args, **kwargs):
+        with live_run(work, "rerun"):  # after the plan: reuses `old` and ends
+            assert _stage(work, "train", "old", {}).cached
+        return plan
+
+    monkeypatch.setattr(retention, "plan_gc", stale_plan)
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []
+    assert Path(old.path, "name.txt").read_text() == "old"
+    with live_run(work, "later"):
+        _stage(work, "train", "later", {})
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    assert _names(plan.remove) == ["newer", "old"]
+    (work / "latest.json").write_text(json.dumps({"checkpoint": old.path, "digest": old.digest}))  # named since
+    monkeypatch.setattr(retention, "plan_gc", lambda *a, **k: plan)
+    assert [f.key for f in collect(work, RetentionConfig(keep_runs=1)).remove] != [] and Path(old.path).is_dir()
+
+
+def test_records_that_vanish_or_are_no_run_records_do_not_stop_gc(tmp_path, monkeypatch):
+    """A part of another run (an inferencer's refresh) deletes its record when it ends: read between the two, gc
+    failed on runs/<id>.json (FileNotFoundError), and a pipeline's retention with it; a foreign JSON file in runs/ or
+    .live/ failed it with a KeyError."""
+    from ance_core import retention
+
+    work = tmp_path / "work"
+    with live_run(work, "first"):
+        _stage(work, "train", "first", {})
+    (work / RUNS / "notes.json").write_text(json.dumps({"note": "mine"}))
+    (work / LIVE / "half.json").write_text('{"id": "half", "sta')
+    gone = work / LIVE / "gone.json"
+    gone.write_text("{}")
+    real_record = retention._record
+
+    def vanishing(path):  # the part ends between the listing and the read
+        if path == gone:
+            gone.unlink(missing_ok=True)
+        return real_record(path)
+
+    monkeypatch.setattr(retention, "_record", vanishing)
+    ended, live = retention._runs(work)
+    assert [r["name"] for r in ended] == ["first"] and live == []
+    assert collect(work, RetentionConfig(keep_runs=1)).remove == []
+
+
+def test_what_an_earlier_gc_left_aside_is_deleted_and_the_figures_are_what_was_removed(tmp_path, monkeypatch):
+    """A gc killed while deleting left its `.gc-*` folder for ever (nothing globbed it); a folder skipped because a
+    stage held its lock was still counted in the bytes freed; a stage folder that is a symbolic link was "removed"
+    with its target's bytes counted (nothing freed)."""
+    from filelock import FileLock
+
+    work = tmp_path / "work"
+    for name in ("a", "b", "c"):
+        with live_run(work, name):
+            _stage(work, "encode", name, {}, size=4000)
+    leftover = work / "encode" / ".gc-0123456789abcdef-00000000"
+    leftover.mkdir()
+    (leftover / "emb_00000.npy").write_bytes(b"\0" * 100)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "manifest.json").write_text(json.dumps({"key": "linked", "stage": "encode"}))
+    (work / "encode" / "linked").symlink_to(outside)
+    folders = {_names([f])[0]: f for f in stage_folders(work).values()}
+    assert set(folders) == {"a", "b", "c"}  # (the link is no stage folder of this work folder)
+    b_bytes = sum(p.stat().st_size for p in folders["b"].path.rglob("*") if p.is_file())
+    held = FileLock(work / ".locks" / f"encode-{folders['a'].key}.lock")
+    held.acquire()  # a stage being built with that key: skipped
+    try:
+        plan = collect(work, RetentionConfig(keep_runs=1))
+    finally:
+        held.release()
+    assert [f.key for f in plan.remove] == [folders["b"].key] and folders["a"] in plan.keep
+    assert plan.freed_bytes == b_bytes  # (it said a's and b's)
+    assert not leftover.exists() and (outside / "manifest.json").is_file() and (work / "encode" / "linked").exists()
+
+
+def test_a_young_unrecorded_folder_is_kept_even_when_it_matches_an_old_refresh(tmp_path):
+    """The hour's grace for a folder no run recorded yet (a live run's shard, built on another worker) was taken back
+    by the refresh rule when it matched an older refresh's checkpoint and data (another encode config's shards)."""
+    work = tmp_path / "work"
+    with live_run(work, "run"):
+        data = _stage(work, "prepare", "data", {})
+        _stage(work, "encode", "old refresh", {"checkpoint": "A", "data": data.digest})
+        _stage(work, "encode", "new refresh", {"checkpoint": "B", "data": data.digest})
+    _stage(work, "encode-shard", "a new shard of A", {"checkpoint": "A", "data": data.digest})  # no run's yet
+    plan = plan_gc(work, RetentionConfig(keep_runs=1, keep_refreshes=1))
+    assert _names(plan.remove) == ["old refresh"] and "a new shard of A" in _names(plan.keep)

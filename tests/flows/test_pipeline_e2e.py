@@ -326,6 +326,18 @@ def test_the_champion_downloads_as_the_checkpoint_retrain_starts_from(pipeline, 
     for file in ("model.safetensors", "head.safetensors", "ance_model.json", "tokenizer.json"):
         assert Path(folder, file).read_bytes() == Path(result["final_checkpoint"], file).read_bytes(), file
     assert champion_checkpoint(work, str(tiny_scifact))[0] == folder  # downloaded once
+    from flows.start import start_dev_setting, warn_other_dev_split
+
+    # the dev split each was chosen on: a retrain on another one is warned that the start may know its dev queries
+    setting = champion.tags["dev_split"]
+    assert start_dev_setting(work, folder) == setting == start_dev_setting(work, result["final_checkpoint"])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        warn_other_dev_split(work, folder, setting)  # the same split: nothing said
+    assert not [w for w in said if "dev split" in str(w.message)]
+    with pytest.warns(UserWarning, match="was chosen on another dev split .* may have trained on some of this run's"):
+        warn_other_dev_split(work, folder, "dev 0000000000000000")
+    assert start_dev_setting(work, str(tmp_path)) is None  # any other checkpoint: not known
     assert Path(folder, "MLmodel").is_file()  # each logged checkpoint is an MLflow model (test_pyfunc.py)
     missing, why = champion_checkpoint(tmp_path, "no-such-dataset")
     assert missing is None and "models:/ance-no-such-dataset@champion: not found" in why
