@@ -147,7 +147,8 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
             data = prepare_corpus(folder, work_dir)
         check_same_corpus(index, data, dataset)
         bm25 = BM25.load(bm25_index(data, bm25_cfg, work_dir), bm25_cfg)
-    sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), depth)
+    # BM25's ranking as deep as the run's the fusion was chosen on (bm25.top_k may be the shallower)
+    sparse = bm25.search(pd.DataFrame({"query_id": ["q"], "text": [query]}), min(bm25_cfg.top_k, depth))
     dense = pd.DataFrame([("q", h.doc_id, h.score) for h in search_text(model, index, query, depth)],
                          columns=["query_id", "doc_id", "score"])
     run = fuse(dense, sparse, fusion, depth).head(top_k)

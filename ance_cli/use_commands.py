@@ -143,7 +143,7 @@ def export_command(
                                      "on CPU, with an MLflow model that serves it)")] = "sentence-transformers",
     int8: Annotated[bool, typer.Option("--int8", help="--format onnx: also quantise the weights to int8 (dynamic "
                                        "quantisation) and serve that")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace --out when it is not empty")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace --out when it is an earlier export")] = False,
     work_dir: Annotated[str, typer.Option(help="For a models:/ URI: the work folder whose MLflow store "
                                           "(mlflow.db) holds it; MLFLOW_TRACKING_URI overrides")] = "work",
 ):

@@ -295,7 +295,9 @@ class RunBook:
             return None
         fusion = read_fusion(model["fusion"])
         depth = self.c.eval.top_k
-        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25.scoring(), "fusion": fusion.as_dict(), "depth": depth},
+        shallower = {"bm25_depth": self.c.bm25.top_k} if self.c.bm25.top_k < depth else {}  # (served that deep)
+        ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25.scoring(), "fusion": fusion.as_dict(), "depth": depth}
+                        | shallower,
                         {"encode": model["encode"].digest, "data": self.data.digest},
                         lambda out: write_package(out, model["encode"].path, index, self.c.bm25, fusion, depth))
         return Path(ref.path)

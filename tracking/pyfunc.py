@@ -30,10 +30,11 @@ from ance_core.export.onnx import served_file
 from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
-SIGNATURE = "s2"  # the signature's version (s2: the search parameters k and mode): its files are written again
-REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pydantic", "filelock",
-                "mlflow", "bm25s", "PyStemmer")  # what loading, encoding and a search import (this project's own
-# package comes on top; a retrieval package's BM25 index is in bm25s's format)
+SIGNATURE = "s3"  # the files' version (s2: search parameters k and mode; s3: installable requirements)
+REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pydantic",
+                "filelock", "tqdm", "mlflow", "bm25s", "PyStemmer", "faiss-cpu", "ir-measures")  # what loading,
+# encoding and a search import (this project's own package comes on top; a retrieval package's BM25 index is in
+# bm25s's format)
 ONNX_REQUIREMENTS = ("onnx", "onnxruntime")  # an ONNX export folder's model on top
 
 
@@ -129,7 +130,7 @@ def _requirements(extra: tuple[str, ...] = ()) -> list[str]:
     out = []
     for name in REQUIREMENTS + extra:
         try:
-            out.append(f"{name}=={version(name)}")
+            out.append(f"{name}=={version(name).split('+')[0]}")  # (torch's "+cpu" build label is on no index)
         except PackageNotFoundError:
             out.append(name)
     return out

@@ -62,10 +62,7 @@ class Encoder:
         """(len(texts), dim) float32 embeddings of `texts` as queries or as passages, in input order."""
         if kind not in KINDS:
             raise AnceError(f"kind {kind!r}: use one of {', '.join(KINDS)}")
-        texts = list(texts)
-        bad = next((k for k, t in enumerate(texts) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise AnceError(f"text {bad} is a {type(texts[bad]).__name__}, not a string")
+        texts = check_texts(texts)
         if not texts:
             return np.empty((0, self.dim), dtype=np.float32)
         query = kind == "query"
@@ -78,3 +75,16 @@ class Encoder:
         if projector is None:
             return emb
         return projector.queries(emb) if query else projector.docs(emb)
+
+
+def check_texts(texts: Sequence) -> list[str]:
+    """The texts of a request as a list; one that is no string is an AnceError naming it (a JSON null arrives as None
+    or NaN: "missing")."""
+    texts = list(texts)
+    bad = next((k for k, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        value = texts[bad]
+        missing = value is None or (isinstance(value, float) and value != value)
+        raise AnceError(f"text {bad} is missing (null)" if missing
+                        else f"text {bad} is a {type(value).__name__}, not a string")
+    return texts

@@ -10,7 +10,8 @@ flows/book.py `retrieval_package`), so the served MLflow model searches as the r
 
 Scores: dense ones are inner products of the query's embedding with the stored (float16) passage embeddings, exact
 (a matrix product in blocks); BM25's come from the stored index; both are fused by the recorded fusion over each
-ranking's top `depth` (the run's `eval.top_k`, as the pipeline fused them).
+ranking's top `depth` (the run's `eval.top_k`; BM25's top `bm25.top_k` where that is shallower: as the pipeline fused
+them).
 """
 
 import json
@@ -22,7 +23,7 @@ import pandas as pd
 
 from ance_core.artifacts import DOCIDS, EMBEDDING_SHARDS, id_lines, link_or_copy, shard_paths
 from ance_core.errors import AnceError
-from ance_core.export.encoder import Encoder
+from ance_core.export.encoder import Encoder, check_texts
 from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.fusion import Fusion, fuse
@@ -79,8 +80,11 @@ class HybridSearch:
         self.encoder = encoder or Encoder(checkpoint)
         self.shards = [np.load(p, mmap_mode="r") for p in shard_paths(folder)]
         self.doc_ids = np.array(id_lines(folder / DOCIDS), dtype=object)
-        self.bm25 = BM25.load(folder / "bm25", BM25Config.model_validate(record["bm25"]))
-        if self.encoder.model.projector is not None or self.encoder.meta.document_mode != "firstp":
+        bm25 = BM25Config.model_validate(record["bm25"])
+        self.bm25 = BM25.load(folder / "bm25", bm25)
+        self.bm25_depth = min(bm25.top_k, self.depth)  # as deep as the run's BM25 ranking the fusion was chosen on
+        compressed = self.encoder.onnx is None and self.encoder.model.projector is not None  # (an ONNX export: never)
+        if compressed or self.encoder.meta.document_mode != "firstp":
             raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")
 
     def _dense(self, queries: pd.DataFrame, depth: int) -> pd.DataFrame:
@@ -105,11 +109,11 @@ class HybridSearch:
             raise AnceError(f"mode {mode!r}: use one of {', '.join(MODES)}")
         if k < 1:
             raise AnceError(f"k {k}: ask for at least one hit")
-        queries = pd.DataFrame({"query_id": [str(i) for i in range(len(texts))], "text": list(texts)})
+        queries = pd.DataFrame({"query_id": [str(i) for i in range(len(texts))], "text": check_texts(texts)})
         if queries.empty:
             return pd.DataFrame(columns=["query", "rank", "doc_id", "score"])
         dense = self._dense(queries, self.depth) if mode != "bm25" else None
-        sparse = self.bm25.search(queries, self.depth) if mode != "dense" else None
+        sparse = self.bm25.search(queries, self.bm25_depth) if mode != "dense" else None
         if mode == "hybrid":
             run = fuse(dense, sparse, self.fusion, self.depth)
         else:

@@ -33,6 +33,8 @@ ONNX_DIR = "onnx"
 FP32, INT8 = "model.onnx", "model_int8.onnx"
 SERVING = "serving.json"
 OPSET = 17
+MAX_FP32_DIFFERENCE = 1e-3  # an fp32 export's largest difference from PyTorch, of the largest value (float rounding)
+MIN_INT8_COSINE = 0.9  # an int8 export's lowest cosine with PyTorch's embedding (a dropped mask is far below)
 CHECK = ["what is a dense retriever?", "hard negatives are mined from an approximate nearest-neighbour index of the "
          "corpus, refreshed as the model learns", "x"]
 
@@ -87,6 +89,13 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
             expected = model(batch["input_ids"], batch["attention_mask"]).numpy()
         got = OnnxEncoder(tmp).encode_texts(texts, meta.query_max_length)
         difference = float(np.abs(got - expected).max() / np.abs(expected).max())
+        cosine = float(((got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)).min())
+        if (cosine < MIN_INT8_COSINE) if int8 else (difference > MAX_FP32_DIFFERENCE):  # nothing is put in place
+            raise AnceError(f"{checkpoint}: the ONNX export's embeddings are not PyTorch's (largest difference "
+                            f"{difference:.1e} of the largest value, lowest cosine {cosine:.4f}; allowed: "
+                            + (f"cosine ≥ {MIN_INT8_COSINE} for int8" if int8 else f"{MAX_FP32_DIFFERENCE:.0e} for "
+                               "fp32") + f"): an exporter problem with this model (torch {torch.__version__}); "
+                            "serve the checkpoint with PyTorch")
         if finish is not None:
             finish(tmp)
     return {"out": str(out), "format": "onnx", "serve": f"{ONNX_DIR}/{served}", "dim": int(expected.shape[1]),

@@ -74,6 +74,9 @@ def exportable_meta(checkpoint: str | Path) -> ModelMeta:
     return meta
 
 
+EXPORT_MARKERS = ("ance_model.json", "modules.json")  # an ONNX export is a checkpoint; sentence-transformers
+
+
 def check_target(out: str | Path, force: bool, checkpoint: str | Path | None = None) -> None:
     """An AnceError unless `out` can be written: missing or empty, or `force`; never the checkpoint or a folder
     holding it (writing replaces `out` whole)."""
@@ -86,6 +89,9 @@ def check_target(out: str | Path, force: bool, checkpoint: str | Path | None = N
         raise AnceError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise AnceError(f"{out}: exists and is not empty; pass --force to replace it")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in EXPORT_MARKERS):
+        raise AnceError(f"{out}: not an earlier export (no {' or '.join(EXPORT_MARKERS)}); --force replaces only an "
+                        "export folder: choose a new or empty --out")  # (--out ~/project --force deleted the project)
     ancestor = next(p for p in out.parents if p.exists())  # where the export's folders would be made
     if not ancestor.is_dir():
         raise AnceError(f"{out}: {ancestor} is a file, not a folder; choose another --out")

@@ -149,6 +149,8 @@ def test_the_logged_model_files_do_not_mix_with_the_checkpoint(registry, tmp_pat
     assert [p.name for p in model_files(folder)] == [p.name for p in model_files(registry["champion"])]
     requirements = (Path(folder) / "requirements.txt").read_text()
     assert re.search(r"^torch==\S+$", requirements, re.M) and re.search(r"^mlflow==\S+$", requirements, re.M)
+    assert "+" not in requirements  # (torch==2.13.0+cpu is on no package index: the environment could not be built)
+    assert {"pyarrow", "tqdm", "faiss-cpu"} <= {line.split("==")[0] for line in requirements.splitlines()}
 
 
 def _readme_commands() -> tuple[str, str, str]:

@@ -16,7 +16,8 @@ from ance_core.retrieval.encode import encode_documents, encode_queries
 from ance_core.retrieval.fusion import Fusion, fuse
 from tests.tiny import random_head_checkpoint, training_tables
 
-QUERIES = ["alpha beta", "gamma", "a query of words no passage has: zzyqx"]
+QUERIES = ["cancer gene", "blood disease mice", "a query of words no passage has: zzyqx"]  # (the first two were
+# words of no passage either: BM25's rankings compared were empty)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_dense_bm25_and_hybrid_searches_are_the_pipelines_rankings(packaged):
     queries = pd.DataFrame({"query_id": ["0", "1", "2"], "text": QUERIES})
     sparse = BM25.load(index, BM25Config()).search(queries, 1000)
     bm25 = searcher.search(QUERIES, k=3, mode="bm25")
-    assert 2 not in set(bm25["query"])  # no word of the third query is indexed: BM25 has no hit for it
+    assert bm25.groupby("query").size().to_dict() == {0: 3, 1: 3}  # (the third: no word indexed, no hit)
     assert bm25[bm25["query"] == 0]["doc_id"].tolist() == sparse[sparse["query_id"] == "0"]["doc_id"].tolist()[:3]
     dense_run = pd.DataFrame([(str(i), ids[j], float(q[i] @ stored[j])) for i in range(3) for j in range(30)],
                              columns=["query_id", "doc_id", "score"])
@@ -71,6 +72,25 @@ def test_dense_bm25_and_hybrid_searches_are_the_pipelines_rankings(packaged):
         assert got["score"].to_numpy() == pytest.approx([fused[d] for d in got["doc_id"]], abs=1e-4)
 
 
+def test_a_shallower_bm25_ranking_is_served_as_shallow_as_the_run_fused_it(packaged, tmp_path):
+    """With bm25.top_k under eval.top_k the run fused BM25's top bm25.top_k (its ranking's depth) with the dense top
+    eval.top_k; the package searched BM25 to eval.top_k, so its convex normalisation and its hits differed."""
+    checkpoint, corpus, emb, ids, index, fusion = packaged
+    shallow = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint, shallow, ignore=shutil.ignore_patterns(RETRIEVAL))
+    encode = tmp_path / "encode"
+    shutil.copytree(checkpoint / RETRIEVAL, encode, ignore=shutil.ignore_patterns("bm25", "package.json"))
+    write_package(shallow / RETRIEVAL, encode, index, BM25Config(top_k=3), fusion, depth=20)
+    searcher = HybridSearch(shallow)
+    assert searcher.search(QUERIES, k=10, mode="bm25").groupby("query").size().max() == 3
+    queries = pd.DataFrame({"query_id": ["0", "1", "2"], "text": QUERIES})
+    sparse = BM25.load(index, BM25Config()).search(queries, 3)  # the run's BM25 ranking, 3 deep
+    dense = searcher._dense(queries, 20)
+    expected = fuse(dense, sparse, fusion, 20)
+    got = searcher.search(QUERIES, k=20)
+    assert got["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-5)
+
+
 def test_bad_requests_and_a_checkpoint_without_a_package_are_one_clear_line(packaged, tmp_path):
     checkpoint = packaged[0]
     searcher = HybridSearch(checkpoint)
@@ -79,6 +99,10 @@ def test_bad_requests_and_a_checkpoint_without_a_package_are_one_clear_line(pack
     with pytest.raises(AnceError, match="k 0"):
         searcher.search(QUERIES, k=0)
     assert searcher.search([], k=3).empty
+    for mode in ("hybrid", "dense", "bm25"):  # (bm25's search failed on a null with an AttributeError traceback)
+        for value, says in ((None, "text 1 is missing"), (float("nan"), "text 1 is missing"), (3, "text 1 is a int")):
+            with pytest.raises(AnceError, match=says):
+                searcher.search(["cancer", value], mode=mode)
     bare = tmp_path / "bare"
     shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns(RETRIEVAL))
     with pytest.raises(AnceError, match="no retrieval package"):

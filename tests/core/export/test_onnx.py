@@ -94,3 +94,51 @@ def test_an_export_that_fails_while_made_servable_leaves_nothing(exported, tmp_p
     with pytest.raises(OSError, match="disk full"):
         export_onnx(checkpoint, tmp_path / "out", finish=failing)
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_export_whose_embeddings_are_not_pytorchs_is_refused_and_leaves_nothing(exported, tmp_path, monkeypatch):
+    """The check against PyTorch was only printed: an exporter that dropped the attention mask (simulated: the
+    served model ignores it) would have been put in place and served."""
+    from ance_core.errors import AnceError
+    from ance_core.export import onnx
+
+    checkpoint, _, _ = exported
+    real = onnx.OnnxEncoder.encode_texts
+
+    def maskless(self, texts, max_length):
+        return real(self, [t + " and more words than it had" for t in texts], max_length)
+
+    monkeypatch.setattr(onnx.OnnxEncoder, "encode_texts", maskless)
+    with pytest.raises(AnceError, match="the ONNX export's embeddings are not PyTorch's"):
+        export_onnx(checkpoint, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_retrieval_package_searches_with_an_onnx_export(exported, tmp_path):
+    """HybridSearch read the encoder's PyTorch model (`encoder.model.projector`), which an ONNX export's encoder does
+    not load: searching a package put into an export folder failed with an AttributeError."""
+    from ance_core.export.hybrid import RETRIEVAL, HybridSearch, copy_package, write_package
+    from ance_core.retrieval.bm25 import BM25
+    from ance_core.retrieval.config import BM25Config
+    from ance_core.retrieval.fusion import Fusion
+    from tests.tiny import training_tables
+
+    checkpoint, folder, _ = exported
+    corpus = training_tables()[1]
+    encode = tmp_path / "encode"
+    encode.mkdir()
+    np.save(encode / "emb_00000.npy", Encoder(checkpoint).encode(corpus["text"].tolist()).astype(np.float16))
+    (encode / "docids.txt").write_text("\n".join(corpus["doc_id"]) + "\n")
+    (tmp_path / "bm25").mkdir()
+    BM25.build([corpus], BM25Config(), spill=tmp_path / "bm25").save(tmp_path / "bm25")
+    write_package(tmp_path / "package", encode, tmp_path / "bm25", BM25Config(), Fusion("rrf"))
+    export = export_onnx(checkpoint, tmp_path / "onnx")["out"]
+    copy_package(tmp_path / "package", tmp_path / "onnx")
+    copy_package(tmp_path / "package", tmp_path / "torch-copy")
+    for path in checkpoint.iterdir():
+        if path.is_file():
+            (tmp_path / "torch-copy" / path.name).write_bytes(path.read_bytes())
+    assert (tmp_path / "onnx" / RETRIEVAL).is_dir()
+    by_onnx = HybridSearch(export).search(["cancer gene"], k=5)
+    by_torch = HybridSearch(tmp_path / "torch-copy").search(["cancer gene"], k=5)
+    assert by_onnx["doc_id"].tolist() == by_torch["doc_id"].tolist() and len(by_onnx) == 5

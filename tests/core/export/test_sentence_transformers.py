@@ -166,7 +166,15 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
     assert code == 2 and "exists and is not empty; pass --force" in out
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
-    assert code == 0 and (tmp_path / "out" / "modules.json").is_file() and not (tmp_path / "out" / "keep.txt").exists()
+    assert code == 2 and "not an earlier export" in out and (tmp_path / "out" / "keep.txt").is_file()  # (a review:
+    # `--out ~/project --force` would have replaced the project)
+    (tmp_path / "out" / "keep.txt").unlink()
+    for _ in range(2):  # a new export, then --force over it
+        code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
+        assert code == 0 and (tmp_path / "out" / "modules.json").is_file(), out
+    (tmp_path / "out" / "mine.txt").write_text("x")  # an export's folder with a file of one's own: still an export
+    code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
+    assert code == 0 and not (tmp_path / "out" / "mine.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".partial")]
     # a place no folder can be made in (a traceback, exit 1, before): one line, for either format
     (tmp_path / "afile").write_text("x")
