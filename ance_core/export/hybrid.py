@@ -83,6 +83,14 @@ class HybridSearch:
         bm25 = BM25Config.model_validate(record["bm25"])
         self.bm25 = BM25.load(folder / "bm25", bm25)
         self.bm25_depth = min(bm25.top_k, self.depth)  # as deep as the run's BM25 ranking the fusion was chosen on
+        rows = sum(len(s) for s in self.shards)  # a package put together by hand, or half uploaded: said, not fused
+        counts = {"embedding rows": rows, DOCIDS: len(self.doc_ids), "BM25 documents": len(self.bm25.doc_ids)}
+        counts |= {f"{PACKAGE}'s passages": record["passages"]} if "passages" in record else {}
+        if len(set(counts.values())) > 1 or set(self.bm25.doc_ids) != set(self.doc_ids):
+            raise AnceError(f"{folder}: an inconsistent retrieval package ("
+                            + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+                            + (", the same counts of other documents" if len(set(counts.values())) == 1 else "")
+                            + "): its encoding and BM25 index are not of one corpus; log the run's package again")
         compressed = self.encoder.onnx is None and self.encoder.model.projector is not None  # (an ONNX export: never)
         if compressed or self.encoder.meta.document_mode != "firstp":
             raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")

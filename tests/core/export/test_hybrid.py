@@ -107,3 +107,14 @@ def test_bad_requests_and_a_checkpoint_without_a_package_are_one_clear_line(pack
     shutil.copytree(checkpoint, bare, ignore=shutil.ignore_patterns(RETRIEVAL))
     with pytest.raises(AnceError, match="no retrieval package"):
         HybridSearch(bare)
+    half = tmp_path / "half"  # a package whose last shard did not arrive (it failed later, with an IndexError)
+    shutil.copytree(checkpoint, half)
+    (half / RETRIEVAL / "emb_00001.npy").unlink()
+    with pytest.raises(AnceError, match=r"inconsistent retrieval package \(embedding rows 20, docids.txt 30"):
+        HybridSearch(half)
+    other = tmp_path / "other"  # the same count of other documents' ids
+    shutil.copytree(checkpoint, other)
+    ids = (other / RETRIEVAL / "docids.txt").read_text().splitlines()
+    (other / RETRIEVAL / "docids.txt").write_text("\n".join(["x" + i for i in ids]) + "\n")
+    with pytest.raises(AnceError, match="the same counts of other documents"):
+        HybridSearch(other)
