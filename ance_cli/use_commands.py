@@ -1,5 +1,6 @@
 """`ance` commands that use what was trained: bm25, evaluate, search, export, gc."""
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -202,6 +203,11 @@ def _export_onnx(checkpoint: str, out: Path, int8: bool, force: bool) -> dict:
     return export_onnx(checkpoint, out, int8, force, finish=servable)
 
 
+def asks() -> bool:
+    """Whether `ance gc` asks before it removes: at a terminal (a script's or a schedule's gc does not)."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
 @app.command()
 def gc(
     work_dir: Annotated[str, typer.Option(help="The work folder to clean")] = "work",
@@ -212,6 +218,8 @@ def gc(
     keep_rankings: Annotated[bool, typer.Option("--keep-rankings/--drop-rankings", help="Keep the kept refreshes' "
                                                 "rankings (retrieve folders), or drop every ended run's")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove without asking (in a terminal it asks first; a "
+                                      "script's gc does not ask)")] = False,
 ):
     """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
     latest.json names, partial folders, the MLflow store (registered versions) and the champion (docs/scaling.md)."""
@@ -225,8 +233,18 @@ def gc(
         if not (folder / ".locks").is_dir():  # (every stage a run builds takes its lock there)
             raise AnceError(f"{work_dir}: not a work folder (no stage was ever built in it: no .locks/); nothing to "
                             "collect")
-        plan = collect(work_dir, RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes,
-                                                   keep_rankings=keep_rankings), dry_run)
+        policy = RetentionConfig(keep_runs=keep_runs, keep_refreshes=keep_refreshes, keep_rankings=keep_rankings)
+        if not (dry_run or yes) and asks():  # someone at a terminal: what would go, then a question
+            plan = collect(work_dir, policy, dry_run=True)
+            if not plan.remove:
+                typer.echo(f"nothing to remove; kept {len(plan.keep)} stage folders")
+                return
+            typer.echo(f"{len(plan.remove)} stage folders ({plan.freed_bytes / 2**30:.2f} GiB) would be removed: "
+                       + ", ".join(sorted({f.stage for f in plan.remove})) + " (--dry-run lists them)")
+            if not typer.confirm("Remove them?", default=False):
+                typer.echo("nothing removed")
+                return
+        plan = collect(work_dir, policy, dry_run)
         verb = "would remove" if dry_run else "removed"
         for folder in plan.remove:
             typer.echo(f"{verb}  {folder.stage}/{folder.key}")

@@ -13,8 +13,8 @@ from tests.tiny import write_beir
 runner = CliRunner()
 
 
-def _invoke(args):
-    result = runner.invoke(app, args)
+def _invoke(args, input: str | None = None):
+    result = runner.invoke(app, args, input=input)
     return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
 
 
@@ -155,7 +155,7 @@ def test_a_budget_of_no_minutes_names_its_option(tmp_path, command):
     assert "invalid config" not in out and not (tmp_path / "w").exists()
 
 
-def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
+def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path, monkeypatch):
     from ance_core.artifacts import run_stage
     from ance_core.retention import live_run
 
@@ -169,8 +169,18 @@ def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path):
     code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1", "--dry-run"])
     assert code == 0 and out.count("would remove  encode/") == 2 and "would remove 2 stage folders" in out
     assert len(list((work / "encode").iterdir())) == 3
-    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"])
+    # at a terminal it asks first (it removed at once): "no" removes nothing; --yes does not ask
+    import ance_cli.use_commands as commands
+
+    monkeypatch.setattr(commands, "asks", lambda: True)
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"], input="n\n")
+    assert code == 0 and "2 stage folders (0.00 GiB) would be removed: encode" in out and "Remove them?" in out
+    assert "nothing removed" in out and len(list((work / "encode").iterdir())) == 3
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"], input="y\n")
     assert code == 0 and "removed 2 stage folders" in out and len(list((work / "encode").iterdir())) == 1
+    code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "1"], input="y\n")
+    assert code == 0 and "nothing to remove" in out and "Remove them?" not in out
+    monkeypatch.undo()
     with live_run(work, "run"):
         run_stage(work, "retrieve", {"k": 0}, {}, shard)
     code, out = _invoke(["gc", "--work-dir", str(work), "--keep-runs", "2", "--dry-run"])
