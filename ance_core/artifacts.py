@@ -101,7 +101,7 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 STAGE_RULES: dict[str, int] = {
     "data": 2, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 0, "train-async": 0,
-    "snapshot": 0, "dev-candidates": 0, "evaluate": 0, "fusion": 1, "fuse": 1, "serving": 0, "reports": 0,
+    "snapshot": 0, "dev-candidates": 0, "evaluate": 1, "fusion": 2, "fuse": 2, "serving": 0, "reports": 0,
     "compress": 1, "trial": 0, "tune": 0, "corpus": 1,
 }
 

@@ -232,7 +232,7 @@ class RunBook:
         splits = [(self.eval_split, self.eval_runs, "")] + ([(dev, self.dev_runs, "-dev")] if dev else [])
         for split, runs, suffix in splits:
             fused = self.log.run(label, f"fuse{suffix}", fused_run, runs[dense], runs["BM25"], choice, self.wd,
-                                 self.c.eval.top_k)
+                                 self.c.eval.top_k, self.c.eval.ignore_identical_ids)
             ref = self.log.run(label, f"evaluate{suffix}", evaluate, fused, self.data, split, self.wd, self.c.eval)
             self._record_evaluation(label, split, ref)
         self.models[label] = self.models[dense] | {"fusion": choice}

@@ -13,12 +13,16 @@ from tasks.common import stage_task
 def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str, cfg: EvalConfig = EvalConfig()
              ) -> ArtifactRef:
     """nDCG@10, MRR@10, R@100, R@1000 of a run on a split (hits whose document is the query dropped first, unless
-    `cfg.ignore_identical_ids` is off); per-query values and the TREC file are kept."""
+    `cfg.ignore_identical_ids` is off); per-query values and the TREC file are kept. A BM25 run is scored on its
+    matches: the rows of score 0 that fill a query's run to its depth match no query term (BEIR's BM25 returns no
+    such rows; scored, they were arbitrary documents that could be relevant, in R@1000 most)."""
 
     def build(out):
         qrels = read_tables(data.path, corpus_columns=[]).split_qrels(split)  # no passage is read
-        return write_evaluation(pd.read_parquet(Path(run.path, RUN)), qrels, out, tag=run.digest,
-                                ignore_identical_ids=cfg.ignore_identical_ids)
+        ranked = pd.read_parquet(Path(run.path, RUN))
+        if Path(run.path).parent.name == "bm25":  # (the bm25 stage's folder)
+            ranked = ranked[ranked["score"] > 0]
+        return write_evaluation(ranked, qrels, out, tag=run.digest, ignore_identical_ids=cfg.ignore_identical_ids)
 
     return run_stage(work_dir, "evaluate", evaluate_key(split, cfg), {"run": run.digest, "data": data.digest}, build)
 

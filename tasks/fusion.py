@@ -43,15 +43,18 @@ def fusion_choice(dense: ArtifactRef | None, bm25: ArtifactRef | None, data: Art
 
 
 @stage_task("fuse")
-def fused_run(dense: ArtifactRef, bm25: ArtifactRef, fusion: ArtifactRef, work_dir: str, top_k: int = 1000
-              ) -> ArtifactRef:
-    """A split's dense and BM25 runs fused by a `fusion` stage's choice, `top_k` hits per query (run.parquet)."""
+def fused_run(dense: ArtifactRef, bm25: ArtifactRef, fusion: ArtifactRef, work_dir: str, top_k: int = 1000,
+              ignore_identical_ids: bool = True) -> ArtifactRef:
+    """A split's dense and BM25 runs fused by a `fusion` stage's choice, `top_k` hits per query (run.parquet);
+    `ignore_identical_ids` (`eval.ignore_identical_ids`): a query's own id left out of both runs first, as the fusion
+    was chosen."""
 
     def build(out):
         runs = [pd.read_parquet(Path(ref.path, RUN), columns=["query_id", "doc_id", "score"]) for ref in (dense, bm25)]
-        run = fuse(*runs, read_fusion(fusion), top_k)
+        run = fuse(*runs, read_fusion(fusion), top_k, ignore_identical_ids)
         write_run(run, out / RUN)
         return {"queries": int(run["query_id"].nunique()), "depth": top_k}
 
     inputs = {"dense": dense.digest, "bm25": bm25.digest, "fusion": fusion.digest}
-    return run_stage(work_dir, "fuse", {"top_k": top_k}, inputs, build)
+    config = {"top_k": top_k} | ({} if ignore_identical_ids else {"ignore_identical_ids": False})
+    return run_stage(work_dir, "fuse", config, inputs, build)

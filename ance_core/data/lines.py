@@ -308,8 +308,9 @@ class FileLayoutError(DataError):
 def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str
                  ) -> list[tuple[int, str, str, int]]:
     """The usable qrels of a split: a row naming a query missing from the queries file, or a document missing from
-    the corpus, is left out with one warning per kind (real collections have such rows; ir_datasets and trec_eval
-    skip them, BEIR's loader skips the documents), unless the split loses every row."""
+    the corpus, is left out with one warning per kind (real collections have such rows), unless the split loses
+    every row. BEIR's loader keeps a judgement of a missing document, and trec_eval counts it as relevant and never
+    retrieved: on such a collection the metrics here read higher than BEIR's (the warning says so)."""
     if not rows:
         raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
     for column, known, file, one, what in ((1, query_ids, "queries file", "a query", "queries"),
@@ -320,8 +321,10 @@ def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: se
                             f"(first: '{missing[0][column]}'); is this the {file} they were made for? (or was it on a "
                             "line left out above?)", missing[0][0])
         if missing:
+            beir = (" (BEIR's evaluation counts such a judgement as a relevant document never retrieved: recall and "
+                    "nDCG here read higher than BEIR's on this split)" if what == "documents" else "")
             warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
-                 f"{file} (or on a line of it left out above); they are left out: "
+                 f"{file} (or on a line of it left out above); they are left out{beir}: "
                  f"{preview([f'{r[column]} (line {r[0]})' for r in missing])}")
             rows = [row for row in rows if row[column] in known]
     return rows

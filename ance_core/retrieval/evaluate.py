@@ -1,7 +1,9 @@
 """Retrieval metrics with ir_measures (trec_eval): nDCG@10, RR@10 (MRR@10), R@100, R@1000.
 
 Metric keys avoid '@' (MLflow refuses it): ndcg_at_10, mrr_at_10, recall_at_100, recall_at_1000.
-Queries of the split that the run does not cover count as zero, not as missing.
+Queries of the split that the run does not cover count as zero, not as missing. Hits of equal score are ranked as
+trec_eval ranks them (the greater document id first) by every metric: ir_measures computes RR@10 with another provider,
+which broke ties the other way (nDCG@10 and MRR@10 of one run then described two rankings).
 """
 
 from pathlib import Path
@@ -32,10 +34,20 @@ def nested(query_ids: pd.Series, doc_ids: pd.Series, values: list) -> dict[str, 
     return out
 
 
+def trec_order(run: pd.DataFrame) -> pd.DataFrame:
+    """The run best first per query as trec_eval ranks it: by score, equal scores by document id, the greater first."""
+    keys = pd.DataFrame({"q": run["query_id"].astype(str), "s": run["score"].astype(float),
+                         "d": run["doc_id"].astype(str)}, index=run.index)
+    return run.loc[keys.sort_values(["q", "s", "d"], ascending=[True, False, False], kind="stable").index]
+
+
 def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
-    """One row per query of the qrels: query_id and one column per metric."""
+    """One row per query of the qrels: query_id and one column per metric (every metric on the one ranking:
+    `trec_order`'s, given as strictly decreasing scores)."""
     judged = nested(qrels["query_id"], qrels["doc_id"], qrels["relevance"].astype(int).tolist())
-    ranked = nested(run["query_id"], run["doc_id"], run["score"].astype(float).tolist())
+    run = trec_order(run)
+    position = run.groupby(run["query_id"].astype(str), sort=False).cumcount()
+    ranked = nested(run["query_id"], run["doc_id"], (-position.astype(float)).tolist())
     values = [
         (m.query_id, _NAMES[str(m.measure)], float(m.value))
         for m in ir_measures.iter_calc(list(MEASURES.values()), judged, ranked)
@@ -72,6 +84,8 @@ def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str
     """metrics.json, per_query.parquet and the TREC run file (the run evaluated) of one evaluation, into `out`."""
     if ignore_identical_ids:
         run = without_identical_ids(run)
+    run = trec_order(run)  # the TREC file lists the ranking evaluated, in its order
+    run = run.assign(rank=run.groupby(run["query_id"].astype(str), sort=False).cumcount() + 1)
     metrics, per_query = evaluate_run(run, qrels)
     per_query.to_parquet(out / PER_QUERY, index=False)
     write_trec(run, out / RUN_TREC, tag)

@@ -5,7 +5,12 @@ Two ways, each over the union of the two runs' hits per query:
   from one run contributing nothing from it (BM25's rows of score 0, documents that match no query term and fill a
   query's run to its depth, are not hits);
 - a convex combination of per-query normalised scores: score = w·s_dense + (1 − w)·s_bm25, each run's scores of the
-  query min-max scaled to [0, 1] over its own hits, a hit missing from a run taking that run's minimum (0).
+  query min-max scaled to [0, 1] over its own hits (hits of one score, or a single hit, all 1), a hit missing from a
+  run taking that run's minimum (0).
+
+Equal fused scores are ranked as trec_eval ranks them (the greater document id first), so the `rank` of a fused run,
+its evaluation and a served search agree. With `ignore_identical_ids` (ArguAna's, Quora's queries are documents too) a
+query's own id leaves both runs before they are fused: its hit would set the scale of the other scores.
 
 `choose_fusion` scores every candidate (RRF, and the convex combination at each weight of `WEIGHTS`) on the dev runs by
 nDCG@10 and keeps the best; on a tie the simpler one: RRF, which has no weight, then the weight nearest 0.5.
@@ -17,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ance_core.errors import AnceError
-from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
+from ance_core.retrieval.evaluate import evaluate_run, trec_order, without_identical_ids
 
 RRF_K = 60
 WEIGHTS = tuple(round(0.1 * k, 1) for k in range(1, 10))  # the dense run's weight in a convex combination
@@ -46,8 +51,7 @@ def _ranked(run: pd.DataFrame, depth: int | None) -> pd.DataFrame:
     """The run's (query_id, doc_id, score, rank), best first per query, at most `depth` hits each; one row per
     document (a MaxP run's best window)."""
     run = run[["query_id", "doc_id", "score"]].astype({"query_id": str, "doc_id": str, "score": float})
-    run = run.sort_values(["query_id", "score"], ascending=[True, False], kind="stable")
-    run = run.drop_duplicates(["query_id", "doc_id"])
+    run = trec_order(run).drop_duplicates(["query_id", "doc_id"])
     run["rank"] = run.groupby("query_id").cumcount() + 1
     return run[run["rank"] <= depth] if depth is not None else run
 
@@ -56,11 +60,15 @@ def _normalised(run: pd.DataFrame) -> pd.Series:
     grouped = run.groupby("query_id")["score"]
     low, high = grouped.transform("min"), grouped.transform("max")
     span = (high - low).where(high > low, 1.0)
-    return (run["score"] - low) / span
+    return ((run["score"] - low) / span).where(high > low, 1.0)  # (one score: every hit the run's best, not absent)
 
 
-def fuse(dense: pd.DataFrame, bm25: pd.DataFrame, fusion: Fusion, depth: int | None = 1000) -> pd.DataFrame:
-    """The fused run (query_id, doc_id, rank, score), best first, `depth` hits per query; every query of either run."""
+def fuse(dense: pd.DataFrame, bm25: pd.DataFrame, fusion: Fusion, depth: int | None = 1000,
+         ignore_identical_ids: bool = False) -> pd.DataFrame:
+    """The fused run (query_id, doc_id, rank, score), best first, `depth` hits per query; every query of either run.
+    `ignore_identical_ids`: a query's own id is no hit of either run (module docstring)."""
+    if ignore_identical_ids:
+        dense, bm25 = without_identical_ids(dense), without_identical_ids(bm25)
     dense, bm25 = _ranked(dense, depth), _ranked(bm25, depth)
     if fusion.method == "rrf":
         # BM25's score-0 rows match no query term: filler at arbitrary ranks, not hits (in a convex combination they
@@ -87,9 +95,7 @@ def choose_fusion(dense: pd.DataFrame, bm25: pd.DataFrame, qrels: pd.DataFrame, 
         raise AnceError("hybrid retrieval: a dev run is empty; nothing to choose a fusion on")
     scored = []
     for fusion in candidates():
-        run = fuse(dense, bm25, fusion, depth)
-        if ignore_identical_ids:
-            run = without_identical_ids(run)
+        run = fuse(dense, bm25, fusion, depth, ignore_identical_ids)
         scored.append(fusion.as_dict() | {"dev_ndcg_at_10": evaluate_run(run, qrels)[0]["ndcg_at_10"]})
     best = int(np.argmax([round(s["dev_ndcg_at_10"], 10) for s in scored]))  # the first of equals: the simpler
     return Fusion.of(scored[best]), scored

@@ -186,7 +186,8 @@ def write_trec(run: pd.DataFrame, path: str | Path, tag: str) -> None:
     tag = "_".join(str(tag).split()) or "run"
     with replaced_file(path, encoding="utf-8") as f:
         for q, d, r, s in run[RUN_COLUMNS].itertuples(index=False):
-            f.write(f"{q} Q0 {d} {r} {s:.6f} {tag}\n")
+            f.write(f"{q} Q0 {d} {r} {s:.9g} {tag}\n")  # (float32 exactly: at 6 decimals, scores 0.5000004 and
+            # 0.5000001 were read back as a tie, and ance evaluate --run scored another ranking)
 
 
 def read_trec(path: str | Path) -> pd.DataFrame:

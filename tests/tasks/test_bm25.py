@@ -69,3 +69,23 @@ def test_with_dev_checks_the_evaluation_depth_leaves_the_training_stages_key(tin
     assert dev[0].content() == dev[1].content()
     fewer = dev_candidates.fn([bm25_run.fn(data, BM25Config(top_k=2), "test", 2, work)], data, "test", 5, work)
     assert DevInputs(fewer, "test", DevCheckConfig(), None, EncodeConfig()).content() != dev[0].content()
+
+
+def test_bm25_is_evaluated_on_its_matches_not_its_filler(tiny_scifact, tmp_path):
+    """BM25 fills a query's run to its depth with documents that match no query term (score 0): they were scored as
+    retrieved, arbitrary documents that could be relevant (BEIR's BM25 returns no such rows), in R@1000 most."""
+    from ance_core.retrieval.evaluate import evaluate_run
+    from ance_core.retrieval.search import read_trec
+    from tasks.evaluate import evaluate
+
+    work = str(tmp_path / "work")
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), work)
+    run = bm25_run.fn(data, BM25Config(), "test", 1000, work)  # 200 documents: every query's run is filled to 200
+    rows = pd.read_parquet(f"{run.path}/{RUN}")
+    assert (rows["score"] == 0).any()
+    scored = evaluate.fn(run, data, "test", work)
+    written = read_trec(f"{scored.path}/run.trec")
+    assert len(written) == (rows["score"] > 0).sum() and (written["score"] > 0).all()
+    qrels = read_tables(data.path, corpus_columns=[]).split_qrels("test")
+    with_filler = evaluate_run(rows, qrels)[0]
+    assert read_manifest(scored.path)["summary"]["recall_at_1000"] < with_filler["recall_at_1000"]

@@ -91,5 +91,35 @@ def test_per_query_metrics_are_those_ir_measures_gives_for_the_tables():
                 for m in ir_measures.iter_calc(list(MEASURES.values()), qrels, run)}
     got = per_query_metrics(run, qrels).set_index("query_id")
     assert len(got) == 33 and (got.loc[["q30", "q31", "q32"]] == 0).all().all()
-    for (q, name), value in expected.items():
-        assert got.loc[q, name] == pytest.approx(value, abs=1e-12)
+    for (q, name), value in expected.items():  # trec_eval's own measures: the same on the ties
+        if name != "mrr_at_10":
+            assert got.loc[q, name] == pytest.approx(value, abs=1e-12)
+    # RR@10 (another provider, which broke ties the other way): on trec_eval's order of the ties
+    order = run.assign(key=run["doc_id"].astype(str)).sort_values(["query_id", "score", "key"],
+                                                                  ascending=[True, False, False])
+    order = order.assign(score=-order.groupby("query_id").cumcount().astype(float))
+    ranked = {m.query_id: m.value for m in ir_measures.iter_calc([MEASURES["mrr_at_10"]], qrels, order)}
+    assert got.loc[list(ranked), "mrr_at_10"].tolist() == pytest.approx(list(ranked.values()), abs=1e-12)
+    assert sum(got.loc[q, "mrr_at_10"] != expected[(q, "mrr_at_10")] for q in ranked) > 0  # (the ties mattered)
+
+
+def test_tied_scores_rank_one_way_for_every_metric_the_trec_file_and_its_read_back(tmp_path):
+    """nDCG@10 (pytrec_eval: equal scores, the greater document id first) and RR@10 (ir_measures' other provider: the
+    smaller first) scored two rankings of one run; a TREC file at 6 decimals read back ties that were not ties."""
+    from ance_core.retrieval.evaluate import write_evaluation
+    from ance_core.retrieval.search import read_trec
+
+    qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
+    tie = pd.DataFrame({"query_id": ["q", "q"], "doc_id": ["a", "b"], "score": [1.0, 1.0], "rank": [1, 2]})
+    metrics, _ = evaluate_run(tie, qrels)
+    assert metrics["mrr_at_10"] == 0.5 and metrics["ndcg_at_10"] == pytest.approx(1 / math.log2(3))  # b, then a
+    close = pd.DataFrame({"query_id": ["q", "q"], "doc_id": ["a", "b"], "score": [0.5000004, 0.5000001],
+                          "rank": [1, 2]})
+    (tmp_path / "e").mkdir()
+    written = write_evaluation(close, qrels, tmp_path / "e", tag="t")
+    assert written["ndcg_at_10"] == 1.0
+    back = read_trec(tmp_path / "e" / "run.trec")
+    assert evaluate_run(back, qrels)[0] == written  # (it read 0.631: the two lines said 0.500000)
+    (tmp_path / "t").mkdir()
+    write_evaluation(tie, qrels, tmp_path / "t", tag="t")  # the file lists the ranking scored, in its order
+    assert [line.split()[2] for line in (tmp_path / "t" / "run.trec").read_text().splitlines()] == ["b", "a"]

@@ -45,7 +45,7 @@ def test_a_convex_combination_scales_each_runs_scores_of_the_query_to_0_1():
 
 def test_depth_cuts_each_run_and_the_result():
     run = fuse(DENSE, BM25, Fusion("rrf"), depth=1)
-    assert run["doc_id"].tolist() == ["a"]  # a (dense #1) and c (bm25 #1) tie at 1/61: the first in id order
+    assert run["doc_id"].tolist() == ["c"]  # a (dense #1) and c (bm25 #1) tie at 1/61: trec_eval's order, c first
 
 
 def test_the_dev_split_chooses_and_a_tie_goes_to_the_simpler_fusion():
@@ -63,3 +63,34 @@ def test_the_dev_split_chooses_and_a_tie_goes_to_the_simpler_fusion():
 def test_an_empty_dev_run_is_refused():
     with pytest.raises(AnceError, match="a dev run is empty"):
         choose_fusion(DENSE.iloc[:0], BM25, pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]}))
+
+
+def test_fused_ties_rank_as_trec_eval_ranks_them():
+    """RRF ties are common (a dense-only and a BM25-only hit at the same rank): the fused run's `rank` (what a served
+    search returns) put the smaller document id first, its evaluation the greater."""
+    dense = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "score": [3.0]})
+    bm25 = pd.DataFrame({"query_id": ["q"], "doc_id": ["z"], "score": [7.0]})
+    run = fuse(dense, bm25, Fusion("rrf"))
+    assert run["doc_id"].tolist() == ["z", "a"] and run["rank"].tolist() == [1, 2]
+
+
+def test_a_querys_own_id_leaves_both_runs_before_they_are_fused():
+    """ArguAna's queries are documents: the query's own BM25 hit set the scale of the other scores (min-max), and the
+    fused order of the rest changed with it; it was dropped only from the fused run."""
+    dense = pd.DataFrame({"query_id": ["q1"] * 3, "doc_id": ["q1", "A", "B"], "score": [20.0, 12.0, 10.0]})
+    bm25 = pd.DataFrame({"query_id": ["q1"] * 3, "doc_id": ["q1", "A", "B"], "score": [100.0, 1.0, 9.0]})
+    convex = Fusion("convex", 0.5)
+    assert fuse(dense, bm25, convex)["doc_id"].tolist() == ["q1", "A", "B"]  # (A above B: the scale was q1's)
+    assert fuse(dense, bm25, convex, ignore_identical_ids=True)["doc_id"].tolist() == ["B", "A"]
+    qrels = pd.DataFrame({"query_id": ["q1"], "doc_id": ["B"], "relevance": [1]})
+    chosen, scored = choose_fusion(dense, bm25, qrels, ignore_identical_ids=True)
+    assert next(s for s in scored if s["weight"] == 0.5)["dev_ndcg_at_10"] == 1.0
+
+
+def test_a_run_whose_hits_of_a_query_share_one_score_counts_them_as_its_best():
+    """A query with a single BM25 hit (or hits of one score): min-max made it 0, the value of a document the run does
+    not have, so the match added nothing to the convex combination."""
+    dense = pd.DataFrame({"query_id": ["q"] * 2, "doc_id": ["a", "b"], "score": [2.0, 1.0]})
+    bm25 = pd.DataFrame({"query_id": ["q"], "doc_id": ["b"], "score": [4.0]})
+    run = fuse(dense, bm25, Fusion("convex", 0.4)).set_index("doc_id")["score"]
+    assert run["b"] == pytest.approx(0.6) and run["a"] == pytest.approx(0.4)
