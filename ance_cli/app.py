@@ -13,6 +13,8 @@ import typer
 from ance_cli.guard import (
     DEBUG,
     exit_on_sigterm,
+    interrupt,
+    stop_within_under_prefects_handler,
 )
 
 SETS_HELP = ("Override a config field: --set key.sub=value (dotted keys into the sections; the value typed by the "
@@ -29,6 +31,8 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the trace
     if debug:
         os.environ[DEBUG] = "1"
     signal.signal(signal.SIGTERM, exit_on_sigterm)
+    signal.signal(signal.SIGINT, interrupt)
+    stop_within_under_prefects_handler()
 
 
 def shown_by_the_log() -> bool:

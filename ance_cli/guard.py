@@ -1,9 +1,12 @@
 """How the `ance` command fails: a user error (bad data, bad config, a missing file or model) is one red line and
 exit status 2, without a traceback (`ance --debug` or ANCE_DEBUG=1 shows it), also in the log records Prefect writes;
-a slow embedded Prefect server says what to change; SIGTERM ends the command cleanly."""
+a slow embedded Prefect server says what to change; SIGTERM or Ctrl-C ends the command cleanly, within 30 s."""
 
+import contextlib
 import logging
 import os
+import sys
+import threading
 from typing import NoReturn
 
 import typer
@@ -16,12 +19,74 @@ DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their trac
 
 
 
+STOP_GRACE_SECONDS = 30  # after a stop signal, the most the command takes to end (a second signal: at once)
+_stopping: list[threading.Timer] = []
+
+
 def exit_on_sigterm(signum, frame) -> None:
     """SIGTERM ends the command as an exception, not by the default action: Prefect's own handler (during a flow run)
     marks the run Crashed and passes the signal on to this one, and the interpreter then exits normally, so that its
     exit handlers stop the embedded Prefect server (killed by the default action, the process would leave it running,
-    an orphan)."""
+    an orphan). Within `STOP_GRACE_SECONDS` (`stop_within`)."""
+    stop_within(128 + signum)
     raise SystemExit(128 + signum)
+
+
+def interrupt(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler raises it, within `STOP_GRACE_SECONDS` (`stop_within`);
+    a second Ctrl-C ends the process at once."""
+    if _stopping:
+        _stop_now(128 + signum)
+    stop_within(128 + signum)
+    raise KeyboardInterrupt
+
+
+def stop_within(code: int) -> None:
+    """End the process with `code` within `STOP_GRACE_SECONDS`, its child processes (the embedded Prefect server)
+    first, whatever its exit handlers are doing then. Ctrl-C at a terminal and a container's stop signal the whole
+    process group, so the embedded server stops with the run, and the run's last calls to it (its flow run's crash,
+    its logs) failed slowly: `ance run` took minutes to exit, printing connection errors."""
+    if _stopping:
+        return
+    timer = threading.Timer(STOP_GRACE_SECONDS, _stop_now, args=(code,))
+    timer.daemon = True  # (daemon threads run while the interpreter's exit handlers do)
+    _stopping.append(timer)
+    timer.start()
+
+
+def stop_within_under_prefects_handler() -> None:
+    """During a flow run Prefect's own SIGTERM handler runs first: it reports the run crashed, which against a server
+    that stopped with it takes minutes, and only then passes the signal on to `exit_on_sigterm`. Its handler (a
+    private function Prefect installs by name: skipped if a release renames it) also starts `stop_within`."""
+    try:
+        from prefect.utilities import engine
+    except ImportError:
+        return
+    prefects = getattr(engine, "_prefect_sigterm_handler", None)
+    if prefects is None or getattr(prefects, "stops_within", False):
+        return
+
+    def handler(signum: int, *args: object) -> NoReturn:
+        stop_within(128 + signum)
+        prefects(signum, *args)
+
+    handler.stops_within = True
+    engine._prefect_sigterm_handler = handler
+
+
+def _stop_now(code: int) -> NoReturn:
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def one_line_user_errors() -> None:

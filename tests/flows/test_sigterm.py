@@ -29,8 +29,10 @@ asyncio.run(main())
 """
 
 
-def _terminate_when_hung(root: Path, config: dict, env: dict, fault: str) -> int:
-    """Start `ance run` with `fault` set to hang, wait until it hangs, send its process (only it) one SIGTERM; its
+def _terminate_when_hung(root: Path, config: dict, env: dict, fault: str, sig: int = signal.SIGTERM,
+                         group: bool = False) -> int:
+    """Start `ance run` with `fault` set to hang, wait until it hangs, send its process (only it; `group`: its whole
+    process group, the embedded server included, as Ctrl-C at a terminal or a container's stop do) one `sig`; its
     exit status. A process still alive 120 s later fails the test (and its group is killed)."""
     signal_file = root / "hung"
     proc = subprocess.Popen(command(root, config), stdout=subprocess.DEVNULL, stderr=open(root / "run.log", "w"),
@@ -40,13 +42,17 @@ def _terminate_when_hung(root: Path, config: dict, env: dict, fault: str) -> int
     while not signal_file.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     assert signal_file.exists(), f"the run never reached {fault} (exit {proc.poll()}): {_tail(root)}"
-    proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     try:
         return proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError(f"one SIGTERM did not end `ance run` within 120 s: {_tail(root)}") from None
+        raise AssertionError(f"one {signal.Signals(sig).name} did not end `ance run` within 120 s: {_tail(root)}"
+                             ) from None
 
 
 def _tail(root: Path) -> str:
@@ -112,6 +118,24 @@ def test_one_sigterm_ends_the_run_its_flow_run_and_a_rerun_resumes(mode, tiny_sc
         warmup = next(s for s in result["stages"] if (s["for"], s["stage"]) == ("warmup", "train"))
         summary = json.loads(Path(warmup["path"], "manifest.json").read_text())["summary"]
         assert summary["resumed_from_step"] == 2 and not warmup["cached"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_group_ends_the_run_and_its_embedded_server(sig, tiny_scifact, tiny_model, tmp_path):
+    """Ctrl-C at a terminal (SIGINT) and a container's stop (SIGTERM) signal the whole process group: the embedded
+    Prefect server stops with the run, whose last calls to it then failed slowly (a rehearsal's `ance run` took about
+    two minutes to exit after one SIGTERM to its group)."""
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=3)
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "PREFECT_API_URL"}
+    started = time.monotonic()
+    code = _terminate_when_hung(tmp_path, config, env, "train@2", sig=sig, group=True)
+    print(f"exit {code} {time.monotonic() - started:.0f} s after start")
+    assert code != 0, _tail(tmp_path)
+    left = _servers_left(tmp_path / "prefect")
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the embedded Prefect server outlived the run it served"
+    assert not [p for p in _no_stage_half_written(tmp_path / "work") if p.parent.name != "train"]
 
 
 def _states_of_this_run(api: str, root: Path) -> list[str]:
