@@ -101,8 +101,9 @@ def task_states(stack, flow_run_id: str, timeout: float = 120) -> dict[str, str]
     while True:
         runs = api(stack, "POST", "/task_runs/filter",
                    json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}).json()
-        states = {f'{r["name"]} {r["id"]}': r["state"]["name"] for r in runs}  # names repeat (encode-shard-<k>)
-        if all(r["state"]["type"] in TERMINAL for r in runs) or time.time() > deadline:
+        # names repeat (encode-shard-<k>); a task run the event pipeline has recorded before its state has none yet
+        states = {f'{r["name"]} {r["id"]}': (r["state"] or {}).get("name") for r in runs}
+        if all((r["state"] or {}).get("type") in TERMINAL for r in runs) or time.time() > deadline:
             return states
         time.sleep(2)
 
