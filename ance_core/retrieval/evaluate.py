@@ -41,16 +41,25 @@ def trec_order(run: pd.DataFrame) -> pd.DataFrame:
     return run.loc[keys.sort_values(["q", "s", "d"], ascending=[True, False, False], kind="stable").index]
 
 
+def trec_ranked(run: pd.DataFrame) -> pd.DataFrame:
+    """The run in `trec_order`, its `rank` numbered in that order (1 first)."""
+    run = trec_order(run)
+    return run.assign(rank=run.groupby(run["query_id"].astype(str), sort=False).cumcount() + 1)
+
+
 def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
     """One row per query of the qrels: query_id and one column per metric (every metric on the one ranking:
     `trec_order`'s, given as strictly decreasing scores)."""
+    return _per_query(trec_ranked(run), qrels)
+
+
+def _per_query(ranked: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
+    """`per_query_metrics` of a run `trec_ranked` already."""
     judged = nested(qrels["query_id"], qrels["doc_id"], qrels["relevance"].astype(int).tolist())
-    run = trec_order(run)
-    position = run.groupby(run["query_id"].astype(str), sort=False).cumcount()
-    ranked = nested(run["query_id"], run["doc_id"], (-position.astype(float)).tolist())
+    scores = nested(ranked["query_id"], ranked["doc_id"], (-ranked["rank"].astype(float)).tolist())
     values = [
         (m.query_id, _NAMES[str(m.measure)], float(m.value))
-        for m in ir_measures.iter_calc(list(MEASURES.values()), judged, ranked)
+        for m in ir_measures.iter_calc(list(MEASURES.values()), judged, scores)
     ]
     table = pd.DataFrame(values, columns=["query_id", "metric", "value"])
     table = table.pivot(index="query_id", columns="metric", values="value")
@@ -84,9 +93,9 @@ def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str
     """metrics.json, per_query.parquet and the TREC run file (the run evaluated) of one evaluation, into `out`."""
     if ignore_identical_ids:
         run = without_identical_ids(run)
-    run = trec_order(run)  # the TREC file lists the ranking evaluated, in its order
-    run = run.assign(rank=run.groupby(run["query_id"].astype(str), sort=False).cumcount() + 1)
-    metrics, per_query = evaluate_run(run, qrels)
+    run = trec_ranked(run)  # the TREC file lists the ranking evaluated, in its order (sorted once)
+    per_query = _per_query(run, qrels)
+    metrics = aggregate(per_query)
     per_query.to_parquet(out / PER_QUERY, index=False)
     write_trec(run, out / RUN_TREC, tag)
     write_json(out / METRICS, metrics)
