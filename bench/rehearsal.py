@@ -153,7 +153,8 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
               "model": {"name": str(model), "passage_max_length": 64},
               "bm25_negatives": {"queries": warmup_queries},
               "warmup": train | {"max_steps": args.warmup_steps}, "ance": train | {"max_steps": args.round_steps},
-              "mining": {"top_k": 200}, "index": {"type": args.index},
+              "mining": {"top_k": 200}, "index": {"type": args.index} | (
+                  {"ivf_storage": args.ivf_storage} if args.index == "ivf" else {}),
               "encode": {"batch_size": 256, "shard_size": 250_000},
               "eval": {"top_k": 100}, "rounds": 2, "refresh": "sync", "work_dir": str(root / "work")}
     rows, owned = [], {}
@@ -183,6 +184,10 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
                "work_mb_before_gc": before, "gc_removed": len(plan.remove), "work_mb": disk_mb(work),
                "encodings_kept": len(encodes), "encodings_mb": shards,
                "checkpoints_mb": bound - shards,
+               # the MLflow store: its SQLite file and artifact folder (each evaluation's TREC run is most of it)
+               "mlflow_mb": sum(disk_mb(work / name) if (work / name).is_dir() else
+                                (work / name).stat().st_size / 2**20 if (work / name).is_file() else 0.0
+                                for name in ("mlflow.db", "mlartifacts")),
                "other_mb": {d.name: disk_mb(d) for d in sorted(work.iterdir()) if d.is_dir() and d.name not in
                             ("encode", "encode-shard", "index", "train", "train-async")}}
     if not args.keep:
@@ -278,6 +283,9 @@ def main() -> None:
     parser.add_argument("--index", choices=["flat", "ivf"], default="flat",
                         help="the rounds' mining index (evaluation stays exact): ivf (nlist 4 sqrt(N), nprobe 32) "
                         "where flat search of every training query is hours on a CPU (500k x 2M)")
+    parser.add_argument("--ivf-storage", choices=["auto", "flat", "sq8", "fp16"], default="auto",
+                        help="--index ivf: how its lists store the vectors (index.ivf_storage; auto: the pipeline's "
+                        "rule, flat at the tiny model's 32 dimensions)")
     parser.add_argument("--keep-runs", type=int, default=2)
     parser.add_argument("--keep-refreshes", type=int, default=2)
     parser.add_argument("--model", help="a model folder; default: the tests' tiny BERT, built here")
@@ -318,7 +326,8 @@ def main() -> None:
             results.append(rehearse(passages, args, model, tmp, results))
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=1))
-    print(f"\n{args.queries} training queries (one positive each), top-200 from a {args.index} index, tiny model "
+    index = f"{args.index} ({args.ivf_storage} lists)" if args.index == "ivf" else args.index
+    print(f"\n{args.queries} training queries (one positive each), top-200 from a {index} index, tiny model "
           f"(32-d), warm-up "
           f"{args.warmup_steps} steps, rounds {args.round_steps} steps, {os.cpu_count()} cores")
     _print_rows(results)
@@ -330,7 +339,8 @@ def main() -> None:
               f"{s['gc_removed']} stage folders: {s['work_mb']:.0f} MB = "
               f"{s['encodings_kept']} kept encodings {s['encodings_mb']:.0f} MB + checkpoints "
               f"{s['checkpoints_mb']:.0f} MB + " + ", ".join(f"{k} {v:.0f}" for k, v in s["other_mb"].items()
-                                                               if v >= 0.5))
+                                                               if v >= 0.5) +
+              (f"; MLflow store {s['mlflow_mb']:.0f} MB" if "mlflow_mb" in s else ""))
     if len(results) > 1:
         small, large = (aggregate(r["rows"]) for r in (results[0], results[-1]))
         n0, n1 = results[0]["summary"]["passages"], results[-1]["summary"]["passages"]

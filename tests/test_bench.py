@@ -111,6 +111,7 @@ def test_rehearsal_bench(tiny_model, tmp_path):
     summary = json.loads((tmp_path / "rows.json").read_text())[0]["summary"]
     assert summary["encodings_kept"] <= 2 * 2 and 50 <= summary["mean_words"] <= 70  # the retention's bound
     assert re.search(r"400 passages \(mean [\d.]+ words\): work folder \d+ MB", out), out
+    assert summary["mlflow_mb"] > 0 and re.search(r"; MLflow store \d+ MB$", out, re.M), out  # db + artifacts
 
     # a rehearsal stopped before its last evaluation, resumed: the flow rebuilds that stage only (the others are
     # cached) and the rows count every stage folder of both attempts, as one run would
