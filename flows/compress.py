@@ -180,6 +180,8 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     ref = checkpoint_ref(path)
     with live_run(work_dir, "compress"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)
+        # what `ance compress` checks before the corpus is encoded, for runs from the UI or a deployment too
+        check_compression(path, compression, read_manifest(tables.path)["summary"]["documents"])
         embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
         result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode,
                                 index, work_dir, evaluation)

@@ -22,6 +22,7 @@ from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage,
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
+from ance_core.pipeline.recipes import recipe_config
 from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid, markdown_table
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
@@ -324,10 +325,14 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
 
 
 @flow(name="ance-tune", log_prints=True)
-def tune_recipe(config: PipelineConfig = PipelineConfig(), tune: TuneConfig = TuneConfig()) -> dict:
-    """Choose the recipe on the dev split of `config`'s dataset (module docstring); `config` is the base the
-    candidates vary (a recipe's config, with the user's `--set`s). Returns the winner's name, overrides and whole
-    config, and where the search's report is."""
+def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tune: TuneConfig = TuneConfig()) -> dict:
+    """Choose the recipe on the dev split of `config`'s dataset (module docstring). Returns the winner's name,
+    overrides and whole config, and where the search's report is.
+
+    Args:
+        config: The base the candidates vary: the search's base recipe (tune.recipe, `demo`) with the user's changes.
+        tune: What the search varies (learning rates, graded positives, warm-up epochs), its seeds and its budget.
+    """
     if config.data.dev_split is None:
         raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
     with live_run(config.work_dir, "ance-tune"):

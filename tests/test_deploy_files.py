@@ -13,6 +13,8 @@ from prefect.flows import load_flow_from_entrypoint
 
 from ance_core.negatives.samplers import NAMES
 from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.recipes import RECIPES, recipe_config
+from ance_core.pipeline.tune import TuneConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,10 +26,13 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
                 "refresh-negatives-gpu",
                 "compare-negatives", "compress"}
     assert expected <= set(deployments)
+    recipes = {f"ance-train-{r}": r for r in RECIPES}  # `ance run --recipe` from the UI: the form opens with them
+    assert {*recipes, "ance-train-auto", "ance-tune"} <= set(deployments)
     for name, d in deployments.items():
         path, func = d["entrypoint"].split(":")
         flow = load_flow_from_entrypoint(str(REPO / path) + ":" + func)
-        assert flow.name in (name, name.removesuffix("-gpu")), (name, flow.name)
+        assert flow.name in (name, name.removesuffix("-gpu"), "ance-train" if name in recipes else name), (name,
+                                                                                                        flow.name)
         assert d["work_pool"]["name"] == ("gpu" if name.endswith("-gpu") else
                                           "infer" if name == "refresh-negatives" else "cpu")
     schema = load_flow_from_entrypoint(str(REPO / "flows/ance_pipeline.py") + ":ance_pipeline").parameters
@@ -44,6 +49,12 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     assert {"model", "kind", "temperature"} <= set(properties["TeacherConfig"])
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
+    for name, recipe in recipes.items():  # the recipe's overrides as the code has them, nothing else
+        assert deployments[name]["parameters"]["config"] == RECIPES[recipe], name
+        assert PipelineConfig.model_validate(deployments[name]["parameters"]["config"]) == recipe_config(recipe)
+    for entrypoint in ("flows/auto.py:tune_and_train", "flows/tune.py:tune_recipe"):  # the search's base recipe
+        form = load_flow_from_entrypoint(str(REPO / entrypoint)).parameters.properties["config"]["default"]
+        assert PipelineConfig.model_validate(form) == recipe_config(TuneConfig().recipe) != PipelineConfig()
     assert [s["cron"] for s in deployments["retrain"]["schedules"]] == ["0 3 * * 1"]
     # the weekly retrain keeps the work folder bounded (a partial config: the rest are PipelineConfig's defaults)
     retrain = PipelineConfig.model_validate(deployments["retrain"]["parameters"]["config"]).retention

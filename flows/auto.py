@@ -1,0 +1,27 @@
+"""`ance-train-auto`: `ance run --recipe auto` as one flow, for the Prefect UI and deployments: the recipe search on
+the dataset's dev split (the `ance-tune` flow, as a subflow), then the winner trained in full (the `ance-train` flow,
+as a subflow; its run under the first seed is one of the trials, so every stage is cached)."""
+
+from prefect import flow
+
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.recipes import recipe_config
+from ance_core.pipeline.tune import TuneConfig
+from flows.ance_pipeline import ance_pipeline
+from flows.tune import tune_recipe
+
+SEARCH_KEYS = ("winner", "overrides", "reason", "stopped", "report_dir", "mlflow_run_id")
+
+
+@flow(name="ance-train-auto", log_prints=True)
+def tune_and_train(config: PipelineConfig = recipe_config(TuneConfig().recipe),
+                   tune: TuneConfig = TuneConfig()) -> dict:
+    """The recipe chosen on the dev split of `config`'s dataset, then trained.
+
+    Args:
+        config: The base the candidates vary: the search's base recipe (tune.recipe, `demo`) with the user's changes.
+        tune: What the search varies (learning rates, graded positives, warm-up epochs), its seeds and its budget.
+    """
+    tuned = tune_recipe(config, tune)
+    result = ance_pipeline(PipelineConfig.model_validate(tuned["config"]))
+    return result | {"recipe_search": {k: tuned[k] for k in SEARCH_KEYS}}
