@@ -27,7 +27,7 @@ from ance_core.training.config import DevCheckConfig, TrainConfig
 from ance_core.training.devcheck import DEV_METRIC, DevCheck, StageDev, candidate_pairs
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import train
-from ance_core.training.plan import Schedule, continuous_schedules, planned_steps
+from ance_core.training.plan import Schedule, check_processes, continuous_schedules, planned_steps
 from ance_core.training.state import checkpoint_step
 from tasks.common import inject_fault, progress_artifact, stage_task
 from tracking.live import live_callbacks
@@ -124,6 +124,7 @@ def train_round(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
             raise AnceError("dev_check scores the model in one training process; with world_size > 1 set "
                             "dev_check.per_epoch: 0")
         if cfg.world_size > 1:
+            check_processes(read_manifest(negatives.path)["summary"]["pairs"], cfg)  # before the processes start
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),
                     "data": data.path, "split": split, "cfg": cfg.model_dump(mode="json"),
                     "schedule": dataclasses.asdict(schedule) if schedule is not None else None, "round": round_}

@@ -36,7 +36,7 @@ from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig
 from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import FAULT_HOOK, launch
 from ance_core.training.loop import train
-from ance_core.training.plan import planned_steps
+from ance_core.training.plan import check_processes, planned_steps
 from ance_core.training.ranks import inferencer_gpu
 from ance_core.training.state import checkpoint_step, latest_checkpoint
 from tasks.common import progress_artifact, running_task_runs, stage_task
@@ -306,13 +306,15 @@ def train_async(checkpoint: ArtifactRef, negatives: ArtifactRef, data: ArtifactR
         async_negatives = AsyncNegatives(out, negatives, refresh_args, key, work_dir, max_staleness, per_round,
                                          remote)
         resumed = checkpoint_step(out)
-        in_use = async_negatives.resume(resumed, snapshot_steps) if resumed else None
+        # (also from step 0: a run stopped before its first checkpoint left refreshes and staleness of its steps)
+        in_use = async_negatives.resume(resumed, snapshot_steps)
         train_cfg = cfg.model_copy(update={"max_steps": per_round * rounds})
         bar = progress_artifact(per_round * rounds, f"training {rounds} ANCE rounds, negatives refreshed "
                                 f"asynchronously: {per_round * rounds} steps")
         callbacks = [progress_callback(), lambda record: bar(record["step"]), *live_callbacks(),
                      fault_callback("train-async")]
         if cfg.world_size > 1:  # rank 0 reads the board from a file and saves the snapshots the task publishes
+            check_processes(len(pairs), cfg)  # before the processes start
             async_negatives.ddp()
             async_negatives.trainer_gpus = cfg.world_size
             spec = {"checkpoint": checkpoint.path, "negatives": str(Path(negatives.path, NEGATIVES)),

@@ -133,6 +133,15 @@ class BestStep:
             return True
         return False
 
+    def resumed_past(self, step: int) -> bool:
+        """Resumed at `step`, whose logged check beat the saved best: a stop while that best was being saved (its
+        checkpoint is written first). The check becomes the best; the caller saves it from the resumed state."""
+        score = next((s for k, s in reversed(self.history) if k == step), None)
+        if score is None or not score > self.score:
+            return False
+        self.step, self.score = step, score
+        return True
+
     def since_best(self) -> int:
         return sum(1 for step, _ in self.history if step > self.step)
 

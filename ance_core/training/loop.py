@@ -53,6 +53,7 @@ from ance_core.training.plan import (
     Schedule,
     aligned_negatives,
     check_precision,
+    check_processes,
     planned_steps,
     stage_seed,
     steps_per_epoch,
@@ -148,6 +149,7 @@ def train(
     """
     if negatives.empty:
         raise ValueError("no training pairs: the negatives table is empty")
+    check_processes(len(negatives), cfg)
     ranks = current_ranks()
     if ranks.world != cfg.world_size:
         raise AnceError(f"world_size {cfg.world_size} but this process group has {ranks.world} process(es): "
@@ -249,6 +251,10 @@ def train(
             raise AnceError(f"{stage(step)}: the loss is {loss_value} at step {step} (learning_rate "
                             f"{cfg.learning_rate:g}, precision {cfg.precision}); training stopped and nothing was "
                             "published: lower the learning rate (or max_grad_norm), or train in fp32")
+        if scaler is None and not math.isfinite(norms["grad_norm"]):  # (fp16's scaler skips such a step itself)
+            raise AnceError(f"{stage(step)}: the gradient norm is {norms['grad_norm']} at step {step} (loss "
+                            f"{loss_value:.4g}, learning_rate {cfg.learning_rate:g}, precision {cfg.precision}); "
+                            "training stopped and nothing was published: lower the learning rate, or train in fp32")
         seconds = (time.perf_counter() if ended is None else ended) - started
         state["epoch"] = epoch
         return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds}
@@ -261,9 +267,18 @@ def train(
             dev_score = {"dev": f"{record[DEV_METRIC]:.4f}"} if DEV_METRIC in record else {}
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", **dev_score)
 
+    def patience_spent() -> bool:
+        return best is not None and dev.cfg.patience is not None and best.since_best() >= dev.cfg.patience
+
+    def stop_early(at: int) -> None:
+        print(f"dev check: {dev.cfg.patience} checks without beating step {best.step}'s dev nDCG@10 "
+              f"{best.score:.4f}; the stage ends at step {at} of {total}")
+
+    if patience_spent() and step < total and ranks.main:  # resumed at the check that spent it: the stage had ended
+        stop_early(step)
     with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer, \
             sampler:
-        while step < total:
+        while step < total and not patience_spent():
             epoch = step // per_epoch
             swapped = negatives_update is not None and (table := negatives_update(step)) is not None
             if swapped:
@@ -315,9 +330,8 @@ def train(
                 on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)
-            if best is not None and dev.cfg.patience is not None and best.since_best() >= dev.cfg.patience:
-                print(f"dev check: {dev.cfg.patience} checks without beating step {best.step}'s dev nDCG@10 "
-                      f"{best.score:.4f}; the stage ends at step {step} of {total}")
+            if patience_spent():
+                stop_early(step)
                 break
     bar.close()
     rng = rng_states(ranks)
@@ -359,4 +373,7 @@ def _dev_start(dev: StageDev | None, out: Path, step: int, records: list[dict], 
     if step == 0:
         rng = rng_states(ranks)
         best.save(out, lambda folder: save_state(folder, step=0, rng=rng, **state))
+    elif best.resumed_past(step):  # stopped while saving this step's new best: it is the state just resumed from
+        rng = rng_states(ranks)
+        best.save(out, lambda folder: save_state(folder, step=step, rng=rng, **state))
     return best

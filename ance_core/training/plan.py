@@ -34,6 +34,14 @@ def steps_per_epoch(pairs: int, cfg: TrainConfig) -> int:
     return max(1, batches // cfg.grad_accumulation)
 
 
+def check_processes(pairs: int, cfg: TrainConfig) -> None:
+    """Fewer (query, positive) pairs than training processes: some process would have no row of any step, and the
+    stage would log steps that train nothing; refused before the processes start."""
+    if pairs < cfg.world_size:
+        raise AnceError(f"{pairs} training pair(s) for world_size {cfg.world_size}: every training process needs a "
+                        f"pair of each step; set world_size to at most {pairs}")
+
+
 def planned_steps(pairs: int, cfg: TrainConfig) -> int:
     """Optimizer steps a training stage of `cfg` takes on `pairs` (query, positive) rows."""
     return cfg.max_steps or steps_per_epoch(pairs, cfg) * cfg.epochs

@@ -48,3 +48,24 @@ def test_a_folder_written_before_the_log_is_read_from_its_json(tmp_path):
     state = RefreshState(tmp_path, "first", max_staleness=None)
     state.resume(1)  # a resumed stage continues in the log and drops the old file
     assert (tmp_path / ASYNC_STATE).is_file() and not (tmp_path / ASYNC_STATE_V1).exists()
+
+
+def test_an_async_trainer_started_again_from_step_0_forgets_the_steps_of_the_attempt_before(tmp_path, monkeypatch):
+    """Killed before its first checkpoint, the asynchronous trainer starts again at step 0: the refresh log of the
+    killed attempt's steps was kept (its resume ran only from a checkpoint), and the report counted them twice. The
+    task now resumes the refresh state from every start; from step 0 nothing is published again."""
+    import logging
+
+    import tasks.train_async
+    from ance_core.artifacts import ArtifactRef
+    from tasks.train_async import AsyncNegatives
+
+    board, state = MemoryBoard(), RefreshState(tmp_path, str(tmp_path / "first"), max_staleness=None)
+    for step in range(3):
+        state.update(step, board)
+    monkeypatch.setattr(tasks.train_async, "get_run_logger", lambda: logging.getLogger("ance"))
+    again = AsyncNegatives(tmp_path, ArtifactRef(str(tmp_path / "first"), "first"), {}, "trainer", str(tmp_path),
+                           max_staleness=None, steps_per_round=2)
+    assert [s for s, _ in again.refresh.state["staleness"]] == [0, 1, 2]  # the killed attempt's steps
+    assert again.resume(0, [2, 4]) is None and again.refresh.state["staleness"] == [] and not again.threads
+    assert read_refresh_state(tmp_path)["staleness"] == []

@@ -153,6 +153,54 @@ def test_a_resumed_stage_keeps_its_best_and_ends_as_an_uninterrupted_one(setup, 
     assert [r.get(DEV_METRIC) for r in _log(tmp_path / "resumed")] == scores[:5]
 
 
+def test_a_new_best_whose_save_was_cut_short_is_the_best_of_the_resumed_stage(setup, tmp_path, monkeypatch):
+    """Stopped while a new best (step 2) was being saved, after its checkpoint: the resumed stage took the best saved
+    before it (step 1, 0.3) and a later, lower check (0.4) as a new best. It keeps step 2, as an uninterrupted stage
+    does."""
+    from ance_core.training.devcheck import BestStep
+
+    ckpt, *tables = setup
+    scores, cfg = [0.3, 0.5, 0.4, 0.45, 0.2, 0.1], DevCheckConfig(per_epoch=3, patience=2)
+    whole = train(ckpt, *tables, CFG, tmp_path / "whole", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
+    save = BestStep.save
+
+    def cut_short(self, out, write_state):
+        if self.step == 2:
+            raise Crash
+        save(self, out, write_state)
+
+    monkeypatch.setattr(BestStep, "save", cut_short)
+    with pytest.raises(Crash):
+        train(ckpt, *tables, CFG, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
+    monkeypatch.setattr(BestStep, "save", save)
+    resumed = train(ckpt, *tables, CFG, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores[2:]), cfg, 0.2))
+    assert resumed["resumed_from_step"] == 2
+    assert resumed["best_step"] == whole["best_step"] == 2 and resumed["steps"] == whole["steps"] == 4
+    assert _same(tmp_path / "whole", tmp_path / "resumed")
+
+
+def test_a_stage_resumed_at_the_check_that_spent_its_patience_ends_there(setup, tmp_path):
+    """Stopped after the step whose check spent the patience (its checkpoint written) and before the stage ended: the
+    resumed stage trained on to the next check. It ends at that step with the same model."""
+    ckpt, *tables = setup
+    scores, cfg = [0.3, 0.5, 0.4, 0.45], DevCheckConfig(per_epoch=3, patience=2)
+    every_4 = CFG.model_copy(update={"checkpoint_every": 4})
+    whole = train(ckpt, *tables, every_4, tmp_path / "whole", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
+
+    def crash_after_4(record):
+        if record["step"] == 4:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(ckpt, *tables, every_4, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores), cfg, 0.2),
+              callbacks=[crash_after_4])
+    check = ScriptedCheck([0.2])
+    resumed = train(ckpt, *tables, every_4, tmp_path / "resumed", dev=StageDev(check, cfg, 0.2))
+    assert resumed["resumed_from_step"] == 4 and check.calls == 0
+    assert resumed["steps"] == whole["steps"] == 4 and resumed["best_step"] == whole["best_step"] == 2
+    assert _same(tmp_path / "whole", tmp_path / "resumed")
+
+
 def test_a_best_left_by_an_earlier_attempt_does_not_outlive_a_fresh_start(setup, tmp_path):
     """A stage started again from step 0 (its checkpoints gone) does not take an earlier attempt's best as its own."""
     ckpt, *tables = setup

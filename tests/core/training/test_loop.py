@@ -458,6 +458,42 @@ def test_a_non_finite_loss_stops_the_stage_at_its_step_with_nothing_kept(setup, 
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_a_non_finite_gradient_under_a_finite_loss_stops_the_stage_at_its_step(setup, tmp_path, monkeypatch):
+    """Without fp16's loss scaler (which skips such a step), an infinite gradient norm under a finite loss went
+    through clipping as NaN gradients into the weights, and the stop came a step later, after a checkpoint of NaN
+    weights could be written: it stops at the step itself."""
+    import ance_core.training.step as step
+    from ance_core.errors import AnceError
+    from ance_core.training.state import latest_checkpoint
+
+    calls, nll = [0], step.nll_loss
+
+    def exploding(*args, **kwargs):
+        calls[0] += 1
+        loss = nll(*args, **kwargs)
+        if calls[0] >= 2:  # the loss as it is, its gradient infinite
+            loss.register_hook(lambda grad: grad * float("inf"))
+        return loss
+
+    monkeypatch.setattr(step, "nll_loss", exploding)
+    cfg = CFG.model_copy(update={"checkpoint_every": 1})
+    with pytest.raises(AnceError, match=r"^the warm-up: the gradient norm is (inf|nan) at step 2 \(loss [\d.]+, "
+                       r"learning_rate 0.001, precision fp32\); training stopped and nothing was published"):
+        train(*setup, cfg, tmp_path / "out")
+    assert calls[0] == 2 and latest_checkpoint(tmp_path / "out").name.endswith("1")  # step 1's, not step 2's
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_fewer_pairs_than_training_processes_are_refused(setup):
+    """One pair for two processes: each step's second process had no row, and the stage logged steps of loss 0."""
+    from ance_core.errors import AnceError
+
+    ckpt, negatives, *rest = setup
+    with pytest.raises(AnceError, match=r"^1 training pair\(s\) for world_size 2: every training process needs a "
+                       "pair of each step; set world_size to at most 1"):
+        train(ckpt, negatives.head(1), *rest, CFG.model_copy(update={"world_size": 2}), "unused")
+
+
 def test_a_non_finite_loss_in_the_asynchronous_trainer_names_the_round_of_its_step(setup, tmp_path, monkeypatch):
     """One trainer over all rounds (refresh: async, rounds ending at the snapshot steps): a NaN after the first
     snapshot names round 2, not the round the trainer started in, and publishes nothing."""
