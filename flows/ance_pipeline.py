@@ -35,6 +35,12 @@ from tasks.train_async import train_async
 
 @flow(name="ance-train", log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
+    """The whole pipeline: BM25 warm-up, ANCE rounds (encode, index, mine, train), every model evaluated, the run's
+    result chosen on the dev split and registered in MLflow.
+
+    Args:
+        config: The pipeline config, a section per stage (the sections of `ance run --config`).
+    """
     with live_run(config.work_dir, "ance-train"):  # the stages it uses, which garbage collection leaves
         result = train_and_evaluate(config)
     return result | retain(config.work_dir, config.retention)
@@ -214,7 +220,12 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
 
     `config.start_checkpoint` overrides where it starts. Without a champion (nothing registered yet, or the tracking
     server unreachable) it starts from the newest model of the work folder (<work_dir>/latest.json), and without
-    either it stops with a clear error."""
+    either it stops with a clear error.
+
+    Args:
+        config: The pipeline config of the rounds (a run's config replaces the deployment's whole config: give its
+            retention too).
+    """
     start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint)
     if not Path(start, "ance_model.json").is_file():
         raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")

@@ -28,6 +28,11 @@ WARMUP = "BM25 warm-up"
 
 @flow(name="compare-negatives", log_prints=True)
 def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
+    """The same model trained with each negative sampler from one BM25 warm-up checkpoint, in a table.
+
+    Args:
+        config: The samplers compared, their shared options and training budget, the dataset and model.
+    """
     with live_run(config.work_dir, "compare-negatives"):  # the stages it uses, which garbage collection leaves
         return compare(config)
 

@@ -171,7 +171,18 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
                   work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
                   evaluation: EvalConfig = EvalConfig()) -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
-    else the newest model of the work folder (<work_dir>/latest.json)."""
+    else the newest model of the work folder (<work_dir>/latest.json).
+
+    Args:
+        checkpoint: The trained checkpoint's folder; unset: the champion, else the work folder's newest model.
+        data: The dataset and its splits.
+        encode: Corpus and query encoding.
+        index: The uncompressed model's index.
+        compression: The methods, dimensions and indexes compared (ConAE, PCA, truncation).
+        work_dir: Where stage outputs are kept.
+        execution: Where mapped tasks (encoding shards) run.
+        evaluation: Depth of the ranked lists scored.
+    """
     path, source = trained_checkpoint(work_dir, data.collection, checkpoint)
     read_meta(path)
     if Path(path, PROJECTOR_FILE).is_file():

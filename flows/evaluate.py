@@ -32,7 +32,18 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
                         split: str | None = None) -> dict:
-    """The checkpoint's metrics on `split` (default: data.eval_split)."""
+    """The checkpoint's metrics on `split` (default: data.eval_split).
+
+    Args:
+        checkpoint: The checkpoint's folder (a path the worker can read).
+        data: The dataset and its splits.
+        encode: Corpus and query encoding.
+        index: The index the split's queries are searched with.
+        evaluation: Depth of the ranked lists scored.
+        work_dir: Where stage outputs are kept.
+        execution: Where mapped tasks (encoding shards) run.
+        split: The split evaluated; unset: data.eval_split.
+    """
     ref = checkpoint_ref(checkpoint)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)

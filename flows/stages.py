@@ -23,7 +23,11 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     """Train the starting model on BM25 negatives (the paper's warm-up; `bm25_negatives.sampler` picks others) and
     evaluate it: the pipeline with `warmup_only`, so the warm-up is planned (its learning-rate schedule, dev checks, a
     margin's scorer) and keyed as in the whole run of this config, which then reuses it. Returns the warm-up's
-    checkpoint and the run's results (the zero-shot model and the warm-up, each with its hybrid row)."""
+    checkpoint and the run's results (the zero-shot model and the warm-up, each with its hybrid row).
+
+    Args:
+        config: The pipeline config whose warm-up this is (the sections of `ance run --config`).
+    """
     from flows.ance_pipeline import train_and_evaluate
 
     warmup = PipelineConfig.model_validate(config.model_dump(mode="json") | {"warmup_only": True})
@@ -44,7 +48,21 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
     """The inferencer alone: encode the corpus with a checkpoint, build the index, mine the next round's negatives
     (with `mining.sampler`; BM25 samplers mine from a BM25 run of `bm25` instead). An asynchronous trainer starts it
     with `result_file`, where the folders it built are written (tasks/inferencer.py). `train`: the config of the stage
-    that will train on them (a draw of negatives per epoch)."""
+    that will train on them (a draw of negatives per epoch).
+
+    Args:
+        checkpoint: The trained checkpoint's folder (a path the worker can read).
+        data: The dataset (a folder under the data home, or a path) and its splits.
+        encode: Corpus encoding.
+        index: The faiss index mined from.
+        mining: The sampler of the negatives and its options.
+        round_number: The ANCE round the negatives are for (seeds the sampler's draw).
+        work_dir: Where stage outputs are kept (<work_dir>/<stage>/<digest>/).
+        execution: Where mapped tasks (encoding shards) run.
+        result_file: Set by an asynchronous trainer: where the folders built are written.
+        train: The training stage that will use the negatives (a draw per epoch); unset: one draw.
+        bm25: BM25's settings, for BM25 samplers.
+    """
     with live_run(work_dir, "refresh-negatives", keep=result_file is None):  # a trainer's refresh: part of its run
         tables = run_task(prepare_data, data, work_dir)
         refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
@@ -60,7 +78,15 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
 def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                 work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """The corpus encoded with a checkpoint: a task per shard of `encode.shard_size` documents on the `execution`
-    runner, assembled into one encode folder (the one the pipeline's stages use)."""
+    runner, assembled into one encode folder (the one the pipeline's stages use).
+
+    Args:
+        checkpoint: The checkpoint's folder (a path the worker can read).
+        data: The dataset and its splits.
+        encode: Corpus encoding (shard_size: documents per task).
+        work_dir: Where stage outputs are kept.
+        execution: Where the shards' tasks run (the flow's process, or Ray).
+    """
     with live_run(work_dir, "encode"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)
         ref = run_task(encode_corpus, checkpoint_ref(checkpoint), tables, encode, work_dir, execution)

@@ -3,6 +3,8 @@
 # (infer: the asynchronous trainer's refresh flow runs), and an MLflow tracking server over the same store the
 # embedded default writes (work/mlflow.db, work/mlartifacts).
 #   scripts/stack.sh up | down | deploy | status
+# deploy registers prefect.yaml on the server in PREFECT_API_URL when it is set, else on the one `up` started (its port
+# is kept in $STACK_DIR), else on 127.0.0.1:$PREFECT_PORT.
 # State, logs and pid files live in $STACK_DIR (default .stack/); the Prefect server's database in $STACK_DIR/prefect.
 # Environment: PREFECT_PORT (default 4200), MLFLOW_PORT (default 5000), MLFLOW_STORE_DIR (default work/: the demo's
 # work folder), VENV (default .venv), and the gpu pool's image, storage and tracking (docker/gpu-pool.env).
@@ -15,6 +17,7 @@ MLFLOW_PORT=${MLFLOW_PORT:-5000}
 MLFLOW_STORE_DIR=$(mkdir -p "${MLFLOW_STORE_DIR:-work}" && cd "${MLFLOW_STORE_DIR:-work}" && pwd)
 BIN=${VENV:-$ROOT/.venv}/bin
 mkdir -p "$STACK_DIR/logs"
+USER_API_URL=${PREFECT_API_URL:-}  # deploy registers on it when set (the compose stack's server, a remote one)
 export PREFECT_HOME="$STACK_DIR/prefect"
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
@@ -40,7 +43,9 @@ start() {  # name, command...
 wait_healthy() {  # name, health url
   for _ in $(seq 1 120); do
     if curl -sf "$2" >/dev/null; then return 0; fi
-    running "$1" || { echo "$1 exited; see $STACK_DIR/logs/$1.log" >&2; tail -20 "$STACK_DIR/logs/$1.log" >&2; exit 1; }
+    if [[ -f "$STACK_DIR/$1.pid" ]] && ! running "$1"; then  # started here and gone (not: a server of another stack)
+      echo "$1 exited; see $STACK_DIR/logs/$1.log" >&2; tail -20 "$STACK_DIR/logs/$1.log" >&2; exit 1
+    fi
     sleep 1
   done
   echo "$1 did not answer on $2 within 120 s" >&2; exit 1
@@ -54,6 +59,7 @@ case "${1:-}" in
   up)
     start mlflow-server "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
       --backend-store-uri "sqlite:///$MLFLOW_STORE_DIR/mlflow.db" --artifacts-destination "$MLFLOW_STORE_DIR/mlartifacts"
+    running prefect-server || echo "$PORT" > "$STACK_DIR/prefect.port"  # (a running one keeps the port it has)
     start prefect-server "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT"
     wait_healthy prefect-server "$PREFECT_API_URL/health"
     wait_healthy mlflow-server "$MLFLOW_TRACKING_URI/health"
@@ -71,6 +77,12 @@ case "${1:-}" in
     while IFS='=' read -r key value; do
       [[ -z "$key" || "$key" == \#* || -n "${!key:-}" ]] || export "$key=$value"
     done < "$ROOT/docker/gpu-pool.env"
+    if [[ -n "$USER_API_URL" ]]; then
+      export PREFECT_API_URL=$USER_API_URL
+    elif running prefect-server && [[ -f "$STACK_DIR/prefect.port" ]]; then  # the server `up` started, on its port
+      export PREFECT_API_URL="http://127.0.0.1:$(cat "$STACK_DIR/prefect.port")/api"
+    fi
+    echo "registering prefect.yaml's deployments on $PREFECT_API_URL"
     wait_healthy prefect-server "$PREFECT_API_URL/health"
     pool cpu process
     pool infer process
@@ -88,6 +100,7 @@ case "${1:-}" in
       fi
       rm -f "$STACK_DIR/$name.pid"
     done
+    rm -f "$STACK_DIR/prefect.port"
     ;;
   status)
     for name in prefect-server worker-cpu worker-infer mlflow-server; do

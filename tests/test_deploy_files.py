@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
+from pydantic import BaseModel
 
 from ance_core.negatives.samplers import NAMES
 from ance_core.pipeline.config import PipelineConfig
@@ -49,6 +50,12 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     assert {"model", "kind", "temperature"} <= set(properties["TeacherConfig"])
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
+    for name, d in deployments.items():  # the run form says what each field is (the flows' Args, the configs' fields)
+        form = load_flow_from_entrypoint(str(REPO / d["entrypoint"])).parameters
+        assert all(p.get("description") for p in form.properties.values()), (name, list(form.properties))
+    sections = {k: f for k, f in PipelineConfig.model_fields.items() if isinstance(f.default, BaseModel)}
+    assert len(sections) > 10 and all(f.description for f in sections.values()), sorted(
+        k for k, f in sections.items() if not f.description)
     for name, recipe in recipes.items():  # the recipe's overrides as the code has them, nothing else
         assert deployments[name]["parameters"]["config"] == RECIPES[recipe], name
         assert PipelineConfig.model_validate(deployments[name]["parameters"]["config"]) == recipe_config(recipe)
@@ -133,8 +140,10 @@ def test_images_are_pinned_and_non_root(name):
     if name == "Dockerfile.mlflow":
         mlflow_pin = re.search(r"^mlflow==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
         assert f'"mlflow=={mlflow_pin}"' in text
+    assert "constraints.txt" in text and any("-c /tmp/constraints.txt" in r or "-c constraints.txt" in r
+                                             for r in run_instructions(text) if "pip install" in r)
+    if name == "Dockerfile.mlflow":
         return
-    assert "constraints.txt" in text
     torch_pin = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
     if name == "Dockerfile.gpu":
         assert f'"torch=={torch_pin}"' in text

@@ -34,16 +34,17 @@ def stack(tmp_path_factory):
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
 
-    def script(action: str) -> str:
-        proc = subprocess.run([str(REPO / "scripts" / "stack.sh"), action], env=env, capture_output=True, text=True,
-                              timeout=300)
+    def script(action: str, **extra: str) -> str:
+        proc = subprocess.run([str(REPO / "scripts" / "stack.sh"), action], env=env | extra, capture_output=True,
+                              text=True, timeout=300)
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in (root / "logs").glob("*.log"))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
         return proc.stdout
 
     try:
         script("up")
-        script("deploy")
+        # `make deploy` after `PREFECT_PORT=... make up` gets make's default port: it registers on the one `up` started
+        assert f"on http://127.0.0.1:{port}/api" in script("deploy", PREFECT_PORT=str(free_port()))
         yield {"api": f"http://127.0.0.1:{port}/api", "ui": f"http://127.0.0.1:{port}", "root": root,
                "mlflow": f"http://127.0.0.1:{mlflow_port}"}
     finally:

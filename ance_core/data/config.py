@@ -26,8 +26,9 @@ class DataConfig(StageConfig):
     format: Literal["auto", "beir", "msmarco"] = "auto"
     data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
-    train_split: str = "train"
-    eval_split: str = "test"
+    train_split: str = Field("train", description="The qrels split whose queries train (qrels/<split>.tsv)")
+    eval_split: str = Field("test", description="The split the results table reports (test): read, never "
+                            "chosen on")
     dev_split: str | None = Field("dev", description="The split that picks the run's result (its best checkpoint) "
                                   "and the champion; recipes are chosen on it, never on eval_split. null: none (the "
                                   "run's result is its last model)")

@@ -34,18 +34,22 @@ class PipelineConfig(StageConfig):
     UNSAID = {"dev_check": DevCheckConfig(), "hybrid": True, "warmup_only": False, "selection": "best"}  # (added
     # after configs had digests: left out at these values)
 
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    bm25: BM25Config = BM25Config()
+    data: DataConfig = Field(DataConfig(), description="The dataset (a name under the data home, or a path) and its "
+                             "splits: train, the dev split that chooses, the eval split reported")
+    model: ModelConfig = Field(ModelConfig(), description="The pretrained encoder, its pooling, lengths and prefixes")
+    bm25: BM25Config = Field(BM25Config(), description="BM25: the baseline row, the warm-up's candidates, the hybrid "
+                             "row's sparse side")
     bm25_negatives: WarmupMiningConfig = Field(WarmupMiningConfig(), description="The warm-up's negatives (bm25, "
                                                "random, bm25+random, in-batch or nce: there is no trained model yet)")
-    warmup: TrainConfig = TrainConfig()
-    encode: EncodeConfig = EncodeConfig()
-    execution: ExecutionConfig = ExecutionConfig()
-    index: IndexConfig = IndexConfig()
-    mining: MiningConfig = MiningConfig()
-    ance: AnceTrainConfig = AnceTrainConfig()
-    eval: EvalConfig = EvalConfig()
+    warmup: TrainConfig = Field(TrainConfig(), description="The BM25 warm-up's training (on bm25_negatives)")
+    encode: EncodeConfig = Field(EncodeConfig(), description="Corpus and query encoding")
+    execution: ExecutionConfig = Field(ExecutionConfig(), description="Where mapped tasks (encoding shards) run: "
+                                       "in the flow's process or on Ray")
+    index: IndexConfig = Field(IndexConfig(), description="The faiss index the rounds mine from")
+    mining: MiningConfig = Field(MiningConfig(), description="The ANCE rounds' negatives (the sampler and its "
+                                 "options)")
+    ance: AnceTrainConfig = Field(AnceTrainConfig(), description="Each ANCE round's training")
+    eval: EvalConfig = Field(EvalConfig(), description="Evaluation: depth of the ranked lists scored")
     dev_check: DevCheckConfig = Field(
         DevCheckConfig(), description="Dev evaluation inside each training stage (the warm-up and synchronous rounds): "
         "its best check kept as the stage's model, a stage that stopped improving ended early (off by default: "

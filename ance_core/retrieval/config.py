@@ -29,7 +29,7 @@ class EncodeConfig(StageConfig):
 
     UNSAID = {"batch_tokens": None}  # (added after stage keys existed: left out while unset)
 
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="Texts per encoding batch")
     batch_tokens: int | None = Field(
         None, ge=1, description="Batches of at most this many padded tokens (texts x the longest one's tokens) instead "
         "of batch_size texts: long texts in small batches, short ones in large, the same work per batch. Set, the "

@@ -23,13 +23,17 @@ class TrainConfig(StageConfig):
     epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs when set")
     batch_size: int = Field(16, ge=1, description="Queries per micro-batch")
-    grad_accumulation: int = Field(1, ge=1)
-    learning_rate: float = Field(2e-5, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    grad_accumulation: int = Field(1, ge=1, description="Micro-batches of batch_size queries per optimizer step, "
+                                   "their gradients summed (in-batch negatives stay within a micro-batch)")
+    learning_rate: float = Field(2e-5, gt=0, description="Peak learning rate, reached at the end of the schedule's "
+                                 "warm-up (the demo and full recipes: 4e-5, chosen on dev splits)")
+    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay (AdamW, LAMB)")
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    max_grad_norm: float = Field(2.0, gt=0)
-    in_batch_negatives: bool = True
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Share of the steps over which the learning rate "
+                                "rises linearly from 0 (schedule continuous: of all the stages' steps)")
+    max_grad_norm: float = Field(2.0, gt=0, description="Gradients clipped to this global L2 norm")
+    in_batch_negatives: bool = Field(True, description="Also contrast each query with the other queries' passages "
+                                     "of its batch (a labelled positive of the query is never its negative)")
     hardest_in_batch: int | None = Field(
         None, ge=1, description="Keep only each query's n highest-scoring in-batch negatives (the nce sampler sets it)")
     query_max_length: int | None = Field(None, ge=8, description="Query tokens; default: the model's "
@@ -40,8 +44,9 @@ class TrainConfig(StageConfig):
         0.0, ge=0, lt=1, description="Attention-probability dropout while training; null: the model's own (0.1 for "
         "BERT models). 0 (the default, chosen on the dev split) trains 1.1-2.3x faster on CPU: no random mask over "
         "every attention matrix")
-    precision: Precision = "auto"
-    seed: int = 42
+    precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
+                                 "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs. fp16: CUDA only")
+    seed: int = Field(42, description="Batch order and dropout (each ANCE round derives its own from it)")
     checkpoint_seconds: float = Field(
         600, ge=0, repr=False, description="Seconds of training between resumable checkpoints (0: none by time). The "
         "training pauses only to copy the state to CPU memory (BERT-base with its Adam moments: 1.3 GB), which a "
