@@ -189,7 +189,7 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
                                 (work / name).stat().st_size / 2**20 if (work / name).is_file() else 0.0
                                 for name in ("mlflow.db", "mlartifacts")),
                "other_mb": {d.name: disk_mb(d) for d in sorted(work.iterdir()) if d.is_dir() and d.name not in
-                            ("encode", "encode-shard", "index", "train", "train-async")}}
+                            ("encode", "encode-shard", "index", "train", "train-async", "mlartifacts")}}
     if not args.keep:
         shutil.rmtree(root)
     else:  # the collection stays with the work folder (a run can be resumed or repeated on it)
@@ -302,6 +302,8 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--train-stage", help=argparse.SUPPRESS)  # train-alone's child process
     args = parser.parse_args()
+    if args.ivf_storage != "auto" and args.index != "ivf":
+        parser.error(f"--ivf-storage {args.ivf_storage}: the lists of an IVF index (--index ivf)")
     if args.partial:
         return partial(Path(args.partial))
     if args.train_stage:

@@ -1,6 +1,7 @@
 """`ance-train-auto`: `ance run --recipe auto` as one flow, for the Prefect UI and deployments: the recipe search on
 the dataset's dev split (the `ance-tune` flow, as a subflow), then the winner trained in full (the `ance-train` flow,
-as a subflow; its run under the first seed is one of the trials, so every stage is cached)."""
+as a subflow; its run under the first seed is one of the trials, so every stage is cached). Unlike the CLI, it does
+not take the budget of an earlier search of the same settings: tune.budget_minutes is the search's."""
 
 from prefect import flow
 

@@ -22,7 +22,7 @@ from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage,
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
-from ance_core.pipeline.recipes import recipe_config
+from ance_core.pipeline.recipes import recipe_config, recipe_drift
 from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid, markdown_table
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
@@ -335,6 +335,9 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
     """
     if config.data.dev_split is None:
         raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
+    if drift := recipe_drift(config, tune.recipe):  # (a run form opens with the default recipe's values)
+        warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
+             f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")
     with live_run(config.work_dir, "ance-tune"):
         data = run_task(prepare_data, config.data, config.work_dir)
         if config.data.dev_split not in read_manifest(data.path)["summary"].get("splits", []):

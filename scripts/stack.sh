@@ -83,7 +83,9 @@ case "${1:-}" in
       export PREFECT_API_URL="http://127.0.0.1:$(cat "$STACK_DIR/prefect.port")/api"
     fi
     echo "registering prefect.yaml's deployments on $PREFECT_API_URL"
-    wait_healthy prefect-server "$PREFECT_API_URL/health"
+    # (a server named by PREFECT_API_URL is not the one `up` started: its pid file says nothing about it)
+    wait_healthy "$([[ -n "$USER_API_URL" ]] && echo "the server in PREFECT_API_URL" || echo prefect-server)" \
+      "$PREFECT_API_URL/health"
     pool cpu process
     pool infer process
     pool gpu docker

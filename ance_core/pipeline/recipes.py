@@ -53,6 +53,19 @@ def recipe_sets(name: str) -> list[str]:
     return flat("", RECIPES[name]) if name in RECIPES else []
 
 
+def recipe_drift(config: PipelineConfig, name: str) -> list[str]:
+    """The overrides of recipe `name` that `config` does not hold, as `path=recipe value (the config: value)`."""
+    dumped, drift = config.model_dump(mode="json"), []
+    for setting in recipe_sets(name):
+        path, value = setting.split("=", 1)
+        node = dumped
+        for key in path.split("."):
+            node = node[key]
+        if str(node) != value:
+            drift.append(f"{path}={value} (the config: {node})")
+    return drift
+
+
 def recipe_config(name: str, sets: Sequence[str] = (), path: str | Path | None = None, **overrides: Any
                   ) -> PipelineConfig:
     """The pipeline config of a recipe, with a config file's sections (`path`) merged over it, top-level `overrides`

@@ -24,7 +24,7 @@ class TrainConfig(StageConfig):
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps; overrides epochs when set")
     batch_size: int = Field(16, ge=1, description="Queries per micro-batch")
     grad_accumulation: int = Field(1, ge=1, description="Micro-batches of batch_size queries per optimizer step, "
-                                   "their gradients summed (in-batch negatives stay within a micro-batch)")
+                                   "their gradients averaged (in-batch negatives stay within a micro-batch)")
     learning_rate: float = Field(2e-5, gt=0, description="Peak learning rate, reached at the end of the schedule's "
                                  "warm-up (the demo and full recipes: 4e-5, chosen on dev splits)")
     weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay (AdamW, LAMB)")

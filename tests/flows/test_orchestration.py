@@ -253,3 +253,21 @@ def test_async_trainer_killed_after_its_snapshot_resumes(tiny_scifact, tiny_mode
     assert refresh["rounds"][0] == {"round": 1, "mean_staleness": 2.5, "max_staleness": 5}
     assert [s["checkpoint_step"] for s in refresh["swaps"]] in ([], [6]) and not refresh["refresh_errors"]
     assert [r["model"] for r in result["results"]][-3:-1] == ["ANCE round 1", "ANCE round 2"]  # (+ the hybrid)
+
+
+def test_async_trainer_killed_before_its_first_checkpoint_counts_each_step_once(tiny_scifact, tiny_model, tmp_path):
+    """Killed at step 3 with no checkpoint yet: the re-run trains again from step 0, and the refresh log of the killed
+    attempt's steps (kept in the stage's partial folder; its state was resumed only from a checkpoint) counted steps
+    0-3 twice in the staleness report."""
+    config = tiny_config(tiny_scifact, tmp_path / "work", model={"name": str(tiny_model)},
+                         ance=TRAIN | {"max_steps": 6, "checkpoint_every": 0}, refresh="async")
+    kill_when_hung(tmp_path, config, "train-async@3")
+    work = tmp_path / "work"
+    assert list(work.glob("train-async/.partial-*")) and not list(work.glob("train-async/.partial-*/checkpoints/*"))
+
+    result, _ = run(tmp_path, config)
+    trainer = next(s for s in result["stages"] if s["stage"] == "train" and s["for"] == "ANCE (async)")
+    assert json.loads(Path(trainer["path"], "manifest.json").read_text())["summary"]["resumed_from_step"] == 0
+    steps = [step for step, _ in read_refresh_state(Path(trainer["path"]))["staleness"]]
+    assert steps == list(range(12))
+    assert result["async_refresh"]["rounds"][0] == {"round": 1, "mean_staleness": 2.5, "max_staleness": 5}

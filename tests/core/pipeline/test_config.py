@@ -167,3 +167,15 @@ def test_negatives_needed_counts_only_the_stages_that_will_mine():
     assert negatives_needed(PipelineConfig(warmup_only=True, mining={"num_negatives": 5})) == 1
     assert negatives_needed(PipelineConfig(rounds=0, bm25_negatives={"sampler": "in-batch"})) == 0
     assert negatives_needed(CompareConfig(samplers=["in-batch"], mining={"num_negatives": 4})) == 1  # its warm-up
+
+
+def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
+    """The recipe search warns when its base config is not the recipe it names (a run form opens with demo's
+    values whatever tune.recipe says): each missing override with the config's own value."""
+    from ance_core.pipeline.recipes import recipe_config, recipe_drift
+
+    assert recipe_drift(recipe_config("demo"), "demo") == [] and recipe_drift(recipe_config("full"), "full") == []
+    assert recipe_drift(recipe_config("demo"), "full") == ["rounds=2 (the config: 1)",
+                                                           "warmup.epochs=2 (the config: 1)"]
+    assert recipe_drift(recipe_config("demo", ["ance.learning_rate=2e-5"]), "demo") == [
+        "ance.learning_rate=4e-05 (the config: 2e-05)"]
