@@ -31,6 +31,14 @@ def test_encode_bench(tiny_scifact, tiny_model, tmp_path):
     assert [r[0] for r in rows] == ["32", "64"] and all(r[3].endswith("x") and float(r[1]) > 0 for r in rows)
 
 
+def test_precision_bench(tiny_model, tmp_path):
+    out = bench("precision.py", "--model", str(tiny_model), "--batch", "4", "--length", "16", tmp_path=tmp_path)
+    rows = re.findall(r"^(forward|train step) \d+ x \d+: fp32 ([\d.]+) s, bf16 autocast ([\d.]+) s, fp32 / bf16 "
+                      r"([\d.]+)x$", out, re.M)
+    assert [r[0] for r in rows] == ["forward", "train step"], out
+    assert re.search(r"precision auto takes bf16\): (True|False)$", out, re.M), out
+
+
 def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0, steps=2)
     (tmp_path / "tiny.json").write_text(json.dumps(config))
