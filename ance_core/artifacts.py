@@ -111,6 +111,9 @@ def stage_key(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
     return digest_of(key | ({"rule": rule} if (rule := STAGE_RULES.get(stage, 0)) else {}))
 
 
+WHERE_WORK_DIR = "ance run, tune, compare: --set work_dir=...; the other commands: --work-dir"
+
+
 def writable_work_dir(work_dir: str | Path) -> Path:
     """`work_dir` created if it is missing and checked writable (a file made and removed in it): before any work, so
     that a folder that cannot hold the stages is one clear error, not a traceback from the first stage."""
@@ -118,15 +121,14 @@ def writable_work_dir(work_dir: str | Path) -> Path:
 
     folder = Path(work_dir).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise AnceError(f"work_dir {folder}: a file, not a folder; set work_dir (--set work_dir=... or --work-dir) to "
-                        "a folder")
+        raise AnceError(f"work_dir {folder}: a file, not a folder; set work_dir to a folder ({WHERE_WORK_DIR})")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as e:
         raise AnceError(f"work_dir {folder}: cannot be created or written ({e.strerror or type(e).__name__}); set "
-                        "work_dir (--set work_dir=... or --work-dir) to a folder you can write to") from None
+                        f"work_dir to a folder you can write to ({WHERE_WORK_DIR})") from None
     return folder
 
 

@@ -94,6 +94,7 @@ def test_a_work_dir_that_cannot_be_created_is_one_line_before_any_work(tmp_path)
                  ["run", "--set", f"data.dataset={ds}", "--set", f"work_dir={work}"]):
         code, out = _invoke(args)
         assert code == 2 and f"error: work_dir {work}: cannot be created or written (Not a directory)" in out, out
+        assert "ance run, tune, compare: --set work_dir=...; the other commands: --work-dir" in out, out
         assert "Traceback" not in out and len(set(out.strip().splitlines())) == 1, out  # (stderr read twice)
     assert not (tmp_path / "ds" / ".ance").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "ds"]
     code, out = _invoke(["bm25", "--dataset", str(ds), "--work-dir", str(tmp_path / "a-file")])  # the file itself
