@@ -75,6 +75,11 @@ class Crash(RuntimeError):
     pass
 
 
+def crash_after_4(record):
+    if record["step"] == 4:
+        raise Crash
+
+
 class ScriptedCheck:
     """A DevCheck whose scores are given: the loop's decisions, apart from what a model scores."""
 
@@ -138,10 +143,6 @@ def test_a_resumed_stage_keeps_its_best_and_ends_as_an_uninterrupted_one(setup, 
     cfg = DevCheckConfig(per_epoch=3, patience=3)
     whole = train(ckpt, *tables, CFG, tmp_path / "whole", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
 
-    def crash_after_4(record):
-        if record["step"] == 4:
-            raise Crash
-
     with pytest.raises(Crash):
         train(ckpt, *tables, CFG, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores), cfg, 0.2),
               callbacks=[crash_after_4])
@@ -186,10 +187,6 @@ def test_a_stage_resumed_at_the_check_that_spent_its_patience_ends_there(setup, 
     scores, cfg = [0.3, 0.5, 0.4, 0.45], DevCheckConfig(per_epoch=3, patience=2)
     every_4 = CFG.model_copy(update={"checkpoint_every": 4})
     whole = train(ckpt, *tables, every_4, tmp_path / "whole", dev=StageDev(ScriptedCheck(scores), cfg, 0.2))
-
-    def crash_after_4(record):
-        if record["step"] == 4:
-            raise Crash
 
     with pytest.raises(Crash):
         train(ckpt, *tables, every_4, tmp_path / "resumed", dev=StageDev(ScriptedCheck(scores), cfg, 0.2),
