@@ -185,9 +185,8 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
                "encodings_kept": len(encodes), "encodings_mb": shards,
                "checkpoints_mb": bound - shards,
                # the MLflow store: its SQLite file and artifact folder (each evaluation's TREC run is most of it)
-               "mlflow_mb": sum(disk_mb(work / name) if (work / name).is_dir() else
-                                (work / name).stat().st_size / 2**20 if (work / name).is_file() else 0.0
-                                for name in ("mlflow.db", "mlartifacts")),
+               "mlflow_mb": disk_mb(work / "mlartifacts") + (
+                   (work / "mlflow.db").stat().st_size / 2**20 if (work / "mlflow.db").is_file() else 0.0),
                "other_mb": {d.name: disk_mb(d) for d in sorted(work.iterdir()) if d.is_dir() and d.name not in
                             ("encode", "encode-shard", "index", "train", "train-async", "mlartifacts")}}
     if not args.keep:

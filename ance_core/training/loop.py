@@ -267,15 +267,9 @@ def train(
             dev_score = {"dev": f"{record[DEV_METRIC]:.4f}"} if DEV_METRIC in record else {}
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", **dev_score)
 
-    def patience_spent() -> bool:
+    def patience_spent() -> bool:  # (also when resumed at the check that spent it: the stage had ended there)
         return best is not None and dev.cfg.patience is not None and best.since_best() >= dev.cfg.patience
 
-    def stop_early(at: int) -> None:
-        print(f"dev check: {dev.cfg.patience} checks without beating step {best.step}'s dev nDCG@10 "
-              f"{best.score:.4f}; the stage ends at step {at} of {total}")
-
-    if patience_spent() and step < total and ranks.main:  # resumed at the check that spent it: the stage had ended
-        stop_early(step)
     with open(log_path, "a") if ranks.main else nullcontext() as log, oom, feed, CheckpointWriter(out) as writer, \
             sampler:
         while step < total and not patience_spent():
@@ -330,9 +324,9 @@ def train(
                 on_snapshot(step, lambda folder: save_checkpoint(model, tokenizer, meta, folder))
             for callback in callbacks:
                 callback(record)
-            if patience_spent():
-                stop_early(step)
-                break
+    if patience_spent() and ranks.main:
+        print(f"dev check: {dev.cfg.patience} checks without beating step {best.step}'s dev nDCG@10 "
+              f"{best.score:.4f}; the stage ends at step {step} of {total}")
     bar.close()
     rng = rng_states(ranks)
     if ranks.world > 1:
