@@ -8,7 +8,8 @@ top-100 each finds (at the pipeline's nprobe), nDCG@10, and queries/s of the sea
 
 --synthetic: no model or qrels; unit vectors in clusters (a Gaussian mixture of n/100 centres, each vector's cosine
 to its centre about 0.7, as a dense model's neighbourhoods are), written as an encoding's float16 shards, and queries
-that are noisy copies of corpus vectors: how much of the exact top-10 and top-100 each storage finds at this size.
+drawn around the same centres, a little farther (none a near-copy of a corpus vector): how much of the exact top-10
+and top-100 each storage finds at this size.
 """
 
 import argparse

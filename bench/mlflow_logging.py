@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="times each mode runs (order A B C C B A A B C ...)")
     parser.add_argument("--config", type=Path, help="a pipeline config instead of the demo's (data, model, warmup)")
     args = parser.parse_args()
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # the store measured here, not one the shell names
     c = load_config(args.config) if args.config else PipelineConfig()
     root = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     wd = str(root / "work")

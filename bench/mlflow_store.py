@@ -10,6 +10,7 @@ and the seconds each call took, and checks that the gzipped run reads back as th
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--hits", type=int, default=1000)
     parser.add_argument("--passages", type=int, default=2_000_000)
     args = parser.parse_args()
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # the store measured here, not one the shell names
     with tempfile.TemporaryDirectory(prefix="bench-mlflow-store-") as folder:
         print(json.dumps(measure(Path(folder), args.queries, args.hits, args.passages)))
 

@@ -2,8 +2,13 @@
 
 One run each, on fresh work folders, same machine, same config:
   1. `ance run` (the Prefect flow, ephemeral server, content-keyed caching) - the whole command's wall time;
-  2. the same stage functions called in plain Python in the same order (`task.fn`: no Prefect at all);
+  2. the same stage functions called in plain Python in the same order (`task.fn`: no Prefect at all), in a process
+     of its own, so that both sides pay the interpreter's start and the imports;
   3. `ance run` again on the work folder of 1: every stage cached.
+The config has no dev split and no hybrid row (`data.dev_fraction: 0`, `hybrid: false`), by default and over
+`--config`: the plain side runs the stages of such a run only (the flow's best-so-far starts, fusion and retrieval
+package need a dev split). The flow's MLflow logging (embedded store) has no plain counterpart: it is counted
+outside the stages, with Prefect's own work.
 Prints the ratio 1/2 (goal <= 1.05) and the time of 3 (goal <= 30 s), and splits the difference between 1 and 2
 into the stages' own compute (build seconds from each stage's manifest.json) and everything else (interpreter and
 Prefect start-up, task bookkeeping, cache keys, result persistence).
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 
 from ance_core.artifacts import read_manifest
+from ance_core.data.config import DataConfig
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, load_config
 from tasks.analysis import DEPTH, negatives_analysis
@@ -104,7 +110,8 @@ def breakdown(prefect_s: float, plain_s: float, prefect_work: Path, plain_work: 
     print(f"outside the stages: Prefect {prefect_s - prefect_stages:.1f} s, plain {plain_s - plain_stages:.1f} s")
     return {"prefect_stage_s": round(prefect_stages, 1), "plain_stage_s": round(plain_stages, 1),
             "prefect_outside_s": round(prefect_s - prefect_stages, 1),
-            "plain_outside_s": round(plain_s - plain_stages, 1)}
+            "plain_outside_s": round(plain_s - plain_stages, 1),
+            "stages_only_in_flow": sorted(set(a) - set(b)), "stages_only_plain": sorted(set(b) - set(a))}
 
 
 def timed_cli(config: PipelineConfig, folder: Path, env: dict) -> tuple[float, dict]:
@@ -119,25 +126,48 @@ def timed_cli(config: PipelineConfig, folder: Path, env: dict) -> tuple[float, d
     return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def comparable(c: PipelineConfig, rounds: int | None) -> PipelineConfig:
+    """The config both sides run: no dev split, no hybrid row (what `plain_pipeline` implements), `rounds` if given."""
+    data = DataConfig.model_validate(c.data.model_dump() | {"dev_fraction": 0.0})
+    return c.model_copy(update={"data": data, "hybrid": False}
+                        | ({"rounds": rounds} if rounds is not None else {}))
+
+
+def timed_plain(config: PipelineConfig, folder: Path, env: dict) -> float:
+    """`plain_pipeline` in a process of its own (this script with --plain), timed as `timed_cli` times the flow."""
+    path = folder / "plain-config.json"
+    path.write_text(config.model_dump_json())
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--plain", str(path)], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(proc.stdout[-2000:] + proc.stderr[-4000:])
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, help="ANCE rounds (default: the --config's, else 2)")
     parser.add_argument("--config", type=Path, help="a pipeline config instead of the demo's")
     parser.add_argument("--out", type=Path, help="keep the work folders here (default: a temporary folder)")
+    parser.add_argument("--plain", type=Path, help=argparse.SUPPRESS)  # (the plain side's own process)
     args = parser.parse_args()
-    base = load_config(args.config) if args.config else PipelineConfig(rounds=args.rounds)
+    if args.plain:
+        plain_pipeline(load_config(args.plain))
+        return
+    base = comparable(load_config(args.config) if args.config else PipelineConfig(),
+                      args.rounds if args.rounds is not None or args.config else 2)
     out = args.out or Path(tempfile.mkdtemp(prefix="ance-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PREFECT_HOME": str(out / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the run's embedded store, as `make demo` has it
 
     prefect_cfg = base.model_copy(update={"work_dir": str(out / "work-prefect")})
     prefect_s, first = timed_cli(prefect_cfg, out, env)
     print(f"Prefect flow (ance run, whole command): {prefect_s:.1f} s", flush=True)
 
     plain_cfg = base.model_copy(update={"work_dir": str(out / "work-plain")})
-    started = time.perf_counter()
-    plain_pipeline(plain_cfg)
-    plain_s = time.perf_counter() - started
+    plain_s = timed_plain(plain_cfg, out, env)
     print(f"plain Python (same stage functions):    {plain_s:.1f} s", flush=True)
 
     cached_s, again = timed_cli(prefect_cfg, out, env)

@@ -7,9 +7,9 @@ only with `--test`, once a recipe is chosen (never choose on them). Every run ap
         --set ance.epochs=3 --label e3 --seeds 42 43 44 --log recipes.jsonl
 
 A collection is any dataset folder the pipeline reads (BEIR layout with qrels/train.tsv and a test split); its dev
-split is `--dev-fraction` of its training queries (data.dev_fraction), carved by the pipeline. Each collection keeps
-one work folder under `--work` across configurations, so stages a configuration shares with an earlier one (data,
-BM25, zero-shot, a warm-up) are reused and their seconds are not counted again.
+split is `--dev-fraction` of its training queries (data.dev_fraction; unset, the recipe's), carved by the pipeline.
+Each collection keeps one work folder under `--work` across configurations, so stages a configuration shares with an
+earlier one (data, BM25, zero-shot, a warm-up) are reused and their seconds are not counted again.
 """
 
 import argparse
@@ -28,8 +28,8 @@ def run_one(dataset: Path, sets: list[str], args, work: Path) -> dict:
     """`ance run --json` on the recipe with `sets`; the run's JSON result."""
     from ance_core.pipeline.recipes import recipe_config
 
-    config = recipe_config(args.recipe, [*sets, f"data.dataset={dataset}", f"data.dev_fraction={args.dev_fraction}",
-                                         f"work_dir={work}"])
+    fraction = [] if args.dev_fraction is None else [f"data.dev_fraction={args.dev_fraction}"]
+    config = recipe_config(args.recipe, [*sets, f"data.dataset={dataset}", *fraction, f"work_dir={work}"])
     path = work.parent / f"{work.name}-{args.label}.json"
     path.write_text(json.dumps(config.model_dump(mode="json")))
     env = os.environ | {"PREFECT_HOME": str(work.parent / "prefect"), "TQDM_DISABLE": "1"}
@@ -47,7 +47,8 @@ def main() -> None:
     parser.add_argument("--recipe", default="demo")
     parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value, as `ance run --set`")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
-    parser.add_argument("--dev-fraction", type=float, default=0.3)
+    parser.add_argument("--dev-fraction", type=float, help="data.dev_fraction of every collection (default: the "
+                        "recipe's, 0.2; RESULTS.md's CISI and NPL runs: 0.3)")
     parser.add_argument("--label", default="run", help="this configuration's name in the log")
     parser.add_argument("--work", type=Path, help="work folders' root (default: a temporary folder)")
     parser.add_argument("--log", type=Path, help="append a JSON line per run here")

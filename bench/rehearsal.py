@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this script runs as bench/rehearsal.py)
@@ -69,6 +70,12 @@ def read_samples(path: Path) -> list[tuple]:
     return [tuple(json.loads(line)) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def sampled_seconds(samples: list[tuple], gap: float = 60.0) -> float:
+    """The seconds the samples cover, attempt by attempt: a pause longer than `gap` between two samples is the time
+    between a stopped attempt and its resumption (the Sampler samples a live run every fraction of a second)."""
+    return sum(b[0] - a[0] for a, b in pairwise(samples) if b[0] - a[0] <= gap)
+
+
 def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, float]:
     """`ance run` on a config, sampled; (its JSON result, the samples, start time, wall seconds).
 
@@ -79,6 +86,7 @@ def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, f
     env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "TQDM_DISABLE": "1",
                         "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # the run's embedded store, whose size the summary reports
     earlier = read_samples(root / f"{label}.samples")
     started = time.time()
     with open(root / f"{label}.log", "a" if earlier else "w") as log:
@@ -92,7 +100,7 @@ def run_flow(config: dict, root: Path, label: str) -> tuple[dict, list, float, f
         raise SystemExit(f"{label}: ance run failed (exit {proc.returncode}); log: {root / f'{label}.log'}\n"
                          f"{(root / f'{label}.log').read_text()[-3000:]}")
     (root / f"{label}.out").write_text(out)
-    wall = time.time() - started + (earlier[-1][0] - earlier[0][0] if earlier else 0.0)
+    wall = time.time() - started + sampled_seconds(earlier)
     return json.loads(out.strip().splitlines()[-1]), earlier + sampler.samples, \
         earlier[0][0] if earlier else started, wall
 
@@ -161,7 +169,7 @@ def rehearse(passages: int, args, model: Path, tmp: Path, done: list) -> dict:
     for label in args.runs:  # the refresh mode
         if (root / f"{label}.out").is_file() and args.resume:  # this run had ended: its rows from its samples
             samples = read_samples(root / f"{label}.samples")
-            since, wall = samples[0][0], samples[-1][0] - samples[0][0]
+            since, wall = samples[0][0], sampled_seconds(samples)
         else:
             _, samples, since, wall = run_flow(config | {"refresh": label}, root, label)
         for row in stage_rows(root / "work", samples, since, owned):

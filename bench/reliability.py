@@ -12,6 +12,9 @@ mid-index-write (the index file written, its doc ids not yet), plus kills at see
   - leftovers: `.partial-*` stage folders or half-written checkpoints left once the re-run is done;
   - rebuilt: stages that were complete when the run was killed and were built again by the re-run.
 
+A scenario whose run was not killed (it ended before a random kill time, or never reached its hang point: a fault point
+renamed or off the run's path) is named and left out of the count; a hang point never reached fails the script.
+
 The asynchronous refresh is killed too (ASYNC_POINTS: between a snapshot's checkpoint and its publication, and after
 it); its re-runs must complete without refresh errors or leftovers (bit-identity is not expected there).
 
@@ -80,8 +83,10 @@ def run(folder: Path, config: dict, **extra_env: str) -> tuple[dict, str, float]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr, time.perf_counter() - started
 
 
-def kill(folder: Path, config: dict, point: str | None, after_s: float | None) -> str:
-    """Start a run and SIGKILL its process group at a hang point (or after `after_s` seconds); what happened."""
+def kill(folder: Path, config: dict, point: str | None, after_s: float | None) -> tuple[str, bool]:
+    """Start a run and SIGKILL its process group at a hang point (or after `after_s` seconds); (what happened,
+    whether it was killed there). A run that ends first, or never reaches its hang point (a fault point renamed or
+    no longer on the run's path), was not killed: its re-run proves nothing."""
     signal_file = folder / "hung"
     extra = {"ANCE_FAULT": f"{point}:hang", "ANCE_FAULT_SIGNAL": str(signal_file)} if point else {}
     proc = subprocess.Popen(command(folder, config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -90,10 +95,12 @@ def kill(folder: Path, config: dict, point: str | None, after_s: float | None) -
     while proc.poll() is None and time.time() < deadline and not signal_file.exists():
         time.sleep(0.2)
     if proc.poll() is not None:
-        return f"finished before the kill (exit {proc.returncode})"
+        return f"finished before the kill (exit {proc.returncode})", False
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return "killed at the hang point" if point else f"killed after {after_s:.1f} s"
+    if point and not signal_file.exists():
+        return "never reached its hang point", False
+    return ("killed at the hang point" if point else f"killed after {after_s:.1f} s"), True
 
 
 def complete_stages(work: Path) -> dict[str, str]:
@@ -166,13 +173,14 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         config = config_for(folder)
-        what = kill(folder, config, point, after_s)
+        what, killed = kill(folder, config, point, after_s)
         before = complete_stages(folder / "work")
         partial_before = len(leftovers(folder / "work"))
         result, _, seconds = run(folder, config)
         after = complete_stages(folder / "work")
         rebuilt = sorted(p for p, digest in before.items() if after.get(p) != digest)
-        row = {"kill": point or f"random {after_s:.1f} s", "what": what, "complete_before": len(before),
+        row = {"kill": point or f"random {after_s:.1f} s", "what": what, "killed": killed,
+               "complete_before": len(before),
                "partial_before": partial_before, "rerun_s": round(seconds, 1),
                "identical_metrics": metrics(result) == metrics(reference),
                "identical_weights": weights(folder / "work") == ref_weights,
@@ -189,11 +197,11 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         config = config_for(folder) | {"refresh": "async"}
-        what = kill(folder, config, point, None)
+        what, killed = kill(folder, config, point, None)
         result, _, seconds = run(folder, config)
-        row = {"kill": f"async {point}", "what": what, "rerun_s": round(seconds, 1),
+        row = {"kill": f"async {point}", "what": what, "killed": killed, "rerun_s": round(seconds, 1),
                "refresh_errors": result["async_refresh"]["refresh_errors"], "leftovers": leftovers(folder / "work")}
-        row["completed"] = not row["refresh_errors"] and not row["leftovers"]
+        row["completed"] = killed and not row["refresh_errors"] and not row["leftovers"]
         async_rows.append(row)
         print(f"{row['kill']:<18} {what:<28} re-run {seconds:5.1f} s: completed {row['completed']}, refresh errors "
               f"{len(row['refresh_errors'])}, leftovers {len(row['leftovers'])}", flush=True)
@@ -215,15 +223,18 @@ def main() -> None:
           f"({retried} retries); the run completed in {seconds:.1f} s, identical to the reference: "
           f"{transient['identical']}")
 
-    identical = sum(r["identical"] for r in rows)
-    print(f"\nkill matrix: {identical}/{len(rows)} re-runs bit-identical to the uninterrupted run, "
+    killed = [r for r in rows if r["killed"]]
+    identical = sum(r["identical"] for r in killed)
+    missed = [r["kill"] for r in rows if not r["killed"] and not r["kill"].startswith("random")]  # a stale point
+    print(f"\nkill matrix: {identical}/{len(killed)} re-runs of killed runs bit-identical to the uninterrupted run, "
           f"{sum(len(r['leftovers']) for r in rows)} leftover partial folders, "
-          f"{sum(len(r['rebuilt']) for r in rows)} complete stages rebuilt")
-    print(json.dumps({"kills": len(rows), "identical": identical,
+          f"{sum(len(r['rebuilt']) for r in rows)} complete stages rebuilt; not killed (left out): "
+          f"{[r['kill'] for r in rows if not r['killed']] or 'none'}")
+    print(json.dumps({"kills": len(killed), "identical": identical, "hang_points_missed": missed,
                       "leftovers": sum(len(r["leftovers"]) for r in rows),
                       "rebuilt": sum(len(r["rebuilt"]) for r in rows), "rows": rows, "transient": transient,
                       "async": async_rows, "reference_s": round(ref_s, 1)}))
-    if identical != len(rows) or not transient["identical"] or transient["not_injected"] or not all(
+    if identical != len(killed) or missed or not transient["identical"] or transient["not_injected"] or not all(
             r["completed"] for r in async_rows):
         sys.exit(1)
 

@@ -37,6 +37,7 @@ def bench_shape(n: int, d: int, args) -> dict:
     flat = faiss.IndexFlatIP(d)
     flat.add(vectors.astype(np.float32))
     faiss_build = time.perf_counter() - started
+    flat.search(queries[:1], args.k)  # warm-up, as torch's below: the first call starts faiss's OpenMP threads
     started = time.perf_counter()
     _, faiss_ids = flat.search(queries[: args.faiss_queries], args.k)
     faiss_seconds = time.perf_counter() - started

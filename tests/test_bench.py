@@ -31,6 +31,14 @@ def test_encode_bench(tiny_scifact, tiny_model, tmp_path):
     assert [r[0] for r in rows] == ["32", "64"] and all(r[3].endswith("x") and float(r[1]) > 0 for r in rows)
 
 
+def test_encode_compile_bench(tiny_scifact, tiny_model, tmp_path):
+    out = bench("encode_compile.py", "--dataset", str(tiny_scifact), "--model", str(tiny_model), "--passages", "40",
+                "--max-length", "32", "--repeats", "1", tmp_path=tmp_path)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert len(report["eager_s"]) == len(report["compiled_s"]) == 2 and report["ratio_compiled"] > 0
+    assert report["passages"] == 40 and report["max_abs_diff"] < 0.05  # bf16 or fp32, by this machine
+
+
 def test_precision_bench(tiny_model, tmp_path):
     out = bench("precision.py", "--model", str(tiny_model), "--batch", "4", "--length", "16", tmp_path=tmp_path)
     rows = re.findall(r"^(forward|train step) \d+ x \d+: fp32 ([\d.]+) s, bf16 autocast ([\d.]+) s, fp32 / bf16 "
@@ -46,6 +54,7 @@ def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
                 tmp_path=tmp_path)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["ratio"] > 0 and summary["cached_stages"] == summary["stages"]
+    assert summary["stages_only_in_flow"] == summary["stages_only_plain"] == []  # the same work on both sides
 
 
 def test_mlflow_store_bench(tmp_path):
@@ -78,6 +87,7 @@ def test_reliability_bench(tmp_path):
     out = bench("reliability.py", "--smoke", "--out", str(tmp_path / "out"), *server, tmp_path=tmp_path, timeout=1800)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["kills"] == 1 and summary["identical"] == 1 and summary["leftovers"] == 0
+    assert summary["hang_points_missed"] == []
     assert summary["rebuilt"] == 0 and summary["transient"]["identical"]
     assert summary["transient"]["injected"] == summary["transient"]["task_kinds"]
 
@@ -265,6 +275,15 @@ def test_serving_and_ivf_storage_benches(tiny_scifact, tiny_model, tmp_path):
     report = json.loads((tmp_path / "serving.json").read_text())
     assert report["onnx fp32"]["ndcg_at_10"] == report["pytorch fp32"]["ndcg_at_10"]
     assert [c["batch"] for c in report["onnx int8"]["latency"]] == [1, 32]
+    from ance_core.data.config import DataConfig
+    from tasks.data import prepare_data
+
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), str(tmp_path / "work"))  # its carved dev split
+    bench("onnx_serving.py", "--checkpoint", str(checkpoint), "--data", data.path, "--int8-variants", "--calls", "2",
+          "--warmup", "0", "--json", str(tmp_path / "dev.json"), tmp_path=tmp_path)
+    report = json.loads((tmp_path / "dev.json").read_text())
+    variants = [k for k, v in report.items() if k.startswith("int8 ") and isinstance(v, dict)]
+    assert report["split"] == "dev" and len(variants) == 4, report
     (tmp_path / "emb").mkdir()
     encode_corpus(checkpoint, load_dataset(tiny_scifact).corpus, EncodeConfig(), tmp_path / "emb")
     bench("ivf_storage.py", "--checkpoint", str(checkpoint), "--embeddings", str(tmp_path / "emb"), "--dataset",

@@ -27,7 +27,8 @@ class BM25Config(StageConfig):
 class EncodeConfig(StageConfig):
     """Corpus/query encoding: length-sorted dynamic padding, streamed to .npy shards."""
 
-    UNSAID = {"batch_tokens": None}  # (added after stage keys existed: left out while unset)
+    UNSAID = {"batch_tokens": None, "compile": False}  # (added after stage keys existed: left out while unset)
+    NOT_IN_KEY = ("compile",)  # how the forward runs, not what it computes
 
     batch_size: int = Field(64, ge=1, description="Texts per encoding batch")
     batch_tokens: int | None = Field(
@@ -42,6 +43,11 @@ class EncodeConfig(StageConfig):
     dtype: Literal["float16", "float32"] = Field(
         "float16", description="How the shards store the embeddings: float16 halves the disk of every refresh (768-d "
         "MS MARCO: 13.5 GB instead of 27 GB); the index and the scores are computed in float32 from them")
+    compile: bool = Field(
+        False, repr=False, description="torch.compile the encoder's forward for corpus encodings (inductor, dynamic "
+        "shapes: one compile serves every batch shape). Same embeddings to the precision's rounding; in no stage's "
+        "key. Pays on large corpora, where the compile's seconds are small beside the encoding's "
+        "(bench/encode_compile.py, BENCHMARKS.md)")
 
 
 class ExecutionConfig(StageConfig):

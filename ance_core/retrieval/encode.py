@@ -53,13 +53,16 @@ def encode_texts(
     progress: tqdm | None = None,
     batch_tokens: int | None = None,
     pad_multiple: int | None = None,
+    compiled: bool = False,
 ) -> np.ndarray:
     """(len(texts), h) float32, in input order. Texts are sorted by token length so each batch pads little.
     `batch_tokens`: batches of at most that many padded tokens, tokenized ahead by a producer thread
     (`_encode_pipelined`). `pad_multiple`: each batch padded to a multiple of that many tokens (fewer distinct
-    shapes). Attention runs without SDPA's cuDNN backend (`attention_backends`)."""
+    shapes). `compiled`: the forward under torch.compile (`compiled_forward`). Attention runs without SDPA's cuDNN
+    backend (`attention_backends`)."""
     if batch_tokens is not None:
-        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple)
+        return _encode_pipelined(model, tokenizer, texts, max_length, batch_tokens, dtype, progress, pad_multiple,
+                                 compiled)
     # tokenized a chunk at a time (modeling/tokenizing.py): a fast tokenizer's per-text encodings (offsets, words,
     # ...) of a whole shard take several times the memory of the token ids kept
     features = list(token_ids(tokenizer, texts, max_length))
@@ -68,7 +71,19 @@ def encode_texts(
                for idx in (order[start:start + batch_size] for start in range(0, len(texts), batch_size)))
     return _encode_batches(model, batches, len(texts), progress, dtype,
                            f"encoding batches of {batch_size} texts of up to {max_length} tokens",
-                           "lower encode.batch_size (or the model's max length)")
+                           "lower encode.batch_size (or the model's max length)", compiled)
+
+
+def compiled_forward(model: BiEncoder) -> torch.nn.Module:
+    """The model's forward under torch.compile (inductor, dynamic shapes: length-sorted batches are nearly all new
+    shapes, and one symbolic graph serves them), compiled once per model object and kept on it, outside its
+    submodules (so outside its state dict). The weights are the model's own: a model trained on afterwards (a
+    stage's dev checks encode with the training model) is encoded with its new weights."""
+    forward = model.__dict__.get("_compiled_forward")
+    if forward is None:
+        forward = torch.compile(model, dynamic=True)
+        object.__setattr__(model, "_compiled_forward", forward)  # not nn.Module's setattr: no submodule
+    return forward
 
 
 class BatchResults:
@@ -144,7 +159,7 @@ def padded_chunks(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_
 
 def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int,
                       batch_tokens: int, dtype: torch.dtype | None, progress: tqdm | None,
-                      pad_multiple: int | None = None) -> np.ndarray:
+                      pad_multiple: int | None = None, compiled: bool = False) -> np.ndarray:
     """`encode_texts` with `batch_tokens`: a producer thread tokenizes a chunk of texts at a time (the tokenizer's
     Rust core releases the GIL), sorts it by length, cuts it into batches of at most `batch_tokens` padded tokens and
     pads them (pinned for a GPU), two chunks ahead of the model, which encodes them as they come. (DataLoader worker
@@ -189,18 +204,19 @@ def _encode_pipelined(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, text
 
 
 def _encode_batches(model: BiEncoder, batches: Iterator[tuple[np.ndarray, dict]], n: int, progress: tqdm | None,
-                    dtype: torch.dtype | None, doing: str, advice: str) -> np.ndarray:
+                    dtype: torch.dtype | None, doing: str, advice: str, compiled: bool = False) -> np.ndarray:
     """(n, h) float32: each batch's rows (positions among the n texts, padded tensors) from the model, in the order
     the batches come; out of memory, an error saying what it was `doing` and the `advice`."""
     device = next(model.parameters()).device
+    forward = compiled_forward(model) if compiled else model
     out = np.empty((n, model.dim), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
     model.eval()
     results = BatchResults(out, device, progress)
     with torch.inference_mode(), autocast, attention_backends(), out_of_memory_advice(doing, advice):
         for rows, batch in batches:
-            results.put(rows, model(batch["input_ids"].to(device, non_blocking=True),
-                                    batch["attention_mask"].to(device, non_blocking=True)))  # (b, h)
+            results.put(rows, forward(batch["input_ids"].to(device, non_blocking=True),
+                                      batch["attention_mask"].to(device, non_blocking=True)))  # (b, h)
         results.flush()
     return out
 
@@ -241,7 +257,7 @@ def encode_documents(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta:
     texts, ids, windows = document_passages(tokenizer, corpus, meta)
     device = next(model.parameters()).device
     emb = encode_texts(model, tokenizer, texts, meta.passage_max_length, cfg.batch_size,
-                       autocast_dtype(cfg.precision, device), progress, cfg.batch_tokens)
+                       autocast_dtype(cfg.precision, device), progress, cfg.batch_tokens, compiled=cfg.compile)
     if model.projector is not None:
         emb = model.projector.docs(emb)
     return emb, ids, windows
