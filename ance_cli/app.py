@@ -90,10 +90,11 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
-def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0):
+def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0,
+              doc_ids: bool = False):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
     train split must have positives, and each of its queries `negatives` documents not relevant to it). Returns its
-    tables.
+    tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
@@ -108,7 +109,8 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     writable_work_dir(work_dir)
     try:
         with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
-            tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=["doc_id"] if trains else [])
+            columns = ["doc_id"] if trains or doc_ids else []
+            tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=columns)
         for split in splits:
             try:
                 tables.split_qrels(split)

@@ -30,7 +30,8 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
 
     run = read_trec(path)  # a malformed file fails before the data is read
     data = evaluation_data(dataset, split, work_dir)
-    qrels = preflight(data, work_dir, (split,)).split_qrels(split)  # (a split it lacks: one line naming its file)
+    tables = preflight(data, work_dir, (split,), doc_ids=True)
+    qrels = tables.split_qrels(split)  # (a split it lacks: one line naming its file)
     judged, ran = set(qrels["query_id"]), set(run["query_id"])
     if not judged & ran:
         raise AnceError(f"{path}: none of its {len(ran):,} queries (e.g. {sorted(ran)[:3]}) is a judged query of "
@@ -39,6 +40,16 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     if len(judged - ran):
         warn(f"{path} ranks {len(judged & ran):,} of the {len(judged):,} judged queries of split '{split}': the other "
              f"{len(judged - ran):,} count as zero (e.g. {sorted(judged - ran)[:3]})")
+    if len(ran - judged):
+        warn(f"{path}: {len(ran - judged):,} of its {len(ran):,} queries are not judged queries of split '{split}' "
+             f"and are not scored (e.g. {sorted(ran - judged)[:3]})")
+    corpus, ranked = set(tables.corpus["doc_id"]), set(run["doc_id"])
+    if not corpus & ranked:
+        raise AnceError(f"{path}: none of its {len(ranked):,} document ids (e.g. {sorted(ranked)[:3]}) is in the "
+                        f"corpus of {dataset} (e.g. {sorted(corpus)[:3]}): a run of another collection?")
+    if len(ranked - corpus):
+        warn(f"{path}: {len(ranked - corpus):,} of its {len(ranked):,} document ids are not in the corpus of "
+             f"{dataset} and count as not relevant (e.g. {sorted(ranked - corpus)[:3]})")
     if EvalConfig().ignore_identical_ids:
         run = without_identical_ids(run)
     return evaluate_run(run, qrels)[0]
@@ -177,5 +188,39 @@ def check_same_corpus(index: Path, data, dataset: str) -> None:
     if not common == len(held) == len(corpus):
         raise AnceError(f"--dataset {dataset}: its corpus ({documents(len(corpus))}) is not the one the index {index} "
                         f"holds ({documents(len(held))}, {common:,} of them in {dataset}): give the dataset the "
+                        "model's run encoded")
+    import numpy as np
+
+    held = held.to_pylist()
+    sample = sorted({held[int(i)] for i in np.linspace(0, len(held) - 1, min(TEXT_SAMPLE, len(held)))})
+    check_same_texts(index, {d: t for d, t in zip(*texts_of(Path(data.path), sample), strict=True)}, dataset)
+
+
+TEXT_SAMPLE = 64  # documents whose text --hybrid compares between --dataset and the corpus the index was encoded from
+
+
+def texts_of(folder: Path, doc_ids: list[str]) -> tuple[list[str], list[str]]:
+    """(doc ids, passage texts) of these documents of a data (or corpus) stage folder."""
+    from ance_core.data.corpus import read_corpus_rows
+    from ance_core.data.dataset import passage_texts
+
+    rows = read_corpus_rows(folder, doc_ids)
+    return rows["doc_id"].tolist(), passage_texts(rows)
+
+
+def check_same_texts(index: Path, texts: dict[str, str], dataset: str) -> None:
+    """Documents of --dataset whose text is not the text the index's encoding was made from (the same ids, another
+    collection's or another version's texts): refused, naming one. Not told when the index's data stage is gone."""
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.provenance import encoded_corpus
+
+    if (encoded := encoded_corpus(index)) is None:
+        return
+    theirs = dict(zip(*texts_of(encoded, list(texts)), strict=True))
+    differ = [d for d, text in texts.items() if d in theirs and theirs[d] != text]
+    if differ:
+        raise AnceError(f"--dataset {dataset}: {len(differ)} of {len(texts)} documents compared hold other texts than "
+                        f"the corpus the index {index} was encoded from (e.g. '{differ[0]}': "
+                        f"{texts[differ[0]][:60]!r} against {theirs[differ[0]][:60]!r}): give the dataset the "
                         "model's run encoded")
 

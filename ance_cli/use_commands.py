@@ -11,6 +11,7 @@ from ance_cli.guard import (
     guard,
 )
 from ance_cli.lookups import (
+    check_same_texts,
     chosen_fusion,
     corpus_titles,
     evaluation_data,
@@ -116,10 +117,11 @@ def search(
             work = work_dir or model_work_dir(model)
             writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
             how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
-            hits = hybrid_search(model, index_of(model, index), query, top_k, dataset, work, how, bm25_cfg, depth)
+            hits = hybrid_search(model, searched := index_of(model, index), query, top_k, dataset, work, how,
+                                 bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
-            hits = search_text(model, index_of(model, index), query, top_k)
+            hits = search_text(model, searched := index_of(model, index), query, top_k)
         if trec is not None:
             import pandas as pd
 
@@ -129,6 +131,12 @@ def search(
                                      "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
                        tag=Path(model).name)
         texts = corpus_titles(dataset) if dataset else {}
+        if dataset:  # the passages printed must be the ones the index holds
+            shown = [h.doc_id for h in hits]
+            if missing := [d for d in shown if d not in texts]:
+                raise AnceError(f"--dataset {dataset}: {len(missing)} of the {len(shown)} hits are not in its corpus "
+                                f"(e.g. '{missing[0]}'): give the dataset the model's index was encoded from")
+            check_same_texts(searched, {d: texts[d] for d in shown}, dataset)
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 

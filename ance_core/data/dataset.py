@@ -87,7 +87,9 @@ def detect_format(folder: Path) -> str:
         return "beir"
     if (folder / "collection.tsv").is_file():
         return "msmarco"
-    raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv)")
+    packed = sorted(p.name for p in folder.glob("*") if p.name.startswith(("corpus.jsonl.", "collection.tsv.")))
+    hint = f"; it holds {packed[0]}: unpack it (e.g. gunzip) in place" if packed else ""
+    raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv){hint}")
 
 
 def has_labels(folder: Path, fmt: str = "auto") -> bool:

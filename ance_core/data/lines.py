@@ -7,6 +7,7 @@ import io
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +25,8 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise DataError(path, "a folder, not a file" if path.is_dir() else "file not found")
     warned = False
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f, _readable_gzip(path):
-        if f.peek(2)[:2] in UTF16_BOMS:
-            yield from _utf16_lines(f)
+        if (utf16 := _utf16_encoding(f.peek(4)[:4])) is not None:
+            yield from _utf16_lines(f, utf16)
             return
         for number, raw in enumerate(f, start=1):
             encoding = "utf-8-sig" if number == 1 else "utf-8"
@@ -47,6 +48,19 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 file's first bytes (little-, big-endian)
 
 
+def _utf16_encoding(head: bytes) -> str | None:
+    """The UTF-16 codec of a file that starts with these bytes, or None (UTF-8): its byte-order mark, or without one
+    a NUL byte beside each of its first two characters (`iconv -t utf-16le` writes no mark; a JSON or TSV file in
+    UTF-8 holds no NUL byte)."""
+    if head[:2] in UTF16_BOMS:
+        return "utf-16"
+    if len(head) == 4 and head[1] == head[3] == 0 and head[0] and head[2]:
+        return "utf-16-le"
+    if len(head) == 4 and head[0] == head[2] == 0 and head[1] and head[3]:
+        return "utf-16-be"
+    return None
+
+
 @contextlib.contextmanager
 def _readable_gzip(path: Path) -> Iterator[None]:
     """A gzip file that cannot be read (gzip.BadGzipFile is an OSError; a cut-off one an EOFError) is an error naming
@@ -57,10 +71,11 @@ def _readable_gzip(path: Path) -> Iterator[None]:
         raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
-def _utf16_lines(f) -> Iterator[tuple[int, str]]:
-    """`read_lines` of a UTF-16 file with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
-    them): decoded as UTF-16, not read as UTF-8 with a NUL byte between every character."""
-    for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-16", errors="replace", newline=None), start=1):
+def _utf16_lines(f, encoding: str = "utf-16") -> Iterator[tuple[int, str]]:
+    """`read_lines` of a UTF-16 file, with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
+    them) or without (`encoding` utf-16-le or -be): decoded as UTF-16, not read as UTF-8 with a NUL byte between
+    every character."""
+    for number, line in enumerate(io.TextIOWrapper(f, encoding=encoding, errors="replace", newline=None), start=1):
         line = line.rstrip("\r\n").lstrip("\ufeff")
         if line.strip():
             yield number, line
@@ -195,13 +210,16 @@ LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.s
 
 
 def id_problem(text: str) -> str | None:
-    """Why `text` (trimmed) cannot be an id, or None: empty, or holding a line break (\\n, \\r, \\u2028 ... inside
+    """Why `text` (trimmed) cannot be an id, or None: empty; holding a line break (\\n, \\r, \\u2028 ... inside
     it), which would break every file that holds ids one per line (docids.txt, TREC runs) and shift the ids after
-    it."""
+    it; or holding a space or a tab, which would split it into two columns of a TREC run or qrels file."""
     if not text:
         return "empty id"
     if LINE_BREAKS.search(text):
         return f"id {json.dumps(text)[:60]} holds a line break"
+    if any(c.isspace() for c in text):
+        return (f"id {json.dumps(text)[:60]} holds whitespace, which separates the columns of TREC run and qrels "
+                "files (write it with '_' instead)")
     return None
 
 
@@ -301,6 +319,17 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
     return number, parts[0], parts[1], _relevance(path, number, parts[2])
 
 
+def _normalisation_hint(missing: list[tuple], column: int, known: set) -> str:
+    """When a missing id is a known one in another Unicode normal form (NFC 'café' against NFD 'cafe\u0301': the two
+    print alike), say so: one file was written by a tool that normalises text."""
+    for row in missing:
+        for form in ("NFC", "NFD"):
+            if (other := unicodedata.normalize(form, row[column])) != row[column] and other in known:
+                return (f"; {row[column]!r} is {other!r} there in Unicode {form} (they print alike): normalise the "
+                        "ids of both files to one form")
+    return ""
+
+
 class FileLayoutError(DataError):
     """A problem with a file's layout (not one of its rows): it stops the load."""
 
@@ -325,6 +354,7 @@ def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: se
                     "nDCG here read higher than BEIR's on this split)" if what == "documents" else "")
             warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
                  f"{file} (or on a line of it left out above); they are left out{beir}: "
-                 f"{preview([f'{r[column]} (line {r[0]})' for r in missing])}")
+                 f"{preview([f'{r[column]} (line {r[0]})' for r in missing])}"
+                 + _normalisation_hint(missing, column, known))
             rows = [row for row in rows if row[column] in known]
     return rows

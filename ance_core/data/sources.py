@@ -53,6 +53,8 @@ def resolve_dataset(dataset: str, home: str | None = None, download: bool = True
                 f"dataset '{dataset}' is not in the data home {root} and downloading it failed ({e}); "
                 f"put it at {root / dataset} or set ANCE_DATA_HOME"
             ) from None
+    if as_path.exists():
+        raise AnceError(f"dataset '{dataset}': a file, not a dataset folder (give the folder that holds it)")
     known = ", ".join(sorted(BEIR_MD5))
     raise AnceError(
         f"dataset '{dataset}' not found: not a folder, not in the data home {root}"

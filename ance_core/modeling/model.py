@@ -296,6 +296,8 @@ def write_compressed_checkpoint(teacher: str | Path, projector: Projector, out: 
 
 def read_meta(path: str | Path) -> ModelMeta:
     meta_path = Path(path) / META_FILE
+    if not Path(path).exists():
+        raise AnceError(f"{path}: no such checkpoint folder (the path does not exist)")
     if not meta_path.is_file():
         raise AnceError(f"{path}: not an ANCE checkpoint (no {META_FILE}); pass a folder written by training")
     return ModelMeta(**json.loads(meta_path.read_text()))

@@ -18,6 +18,20 @@ def index_checkpoint(index: str | Path) -> str | None:
         return None
 
 
+def encoded_corpus(index: str | Path) -> Path | None:
+    """The data (or corpus) stage folder whose corpus an index stage folder's encoding holds, read from the stage
+    manifests (index -> encode -> data); None when they do not say or the folder is gone (gc, a moved index)."""
+    index = Path(index).resolve()
+    try:
+        embeddings = read_manifest(index)["inputs"]["embeddings"]
+        data = read_manifest(index.parent.parent / "encode" / embeddings)["inputs"]["data"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    found = [f for f in (index.parent.parent / stage / data for stage in ("data", "corpus"))
+             if (f / "corpus.parquet").is_file()]
+    return found[0] if found else None
+
+
 class CheckpointMatch:
     """Whether a checkpoint digest (a stage input: a training stage's key, or another folder's content digest) names the
     checkpoint folder `model`: True, False, or None when it cannot be told (a folder unreadable). A stage folder is

@@ -21,6 +21,8 @@ def _invoke(args, input: str | None = None):
 def test_not_a_checkpoint(tmp_path):
     code, out = _invoke(["evaluate", "--checkpoint", str(tmp_path), "--dataset", str(tmp_path)])
     assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
+    code, out = _invoke(["search", "cells", "--model", str(tmp_path / "typo")])  # a path that is not there: said so
+    assert code == 2 and "typo: no such checkpoint folder (the path does not exist)" in out, out
 
 
 def test_search_refuses_an_empty_query_and_a_top_k_below_one(tmp_path):
@@ -334,6 +336,18 @@ def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_
         code, out = _invoke([*args, "--run", str(tmp_path / "half.trec"), "--json"])
     assert code == 0, out
     assert json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.5
+    # a run of another collection's documents would score 0.0: refused; a few unknown documents or queries: said
+    (tmp_path / "docs.trec").write_text("q1 Q0 x1 1 3.0 sys\nq2 Q0 x2 1 2.0 sys\n")
+    code, out = _invoke([*args, "--run", str(tmp_path / "docs.trec")])
+    assert code == 2 and "docs.trec: none of its 2 document ids (e.g. ['x1', 'x2']) is in the corpus" in out, out
+    (tmp_path / "stray.trec").write_text((tmp_path / "run.trec").read_text() + "q1 Q0 nodoc 3 1.0 sys\n"
+                                         "qZ Q0 d1 1 1.0 sys\n")
+    with pytest.warns(AnceWarning) as caught:
+        code, out = _invoke([*args, "--run", str(tmp_path / "stray.trec"), "--json"])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 0.75, out
+    said = " ".join(str(w.message) for w in caught)
+    assert "1 of its 3 queries are not judged queries of split 'test' and are not scored (e.g. ['qZ'])" in said
+    assert "1 of its 4 document ids are not in the corpus" in said and "['nodoc']" in said
 
 
 def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_model, tmp_path):
@@ -609,6 +623,48 @@ def test_hybrid_search_refuses_a_corpus_other_than_the_indexs(tmp_path):
             with pytest.raises(AnceError, match=rf"--dataset mine: its corpus \({len(ids)} documents\) is not the one "
                                rf"the index .* holds \(2 documents, {2 * (ids[0] == 'd1')} of them in mine\)"):
                 check_same_corpus(index, SimpleNamespace(path=str(data)), "mine")
+
+
+def test_hybrid_search_refuses_a_corpus_of_the_same_ids_with_other_texts(tmp_path):
+    """The same document ids with other texts (another version of the collection): the index's encoding is told from
+    the stage manifests (index -> encode -> data) and a sample of texts compared; refused, naming a document. Where
+    the index's data stage is gone, it cannot be told."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from ance_cli.lookups import check_same_corpus, check_same_texts
+    from ance_core.errors import AnceError
+
+    work = tmp_path / "work"
+    index, encode, encoded = work / "index" / "i1", work / "encode" / "e1", work / "data" / "d1"
+    for folder, manifest in ((index, {"inputs": {"embeddings": "e1"}}), (encode, {"inputs": {"data": "d1"}}),
+                             (encoded, {})):
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    (index / "docid").write_text("".join(f"d{i}\n" for i in range(100)))
+    texts = [f"passage {i}" for i in range(100)]
+    pd.DataFrame({"doc_id": [f"d{i}" for i in range(100)], "title": "", "text": texts}).to_parquet(
+        encoded / "corpus.parquet")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for changed, fits in ((None, True), (99, False), (0, False)):
+        pd.DataFrame({"doc_id": [f"d{i}" for i in range(100)], "title": "",
+                      "text": [t + " v2" * (i == changed) for i, t in enumerate(texts)]}).to_parquet(
+            mine / "corpus.parquet")
+        if fits:
+            check_same_corpus(index, SimpleNamespace(path=str(mine)), "mine")
+        else:
+            with pytest.raises(AnceError, match=rf"--dataset mine: 1 of \d+ documents compared hold other texts than "
+                               rf"the corpus the index .* was encoded from \(e.g. 'd{changed}': 'passage {changed} v2' "
+                               rf"against 'passage {changed}'\)"):
+                check_same_corpus(index, SimpleNamespace(path=str(mine)), "mine")
+    with pytest.raises(AnceError, match="'d5'"):  # the hits `ance search --dataset` prints, compared the same way
+        check_same_texts(index, {"d4": "passage 4", "d5": "another text"}, "mine")
+    import shutil
+
+    shutil.rmtree(encoded)  # (gc removed it): nothing to compare with
+    check_same_texts(index, {"d5": "another text"}, "mine")
 
 
 def test_a_models_work_folder_is_the_one_it_is_a_stage_of(tmp_path):

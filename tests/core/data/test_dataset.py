@@ -287,6 +287,13 @@ def test_missing_files_and_folders_are_named(beir, tmp_path):
     (tmp_path / "neither").mkdir()
     with pytest.raises(AnceError, match="neither a BEIR folder .* nor MS MARCO"):
         load_dataset(tmp_path / "neither")
+    (tmp_path / "neither" / "corpus.jsonl.gz").write_bytes(b"")  # as BEIR's zips and mirrors ship it
+    with pytest.raises(AnceError, match=r"nor MS MARCO \(collection.tsv\); it holds corpus.jsonl.gz: unpack it"):
+        load_dataset(tmp_path / "neither")
+    from ance_core.data.sources import resolve_dataset
+
+    with pytest.raises(AnceError, match=r"dataset '.*corpus.jsonl.gz': a file, not a dataset folder"):
+        resolve_dataset(str(tmp_path / "neither" / "corpus.jsonl.gz"), download=False)
 
 
 def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):

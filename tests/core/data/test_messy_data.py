@@ -63,15 +63,17 @@ def test_a_grade_too_large_to_store_is_a_bad_row(tmp_path):
     assert ds.qrels[ds.qrels["split"] == "train"]["doc_id"].tolist() == ["d1"]
 
 
-@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
-def test_files_saved_as_utf16_load_as_their_utf8_twins(tmp_path, encoding):
+@pytest.mark.parametrize("encoding,mark", [("utf-16", ""), ("utf-16-be", "be"), ("utf-16-le", None),
+                                           ("utf-16-be", None)])
+def test_files_saved_as_utf16_load_as_their_utf8_twins(tmp_path, encoding, mark):
     """Windows PowerShell 5.1's `>` writes UTF-16 with a byte-order mark: it used to be read as UTF-8 (a NUL between
-    characters) and refused as malformed JSON or a grade that is not a number."""
+    characters) and refused as malformed JSON or a grade that is not a number. `iconv -t utf-16le` writes none
+    (`mark` None): told by the NUL byte beside each character."""
     clean = load_dataset(write_beir(tmp_path / "clean", CORPUS, QUERIES, QRELS))
     folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
         text = (folder / name).read_text().replace("\n", "\r\n")
-        (folder / name).write_bytes((b"\xfe\xff" if encoding.endswith("be") else b"") + text.encode(encoding))
+        (folder / name).write_bytes((b"\xfe\xff" if mark == "be" else b"") + text.encode(encoding))
     ds = load_dataset(folder)
     for table in ("corpus", "queries", "qrels"):
         pd.testing.assert_frame_equal(getattr(ds, table), getattr(clean, table))
@@ -137,3 +139,29 @@ def test_an_id_holding_a_line_break_is_a_bad_row(tmp_path):
     (marco / "collection.tsv").write_text("d1\tapple pie\nd2\tcherry tart\nd\x1c3\tthree\n")
     with pytest.warns(AnceWarning, match=r"collection.tsv: 1 of its 3 rows .*line 3: id .* holds a line break"):
         assert sorted(load_dataset(marco).corpus["doc_id"]) == ["d1", "d2"]
+
+
+def test_an_id_holding_a_space_or_a_tab_is_a_bad_row(tmp_path):
+    """A TREC run or qrels file separates its columns by whitespace: "d 3" would be written as two columns (a run
+    read back loses the row). A query id is refused the same way."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "corpus.jsonl").write_text((folder / "corpus.jsonl").read_text()
+                                         + '{"_id": "d 3", "title": "t", "text": "three"}\n'
+                                         + '{"_id": "d\\t4", "title": "t", "text": "four"}\n')
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 2 of its 4 rows .*line 3: id \"d 3\" holds whitespace"):
+        assert sorted(load_dataset(folder).corpus["doc_id"]) == ["d1", "d2"]
+    folder = write_beir(tmp_path / "ds2", CORPUS, QUERIES, QRELS)
+    (folder / "queries.jsonl").write_text((folder / "queries.jsonl").read_text() + '{"_id": "my q", "text": "x"}\n')
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 1 of its .* rows .*id \"my q\" holds whitespace"):
+        assert "my q" not in set(load_dataset(folder).queries["query_id"])
+
+
+def test_a_qrels_id_in_another_unicode_normal_form_is_named_as_such(tmp_path):
+    """'café' written precomposed (NFC) in the corpus and decomposed (NFD) in the qrels prints alike: the warning says
+    why the judgement names no document."""
+    corpus = [*CORPUS, {"_id": "caf\u00e9", "title": "", "text": "coffee"}]
+    folder = write_beir(tmp_path / "ds", corpus, QUERIES, QRELS)
+    with open(folder / "qrels" / "train.tsv", "a") as f:
+        f.write("q1\tcafe\u0301\t1\n")
+    with pytest.warns(AnceWarning, match=r"is 'café' there in Unicode NFC \(they print alike\): normalise the ids"):
+        load_dataset(folder)

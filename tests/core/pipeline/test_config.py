@@ -137,6 +137,10 @@ def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_p
                         (["ance..lr=1"], "expected key=value")):
         with pytest.raises(AnceError, match=re.escape(named)):
             load_config(path, sets=sets)
+    with pytest.raises(AnceError) as err:  # PyYAML's own text spans several lines: one here
+        load_config(path, sets=["rounds=[1,2"])
+    assert str(err.value) == ("--set rounds=[1,2: the value is not valid YAML at character 5: expected ',' or ']', but "
+                              "got '<stream end>' (quote a text value: rounds='...')")
 
 
 def test_compare_refuses_a_shared_mining_option_a_sampler_cannot_take_before_any_work():
