@@ -39,7 +39,7 @@ from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
 from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval.attention import attention_backends
-from ance_core.retrieval.encode import encode_texts, padded_chunks
+from ance_core.retrieval.encode import compiled_forward, encode_texts, padded_chunks
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import train
 
@@ -125,17 +125,21 @@ def bench_encode(checkpoint: Path, texts: list[str], length: int, batch_size: in
 
 
 def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batch_tokens: int, precision: str,
-                           peak_tflops: float) -> dict:
-    """The same passages encoded with `batch_tokens` (encode.batch_tokens): tokenizing overlaps the model's work."""
+                           peak_tflops: float, compiled: bool = False) -> dict:
+    """The same passages encoded with `batch_tokens` (encode.batch_tokens): tokenizing overlaps the model's work.
+    `compiled`: through torch.compile (encode.compile); the warm-up compiles, and its seconds are reported."""
     device = pick_device()
     model, tokenizer, _ = load_checkpoint(checkpoint, device)
     dtype = autocast_dtype(precision, device)
     flops = forward_flops(model, [len(ids) for ids in token_ids(tokenizer, texts, length)])
-    encode_texts(model, tokenizer, texts[:1000], length, 0, dtype, batch_tokens=batch_tokens)  # warm-up
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
     started = time.perf_counter()
-    encode_texts(model, tokenizer, texts, length, 0, dtype, batch_tokens=batch_tokens)
+    encode_texts(model, tokenizer, texts[:1000], length, 0, dtype, batch_tokens=batch_tokens,
+                 compiled=compiled)  # warm-up
+    sync()
+    warm_up = time.perf_counter() - started
+    started = time.perf_counter()
+    encode_texts(model, tokenizer, texts, length, 0, dtype, batch_tokens=batch_tokens, compiled=compiled)
     sync()
     seconds = time.perf_counter() - started
     # the two halves apart, to tell which sets the pace: the producer's work alone (tokenize, cut, pad, pin) and the
@@ -150,12 +154,14 @@ def bench_encode_pipelined(checkpoint: Path, texts: list[str], length: int, batc
     started = time.perf_counter()
     # under the SDPA backends encoding runs with (without them, cuDNN's backend plans every new shape: the forwards
     # alone measured 7.4 s against the pipelined encode's 2.6 s on an H200)
+    forward_of = compiled_forward(model) if compiled else model
     with torch.inference_mode(), autocast, attention_backends():
         for b in batches:
-            model(b["input_ids"], b["attention_mask"])
+            forward_of(b["input_ids"], b["attention_mask"])
     sync()
     forward = time.perf_counter() - started
-    return {"passages": len(texts), "max_length": length, "batch_tokens": batch_tokens, "seconds": round(seconds, 2),
+    return {"passages": len(texts), "max_length": length, "batch_tokens": batch_tokens, "compiled": compiled,
+            "warm_up_seconds": round(warm_up, 2), "seconds": round(seconds, 2),
             "passages_per_s": round(len(texts) / seconds, 1), **utilisation(flops, seconds, peak_tflops),
             "batches": len(batches), "producer_alone_seconds": round(producer, 2),
             "forward_alone_seconds": round(forward, 2),
@@ -222,6 +228,8 @@ def main() -> None:
     parser.add_argument("--loader-workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--compile", action="store_true", help="train once more with train.compile (torch.compile; "
                         "CUDA graphs on a GPU), with the last --loader-workers; its first steps compile (--skip them)")
+    parser.add_argument("--encode-compile", action="store_true", help="with --encode-batch-tokens: encode once more "
+                        "through torch.compile (encode.compile; its warm-up compiles)")
     parser.add_argument("--only-compiled", action="store_true", help="with --compile: skip the eager runs")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--json", type=Path)
@@ -247,6 +255,11 @@ def main() -> None:
                                                             args.encode_batch_tokens, args.precision,
                                                             args.peak_tflops)
         print(json.dumps(report["encode_pipelined"]), flush=True)
+        if args.encode_compile:  # and through torch.compile (encode.compile)
+            report["encode_pipelined_compiled"] = bench_encode_pipelined(
+                checkpoint, texts, args.encode_length, args.encode_batch_tokens, args.precision, args.peak_tflops,
+                compiled=True)
+            print(json.dumps(report["encode_pipelined_compiled"]), flush=True)
     qrels = data.split_qrels("train")
     pairs = training_pairs(data.corpus, qrels, args.steps * args.batch_size)
     report["train"] = []

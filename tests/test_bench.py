@@ -224,12 +224,13 @@ def test_gpu_bench(tiny_model, tmp_path):
     """bench/gpu.py at toy size on the CPU standing in (no CUDA here): encoding and training figures, no GPU-busy %."""
     out = bench("gpu.py", "--model", str(tiny_model), "--random-init", "--passages", "300", "--steps", "6",
                 "--skip", "1", "--batch-size", "4", "--loader-workers", "0", "1", "--encode-batch-tokens", "2048",
-                "--json", str(tmp_path / "gpu.json"),
+                "--encode-compile", "--json", str(tmp_path / "gpu.json"),
                 tmp_path=tmp_path)
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert report["encode"]["passages"] == 300 and report["encode"]["passages_per_s"] > 0, out
     pipelined = report["encode_pipelined"]  # and its two halves apart
     assert pipelined["passages"] == 300 and pipelined["batches"] >= 2 and pipelined["forward_alone_seconds"] > 0
+    assert report["encode_pipelined_compiled"]["compiled"] and report["encode_pipelined_compiled"]["seconds"] > 0
     assert [t["loader_workers"] for t in report["train"]] == [0, 1]
     assert all(t["steps"] == 6 and t["steps_per_s"] > 0 for t in report["train"])
     assert ("gpu_busy_pct" in report["train"][0]) == (report["device"] != "cpu")
