@@ -43,13 +43,14 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     if len(ran - judged):
         warn(f"{path}: {len(ran - judged):,} of its {len(ran):,} queries are not judged queries of split '{split}' "
              f"and are not scored (e.g. {sorted(ran - judged)[:3]})")
-    corpus, ranked = set(tables.corpus["doc_id"]), set(run["doc_id"])
-    if not corpus & ranked:
-        raise AnceError(f"{path}: none of its {len(ranked):,} document ids (e.g. {sorted(ranked)[:3]}) is in the "
-                        f"corpus of {dataset} (e.g. {sorted(corpus)[:3]}): a run of another collection?")
-    if len(ranked - corpus):
-        warn(f"{path}: {len(ranked - corpus):,} of its {len(ranked):,} document ids are not in the corpus of "
-             f"{dataset} and count as not relevant (e.g. {sorted(ranked - corpus)[:3]})")
+    ranked = run["doc_id"].drop_duplicates()  # (a hash of the corpus's ids, not a Python set of millions)
+    unknown = sorted(ranked[~ranked.isin(tables.corpus["doc_id"])])
+    if len(unknown) == len(ranked):
+        raise AnceError(f"{path}: none of its {len(ranked):,} document ids (e.g. {unknown[:3]}) is in the corpus of "
+                        f"{dataset} (e.g. {tables.corpus['doc_id'].head(3).tolist()}): a run of another collection?")
+    if unknown:
+        warn(f"{path}: {len(unknown):,} of its {len(ranked):,} document ids are not in the corpus of {dataset} and "
+             f"count as not relevant (e.g. {unknown[:3]})")
     if EvalConfig().ignore_identical_ids:
         run = without_identical_ids(run)
     return evaluate_run(run, qrels)[0]
@@ -176,6 +177,7 @@ def check_same_corpus(index: Path, data, dataset: str) -> None:
     from ance_core.artifacts import INDEX_DOCIDS, id_lines
     from ance_core.data.corpus import ParquetCorpus
     from ance_core.errors import AnceError
+    from ance_core.retrieval.provenance import encoded_corpus
 
     # (arrow arrays, not Python sets: millions of ids; a MaxP index lists a document once per window)
     held = pc.unique(pa.array(id_lines(index / INDEX_DOCIDS), pa.string()))
@@ -189,23 +191,31 @@ def check_same_corpus(index: Path, data, dataset: str) -> None:
         raise AnceError(f"--dataset {dataset}: its corpus ({documents(len(corpus))}) is not the one the index {index} "
                         f"holds ({documents(len(held))}, {common:,} of them in {dataset}): give the dataset the "
                         "model's run encoded")
-    import numpy as np
-
-    held = held.to_pylist()
-    sample = sorted({held[int(i)] for i in np.linspace(0, len(held) - 1, min(TEXT_SAMPLE, len(held)))})
-    check_same_texts(index, {d: t for d, t in zip(*texts_of(Path(data.path), sample), strict=True)}, dataset)
+    if (encoded := encoded_corpus(index)) is None or encoded.resolve() == Path(data.path).resolve():
+        return  # (nothing to compare with, or the very stage folder)
+    ends = min(TEXT_SAMPLE // 2, len(held))  # the first and the last documents: two row groups of each corpus to read
+    sample = sorted(set(held[:ends].to_pylist()) | set(held[len(held) - ends:].to_pylist()))
+    check_same_texts(index, dict(zip(*texts_of(Path(data.path), sample), strict=True)), dataset)
 
 
 TEXT_SAMPLE = 64  # documents whose text --hybrid compares between --dataset and the corpus the index was encoded from
 
 
 def texts_of(folder: Path, doc_ids: list[str]) -> tuple[list[str], list[str]]:
-    """(doc ids, passage texts) of these documents of a data (or corpus) stage folder."""
-    from ance_core.data.corpus import read_corpus_rows
-    from ance_core.data.dataset import passage_texts
+    """(doc ids, passage texts) of those of these documents a data (or corpus) stage folder holds, read by row: the
+    id column and the row groups that hold them, not the corpus's whole text."""
+    import numpy as np
 
-    rows = read_corpus_rows(folder, doc_ids)
-    return rows["doc_id"].tolist(), passage_texts(rows)
+    from ance_core.data.corpus import ParquetCorpus
+
+    corpus = ParquetCorpus.of_folder(folder)
+    rows = corpus.rows_of(doc_ids)
+    order = np.argsort(rows, kind="stable")
+    order = order[rows[order] >= 0]  # (ids it lacks left out)
+    ids, texts = [doc_ids[i] for i in order], []
+    for _, batch in corpus.passages(rows[order]):
+        texts += batch
+    return ids, texts
 
 
 def check_same_texts(index: Path, texts: dict[str, str], dataset: str) -> None:
@@ -215,7 +225,7 @@ def check_same_texts(index: Path, texts: dict[str, str], dataset: str) -> None:
     from ance_core.retrieval.provenance import encoded_corpus
 
     if (encoded := encoded_corpus(index)) is None:
-        return
+        return  # (the index's data stage is gone, or the manifests do not say)
     theirs = dict(zip(*texts_of(encoded, list(texts)), strict=True))
     differ = [d for d, text in texts.items() if d in theirs and theirs[d] != text]
     if differ:

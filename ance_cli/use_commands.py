@@ -122,6 +122,13 @@ def search(
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, searched := index_of(model, index), query, top_k)
+        texts = corpus_titles(dataset) if dataset else {}
+        if dataset:  # the passages printed must be the ones the index holds
+            shown = [h.doc_id for h in hits]
+            if missing := [d for d in shown if d not in texts]:
+                raise AnceError(f"--dataset {dataset}: {len(missing)} of the {len(shown)} hits are not in its corpus "
+                                f"(e.g. '{missing[0]}'): give the dataset the model's index was encoded from")
+            check_same_texts(searched, {d: texts[d] for d in shown}, dataset)
         if trec is not None:
             import pandas as pd
 
@@ -130,13 +137,6 @@ def search(
             write_trec(pd.DataFrame({"query_id": query_id, "doc_id": [h.doc_id for h in hits],
                                      "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
                        tag=Path(model).name)
-        texts = corpus_titles(dataset) if dataset else {}
-        if dataset:  # the passages printed must be the ones the index holds
-            shown = [h.doc_id for h in hits]
-            if missing := [d for d in shown if d not in texts]:
-                raise AnceError(f"--dataset {dataset}: {len(missing)} of the {len(shown)} hits are not in its corpus "
-                                f"(e.g. '{missing[0]}'): give the dataset the model's index was encoded from")
-            check_same_texts(searched, {d: texts[d] for d in shown}, dataset)
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 

@@ -99,10 +99,10 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # the queries); mine to 1 (BM25's filler rows are no candidates, a query's own id is never its negative); data to 2
 # (a dataset's own dev queries are no longer in its train split).
 STAGE_RULES: dict[str, int] = {
-    "data": 2, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
+    "data": 3, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 0, "train-async": 0,
     "snapshot": 0, "dev-candidates": 0, "evaluate": 1, "fusion": 2, "fuse": 2, "serving": 0, "reports": 0,
-    "compress": 1, "trial": 0, "tune": 0, "corpus": 1,
+    "compress": 1, "trial": 0, "tune": 0, "corpus": 2,
 }
 
 

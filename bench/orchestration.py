@@ -5,7 +5,7 @@ One run each, on fresh work folders, same machine, same config:
   2. the same stage functions called in plain Python in the same order (`task.fn`: no Prefect at all), in a process
      of its own, so that both sides pay the interpreter's start and the imports;
   3. `ance run` again on the work folder of 1: every stage cached.
-The config has no dev split and no hybrid row (`data.dev_fraction: 0`, `hybrid: false`), by default and over
+The config has no dev split and no hybrid row (`data.dev_split: null`, `hybrid: false`), by default and over
 `--config`: the plain side runs the stages of such a run only (the flow's best-so-far starts, fusion and retrieval
 package need a dev split). The flow's MLflow logging (embedded store) has no plain counterpart: it is counted
 outside the stages, with Prefect's own work.
@@ -128,7 +128,7 @@ def timed_cli(config: PipelineConfig, folder: Path, env: dict) -> tuple[float, d
 
 def comparable(c: PipelineConfig, rounds: int | None) -> PipelineConfig:
     """The config both sides run: no dev split, no hybrid row (what `plain_pipeline` implements), `rounds` if given."""
-    data = DataConfig.model_validate(c.data.model_dump() | {"dev_fraction": 0.0})
+    data = DataConfig.model_validate(c.data.model_dump() | {"dev_fraction": 0.0, "dev_split": None})
     return c.model_copy(update={"data": data, "hybrid": False}
                         | ({"rounds": rounds} if rounds is not None else {}))
 

@@ -348,7 +348,7 @@ def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: se
         if len(missing) == len(rows):
             raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names {one} of the {file} "
                             f"(first: '{missing[0][column]}'); is this the {file} they were made for? (or was it on a "
-                            "line left out above?)", missing[0][0])
+                            "line left out above?)" + _normalisation_hint(missing, column, known), missing[0][0])
         if missing:
             beir = (" (BEIR's evaluation counts such a judgement as a relevant document never retrieved: recall and "
                     "nDCG here read higher than BEIR's on this split)" if what == "documents" else "")

@@ -309,18 +309,21 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
         if not sep or not all(parts):
             example = "ance.learning_rate=3e-5" if flag == "--set" else "eta=2"
             raise AnceError(f"{flag} {item}: expected key=value with a dotted key, e.g. {flag} {example}")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as e:  # in one line (PyYAML's own text spans several)
-            mark = getattr(e, "problem_mark", None)
-            where = f" at character {mark.column + 1}" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise AnceError(f"{flag} {item}: the value is not valid YAML{where}: {problem} (quote a text value: "
-                            f"{key}='...')") from None
-        if value is not None and text.strip()[:1] not in ("'", '"') and _text_field(schema, parts):
-            # a text field takes the text as typed: YAML would drop a trailing space ('query: ', a prefix) or read
-            # 'query: ' as a mapping and 2019 as a number; a quoted value is YAML's string
+        stripped = text.strip()
+        if stripped and stripped[:1] not in ("'", '"') and stripped.lower() not in ("null", "~") \
+                and _text_field(schema, parts):
+            # a text field takes the text as typed: YAML would drop a trailing space ('query: ', a prefix), read
+            # 'query: ' as a mapping and 2019 as a number, or refuse '[x'; a quoted value is YAML's string, null unsets
             value = text.lstrip()
+        else:
+            try:
+                value = yaml.safe_load(text) if stripped else ""
+            except yaml.YAMLError as e:  # in one line (PyYAML's own text spans several)
+                mark = getattr(e, "problem_mark", None)
+                where = f" at character {mark.column + 1}" if mark is not None else ""
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise AnceError(f"{flag} {item}: the value is not valid YAML{where}: {problem} (a text value in "
+                                f"quotes, inside the shell's: {flag} \"{key}='...'\")") from None
         node = out
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)

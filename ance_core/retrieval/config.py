@@ -44,10 +44,10 @@ class EncodeConfig(StageConfig):
         "float16", description="How the shards store the embeddings: float16 halves the disk of every refresh (768-d "
         "MS MARCO: 13.5 GB instead of 27 GB); the index and the scores are computed in float32 from them")
     compile: bool = Field(
-        False, repr=False, description="torch.compile the encoder's forward for corpus encodings (inductor, dynamic "
-        "shapes: one compile serves every batch shape). Same embeddings to the precision's rounding; in no stage's "
-        "key. Pays on large corpora, where the compile's seconds are small beside the encoding's "
-        "(bench/encode_compile.py, BENCHMARKS.md)")
+        False, repr=False, description="torch.compile the encoder's forward for corpus encodings and dev checks "
+        "(inductor, dynamic shapes: one compile serves nearly every batch shape). Same embeddings to the precision's "
+        "rounding; in no stage's key. Pays on large corpora, where the compile's seconds are small beside the "
+        "encoding's (bench/encode_compile.py, BENCHMARKS.md)")
 
 
 class ExecutionConfig(StageConfig):

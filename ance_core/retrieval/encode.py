@@ -11,11 +11,12 @@ A document is its first `passage_max_length` tokens (FirstP), or with a `maxp` c
 tokens, at most `max_passages` (`passage_windows`; ANCE §5 MaxP).
 """
 
+import functools
 import os
 import queue
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from itertools import chain
 from pathlib import Path
@@ -74,16 +75,22 @@ def encode_texts(
                            "lower encode.batch_size (or the model's max length)", compiled)
 
 
-def compiled_forward(model: BiEncoder) -> torch.nn.Module:
+def _forward(model: BiEncoder, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    return model(input_ids, attention_mask)
+
+
+@functools.cache
+def _compiled() -> Callable:
+    return torch.compile(_forward, dynamic=True)
+
+
+def compiled_forward(model: BiEncoder) -> Callable:
     """The model's forward under torch.compile (inductor, dynamic shapes: length-sorted batches are nearly all new
-    shapes, and one symbolic graph serves them), compiled once per model object and kept on it, outside its
-    submodules (so outside its state dict). The weights are the model's own: a model trained on afterwards (a
-    stage's dev checks encode with the training model) is encoded with its new weights."""
-    forward = model.__dict__.get("_compiled_forward")
-    if forward is None:
-        forward = torch.compile(model, dynamic=True)
-        object.__setattr__(model, "_compiled_forward", forward)  # not nn.Module's setattr: no submodule
-    return forward
+    shapes, and a symbolic graph serves them; a batch of one text compiles once more). One compiled function for the
+    process, the model its argument: every model of the same architecture runs one graph (its weights are the graph's
+    inputs, so a model trained on afterwards, as a stage's dev checks encode with, is encoded with its new weights),
+    and nothing is kept on the model (a deep copy of it, a freed one, are what they were)."""
+    return functools.partial(_compiled(), model)
 
 
 class BatchResults:

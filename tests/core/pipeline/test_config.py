@@ -132,6 +132,7 @@ def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_p
     assert load_config(path, sets=["data.eval_split=2019"]).data.eval_split == "2019"  # a string field keeps text
     prefixed = load_config(path, sets=["model.query_prefix=query: ", 'model.passage_prefix="passage: "']).model
     assert (prefixed.query_prefix, prefixed.passage_prefix) == ("query: ", "passage: ")  # the trailing space kept
+    assert load_config(path, sets=["model.query_prefix=[x"]).model.query_prefix == "[x"  # not YAML: text as typed
     for sets, named in ((["ance.learning_rat=3e-5"], "ance.learning_rat"), (["rounds=two"], "rounds"),
                         (["rounds.x=1"], "'rounds' is a value"), (["ance"], "expected key=value"),
                         (["ance..lr=1"], "expected key=value")):
@@ -140,7 +141,7 @@ def test_set_overrides_are_dotted_typed_by_the_config_and_named_when_wrong(tmp_p
     with pytest.raises(AnceError) as err:  # PyYAML's own text spans several lines: one here
         load_config(path, sets=["rounds=[1,2"])
     assert str(err.value) == ("--set rounds=[1,2: the value is not valid YAML at character 5: expected ',' or ']', but "
-                              "got '<stream end>' (quote a text value: rounds='...')")
+                              "got '<stream end>' (a text value in quotes, inside the shell's: --set \"rounds='...'\")")
 
 
 def test_compare_refuses_a_shared_mining_option_a_sampler_cannot_take_before_any_work():

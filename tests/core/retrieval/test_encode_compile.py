@@ -37,7 +37,32 @@ def test_a_compiled_encoding_gives_the_eager_embeddings_and_compiles_once(model_
     again = encode_texts(model, tokenizer, TEXTS, 32, 0, None, batch_tokens=64, compiled=True)
     assert counters["stats"]["unique_graphs"] - before == graphs
     np.testing.assert_allclose(again, eager, rtol=1e-4, atol=1e-5)
-    assert list(model.state_dict()) == keys  # the compiled forward is kept outside the model's submodules
+    assert list(model.state_dict()) == keys and not [k for k in vars(model) if "compiled" in k]  # nothing kept on it
+
+
+def test_one_compiled_forward_serves_every_model_and_keeps_none_of_them(model_and_tokenizer, tiny_model, tmp_path):
+    """A second model (another checkpoint: an async refresh's snapshot) runs the same graph with its own weights; a
+    model encoded through it can be deep-copied (training's checkpoint copy, after a dev check) and is freed with its
+    last reference (an inferencer's previous snapshot)."""
+    import copy
+    import gc
+    import weakref
+
+    model, tokenizer = model_and_tokenizer
+    encode_texts(model, tokenizer, TEXTS, 32, 8, None, compiled=True)
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), tmp_path / "other")
+    other, _, _ = load_checkpoint(tmp_path / "other")
+    with torch.no_grad():
+        other.norm.weight.mul_(3.0)
+    before = counters["stats"]["unique_graphs"]
+    np.testing.assert_allclose(encode_texts(other, tokenizer, TEXTS, 32, 8, None, compiled=True),
+                               encode_texts(other, tokenizer, TEXTS, 32, 8, None), rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == before  # no graph of its own
+    copy.deepcopy(other)
+    gone = weakref.ref(other)
+    del other
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_compiled_encoding_sees_weights_changed_after_it_compiled(model_and_tokenizer):
