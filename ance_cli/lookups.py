@@ -4,6 +4,21 @@ run's metrics, the index that goes with a model, the passages' text."""
 from pathlib import Path
 
 
+def training_free(body):
+    """`body` (a command that trains nothing: bm25, evaluate, search) without the data stage's warning that a run
+    would train on every query (no dev split carved): it is a training run's concern, noise here."""
+    import warnings
+
+    from ance_core.errors import AnceWarning
+
+    def quiet():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="no dev split: ", category=AnceWarning)
+            return body()
+
+    return quiet
+
+
 def evaluation_data(dataset: str, split: str, work_dir: str):
     """The data of a command that only evaluates `split`: the pipeline's (its data stage reused). The split a
     pipeline chooses its result on (`dev`) is the dataset's own where it has one (MS MARCO's), and otherwise the one

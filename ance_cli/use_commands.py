@@ -19,6 +19,7 @@ from ance_cli.lookups import (
     index_of,
     model_work_dir,
     score_run,
+    training_free,
 )
 
 
@@ -39,7 +40,7 @@ def bm25(
         metrics = bm25_baseline(data, BM25Config(), work_dir, split=split)
         print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
-    guard(body)
+    guard(training_free(body))
 
 
 @app.command()
@@ -69,7 +70,7 @@ def evaluate(
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
-    guard(body)
+    guard(training_free(body))
 
 
 @app.command()
@@ -140,7 +141,7 @@ def search(
         for rank, hit in enumerate(hits, 1):
             typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
 
-    guard(body)
+    guard(training_free(body))
 
 
 @app.command(name="export")

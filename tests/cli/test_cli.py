@@ -298,6 +298,26 @@ def test_a_corpus_of_empty_texts_is_refused_before_any_work(tmp_path):
     assert code == 2 and "corpus.jsonl: all 2 documents have an empty title and text" in out
 
 
+def test_commands_that_train_nothing_do_not_warn_that_a_run_would_train_on_every_query(tmp_path):
+    """Too few training queries to carve a dev split: a training run's concern, said by `ance run`, not by bm25."""
+    import warnings
+
+    ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"t {i}"} for i in range(3)],
+                    [{"_id": "q1", "text": "t 1"}, {"_id": "q2", "text": "t 2"}],
+                    {"train": [("q1", "d1", 1)], "test": [("q2", "d2", 1)]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 0, out
+    assert not [w for w in caught if "no dev split" in str(w.message)] and "no dev split" not in out
+    from ance_core.data.config import DataConfig
+    from ance_core.errors import AnceWarning
+    from tasks.data import prepare_data
+
+    with pytest.warns(AnceWarning, match="no dev split: "):  # (what a training run's data stage says)
+        prepare_data.fn(DataConfig(dataset=str(ds)), str(tmp_path / "w2"))
+
+
 def test_evaluate_scores_a_trec_run_file_and_refuses_ambiguous_or_bad_input(tmp_path):
     ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"t {i}"} for i in range(3)],
                     [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": "b"}],
