@@ -2,7 +2,6 @@
 change no stage's key."""
 
 import numpy as np
-import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -14,14 +13,6 @@ from ance_core.stage_config import KEY_DUMP
 
 WORDS = "cell protein gene binds mice".split()
 TEXTS = [" ".join(WORDS[: 1 + i % 5] * (1 + i % 7)) for i in range(40)]  # 1 to 35 words: many batch shapes
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt")
-    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), out)
-    model, tokenizer, _ = load_checkpoint(out)
-    return model, tokenizer
 
 
 def test_a_compiled_encoding_gives_the_eager_embeddings_and_compiles_once(model_and_tokenizer):

@@ -1,22 +1,10 @@
 """The pipelined encoding's producer (encode.batch_tokens): a small first chunk, so that the model starts at once."""
 
 import numpy as np
-import pytest
 
 from ance_core.modeling import tokenizing
-from ance_core.modeling.config import ModelConfig
-from ance_core.modeling.model import init_model, load_checkpoint
 from ance_core.retrieval import encode as encode_module
 from ance_core.retrieval.encode import encode_texts, padded_chunks
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt")
-    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), out)
-    model, tokenizer, _ = load_checkpoint(out)
-    return model, tokenizer
-
 
 WORDS = "cell protein gene binds mice".split()
 TEXTS = [" ".join(WORDS[: 1 + i % 5] * (1 + i % 7)) for i in range(40)]  # 1 to 35 words
