@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, warn
 from ance_core.modeling.config import ModelConfig
 from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
 from ance_core.negatives.samplers import WITHOUT_MODEL, get_sampler
@@ -273,7 +273,10 @@ def read_config_file(path: str | Path) -> dict:
     if not path.is_file():
         raise AnceError(f"{path}: {'a folder, not a config file' if path.is_dir() else 'config file not found'}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if raw is None:  # (empty, or comments only: a file saved before it was written, the wrong file)
+            warn(f"{path}: an empty config file: every setting is the default")
+            raw = {}
     except yaml.YAMLError as e:  # where and what, in one line (PyYAML's own text spans several)
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

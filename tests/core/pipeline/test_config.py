@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, AnceWarning
 from ance_core.pipeline.config import PipelineConfig, load_config
 from ance_core.training.config import TrainConfig
 
@@ -34,6 +34,9 @@ def test_load_config_names_file_and_field(tmp_path):
     with pytest.raises(AnceError, match="not valid YAML"):
         (tmp_path / "broken.yaml").write_text("a: [1\n")
         load_config(tmp_path / "broken.yaml")
+    (tmp_path / "empty.yaml").write_text("# to fill in\n")  # the defaults, said (the wrong file saved, or none yet)
+    with pytest.warns(AnceWarning, match=r"empty.yaml: an empty config file: every setting is the default"):
+        assert load_config(tmp_path / "empty.yaml") == load_config(None)
     with pytest.raises(AnceError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
     with pytest.raises(AnceError, match="a folder, not a config file"):  # ("config file not found" before)
