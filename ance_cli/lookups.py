@@ -210,7 +210,7 @@ def check_same_corpus(index: Path, data, dataset: str) -> None:
         return  # (nothing to compare with, or the very stage folder)
     ends = min(TEXT_SAMPLE // 2, len(held))  # the first and the last documents: two row groups of each corpus to read
     sample = sorted(set(held[:ends].to_pylist()) | set(held[len(held) - ends:].to_pylist()))
-    check_same_texts(index, dict(zip(*texts_of(Path(data.path), sample), strict=True)), dataset)
+    _compare_texts(encoded, index, dict(zip(*texts_of(Path(data.path), sample), strict=True)), dataset)
 
 
 TEXT_SAMPLE = 64  # documents whose text --hybrid compares between --dataset and the corpus the index was encoded from
@@ -236,11 +236,16 @@ def texts_of(folder: Path, doc_ids: list[str]) -> tuple[list[str], list[str]]:
 def check_same_texts(index: Path, texts: dict[str, str], dataset: str) -> None:
     """Documents of --dataset whose text is not the text the index's encoding was made from (the same ids, another
     collection's or another version's texts): refused, naming one. Not told when the index's data stage is gone."""
-    from ance_core.errors import AnceError
     from ance_core.retrieval.provenance import encoded_corpus
 
-    if (encoded := encoded_corpus(index)) is None:
-        return  # (the index's data stage is gone, or the manifests do not say)
+    if (encoded := encoded_corpus(index)) is not None:  # (None: the index's data stage is gone, or unsaid)
+        _compare_texts(encoded, index, texts, dataset)
+
+
+def _compare_texts(encoded: Path, index: Path, texts: dict[str, str], dataset: str) -> None:
+    """`check_same_texts` against `encoded`, the data stage folder the index's encoding read."""
+    from ance_core.errors import AnceError
+
     theirs = dict(zip(*texts_of(encoded, list(texts)), strict=True))
     differ = [d for d, text in texts.items() if d in theirs and theirs[d] != text]
     if differ:
