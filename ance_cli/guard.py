@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import NoReturn
 
 import typer
@@ -20,7 +21,10 @@ DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their trac
 
 
 STOP_GRACE_SECONDS = 30  # after a stop signal, the most the command takes to end (a second signal: at once)
-_stopping: list[threading.Timer] = []
+_stopping: list[threading.Thread] = []
+_ending = {"resumes": False, "said": False}  # what the stop line says (`guard`), and whether it was printed
+_say_once = threading.Lock()
+PROJECT_PACKAGES = {"ance_core", "tasks", "flows", "tracking"}  # (not ance_cli: the command's frames stay to the end)
 
 
 def exit_on_sigterm(signum, frame) -> None:
@@ -43,15 +47,66 @@ def interrupt(signum, frame) -> None:
 
 def stop_within(code: int) -> None:
     """End the process with `code` within `STOP_GRACE_SECONDS`, its child processes (the embedded Prefect server)
-    first, whatever its exit handlers are doing then. Ctrl-C at a terminal and a container's stop signal the whole
-    process group, so the embedded server stops with the run, and the run's last calls to it (its flow run's crash,
-    its logs) failed slowly: `ance run` took minutes to exit, printing connection errors."""
+    first, whatever its exit handlers are doing then; sooner when all that is left is Prefect reporting to an
+    embedded server that is gone (`_watch`). Ctrl-C at a terminal and a container's stop signal the whole process
+    group, so the embedded server stops with the run, and the run's last calls to it (its flow run's crash, its
+    events) fail slowly: `ance run` took minutes to exit, printing connection errors and a dump of each event."""
     if _stopping:
         return
-    timer = threading.Timer(STOP_GRACE_SECONDS, _stop_now, args=(code,))
-    timer.daemon = True  # (daemon threads run while the interpreter's exit handlers do)
-    _stopping.append(timer)
-    timer.start()
+    watcher = threading.Thread(target=_watch, args=(code, threading.main_thread().ident), name="ance-stop",
+                               daemon=True)  # (daemon threads run while the interpreter's exit handlers do)
+    _stopping.append(watcher)
+    watcher.start()
+
+
+def _watch(code: int, main_thread: int | None) -> None:
+    """After a stop signal: once the run's own code has unwound (its stage folders, its MLflow runs ended KILLED)
+    and the main thread only waits on Prefect's client retrying a server that died with the run, or at the latest
+    after `STOP_GRACE_SECONDS`, say so and end the process."""
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if _only_prefect_left(main_thread) and _embedded_server_gone():
+            break
+    say_stopped(code)
+    _stop_now(code)
+
+
+def _only_prefect_left(thread: int | None) -> bool:
+    """The thread waits in Prefect's client (a request it retries), with no frame of the project's code below it."""
+    frame = sys._current_frames().get(thread)
+    in_client = ours = False
+    while frame is not None:
+        in_client |= frame.f_code.co_name == "_send_with_retry" and "prefect" in frame.f_code.co_filename
+        ours |= str(frame.f_globals.get("__name__", "")).split(".")[0] in PROJECT_PACKAGES
+        frame = frame.f_back
+    return in_client and not ours
+
+
+def _embedded_server_gone() -> bool:
+    """Prefect's API is this process's embedded server (no PREFECT_API_URL) and no child process of it is alive."""
+    import psutil
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return False
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                return False
+    return True
+
+
+def say_stopped(code: int) -> None:
+    """The one line a stopped command ends with (once, whichever thread gets there first)."""
+    with _say_once:
+        if _ending["said"]:
+            return
+        _ending["said"] = True
+    what = {130: "interrupted (Ctrl-C)", 143: "stopped (SIGTERM)"}.get(code, f"stopped (exit {code})")
+    typer.secho(f"{what}: " + ("the stages finished so far are kept in the work folder, and the same command resumes "
+                               "from them (a training from its last checkpoint)" if _ending["resumes"]
+                               else "nothing was kept"), fg=typer.colors.YELLOW, err=True)
 
 
 def stop_within_under_prefects_handler() -> None:
@@ -85,7 +140,9 @@ def _stop_now(code: int) -> NoReturn:
     for child in alive:
         with contextlib.suppress(psutil.Error):
             child.kill()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os._exit(code)
 
 
@@ -131,15 +188,33 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def guard(fn):
-    """Run a command body; AnceError and config errors become one red line and exit code 2."""
+def stopped(code: int) -> NoReturn:
+    """A stop signal (Ctrl-C, SIGTERM) ended the command body, its flow run marked Crashed and its MLflow runs KILLED
+    on the way out: the stop line, then exit `code`; at once when the embedded Prefect server died with the run (the
+    exit handlers left would only try to send Prefect's last events to it, for the whole `STOP_GRACE_SECONDS`)."""
+    say_stopped(code)
+    if _embedded_server_gone():
+        _stop_now(code)
+    raise SystemExit(code)
+
+
+def guard(fn, resumes: bool = False):
+    """Run a command body; AnceError and config errors become one red line and exit code 2; a stop signal one line
+    (`stopped`; `resumes`: the command builds stages a re-run reuses)."""
     from pydantic import ValidationError
 
     from ance_core.errors import AnceError
     from ance_core.pipeline.config import format_validation_error
 
+    _ending["resumes"] = resumes
     try:
         return fn()
+    except KeyboardInterrupt:
+        stopped(130)
+    except SystemExit as e:
+        if _stopping and isinstance(e.code, int) and e.code > 128:  # `exit_on_sigterm`'s, through the flow run
+            stopped(e.code)
+        raise
     except AnceError as e:
         if os.environ.get(DEBUG):
             import traceback

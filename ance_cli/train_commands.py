@@ -32,7 +32,7 @@ def demo(
         config = recipe_config(recipe, sets or (), **overrides | ({"rounds": rounds} if rounds is not None else {}))
         run_pipeline(config, as_json)
 
-    guard(body)
+    guard(body, resumes=True)
 
 
 @app.command()
@@ -69,7 +69,7 @@ def run(
 
         run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json)
 
-    guard(body)
+    guard(body, resumes=True)
 
 
 def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
@@ -146,7 +146,7 @@ def tune(
             typer.echo(json.dumps({k: result[k] for k in ("winner", "overrides", "reason", "stopped", "report_dir",
                                                           "mlflow_run_id", "trials")}))
 
-    guard(body)
+    guard(body, resumes=True)
 
 
 @app.command()
@@ -168,7 +168,7 @@ def compare(
         print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
                      ("results", "train_seconds", "tracking", "table") if as_json else ())
 
-    guard(body)
+    guard(body, resumes=True)
 
 
 @app.command(name="compress")
@@ -217,6 +217,6 @@ def compress_command(
         print_table(result, f"table and files: {result['files']}",
                      ("rows", "files", "checkpoint", "tracking") if as_json else ())
 
-    guard(body)
+    guard(body, resumes=True)
 
 
