@@ -81,8 +81,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from flows.ance_pipeline import check_pipeline
     from flows.tune import tune_recipe
 
-    if budget_minutes is not None and not budget_minutes > 0:  # (named as the option, not as the config field)
-        fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be above 0")
+    if budget_minutes is not None and not 0 < budget_minutes < float("inf"):  # (named as the option, not as the
+        fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be a number above 0")  # field)
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
@@ -117,7 +117,9 @@ def tune(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config merged over "
                                                 "the base recipe (the dataset, the model, ...)")] = None,
     recipe: Annotated[str, typer.Option(help="The recipe the candidates vary (the baseline)")] = "demo",
-    budget_minutes: Annotated[float | None, typer.Option(help="Wall minutes of trials (default 90)")] = None,
+    budget_minutes: Annotated[float | None, typer.Option(help="Wall minutes of trials (default: the budget of the "
+                                                         "newest finished search of the same settings in the work "
+                                                         "folder, whose trials this one reuses; else 90)")] = None,
     seeds: Annotated[list[int] | None, typer.Option("--seed", help="The rungs' seeds (repeatable; default 42 43 "
                                                     "44)")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the winner's whole config here (YAML, for `ance run "

@@ -1,7 +1,8 @@
 """`ance-train-auto`: `ance run --recipe auto` as one flow, for the Prefect UI and deployments: the recipe search on
 the dataset's dev split (the `ance-tune` flow, as a subflow), then the winner trained in full (the `ance-train` flow,
-as a subflow; its run under the first seed is one of the trials, so every stage is cached). Unlike the CLI, it does
-not take the budget of an earlier search of the same settings: tune.budget_minutes is the search's."""
+as a subflow; when the winner ran whole under the first seed, that run is one of its trials: every stage cached).
+Unlike the CLI, it does not take the budget of an earlier search of the same settings: tune.budget_minutes is the
+search's."""
 
 from prefect import flow
 

@@ -4,8 +4,8 @@ decision). Every trial is a pipeline run of one candidate under one seed, a cach
 search's; the search's report (tune/<key>/: tune.md, tune.json, and recipe.yaml, the winner's whole config for `ance
 run --config`) is a stage folder of its own.
 
-`recipe: auto` (`ance run --recipe auto`) is this search followed by the pipeline with the winner's config: its run
-under the first seed is one of the trials (every stage cached), so the search's cost is the whole cost.
+`recipe: auto` (`ance run --recipe auto`) is this search followed by the pipeline with the winner's config: when the
+winner ran whole under the first seed, that run is one of its trials (every stage cached), else it trains now.
 """
 
 import json
@@ -23,17 +23,20 @@ from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig, apply_sets
 from ance_core.pipeline.recipes import recipe_config, recipe_drift
-from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid, markdown_table
+from ance_core.pipeline.report import markdown_table
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
     Candidate,
     Rung,
     Scores,
     TuneConfig,
+    candidate_metrics,
     candidates,
     decide,
     rungs,
     survivors,
+    training_pairs,
+    trial_score,
     whole_reserve,
 )
 from ance_core.retention import live_run
@@ -64,23 +67,6 @@ def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bo
     if local:
         raw["execution"] = {"task_runner": "local"}
     return PipelineConfig.model_validate(raw)
-
-
-def trial_score(result: dict, full: bool) -> tuple[str, float]:
-    """What a trial scores on the dev split (nDCG@10), and of which model: a whole recipe, the dense model it delivers
-    (the run's result, or the dense model of its hybrid row: under `selection: best` the best dense model, the
-    starting one included; under `one-se` the simplest within one standard error); the warm-up rung, the warm-up."""
-    dense = [r for r in result["results"] if r["model"] != "BM25" and not is_hybrid(r["model"]) and DEV_KEY in r]
-    if not dense:
-        raise AnceError("a trial's models have no dev score: the search needs a dev split")
-    if not full:
-        dense = [r for r in dense if r["model"] == "warmup"] or dense
-    delivered = dense_of(result.get("selected") or "")
-    if full and delivered in {r["model"] for r in dense}:
-        best = next(r for r in dense if r["model"] == delivered)
-    else:
-        best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
-    return best["model"], best[DEV_KEY]
 
 
 @stage_task("trial", ignore=("parent_run", "name"))
@@ -148,9 +134,10 @@ class Search:
         """The rung's trials of `chosen` not run yet, while the budget lasts, in `chosen`'s order (the baseline, then
         the warm-up rung's candidates simplest first, a later rung's best first): one at a time in this process, or
         `execution.workers` at once as Ray tasks (each trial's own stages then run in its task). A challenger's trial
-        that fails (after its retries) is recorded and its candidate leaves the search. The budget: a warm-up trial
-        starts while its time is left (and the time of two whole recipes, once two warm-ups ran); a whole rung's
-        trials, seed by seed, only when all of that seed's fit (`estimate`), and once started they all run."""
+        that fails (after its retries, none for a user error) is recorded and its candidate leaves the search. The
+        budget: a warm-up trial starts while its time is left (and the time of two whole recipes, once two warm-ups
+        ran); a whole rung's trials, seed by seed, only when all of that seed's fit (`estimate`), and once started
+        they all run; rung 1's, timed on a guess, as many as fit, and after its first pair only while they fit."""
         calls = [(c, seed) for seed in rung.seeds for c in chosen
                  if (seed, rung.full) not in scores.values.get(c.name, {}) and c.name not in self.failed]
         execution = self.base.execution
@@ -168,7 +155,8 @@ class Search:
             if rung.full and (n == 0 or parts[n - 1][0][1] != seed):  # a seed's whole recipes: all or none, so
                 batches = [p for p in parts[n:] if p[0][1] == seed]  # every comparison the decision makes is paired
                 fit = int(max(self.seconds_left(), 0) // max(self.estimate(kind), 1e-9))
-                if fit < len(batches) and rung.number == 1 and self._paired(batches[:fit]):
+                if fit < len(batches) and rung.number == 1 and self._pair([c.name for b in batches[:fit] for c, _ in
+                                                                           b]):
                     # the first whole rung: the baseline and its best challengers that fit (what the warm-up rung's
                     # reserve kept time for), rather than no whole recipe at all
                     dropped = sum(map(len, batches[fit:]))
@@ -182,13 +170,20 @@ class Search:
                                     f"{rung.number} (seed {seed}'s {sum(map(len, batches))} trials would not fit; "
                                     f"{left} of its trials not run)")
                     return
+            ran = [name for name, values in scores.values.items() if (seed, True) in values]
+            if rung.full and rung.number == 1 and n and parts[n - 1][0][1] == seed and self._pair(ran) \
+                    and self.seconds_left() < self.estimate(kind):
+                # its group was let in on a guess (no whole recipe had been timed): once the baseline and a challenger
+                # ran, the rest of it only while it fits what they took
+                self.cut = ((f"{self.cut}; " if self.cut else "") + f"rung 1 ran {len(ran)} of its {len(ran) + left} "
+                            "whole recipes (the baseline and the best challengers first): the next did not fit")
+                return
             warmups = sum(not t["full"] for t in self.trials)
             if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate("warm-up") + whole_reserve(
                     self.estimate("warm-up"), self.estimate("whole")):
                 self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + left} trials, to leave the "
                             "budget to whole recipes")
                 return
-            # (a whole rung's trials are checked by seed above: a seed's group, once let in, runs whole)
             if not rung.full and self.seconds_left() < self.estimate("warm-up"):
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                 f"{rung.number} ({left} of its trials not run)")
@@ -221,9 +216,8 @@ class Search:
                 print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10 "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
 
-    def _paired(self, batches: list[list[tuple[Candidate, int]]]) -> bool:
-        """Whether the batches run the baseline and at least one challenger beside it."""
-        names = [c.name for part in batches for c, _ in part]
+    def _pair(self, names: list[str]) -> bool:
+        """Whether these trials' candidates are the baseline and at least one challenger beside it."""
         return self.baseline in names and len(names) >= 2
 
     def _cached_run(self, name: str, record: dict) -> None:
@@ -247,7 +241,7 @@ class Search:
             if isinstance(ref, BaseException):
                 if c.name == self.baseline:  # every other candidate is paired with it: the search cannot go on
                     raise ref
-                warn(f"recipe search: the trial of {c.name} under seed {seed} failed after its retries; {c.name} "
+                warn(f"recipe search: the trial of {c.name} under seed {seed} failed; {c.name} "
                      f"leaves the search ({type(ref).__name__}: {ref})")
                 self.failed.append(c.name)
                 ref = None
@@ -279,7 +273,8 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     tables = read_tables(data.path, corpus_columns=[])
     train = tables.split_qrels(base.data.train_split)
     grades = sorted(int(g) for g in set(train.loc[train["relevance"] > 0, "relevance"]))
-    pool = candidates(cfg, base.warmup.learning_rate, base.data.train_min_relevance, base.warmup.epochs, grades)
+    pool = candidates(cfg, base.warmup.learning_rate, base.data.train_min_relevance, base.warmup.epochs, grades,
+                      pairs=lambda rule: training_pairs(train, rule))
     check_candidates(base, pool, cfg.seeds)
     baseline = pool[0]
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)
@@ -376,9 +371,7 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
             if folder.cached:  # the newest search of these settings is this one (earlier_budget reads the time)
                 os.utime(Path(folder.path, MANIFEST))
             print(markdown)
-            for name, row in evidence["table"].items():
-                safe = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
-                tracker.log_metrics(parent, {f"mean_dev_ndcg_at_10.{safe}": row["mean"]})
+            tracker.log_metrics(parent, candidate_metrics(evidence["table"]))
             tracker.set_tags(parent, {"winner": winner.name, "reason": evidence["reason"][:5000]})
             with tempfile.TemporaryDirectory() as this:  # this search's report (a reused folder's is the first's:
                 write_report(Path(this))  # its trials then ran, now they are cached)

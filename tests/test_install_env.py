@@ -33,8 +33,9 @@ def test_the_bytecode_of_every_project_module_and_the_servers_is_written_after_t
     pipeline and its tests use once: its bytecode is then there for every process, also where PYTHONDONTWRITEBYTECODE
     is set. Every project module is imported (`python -m ance_cli`'s module is not run: the walk would end there)."""
     install_env.warm_bytecode(str(tmp_path))
-    import flows.ance_pipeline
     import prefect.server.api.server
+
+    import flows.ance_pipeline
     import tracking.run
 
     monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))

@@ -25,16 +25,20 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from ance_core.errors import AnceError
+from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid
 from ance_core.stage_config import StageConfig
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from ance_core.pipeline.config import PipelineConfig
 
 PositivesRule = Literal["query-top", "collection-top", "all"]
@@ -56,7 +60,8 @@ class TuneConfig(StageConfig):
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")
-    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
+    budget_minutes: float = Field(90.0, gt=0, allow_inf_nan=False, description="Wall minutes of trials; the search "
+                                  "stops before a trial "
                                   "(or a batch of Ray trials) that the time of those before it says would not fit, "
                                   "and decides on the trials run. Trials reused from an earlier search count at the "
                                   "minutes they took then: a search resumed after an interruption decides as an "
@@ -70,6 +75,8 @@ class TuneConfig(StageConfig):
             values = getattr(self, name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} lists a value twice: {values}")
+        if len({f"{lr:g}" for lr in self.learning_rates}) != len(self.learning_rates):  # (named by "lr {:g}")
+            raise ValueError(f"learning_rates lists a value twice to 6 significant digits: {self.learning_rates}")
         return self
 
 
@@ -90,22 +97,38 @@ def positive_grade(rule: PositivesRule, grades: list[int]) -> int | str:
     return max(grades) if rule == "collection-top" else min(grades)
 
 
+def training_pairs(train: "pd.DataFrame", min_relevance: int | str) -> frozenset[tuple[str, str]]:
+    """The (query, document) pairs of a train split's qrels that train as positives under `min_relevance` ("auto":
+    each query's own top grade, as `with_training_grades` and `Dataset.positives` read it)."""
+    relevant = train[train["relevance"] > 0]
+    if min_relevance == "auto":
+        keep = relevant["relevance"] == relevant.groupby("query_id")["relevance"].transform("max")
+    else:
+        keep = relevant["relevance"] >= int(min_relevance)
+    return frozenset(zip(relevant.loc[keep, "query_id"], relevant.loc[keep, "doc_id"], strict=True))
+
+
 def candidates(cfg: TuneConfig, learning_rate: float, min_relevance: int | str, warmup_epochs: int,
-               grades: list[int]) -> list[Candidate]:
+               grades: list[int], pairs: Callable[[int | str], frozenset] | None = None) -> list[Candidate]:
     """The distinct candidates, simplest first; the first is the baseline (the recipe's `learning_rate`,
     `min_relevance` and `warmup_epochs`). On binary qrels (fewer than two positive grades) every positives rule
-    trains the same pairs: the recipe's rule only."""
+    trains the same pairs: the recipe's rule only. `pairs` (a rule's training pairs, `training_pairs`): a rule that
+    trains the same pairs as a simpler one is that one (graded qrels whose queries each have one grade: every relevant
+    document is each query's top grade), not a trial that cannot differ."""
     grades = sorted(set(grades)) or [1]
     rules = cfg.positives if len(grades) > 1 else [None]
+    same: dict[frozenset, int | str] = {}  # training pairs -> the first rule's grade that trains them
     out: dict[tuple, Candidate] = {}
     for lr, rule, epochs in itertools.product([learning_rate, *cfg.learning_rates], [None, *rules],
                                               [warmup_epochs, *cfg.warmup_epochs]):
         grade = min_relevance if rule is None else positive_grade(rule, grades)
-        if (lr, grade, epochs) in out:
+        grade = grade if pairs is None else same.setdefault(pairs(grade), grade)
+        key = (f"{lr:g}", grade, epochs)  # (a learning rate as its name shows it: one trial per name)
+        if key in out:
             continue
         overrides: dict[str, Any] = {}
         parts = []
-        if lr != learning_rate:
+        if key[0] != f"{learning_rate:g}":
             overrides |= {"warmup.learning_rate": lr, "ance.learning_rate": lr}
             parts.append(f"lr {lr:g}")
         if grade != min_relevance:
@@ -114,7 +137,7 @@ def candidates(cfg: TuneConfig, learning_rate: float, min_relevance: int | str, 
         if epochs != warmup_epochs:
             overrides["warmup.epochs"] = epochs
             parts.append(f"warm-up {epochs} epoch{'s' * (epochs != 1)}")
-        out[(lr, grade, epochs)] = Candidate(", ".join(parts) or f"{cfg.recipe} (baseline)", overrides, len(parts))
+        out[key] = Candidate(", ".join(parts) or f"{cfg.recipe} (baseline)", overrides, len(parts))
     return sorted(out.values(), key=lambda c: c.changes)  # (stable: the lists' order breaks ties)
 
 
@@ -221,3 +244,32 @@ def earlier_budget(base: "PipelineConfig", cfg: TuneConfig) -> tuple[float, str]
         if BUDGET.sub("", tune) == want_tune and (budget := BUDGET.search(tune)):
             found.append((manifest.stat().st_mtime, float(budget.group(1)), str(manifest.parent)))
     return max(found)[1:] if found else None
+
+
+def candidate_metrics(table: dict[str, dict]) -> dict[str, float]:
+    """The search run's metric per candidate, `mean_dev_ndcg_at_10.<its name>` (MLflow's characters, the first 60;
+    two names alike that far apart by their place in the table)."""
+    metrics: dict[str, float] = {}
+    for n, (name, row) in enumerate(table.items()):
+        safe = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
+        if f"mean_dev_ndcg_at_10.{safe}" in metrics:
+            safe = f"{safe[:55]}_{n}"
+        metrics[f"mean_dev_ndcg_at_10.{safe}"] = row["mean"]
+    return metrics
+
+
+def trial_score(result: dict, full: bool) -> tuple[str, float]:
+    """What a trial scores on the dev split (nDCG@10), and of which model: a whole recipe, the dense model it delivers
+    (the run's result, or the dense model of its hybrid row: under `selection: best` the best dense model, the
+    starting one included; under `one-se` the simplest within one standard error); the warm-up rung, the warm-up."""
+    dense = [r for r in result["results"] if r["model"] != "BM25" and not is_hybrid(r["model"]) and DEV_KEY in r]
+    if not dense:
+        raise AnceError("a trial's models have no dev score: the search needs a dev split")
+    if not full:
+        dense = [r for r in dense if r["model"] == "warmup"] or dense
+    delivered = dense_of(result.get("selected") or "")
+    if full and delivered in {r["model"] for r in dense}:
+        best = next(r for r in dense if r["model"] == delivered)
+    else:
+        best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
+    return best["model"], best[DEV_KEY]

@@ -152,9 +152,10 @@ def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_name
 
 
 @pytest.mark.parametrize("command", [["tune"], ["run", "--recipe", "auto"]])
-def test_a_budget_of_no_minutes_names_its_option(tmp_path, command):
-    code, out = _invoke([*command, "--budget-minutes", "0", "--set", f"work_dir={tmp_path / 'w'}"])
-    assert code == 2 and "--budget-minutes 0: the search's wall minutes must be above 0" in out, out
+@pytest.mark.parametrize("minutes", ["0", "inf"])  # (inf: once ValueError: cannot convert float NaN to integer, after
+def test_a_budget_of_no_minutes_names_its_option(tmp_path, command, minutes):  # every warm-up trial)
+    code, out = _invoke([*command, "--budget-minutes", minutes, "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and f"--budget-minutes {minutes}: the search's wall minutes must be a number above 0" in out, out
     assert "invalid config" not in out and not (tmp_path / "w").exists()
 
 

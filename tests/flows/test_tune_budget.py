@@ -12,7 +12,7 @@ import pytest
 import flows.tune as tune
 from ance_core.errors import AnceError, AnceWarning
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, earlier_budget
+from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, candidate_metrics, earlier_budget
 
 
 @dataclass
@@ -120,6 +120,21 @@ def test_the_first_whole_rung_is_budgeted_before_a_whole_recipe_was_timed(clock)
     assert state.stopped is None
 
 
+def test_the_first_whole_rung_stops_once_its_pair_ran_when_the_guess_was_short(clock):
+    """A whole recipe takes 300 s, five warm-ups, where it was guessed at two (120 s) before one was timed: rung 1's
+    five whole recipes were let in on the guess (720 s left: six fit), and ran to 1,980 s of a 1,200 s budget. Once
+    the baseline's and the best challenger's ran, the next starts only if it fits what they took."""
+    pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(7)]
+    state = _search(clock, 20, {False: 60.0, True: 300.0})
+    state.baseline = "base"
+    scores = Scores([c.name for c in pool])
+    state.run(scores, pool, Rung(0, [42], False))  # eight warm-ups (480 s), 720 s left
+    assert sum(not t["full"] for t in state.trials) == 8
+    state.run(scores, pool[:5], Rung(1, [42], True))
+    assert [t["candidate"] for t in state.trials if t["full"]] == ["base", "c0"]
+    assert state.seconds_left() >= 0 and "rung 1 ran 2 of its 5 whole recipes" in state.cut
+
+
 @pytest.mark.parametrize("left, ran", [(300, False), (400, True)])
 def test_a_later_seeds_trials_are_budgeted_with_the_warm_up_they_train(clock, left, ran):
     """Under seed 42 a whole recipe reuses its warm-up (120 s); under 43 it trains one too (180 s): seed 43's two
@@ -163,7 +178,8 @@ def test_a_short_budget_runs_the_baseline_and_the_best_challengers_whole(clock, 
     'no candidate ran the whole recipe')."""
     scores = iter([0.50, 0.52, 0.55, 0.51, 0.53, 0.54] + [0.60, 0.62, 0.0, 0.0])
     monkeypatch.setattr(tune, "read_tables", lambda *a, **k: type("T", (), {"split_qrels": staticmethod(
-        lambda split: pd.DataFrame({"query_id": ["q", "q"], "doc_id": ["d", "e"], "relevance": [1, 2]}))})())
+        lambda split: pd.DataFrame({"query_id": ["q", "q", "r"], "doc_id": ["d", "e", "f"],
+                                    "relevance": [1, 2, 1]}))})())
     monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
     monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": float(ref.path), "model": "m", "seconds": 60.0})
 
@@ -194,7 +210,7 @@ def test_a_challenger_whose_trial_fails_leaves_the_search_and_the_baselines_fail
     pool = [Candidate("base", {}), Candidate("c0", {"x": 0}, 1), Candidate("c1", {"x": 1}, 1)]
     state = tune.Search(PipelineConfig(), TuneConfig(), "digest", None, None)
     state.baseline = "base"
-    with pytest.warns(AnceWarning, match="the trial of c0 under seed 42 failed after its retries; c0 leaves"):
+    with pytest.warns(AnceWarning, match="the trial of c0 under seed 42 failed; c0 leaves"):
         state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
     assert [t["candidate"] for t in state.trials] == ["base", "c1"] and state.failed == ["c0"]
     failing.add("base")
@@ -378,3 +394,9 @@ def test_a_trials_key_does_not_depend_on_where_its_shards_run(tmp_path, monkeypa
     assert len(keys) == 3 and len(set(keys)) == 1
     tune.trial.fn(PipelineConfig.model_validate({"work_dir": str(tmp_path), "rounds": 2}), "digest")
     assert keys[-1] != keys[0]
+
+
+def test_candidates_alike_in_their_first_60_characters_log_two_metrics():
+    a = "lr 1.5e-05, positives collection-top (train_min_relevance 3)"
+    metrics = candidate_metrics({a: {"mean": 0.5}, f"{a}, warm-up 2 epochs": {"mean": 0.6}, "demo": {"mean": 0.4}})
+    assert sorted(metrics.values()) == [0.4, 0.5, 0.6] and all(len(k) <= 80 for k in metrics)

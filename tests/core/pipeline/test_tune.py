@@ -1,8 +1,9 @@
 """The recipe search's logic (ance_core/pipeline/tune.py): candidates, rungs, survivors and the decision."""
 
+import pandas as pd
 import pytest
 
-from ance_core.pipeline.tune import Scores, TuneConfig, candidates, decide, rungs, survivors
+from ance_core.pipeline.tune import Scores, TuneConfig, candidates, decide, rungs, survivors, training_pairs
 
 
 def test_binary_qrels_have_one_positives_rule_and_the_baseline_comes_first():
@@ -17,6 +18,22 @@ def test_graded_qrels_add_the_collections_top_grade_and_every_relevant_document(
     rules = {c.overrides.get("data.train_min_relevance") for c in pool}
     assert rules == {None, 3, 1} and len(pool) == 6  # 3 rules x 2 learning rates, the baseline's "auto" unsaid
     assert pool[0].name == "demo (baseline)" and max(c.changes for c in pool) == 2
+
+
+def test_a_positives_rule_that_trains_the_baselines_pairs_is_no_candidate():
+    """Graded qrels whose queries each have one grade: every relevant document is its query's top grade, so `all`
+    trains what the baseline's `auto` does, and is no trial; the collection's top grade (2) drops q1's pairs: a
+    candidate. Where every query has the collection's top grade among its positives, that rule is the baseline too."""
+    train = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [1, 1, 2]})
+    pool = candidates(TuneConfig(warmup_epochs=[1], learning_rates=[2e-5]), 4e-5, "auto", 1, [1, 2],
+                      pairs=lambda rule: training_pairs(train, rule))
+    assert [c.name for c in pool] == ["demo (baseline)", "positives collection-top (train_min_relevance 2)",
+                                      "lr 2e-05",
+                                      "lr 2e-05, positives collection-top (train_min_relevance 2)"]
+    both = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [2, 1, 2]})
+    pool = candidates(TuneConfig(warmup_epochs=[1], learning_rates=[2e-5]), 4e-5, "auto", 1, [1, 2],
+                      pairs=lambda rule: training_pairs(both, rule))
+    assert [c.overrides.get("data.train_min_relevance") for c in pool] == [None, 1, None, 1]
 
 
 def test_rungs_add_a_seed_each_after_the_warmups():
@@ -58,6 +75,17 @@ def test_a_candidate_wins_only_by_more_than_the_margin_over_the_seeds_it_shares_
 def test_a_setting_listed_twice_is_refused():
     with pytest.raises(ValueError, match="seeds lists a value twice"):
         TuneConfig(seeds=[1, 1])
+    with pytest.raises(ValueError, match="learning_rates lists a value twice to 6 significant digits"):
+        TuneConfig(learning_rates=[1.5e-5, 1.50000001e-5])  # (both would be the candidate "lr 1.5e-05")
+    with pytest.raises(ValueError, match="finite number"):
+        TuneConfig(budget_minutes=float("inf"))
+
+
+def test_a_learning_rate_shown_as_the_baselines_is_the_baseline():
+    """A candidate is one trial per name: a listed rate that reads as the recipe's is the baseline, not a copy of it
+    under the name "lr 4e-05" (its scores were kept by name)."""
+    pool = candidates(TuneConfig(learning_rates=[4.0000001e-5]), 4e-5, "auto", 1, grades=[1])
+    assert [c.name for c in pool] == ["demo (baseline)", "warm-up 2 epochs"]
 
 
 def test_survivors_are_counted_among_the_trials_the_rung_ran_best_first():
