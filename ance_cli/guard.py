@@ -165,17 +165,21 @@ def one_line_user_errors() -> None:
 
 def plain_warnings() -> None:
     """An AnceWarning (an unusual row left out, a setting that hurts) is one yellow line, `warning: <message>`, on
-    stderr, without Python's `file:line: AnceWarning:` and the source line that warns; other warnings as Python shows
-    them."""
+    stderr, without Python's `file:line: AnceWarning:` and the source line that warns, once per command; other
+    warnings as Python shows them."""
     import warnings
 
     from ance_core.errors import AnceWarning
 
     shown = warnings.showwarning
+    said: set[str] = set()  # (a command that reads a file twice, e.g. `search --hybrid`'s data stage and its texts,
+    # says what is wrong with it once)
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, AnceWarning):
-            typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+            if str(message) not in said:
+                said.add(str(message))
+                typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
         else:
             shown(message, category, filename, lineno, file, line)
 

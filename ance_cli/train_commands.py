@@ -134,6 +134,10 @@ def tune(
     warm-up epochs) as trials with successive halving over seeds; prints the table and the winner."""
 
     def body():
+        if out is not None and out.is_dir():  # (found after the whole search, with a traceback)
+            fail(f"--out {out}: a folder; give the file to write the winner's config to, e.g. {out / 'recipe.yaml'}")
+        if out is not None and not out.parent.is_dir():
+            fail(f"--out {out}: no folder {out.parent} to write it in")
         result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)
         if not shown_by_the_log():  # (on a terminal the flow's log has shown it)
             typer.echo(result["markdown"])
@@ -155,7 +159,8 @@ def tune(
 def compare(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompareConfig")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON last")] = False,
-    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP.replace(
+        "--set rounds=2", "--set samplers=[bm25,simans]"))] = None,
 ):
     """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
     from ance_core.pipeline.config import CompareConfig, load_config, negatives_needed

@@ -103,6 +103,9 @@ def search(
     def body():
         if not query.strip():
             raise AnceError("the query is empty: give the text to search for (ance search \"...\" --model ...)")
+        given = [f for f, unset in (("--fusion", fusion == "auto"), ("--work-dir", work_dir is None)) if not unset]
+        if given and not hybrid:
+            raise AnceError(f"{' and '.join(given)}: for --hybrid only (without it the model's own ranking is shown)")
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")

@@ -5,9 +5,11 @@ pipeline/config.py composes them into the pipeline's and the comparison's config
 Frozen and `extra="forbid"`: a typo in a YAML file or the Prefect UI form is refused before any work starts.
 """
 
+import types
+import typing
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer
+from pydantic import BaseModel, ConfigDict, SerializationInfo, ValidationInfo, field_validator, model_serializer
 
 # `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
 # do not change its stage's result (training/config.py: the checkpoint cadence)
@@ -15,7 +17,8 @@ KEY_DUMP = {"dump": "cache key"}
 
 
 class StageConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: an infinite learning rate or budget is refused here, not at the first step or rung it breaks
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # options added after stage keys existed: left out of the dump and the repr (which a stage key holds when the
     # config is nested in a dict) while they hold these values, so the keys of configs that do not use them stay
@@ -27,6 +30,15 @@ class StageConfig(BaseModel):
     # while they hold the value that was the default, but kept in every other dump, so a config saved and loaded again
     # keeps a value a user chose (it is no longer the default)
     KEY_UNSAID: ClassVar[dict[str, Any]] = {}
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number field given true or false (YAML's `rounds: yes`, `--set rounds=true`) is refused: pydantic would
+        take it as 1 or 0."""
+        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{str(value).lower()} is not a number")
+        return value
 
     @model_serializer(mode="wrap")
     def _unsaid_dump(self, handler, info: SerializationInfo):
@@ -49,3 +61,13 @@ class StageConfig(BaseModel):
     def __repr_args__(self):
         unsaid = self.UNSAID | self.KEY_UNSAID
         return [(k, v) for k, v in super().__repr_args__() if not (k in unsaid and v == unsaid[k])]
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type takes an int or a float and not a bool (`int`, `float | None`, `int | Literal[...]`)."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        return bool not in args and any(_numeric(a) for a in args)
+    return False

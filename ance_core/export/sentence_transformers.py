@@ -92,6 +92,9 @@ def check_target(out: str | Path, force: bool, checkpoint: str | Path | None = N
     if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in EXPORT_MARKERS):
         raise AnceError(f"{out}: not an earlier export (no {' or '.join(EXPORT_MARKERS)}); --force replaces only an "
                         "export folder: choose a new or empty --out")  # (--out ~/project --force deleted the project)
+    if force and (kept := [n for n in ("manifest.json", "trainer_state.json") if (out / n).is_file()]):
+        raise AnceError(f"{out}: a pipeline stage or a trained checkpoint ({kept[0]}), not an export; --force replaces "
+                        "only an export folder: choose a new or empty --out")
     ancestor = next(p for p in out.parents if p.exists())  # where the export's folders would be made
     if not ancestor.is_dir():
         raise AnceError(f"{out}: {ancestor} is a file, not a folder; choose another --out")

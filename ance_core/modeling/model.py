@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
@@ -264,6 +265,8 @@ def checkpoint_digest(path: str | Path) -> str:
     path = Path(path)
     names = ("model.safetensors", HEAD_FILE, META_FILE)
     names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
+    if missing := [name for name in names if not (path / name).is_file()]:
+        raise AnceError(f"{path}: a damaged checkpoint (no {', '.join(missing)}); train or export it again")
     return digest_of({name: file_digest(path / name) for name in names})
 
 
@@ -300,7 +303,11 @@ def read_meta(path: str | Path) -> ModelMeta:
         raise AnceError(f"{path}: no such checkpoint folder (the path does not exist)")
     if not meta_path.is_file():
         raise AnceError(f"{path}: not an ANCE checkpoint (no {META_FILE}); pass a folder written by training")
-    return ModelMeta(**json.loads(meta_path.read_text()))
+    try:
+        return ModelMeta(**json.loads(meta_path.read_text()))
+    except (ValueError, TypeError) as e:  # (not JSON; a JSON without the fields, or with others)
+        raise AnceError(f"{meta_path}: a damaged checkpoint file ({' '.join(str(e).split())}); train or export the "
+                        "checkpoint again") from None
 
 
 def load_checkpoint(
@@ -318,13 +325,17 @@ def load_checkpoint(
             raise AnceError(f"{path}: model type '{config.model_type}' has no attention-dropout setting "
                             f"({' or '.join(ATTENTION_DROPOUT_KEYS)}); leave attention_dropout unset")
         overrides, original = {key: attention_dropout}, (key, getattr(config, key))
-    model = BiEncoder(_load_encoder(str(path), **overrides), meta.pooling)
-    if original is not None:  # the modules were built with the override; a checkpoint saved later keeps the original
-        setattr(model.encoder.config, *original)
-    head = load_file(path / HEAD_FILE)
-    model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
-    model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        model = BiEncoder(_load_encoder(str(path), **overrides), meta.pooling)
+        if original is not None:  # the modules were built with the override; a checkpoint saved later keeps its own
+            setattr(model.encoder.config, *original)
+        head = load_file(path / HEAD_FILE)
+        model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
+        model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, SafetensorError) as e:  # (a file missing, cut short, or not what it should be)
+        raise AnceError(f"{path}: a damaged checkpoint ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+                        "train or export it again") from None
     if (path / PROJECTOR_FILE).is_file():
         model.projector = Projector.load(path)
     return model.to(device), tokenizer, meta

@@ -348,6 +348,8 @@ def validation_message(err: dict) -> str:
 def format_validation_error(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {validation_message(err)}" + (f" (got {err['input']!r})" if "input" in err else ""))
+        loc = ".".join(str(p) for p in err["loc"])
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""  # (a
+        # section's or the config's own error: its message names the fields, the whole of its input is noise)
+        lines.append(f"  {loc}: {validation_message(err)}{got}" if loc else f"  {validation_message(err)}{got}")
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from ance_core.errors import AnceError
 from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid
@@ -55,7 +55,7 @@ class TuneConfig(StageConfig):
         "top grade (train_min_relevance auto), the collection's top grade, every relevant document (grade 1); one "
         "candidate on binary qrels")
     warmup_epochs: list[PositiveInt] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
-    seeds: list[int] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the "
+    seeds: list[NonNegativeInt] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the "
                              "warm-ups) and rung 1 (whole recipes) run under the first, each rung after under one more")
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "

@@ -46,7 +46,7 @@ class TrainConfig(StageConfig):
         "every attention matrix")
     precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
                                  "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs. fp16: CUDA only")
-    seed: int = Field(42, description="Batch order and dropout (each ANCE round derives its own from it)")
+    seed: int = Field(42, ge=0, description="Batch order and dropout (each ANCE round derives its own from it)")
     checkpoint_seconds: float = Field(
         600, ge=0, repr=False, description="Seconds of training between resumable checkpoints (0: none by time). The "
         "training pauses only to copy the state to CPU memory (BERT-base with its Adam moments: 1.3 GB), which a "

@@ -592,6 +592,8 @@ def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, 
         warnings.simplefilter("always")
         warn("qrels.tsv: 1 of 3 qrels name documents that are not in the corpus")
         warnings.warn("something else", UserWarning, stacklevel=1)
+        warn("qrels.tsv: 1 of 3 qrels name documents that are not in the corpus")  # (the file read again: `search
+        # --hybrid` read a new corpus for its data stage, then for its texts, and said it twice)
     assert capsys.readouterr().err == "warning: qrels.tsv: 1 of 3 qrels name documents that are not in the corpus\n"
     assert others == ["something else"]  # other warnings as Python shows them
 
@@ -702,3 +704,15 @@ def test_a_models_work_folder_is_the_one_it_is_a_stage_of(tmp_path):
     (stage / "manifest.json").write_text("{}")
     (tmp_path / "work" / ".locks").mkdir()
     assert model_work_dir(stage) == str(tmp_path / "work")
+
+
+def test_options_a_command_would_ignore_or_fail_on_late_are_refused_first(tmp_path, tiny_model):
+    """Found by a probe: `ance tune --out <a folder>` failed with a traceback after the whole search; `ance search
+    --fusion rrf` without --hybrid showed the plain ranking as if fused."""
+    code, out = _invoke(["tune", "--out", str(tmp_path), "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and f"--out {tmp_path}: a folder" in out and not (tmp_path / "w").exists(), out
+    code, out = _invoke(["tune", "--out", str(tmp_path / "no" / "r.yaml"), "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and f"no folder {tmp_path / 'no'} to write it in" in out, out
+    for extra in (["--fusion", "rrf"], ["--work-dir", str(tmp_path)]):
+        code, out = _invoke(["search", "a query", "--model", str(tiny_model), *extra])
+        assert code == 2 and f"{extra[0]}: for --hybrid only" in out, out

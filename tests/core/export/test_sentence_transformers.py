@@ -185,6 +185,33 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
             assert code == 2 and message in printed and "Traceback" not in printed, (out, fmt, printed)
 
 
+def test_a_damaged_checkpoint_is_one_line_and_force_never_replaces_a_trained_one(tiny_model, tmp_path):
+    """Found by a probe: a damaged checkpoint printed a traceback (JSONDecodeError, TypeError, FileNotFoundError,
+    SafetensorError) from export and search; `--force` replaced a trained checkpoint given as --out."""
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    damages = {"not json": lambda c: (c / "ance_model.json").write_text("{not json"),
+               "no fields": lambda c: (c / "ance_model.json").write_text("{}"),
+               "no head": lambda c: (c / "head.safetensors").unlink(),
+               "cut short": lambda c: (c / "model.safetensors").write_bytes(b"\0" * 100)}
+    for name, damage in damages.items():
+        bad = tmp_path / name.replace(" ", "-")
+        shutil.copytree(checkpoint, bad)
+        damage(bad)
+        for args in (["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o")],
+                     ["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--format", "onnx"],
+                     ["search", "protein", "--model", str(bad)]):  # (cut short: no index of it, said first)
+            code, out = _invoke(args)
+            damaged = "damaged checkpoint" in out or (name, args[0]) == ("cut short", "search")
+            assert code == 2 and damaged and "Traceback" not in out, (name, args, out)
+        assert not (tmp_path / "o").exists()
+    trained = tmp_path / "trained"
+    shutil.copytree(checkpoint, trained)
+    (trained / "trainer_state.json").write_text("{}")
+    code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(trained), "--force"])
+    assert code == 2 and "a pipeline stage or a trained checkpoint (trainer_state.json), not an export" in out, out
+    assert (trained / "trainer_state.json").is_file()
+
+
 def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
     from ance_core.compression.conae import PROJECTOR_FILE
 

@@ -187,3 +187,28 @@ def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
                                                            "warmup.epochs=2 (the config: 1)"]
     assert recipe_drift(recipe_config("demo", ["ance.learning_rate=2e-5"]), "demo") == [
         "ance.learning_rate=4e-05 (the config: 2e-05)"]
+
+
+@pytest.mark.parametrize("sets, field, said", [
+    (["rounds=true"], "rounds", "true is not a number"),  # (pydantic took it as 1: a run of one round)
+    (["warmup.learning_rate=false"], "warmup.learning_rate", "false is not a number"),
+    (["data.train_min_relevance=true"], "data.train_min_relevance", "true is not a number"),
+    (["warmup.learning_rate=.inf"], "warmup.learning_rate", "finite number"),  # (it failed at the first step)
+    (["warmup.seed=-1"], "warmup.seed", "greater than or equal to 0"),  # (it failed at the first batch, traceback)
+    (["mining.seed=-1"], "mining.seed", "greater than or equal to 0"),
+])
+def test_numbers_that_cannot_run_are_refused_naming_their_field(sets, field, said):
+    with pytest.raises(AnceError) as e:
+        load_config(None, PipelineConfig, sets)
+    assert f"\n  {field}: " in str(e.value) and said in str(e.value), str(e.value)
+    PipelineConfig.model_validate({"hybrid": True, "rounds": 2})  # (a bool field still takes a bool)
+
+
+def test_a_whole_configs_error_is_its_message_without_the_config_again():
+    from ance_core.pipeline.config import format_validation_error
+
+    with pytest.raises(ValidationError) as e:
+        PipelineConfig.model_validate({"data": {"eval_split": "train"}, "model": {"name": "x" * 200}})
+    lines = format_validation_error(e.value).splitlines()
+    assert lines == ["  data.train_split and data.eval_split are both 'train': training on the evaluation split would "
+                     "report leaked metrics"]
