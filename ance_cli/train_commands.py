@@ -50,8 +50,9 @@ def run(
                                                         "`ance tune --tune-set`")] = None,
 ):
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
+    from ance_core.errors import warn
     from ance_core.pipeline.config import load_config
-    from ance_core.pipeline.recipes import AUTO, recipe_config
+    from ance_core.pipeline.recipes import AUTO, recipe_config, recipe_drift
 
     def body():
         if recipe != AUTO and (given := [f for f, v in (("--budget-minutes", budget_minutes),
@@ -61,6 +62,8 @@ def run(
         if recipe is None:
             return run_pipeline(load_config(config, sets=sets or ()), as_json)
         if recipe != AUTO:
+            if config is not None and (drift := recipe_drift(recipe_config(recipe, (), config), recipe)):
+                warn(f"--recipe {recipe}: the config file {config} replaces the recipe's {', '.join(drift)}")
             return run_pipeline(recipe_config(recipe, sets or (), config), as_json)
         tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets)
         if not shown_by_the_log():
@@ -127,8 +130,9 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Print the choice as JSON last")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
     tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="Override a search setting: "
-                                                        "learning_rates, positives, warmup_epochs, eta, margin "
-                                                        "(e.g. --tune-set learning_rates=[4e-5,1e-5])")] = None,
+                                                        "learning_rates, positives, warmup_epochs, seeds, eta, "
+                                                        "margin, budget_minutes (e.g. --tune-set "
+                                                        "learning_rates=[4e-5,1e-5])")] = None,
 ):
     """Choose a recipe on the dataset's dev split: variants of --recipe (learning rate, which graded positives train,
     warm-up epochs) as trials with successive halving over seeds; prints the table and the winner."""

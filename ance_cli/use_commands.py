@@ -240,8 +240,10 @@ def gc(
 
     def body():
         folder = Path(work_dir)
+        if not work_dir.strip():
+            raise AnceError("--work-dir is empty: give the work folder to collect")
         if not folder.is_dir():
-            raise AnceError(f"{work_dir}: {'a file, not' if folder.exists() else 'no such'} work folder")
+            raise AnceError(f"{work_dir}: {'a file, not a' if folder.exists() else 'no such'} work folder")
         if not (folder / ".locks").is_dir():  # (every stage a run builds takes its lock there)
             raise AnceError(f"{work_dir}: not a work folder (no stage was ever built in it: no .locks/); nothing to "
                             "collect")

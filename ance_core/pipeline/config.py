@@ -267,13 +267,30 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
         raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key given twice in one mapping (it kept the last silently: `rounds: 1` above
+    `rounds: 2` ran two rounds, whichever the reader meant)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key, _ in node.value:
+            name = self.construct_object(key, deep=deep)
+            if not isinstance(name, typing.Hashable):  # (PyYAML's own error says so)
+                continue
+            if name in seen:  # (where the second is; the first's line said)
+                raise yaml.constructor.ConstructorError(None, None, f"'{name}' is given twice (first on line "
+                                                        f"{seen[name].line + 1})", key.start_mark)
+            seen[name] = key.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict:
     """A YAML or JSON config file's mapping of sections; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise AnceError(f"{path}: {'a folder, not a config file' if path.is_dir() else 'config file not found'}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
         if raw is None:  # (empty, or comments only: a file saved before it was written, the wrong file)
             warn(f"{path}: an empty config file: every setting is the default")
             raw = {}

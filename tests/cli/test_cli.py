@@ -1,6 +1,7 @@
 """CLI behaviour on user errors: one clear line, exit status 2, no traceback, nothing written."""
 
 import json
+import re
 import socket
 
 import pytest
@@ -716,3 +717,15 @@ def test_options_a_command_would_ignore_or_fail_on_late_are_refused_first(tmp_pa
     for extra in (["--fusion", "rrf"], ["--work-dir", str(tmp_path)]):
         code, out = _invoke(["search", "a query", "--model", str(tiny_model), *extra])
         assert code == 2 and f"{extra[0]}: for --hybrid only" in out, out
+
+
+def test_a_config_file_that_replaces_a_recipes_setting_is_said(tmp_path):
+    """`ance run --recipe demo --config f.yaml`: the file's sections are merged over the recipe, which a probe found
+    replaced demo's learning rate without a word (`ance tune` said so)."""
+    (tmp_path / "f.yaml").write_text("warmup:\n  learning_rate: 0.001\n")
+    said = (f"--recipe demo: the config file {tmp_path / 'f.yaml'} replaces the recipe's warmup.learning_rate=4e-05 "
+            "(the config: 0.001)")
+    with pytest.warns(AnceWarning, match=re.escape(said)):
+        code, out = _invoke(["run", "--recipe", "demo", "--config", str(tmp_path / "f.yaml"), "--set", "nosuch=1",
+                             "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "nosuch: Extra inputs are not permitted" in out, out  # (stopped before any work)

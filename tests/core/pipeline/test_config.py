@@ -212,3 +212,17 @@ def test_a_whole_configs_error_is_its_message_without_the_config_again():
     lines = format_validation_error(e.value).splitlines()
     assert lines == ["  data.train_split and data.eval_split are both 'train': training on the evaluation split would "
                      "report leaked metrics"]
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_where_it_is(tmp_path):
+    """PyYAML kept the last of two keys silently (a probe: `rounds:` twice ran the second, whichever was meant)."""
+    for name, text, said in (("top.yaml", "rounds: 1\nwarmup:\n  epochs: 1\nrounds: 2\n",
+                              "top.yaml:4:1: not valid YAML/JSON: 'rounds' is given twice (first on line 1)"),
+                             ("nested.yaml", "warmup:\n  epochs: 1\n  epochs: 2\n", "nested.yaml:3:3: "),
+                             ("file.json", '{"rounds": 1, "rounds": 2}', "file.json:1:15: ")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(AnceError) as err:
+            load_config(tmp_path / name)
+        assert str(err.value).startswith(f"{tmp_path / name}") and said in str(err.value), str(err.value)
+    (tmp_path / "fine.yaml").write_text("warmup:\n  epochs: 1\nance:\n  epochs: 1\n")  # (the same key in two sections)
+    assert load_config(tmp_path / "fine.yaml").ance.epochs == 1
