@@ -178,7 +178,8 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
         if "fusion" in hybrid else None
     if run.trial is None:
         record_latest(c.work_dir, final["checkpoint"], chosen,
-                      next(r for r in result["results"] if r["model"] == chosen), fusion, run.dev_setting)
+                      next(r for r in result["results"] if r["model"] == chosen), fusion, run.dev_setting,
+                      c.data.collection)
     plots = Path(c.work_dir) / "plots" / summary.digest  # the run's plots as files too, beside MLflow's copies
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own

@@ -15,7 +15,7 @@ LATEST = "latest.json"
 
 
 def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: dict, fusion: dict | None = None,
-                  dev_setting: str | None = None) -> None:
+                  dev_setting: str | None = None, collection: str | None = None) -> None:
     """<work_dir>/latest.json names the newest run's result (its model chosen on the dev split): where `retrain` starts
     from when the registry has no champion. A hybrid result's `fusion` (method, weight) is what `ance search --hybrid`
     fuses the checkpoint's ranking with BM25's by; `dev_setting` the dev split it was chosen on (its training left
@@ -25,7 +25,8 @@ def record_latest(work_dir: str, checkpoint: ArtifactRef, label: str, metrics: d
                                         "metrics": metrics, "flow_run_id": run,
                                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
                | ({"fusion": fusion} if fusion is not None else {})
-               | ({"dev_setting": dev_setting} if dev_setting else {}))
+               | ({"dev_setting": dev_setting} if dev_setting else {})
+               | ({"collection": collection} if collection else {}))
 
 
 def start_dev_setting(work_dir: str | Path, start: str) -> str | None:
@@ -54,8 +55,13 @@ def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | No
     if not latest.is_file():
         raise AnceError(f"{source}, and {latest} does not exist: no trained model yet; train one first (ance run, or "
                         "the ance-train deployment) or name a checkpoint (--checkpoint)")
+    record = json.loads(latest.read_text())
+    if record.get("collection", collection) != collection:  # (a record from before it was written: as before)
+        raise AnceError(f"{source}, and the newest model of the work folder ({latest}) was trained on "
+                        f"'{record['collection']}', not '{collection}': name the checkpoint to start from "
+                        "(--checkpoint, start_checkpoint), or train one on this collection first")
     print(f"{source}; using the newest model of the work folder instead")
-    return json.loads(latest.read_text())["checkpoint"], str(latest)
+    return record["checkpoint"], str(latest)
 
 
 def warn_other_dev_split(work_dir: str | Path, start: str, setting: str) -> None:

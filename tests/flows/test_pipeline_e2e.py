@@ -179,7 +179,7 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     from ance_core.retrieval.fusion import Fusion
 
     latest = json.loads((work / "latest.json").read_text())
-    assert Path(latest["checkpoint"]).resolve() == final.resolve() and latest.get("fusion")
+    assert Path(latest["checkpoint"]).resolve() == final.resolve() and latest.get("fusion") and latest["collection"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         own = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "-k", "3", "--dataset",
