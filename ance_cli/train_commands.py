@@ -190,7 +190,8 @@ def compress_command(
     name: Annotated[str | None, typer.Option(help="The collection's name in the MLflow registry (data.name): whose "
                                              "champion is compressed by default, and the registered model the "
                                              "compressed versions join (default: the dataset folder's name)")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompressConfig")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON CompressConfig (or a pipeline "
+                                                "config: its compression section)")] = None,
     work_dir: Annotated[str, typer.Option()] = "work",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON last")] = False,
 ):
@@ -212,7 +213,7 @@ def compress_command(
 
         if checkpoint is not None:
             read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
-        c = load_config(config, CompressConfig) if config else CompressConfig()
+        c = load_config(config, CompressConfig, base_section="compression") if config else CompressConfig()
         try:
             data = DataConfig(dataset=dataset, name=name)
         except ValidationError as e:

@@ -252,12 +252,18 @@ def negatives_needed(config: PipelineConfig | CompareConfig) -> int:
 
 
 def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineConfig, sets: Sequence[str] = (),
-                base: dict | None = None, flag: str = "--set") -> Any:
+                base: dict | None = None, flag: str = "--set", base_section: str | None = None) -> Any:
     """Read a YAML or JSON config (a pipeline's by default; without a path, `base` or the defaults), with `--set`
-    overrides (`apply_sets`) on top; errors name the file, the offending field or the override (as `flag`)."""
+    overrides (`apply_sets`) on top; errors name the file, the offending field or the override (as `flag`).
+    `base_section`: a file that is a pipeline config gives its section of that name (`ance compress --config`)."""
     raw: Any = dict(base or {})
     if path is not None:
         raw = read_config_file(path)
+        if base_section is not None and base_section in raw and base_section not in schema.model_fields:
+            if others := [k for k in raw if k != base_section]:
+                warn(f"{path}: its {base_section} section is read; its other sections ({', '.join(others)}) are not "
+                     "this command's")
+            raw = raw[base_section] or {}
     raw = apply_sets(raw, sets, schema, flag)
     try:
         return schema.model_validate(raw)

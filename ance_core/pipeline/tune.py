@@ -75,6 +75,8 @@ class TuneConfig(StageConfig):
             values = getattr(self, name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} lists a value twice: {values}")
+        if self.recipe == "auto":  # (the recipes module's AUTO; `recipe_config` would advise `--recipe auto`)
+            raise ValueError("recipe: the search varies a fixed recipe (demo, full), not 'auto', which is the search")
         if len({f"{lr:g}" for lr in self.learning_rates}) != len(self.learning_rates):  # (named by "lr {:g}")
             raise ValueError(f"learning_rates lists a value twice to 6 significant digits: {self.learning_rates}")
         return self

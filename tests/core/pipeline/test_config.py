@@ -226,3 +226,14 @@ def test_a_key_given_twice_in_a_config_file_is_refused_where_it_is(tmp_path):
         assert str(err.value).startswith(f"{tmp_path / name}") and said in str(err.value), str(err.value)
     (tmp_path / "fine.yaml").write_text("warmup:\n  epochs: 1\nance:\n  epochs: 1\n")  # (the same key in two sections)
     assert load_config(tmp_path / "fine.yaml").ance.epochs == 1
+
+
+def test_a_pipeline_config_given_for_one_of_its_sections_gives_that_section(tmp_path):
+    """`ance compress --config pipeline.yaml`: its compression section (a probe: every section was 'Extra inputs')."""
+    from ance_core.compression.config import CompressConfig
+
+    (tmp_path / "p.yaml").write_text("data:\n  dataset: toy\ncompression:\n  dims: [16]\n")
+    with pytest.warns(AnceWarning, match=r"p.yaml: its compression section is read; its other sections \(data\)"):
+        assert load_config(tmp_path / "p.yaml", CompressConfig, base_section="compression").dims == [16]
+    (tmp_path / "c.yaml").write_text("dims: [32]\n")  # (its own fields, as before)
+    assert load_config(tmp_path / "c.yaml", CompressConfig, base_section="compression").dims == [32]

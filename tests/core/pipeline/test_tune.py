@@ -79,6 +79,8 @@ def test_a_setting_listed_twice_is_refused():
         TuneConfig(learning_rates=[1.5e-5, 1.50000001e-5])  # (both would be the candidate "lr 1.5e-05")
     with pytest.raises(ValueError, match="finite number"):
         TuneConfig(budget_minutes=float("inf"))
+    with pytest.raises(ValueError, match="the search varies a fixed recipe"):  # (its error advised `--recipe auto`)
+        TuneConfig(recipe="auto")
 
 
 def test_a_learning_rate_shown_as_the_baselines_is_the_baseline():
