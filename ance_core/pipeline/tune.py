@@ -110,27 +110,30 @@ def training_pairs(train: "pd.DataFrame", min_relevance: int | str) -> frozenset
     return frozenset(zip(relevant.loc[keep, "query_id"], relevant.loc[keep, "doc_id"], strict=True))
 
 
-def candidates(cfg: TuneConfig, learning_rate: float, min_relevance: int | str, warmup_epochs: int,
+def candidates(cfg: TuneConfig, learning_rate: float | None, min_relevance: int | str, warmup_epochs: int,
                grades: list[int], pairs: Callable[[int | str], frozenset] | None = None) -> list[Candidate]:
-    """The distinct candidates, simplest first; the first is the baseline (the recipe's `learning_rate`,
-    `min_relevance` and `warmup_epochs`). On binary qrels (fewer than two positive grades) every positives rule
-    trains the same pairs: the recipe's rule only. `pairs` (a rule's training pairs, `training_pairs`): a rule that
-    trains the same pairs as a simpler one is that one (graded qrels whose queries each have one grade: every relevant
-    document is each query's top grade), not a trial that cannot differ."""
+    """The distinct candidates, simplest first; the first is the baseline (the recipe's `learning_rate` of both
+    training stages, None when they train at two, `min_relevance` and `warmup_epochs`). On binary qrels (fewer than
+    two positive grades) every positives rule trains the same pairs: the recipe's rule only. `pairs` (a rule's
+    training pairs, `training_pairs`): a rule that trains the same pairs as a simpler one is that one (graded qrels
+    whose queries each have one grade: every relevant document is each query's top grade), not a trial that cannot
+    differ."""
     grades = sorted(set(grades)) or [1]
     rules = cfg.positives if len(grades) > 1 else [None]
     same: dict[frozenset, int | str] = {}  # training pairs -> the first rule's grade that trains them
     out: dict[tuple, Candidate] = {}
-    for lr, rule, epochs in itertools.product([learning_rate, *cfg.learning_rates], [None, *rules],
+    # the baseline's learning rate as a listed one would name it; None (two stages at two rates): no listed rate is it
+    base_rate = f"{learning_rate:g}" if learning_rate is not None else None
+    for lr, rule, epochs in itertools.product([None, *cfg.learning_rates], [None, *rules],
                                               [warmup_epochs, *cfg.warmup_epochs]):
         grade = min_relevance if rule is None else positive_grade(rule, grades)
         grade = grade if pairs is None else same.setdefault(pairs(grade), grade)
-        key = (f"{lr:g}", grade, epochs)  # (a learning rate as its name shows it: one trial per name)
+        key = (base_rate if lr is None else f"{lr:g}", grade, epochs)  # (a rate as its name shows it: one per name)
         if key in out:
             continue
         overrides: dict[str, Any] = {}
         parts = []
-        if key[0] != f"{learning_rate:g}":
+        if lr is not None and key[0] != base_rate:
             overrides |= {"warmup.learning_rate": lr, "ance.learning_rate": lr}
             parts.append(f"lr {lr:g}")
         if grade != min_relevance:

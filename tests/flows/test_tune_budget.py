@@ -165,7 +165,8 @@ def test_the_survivors_run_best_first(clock, monkeypatch):
         return [Ref(path=c.name) for c, _ in part]
 
     monkeypatch.setattr(tune.Search, "_mapped", mapped)
-    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})  # the demo recipe's
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5},  # the demo recipe's
+                                          "ance": {"learning_rate": 4e-5}})
     _, _, _, state = tune.search(base, TuneConfig(eta=2, seeds=[42]), Ref(), None, None)
     assert [t["candidate"] for t in state.trials if t["full"]] == [
         "demo (baseline)", "lr 2e-05, warm-up 2 epochs", "lr 2e-05"]
@@ -188,7 +189,7 @@ def test_a_short_budget_runs_the_baseline_and_the_best_challengers_whole(clock, 
         return [Ref(path=str(next(scores))) for _ in part]
 
     monkeypatch.setattr(tune.Search, "_mapped", mapped)
-    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}})
     winner, evidence, pool, state = tune.search(base, TuneConfig(budget_minutes=10), Ref(), None, None)
     assert len(pool) == 12 and sum(not t["full"] for t in state.trials) == 6
     whole = [t["candidate"] for t in state.trials if t["full"]]
@@ -355,7 +356,7 @@ def test_a_search_whose_challengers_all_fail_stops_after_the_warm_ups(clock, mon
         return [Ref() if "baseline" in k["name"] else AnceError("the loss is nan") for k in kwargs]
 
     monkeypatch.setattr(tune, "run_mapped", run_mapped)
-    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}})
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}})
     with pytest.warns(AnceWarning):
         winner, evidence, _, state = tune.search(base, TuneConfig(seeds=[42, 43]), Ref(), None, None)
     assert winner.name == "demo (baseline)" and [t["full"] for t in state.trials] == [False]  # no baseline-only rungs

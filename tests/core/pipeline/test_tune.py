@@ -121,3 +121,11 @@ def test_a_learning_rate_or_epochs_that_cannot_train_are_refused(setting):
     with pytest.raises(ValueError, match="greater than 0"):
         TuneConfig(**setting)
 
+
+
+def test_a_listed_rate_is_a_candidate_when_the_baselines_two_stages_train_at_two_rates():
+    """A review: with the warm-up at 2e-5 and the rounds at 4e-5, a listed 2e-5 was merged into the baseline (keyed
+    by the warm-up's rate alone), so "2e-5 in both stages" was never tried."""
+    pool = candidates(TuneConfig(learning_rates=[2e-5], warmup_epochs=[1]), None, "auto", 1, grades=[1])
+    assert [c.name for c in pool] == ["demo (baseline)", "lr 2e-05"]
+    assert pool[1].overrides == {"warmup.learning_rate": 2e-5, "ance.learning_rate": 2e-5}
