@@ -83,13 +83,14 @@ def _only_prefect_left(thread: int | None) -> bool:
     return in_client and not ours
 
 
-def _embedded_server_gone() -> bool:
-    """Prefect's API is this process's embedded server (no PREFECT_API_URL) and no child process of it is alive."""
+def _embedded_server_gone() -> bool | None:
+    """Prefect's API is this process's embedded server (no PREFECT_API_URL) and no child process of it is alive;
+    None when the API is another server's."""
     import psutil
     from prefect.settings import get_current_settings
 
     if get_current_settings().api.url:
-        return False
+        return None
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if child.status() != psutil.STATUS_ZOMBIE:
@@ -194,10 +195,14 @@ def fail(message: str) -> NoReturn:
 
 def stopped(code: int) -> NoReturn:
     """A stop signal (Ctrl-C, SIGTERM) ended the command body, its flow run marked Crashed and its MLflow runs KILLED
-    on the way out: the stop line, then exit `code`; at once when the embedded Prefect server died with the run (the
-    exit handlers left would only try to send Prefect's last events to it, for the whole `STOP_GRACE_SECONDS`)."""
+    on the way out: the stop line, then exit `code`; at once when the embedded Prefect server died with the run, as it
+    does within a few seconds of a signal to the whole group (the exit handlers left would only try to send Prefect's
+    last events to it, for the whole `STOP_GRACE_SECONDS`)."""
     say_stopped(code)
-    if _embedded_server_gone():
+    deadline = time.monotonic() + 3  # (a server signalled with the run may take a moment to end)
+    while not (gone := _embedded_server_gone()) and gone is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if gone:
         _stop_now(code)
     raise SystemExit(code)
 
