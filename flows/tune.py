@@ -275,7 +275,7 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     grades = sorted(int(g) for g in set(train.loc[train["relevance"] > 0, "relevance"]))
     rate = base.warmup.learning_rate if base.ance.learning_rate in (None, base.warmup.learning_rate) else None
     pool = candidates(cfg, rate, base.data.train_min_relevance, base.warmup.epochs, grades,
-                      pairs=lambda rule: training_pairs(train, rule))
+                      pairs=lambda rule: training_pairs(tables, base.data.train_split, rule))
     check_candidates(base, pool, cfg.seeds)
     baseline = pool[0]
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)

@@ -20,6 +20,7 @@ baseline stays (the simpler candidate on ties). A time budget (minutes of trials
 decision is then made on the trials run.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -32,13 +33,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from ance_core.data.dataset import QUERY_TOP_GRADE
 from ance_core.errors import AnceError
 from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid
 from ance_core.stage_config import StageConfig
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from ance_core.data.dataset import Dataset
     from ance_core.pipeline.config import PipelineConfig
 
 PositivesRule = Literal["query-top", "collection-top", "all"]
@@ -60,8 +61,7 @@ class TuneConfig(StageConfig):
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")
-    budget_minutes: float = Field(90.0, gt=0, allow_inf_nan=False, description="Wall minutes of trials; the search "
-                                  "stops before a trial "
+    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
                                   "(or a batch of Ray trials) that the time of those before it says would not fit, "
                                   "and decides on the trials run. Trials reused from an earlier search count at the "
                                   "minutes they took then: a search resumed after an interruption decides as an "
@@ -99,15 +99,12 @@ def positive_grade(rule: PositivesRule, grades: list[int]) -> int | str:
     return max(grades) if rule == "collection-top" else min(grades)
 
 
-def training_pairs(train: "pd.DataFrame", min_relevance: int | str) -> frozenset[tuple[str, str]]:
-    """The (query, document) pairs of a train split's qrels that train as positives under `min_relevance` ("auto":
-    each query's own top grade, as `with_training_grades` and `Dataset.positives` read it)."""
-    relevant = train[train["relevance"] > 0]
-    if min_relevance == "auto":
-        keep = relevant["relevance"] == relevant.groupby("query_id")["relevance"].transform("max")
-    else:
-        keep = relevant["relevance"] >= int(min_relevance)
-    return frozenset(zip(relevant.loc[keep, "query_id"], relevant.loc[keep, "doc_id"], strict=True))
+def training_pairs(tables: "Dataset", split: str, min_relevance: int | str) -> frozenset[tuple[str, str]]:
+    """The (query, document) pairs of a split that train as positives under `min_relevance` ("auto": each query's own
+    top grade), as `Dataset.positives` reads them for training."""
+    rule = QUERY_TOP_GRADE if min_relevance == "auto" else min_relevance
+    positives = dataclasses.replace(tables, min_relevance={split: rule}).positives(split)
+    return frozenset((query, doc) for query, docs in positives.items() for doc in docs)
 
 
 def candidates(cfg: TuneConfig, learning_rate: float | None, min_relevance: int | str, warmup_epochs: int,

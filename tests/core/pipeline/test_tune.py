@@ -3,6 +3,7 @@
 import pandas as pd
 import pytest
 
+from ance_core.data.dataset import Dataset
 from ance_core.pipeline.tune import Scores, TuneConfig, candidates, decide, rungs, survivors, training_pairs
 
 
@@ -20,19 +21,23 @@ def test_graded_qrels_add_the_collections_top_grade_and_every_relevant_document(
     assert pool[0].name == "demo (baseline)" and max(c.changes for c in pool) == 2
 
 
+def _train(qrels: pd.DataFrame) -> Dataset:
+    return Dataset(pd.DataFrame(), pd.DataFrame(), qrels.assign(split="train"))
+
+
 def test_a_positives_rule_that_trains_the_baselines_pairs_is_no_candidate():
     """Graded qrels whose queries each have one grade: every relevant document is its query's top grade, so `all`
     trains what the baseline's `auto` does, and is no trial; the collection's top grade (2) drops q1's pairs: a
     candidate. Where every query has the collection's top grade among its positives, that rule is the baseline too."""
-    train = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [1, 1, 2]})
+    train = _train(pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [1, 1, 2]}))
     pool = candidates(TuneConfig(warmup_epochs=[1], learning_rates=[2e-5]), 4e-5, "auto", 1, [1, 2],
-                      pairs=lambda rule: training_pairs(train, rule))
+                      pairs=lambda rule: training_pairs(train, "train", rule))
     assert [c.name for c in pool] == ["demo (baseline)", "positives collection-top (train_min_relevance 2)",
                                       "lr 2e-05",
                                       "lr 2e-05, positives collection-top (train_min_relevance 2)"]
-    both = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [2, 1, 2]})
+    both = _train(pd.DataFrame({"query_id": ["q1", "q1", "q2"], "doc_id": ["a", "b", "c"], "relevance": [2, 1, 2]}))
     pool = candidates(TuneConfig(warmup_epochs=[1], learning_rates=[2e-5]), 4e-5, "auto", 1, [1, 2],
-                      pairs=lambda rule: training_pairs(both, rule))
+                      pairs=lambda rule: training_pairs(both, "train", rule))
     assert [c.overrides.get("data.train_min_relevance") for c in pool] == [None, 1, None, 1]
 
 
