@@ -273,7 +273,7 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     tables = read_tables(data.path, corpus_columns=[])
     train = tables.split_qrels(base.data.train_split)
     grades = sorted(int(g) for g in set(train.loc[train["relevance"] > 0, "relevance"]))
-    rate = base.warmup.learning_rate if base.ance.learning_rate in (None, base.warmup.learning_rate) else None
+    rate = base.warmup.learning_rate if base.ance.learning_rate == base.warmup.learning_rate else None
     pool = candidates(cfg, rate, base.data.train_min_relevance, base.warmup.epochs, grades,
                       pairs=lambda rule: training_pairs(tables, base.data.train_split, rule))
     check_candidates(base, pool, cfg.seeds)
