@@ -13,7 +13,8 @@ from ance_cli.guard import fail, guard
 @app.command()
 def demo(
     recipe: Annotated[str, typer.Option(help="demo (7-12 min on a 2-core CPU with bf16 in hardware, ~25 without) or "
-                                         "full (2 SimANS rounds, 2 epochs a stage: about 1.5x the demo)")] = "demo",
+                                         "full (2 SimANS rounds, 2 epochs a stage: about 1.5x the demo) or "
+                                         "full-maxp (full on MaxP documents: about 2x full)")] = "demo",
     rounds: Annotated[int | None, typer.Option(help="ANCE rounds after the warm-up (default: the recipe's)")] = None,
     work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
@@ -39,9 +40,9 @@ def demo(
 def run(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config; without one, "
                                                 "the pipeline's defaults (and --set on top)")] = None,
-    recipe: Annotated[str | None, typer.Option(help="Start from a recipe (demo, full; auto: chosen on the dataset's "
-                                               "dev split by `ance tune`, then trained), the config file's sections "
-                                               "merged over it")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Start from a recipe (demo, full, full-maxp; auto: chosen on the "
+                                               "dataset's dev split by `ance tune`, then trained), the config file's "
+                                               "sections merged over it")] = None,
     budget_minutes: Annotated[float | None, typer.Option(help="--recipe auto: wall minutes of the search's trials "
                                                          "(default: the search's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,

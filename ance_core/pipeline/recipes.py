@@ -9,6 +9,10 @@ the search log, the three-seed tables and the paired comparisons).
   default stays 2e-5.
 - `full` (`make quality`, `ance demo --recipe full`): 2 SimANS rounds, 2 epochs per stage (dev search run s6), with
   the demo's learning rate of 4e-5 (taken from the demo's search, not searched on `full` itself).
+- `full-maxp` (`ance demo --recipe full-maxp`): `full` with MaxP documents (up to 4 windows of 256 tokens each
+  encoded and indexed, a document scored by its best window; ANCE §5) and training on whole 256-token windows instead
+  of 128-token passages: ahead of `full` on SciFact's dev split under each of three seeds (RESULTS.md), for about
+  twice its time. Passages shorter than 128 tokens train and encode as in `full`.
 - `auto` (`ance run --recipe auto`, `ance tune`): no fixed config; a search on the collection's own dev split over
   variants of `demo` (learning rate, which graded positives train, warm-up epochs: pipeline/tune.py), its winner
   trained (flows/tune.py).
@@ -26,6 +30,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     "demo": {"mining": {"sampler": "simans"}, "warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}},
     "full": {"rounds": 2, "warmup": {"epochs": 2, "learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5},
              "mining": {"sampler": "simans"}},
+    "full-maxp": {"rounds": 2, "warmup": {"epochs": 2, "learning_rate": 4e-5, "passage_max_length": None},
+                  "ance": {"learning_rate": 4e-5, "passage_max_length": None}, "mining": {"sampler": "simans"},
+                  "model": {"document_mode": "maxp"}},
 }
 
 
@@ -37,9 +44,16 @@ CHOSEN = {
             "SciFact, CISI and NPL together (issue 30). Use it for training sets of a few dozen queries and more",
     "full": "2 rounds and 2 epochs per stage on SciFact's dev split, with demo's learning rate (not searched on full "
             "itself). For training sets of hundreds of queries: on a few dozen its rounds fell below the warm-up",
+    "full-maxp": "full with MaxP documents and whole-window training, against full on SciFact's dev split (three "
+                 "seeds, each ahead). For documents longer than the model's 256 tokens; about twice full's time",
     AUTO: "no fixed config: `ance run --recipe auto` searches variants of demo (learning rate, graded positives, "
           "warm-up epochs) on the dataset's own dev split, then trains the winner (`ance tune` searches only)",
 }
+
+
+def _text(value: Any) -> str:
+    """A setting's value as `--set` reads it back (None: YAML's null)."""
+    return "null" if value is None else str(value)
 
 
 def recipe_sets(name: str) -> list[str]:
@@ -48,7 +62,7 @@ def recipe_sets(name: str) -> list[str]:
     def flat(prefix: str, value: Any) -> list[str]:
         if isinstance(value, dict):
             return [s for key, sub in value.items() for s in flat(f"{prefix}{key}.", sub)]
-        return [f"{prefix[:-1]}={value}"]
+        return [f"{prefix[:-1]}={_text(value)}"]
 
     return flat("", RECIPES[name]) if name in RECIPES else []
 
@@ -61,7 +75,7 @@ def recipe_drift(config: PipelineConfig, name: str) -> list[str]:
         node = dumped
         for key in path.split("."):
             node = node[key]
-        if str(node) != value:
+        if _text(node) != value:
             drift.append(f"{path}={value} (the config: {node})")
     return drift
 

@@ -607,8 +607,8 @@ def test_recipes_lists_each_recipes_overrides_which_rebuild_it():
 
     code, out = _invoke(["recipes", "--json"])
     listed = json.loads(out.strip().splitlines()[-1])
-    assert code == 0 and list(listed) == ["demo", "full", "auto"]
-    for name in ("demo", "full"):
+    assert code == 0 and list(listed) == ["demo", "full", "full-maxp", "auto"]
+    for name in ("demo", "full", "full-maxp"):  # full-maxp's sets unset two lengths (null)
         assert load_config(None, sets=listed[name]["sets"]) == recipe_config(name)
         assert listed[name]["chosen"]
     assert listed["auto"]["sets"] == [] and "dev split" in listed["auto"]["chosen"]

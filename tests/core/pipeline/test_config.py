@@ -183,6 +183,8 @@ def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
     from ance_core.pipeline.recipes import recipe_config, recipe_drift
 
     assert recipe_drift(recipe_config("demo"), "demo") == [] and recipe_drift(recipe_config("full"), "full") == []
+    assert recipe_drift(recipe_config("full-maxp"), "full-maxp") == []  # its unset lengths read back as null
+    assert "warmup.passage_max_length=null (the config: 128)" in recipe_drift(recipe_config("full"), "full-maxp")
     assert recipe_drift(recipe_config("demo"), "full") == ["rounds=2 (the config: 1)",
                                                            "warmup.epochs=2 (the config: 1)"]
     assert recipe_drift(recipe_config("demo", ["ance.learning_rate=2e-5"]), "demo") == [
