@@ -200,7 +200,7 @@ def stopped(code: int) -> NoReturn:
     last events to it, for the whole `STOP_GRACE_SECONDS`)."""
     say_stopped(code)
     deadline = time.monotonic() + 3  # (a server signalled with the run may take a moment to end)
-    while not (gone := _embedded_server_gone()) and gone is not None and time.monotonic() < deadline:
+    while (gone := _embedded_server_gone()) is False and time.monotonic() < deadline:  # None: another server's
         time.sleep(0.2)
     if gone:
         _stop_now(code)

@@ -152,12 +152,17 @@ def test_a_later_seeds_trials_are_budgeted_with_the_warm_up_they_train(clock, le
     assert (state.stopped is None) == ran
 
 
+def _train_qrels(monkeypatch, queries: list[str], docs: list[str], grades: list[int]) -> None:
+    """The search reads a dataset whose train split has these qrels (and nothing else)."""
+    qrels = pd.DataFrame({"query_id": queries, "doc_id": docs, "relevance": grades, "split": "train"})
+    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: Dataset(pd.DataFrame(), pd.DataFrame(), qrels))
+
+
 def test_the_survivors_run_best_first(clock, monkeypatch):
     """The warm-up rung ranks lr 2e-05, warm-up 2 epochs (0.60) over lr 2e-05 (0.55): the whole rung runs the baseline,
     then them in that order (a budget that ends between them keeps the better one), not the simpler first."""
     warm = {"demo (baseline)": 0.50, "warm-up 2 epochs": 0.51, "lr 2e-05": 0.55, "lr 2e-05, warm-up 2 epochs": 0.60}
-    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: Dataset(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(
-        {"query_id": ["q"], "doc_id": ["d"], "relevance": [1], "split": "train"})))
+    _train_qrels(monkeypatch, ["q"], ["d"], [1])
     monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
     monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": warm[ref.path], "model": "m", "seconds": 60.0})
 
@@ -179,8 +184,7 @@ def test_a_short_budget_runs_the_baseline_and_the_best_challengers_whole(clock, 
     fit. It runs the baseline and the best challenger whole, and decides between them (it ran no whole recipe at all:
     'no candidate ran the whole recipe')."""
     scores = iter([0.50, 0.52, 0.55, 0.51, 0.53, 0.54] + [0.60, 0.62, 0.0, 0.0])
-    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: Dataset(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(
-        {"query_id": ["q", "q", "r"], "doc_id": ["d", "e", "f"], "relevance": [1, 2, 1], "split": "train"})))
+    _train_qrels(monkeypatch, ["q", "q", "r"], ["d", "e", "f"], [1, 2, 1])
     monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
     monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": float(ref.path), "model": "m", "seconds": 60.0})
 
@@ -348,8 +352,7 @@ def test_a_failed_trial_of_a_ray_batch_is_not_run_again_and_its_batch_mates_coun
 
 
 def test_a_search_whose_challengers_all_fail_stops_after_the_warm_ups(clock, monkeypatch):
-    monkeypatch.setattr(tune, "read_tables", lambda *a, **k: Dataset(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(
-        {"query_id": ["q"], "doc_id": ["d"], "relevance": [1], "split": "train"})))
+    _train_qrels(monkeypatch, ["q"], ["d"], [1])
     monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
 
     def run_mapped(task, kwargs, execution, errors=False):
