@@ -3,7 +3,7 @@
 Its rooms, each a subpackage that imports only the foundation and rooms below it (tests/test_layering.py):
 
   foundation    errors.py, faults.py, artifacts.py (stage folders), stage_config.py (the base of every config),
-                retention.py (what a work folder keeps)
+                retention.py (what a work folder keeps), allocator.py (the `ance` command's malloc), system_metrics.py
   data/         the collection, validated; the dev split
   compression/  ConAE, PCA and truncation projectors
   modeling/     the BERT-Siamese model and its checkpoints

@@ -66,9 +66,13 @@ case "${1:-}" in
     pool cpu process
     pool infer process
     pool gpu docker
-    start worker-cpu "$BIN/prefect" worker start --pool cpu --name "cpu-$(hostname)"
+    # the workers' flow runs train and encode: on mimalloc, as the `ance` command does (ance_core/allocator.py), unless
+    # ANCE_ALLOCATOR=system or another malloc is preloaded already
+    preload=$("$BIN/python" -m ance_core.allocator --ld-preload)
+    start worker-cpu env LD_PRELOAD="$preload" "$BIN/prefect" worker start --pool cpu --name "cpu-$(hostname)"
     # a name of its own at each start: a trainer following a refresh on the worker before a restart sees it gone
-    start worker-infer "$BIN/prefect" worker start --pool infer --name "infer-$(hostname)-$(date +%s)"
+    start worker-infer env LD_PRELOAD="$preload" "$BIN/prefect" worker start --pool infer \
+      --name "infer-$(hostname)-$(date +%s)"
     echo "Prefect UI: http://127.0.0.1:$PORT   (export PREFECT_API_URL=$PREFECT_API_URL to use it from a shell)"
     echo "MLflow UI:  $MLFLOW_TRACKING_URI   (export MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI to log to it from a shell)"
     ;;

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ance_core.allocator import mimalloc_library
 from tests.tiny import tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,16 @@ def test_precision_bench(tiny_model, tmp_path):
                       r"([\d.]+)x$", out, re.M)
     assert [r[0] for r in rows] == ["forward", "train step"], out
     assert re.search(r"precision auto takes bf16\): (True|False)$", out, re.M), out
+
+
+@pytest.mark.skipif(mimalloc_library() is None, reason="no cmeel-mimalloc wheel here (not Linux)")
+def test_allocator_bench(tiny_model, tmp_path):
+    out = bench("allocator.py", "--model", str(tiny_model), "--batch", "8", "--length", "32", "--calls", "2",
+                "--processes", "2", tmp_path=tmp_path)
+    rows = [line.split() for line in out.splitlines()[1:3]]  # one row per process: each ran on the malloc it names
+    assert [r[0] for r in rows] == ["system", "mimalloc"] and all(float(x) >= 0 for r in rows for x in r[1:])
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["ratio_forward"] > 0 and report["ratio_step"] > 0
 
 
 def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):

@@ -144,6 +144,11 @@ def test_images_are_pinned_and_non_root(name):
                                              for r in run_instructions(text) if "pip install" in r)
     if name == "Dockerfile.mlflow":
         return
+    # the worker images run every process on mimalloc (ance_core/allocator.py): the library the wheel installs, linked
+    # where LD_PRELOAD names it
+    link = next(r for r in run_instructions(text) if "ance_core.allocator" in r)
+    preload = re.search(r"^ENV LD_PRELOAD=(\S+)$", text, re.M).group(1)
+    assert f'ln -s "$(python -m ance_core.allocator)" {preload}' in link and f"test -f {preload}" in link
     torch_pin = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
     if name == "Dockerfile.gpu":
         assert f'"torch=={torch_pin}"' in text

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
+from ance_core.allocator import in_use as allocator_in_use
 from ance_core.artifacts import RUN_TREC, ArtifactRef
 from ance_core.data.corpus import read_corpus_rows
 from ance_core.data.dataset import read_tables
@@ -90,7 +91,8 @@ class PipelineTracking:
         self.tracker = tracker or Tracker(config.work_dir, experiment)
         self.tracker.context = {k: v for k, v in flow_tags.items() if k == "prefect.flow_run_id"}
         self.tags = {k: v for k, v in flow_tags.items() if v} | {
-            "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name}
+            "git_commit": _git_commit(), "dataset": config.data.dataset, "model": config.model.name,
+            "allocator": allocator_in_use()}  # (stage times depend on it: ance_core/allocator.py)
         self.trial = trial
         name = name or f"{experiment} {flow_tags.get('prefect.flow_run_name', '')}".strip()
         self.parent = self.tracker.start_run(name, parent_id=trial_of, tags=self.tags | (

@@ -226,6 +226,8 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     client = MlflowClient(result["mlflow_uri"])
     parent = client.get_run(result["mlflow_run_id"])
     assert parent.data.params["rounds"] == str(ROUNDS) and parent.data.tags["prefect.flow_run_id"]
+    # `ance run` started itself again under mimalloc (ance_core/allocator.py), unless told not to
+    assert parent.data.tags["allocator"] == ("system" if os.environ.get("ANCE_ALLOCATOR") == "system" else "mimalloc")
     assert parent.data.metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"])
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
     assert steps == list(range(1, 3 * (ROUNDS + 1) + 1))  # 3 steps per training stage, one global step axis
