@@ -37,6 +37,9 @@ class Lamb(Optimizer):
         return loss
 
 
+FUSED_CPU = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # torch's fused AdamW on a CPU
+
+
 def make_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: float) -> Optimizer:
     """Weight decay on matrices only (not on biases and LayerNorm gains), as in BERT fine-tuning."""
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
@@ -44,9 +47,11 @@ def make_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: f
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if name == "lamb":
         return Lamb(groups, lr=lr)
-    # on a GPU, the fused kernel: one launch per step for all parameters, instead of several per tensor
-    fused = all(p.is_cuda for p in decay + no_decay) or None
-    return AdamW(groups, lr=lr, fused=fused)
+    # the fused kernel: on a GPU one launch per step for all parameters instead of several per tensor; on a CPU one
+    # pass over each tensor instead of one per operation (MiniLM's update: 18 ms against 60 on 2 cores)
+    params = decay + no_decay
+    fused = all(p.is_cuda for p in params) or all(p.device.type == "cpu" and p.dtype in FUSED_CPU for p in params)
+    return AdamW(groups, lr=lr, fused=fused or None)
 
 
 def linear_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int, offset: int = 0) -> LambdaLR:
