@@ -58,6 +58,12 @@ def test_allocator_bench(tiny_model, tmp_path):
     assert report["ratio_forward"] > 0 and report["ratio_step"] > 0
 
 
+def test_optimizer_bench(tiny_model, tmp_path):
+    out = bench("optimizer.py", "--model", str(tiny_model), "--steps", "2", tmp_path=tmp_path)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert set(report["ms"]) == {"per-tensor", "foreach", "fused"} and report["ratio"] > 0
+
+
 def test_orchestration_bench(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "unused", rounds=0, steps=2)
     (tmp_path / "tiny.json").write_text(json.dumps(config))

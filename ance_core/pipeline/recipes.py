@@ -1,7 +1,7 @@
 """Named training recipes: overrides of the pipeline config's defaults, each chosen on the dev split (RESULTS.md:
 the search log, the three-seed tables and the paired comparisons).
 
-- `demo` (`make demo`, `ance demo`; about 7.5 min on a 2-core CPU for SciFact, the environment included): the
+- `demo` (`make demo`, `ance demo`; 9.5-11.5 min on a 2-core CPU with bf16 for SciFact, the environment included): the
   defaults with SimANS negatives in the ANCE round and a learning rate of 4e-5 in both stages. SimANS beat
   ANCE-uniform on the dev split under each of three seeds (+0.015 nDCG@10 on average); the pipeline's own default
   sampler stays `ance`, the paper's method, so a config that names no sampler trains ANCE. The learning rate was

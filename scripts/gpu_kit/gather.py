@@ -44,6 +44,8 @@ REQUIREMENTS = ["transformers==5.17.0",  # the machine's: resolves its own needs
 ON_MACHINE = {"torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "hf-xet", "numpy", "scipy",
               "pandas", "pyarrow", "regex", "pyyaml", "markupsafe", "charset-normalizer", "psutil", "pygments",
               "fsspec", "jinja2", "requests", "urllib3", "idna", "certifi", "packaging", "filelock", "tqdm"}
+# pyproject dependencies left behind on purpose: the malloc of CPU work (ance_core/allocator.py; docs/gpu-kit.md)
+LEFT_OUT = {"cmeel-mimalloc"}
 PRUNE = ["prefect/server/ui_build", "prefect/server/ui"]  # the temporary server runs without its UI on the machine
 
 
