@@ -7,7 +7,7 @@ kernel time). mimalloc keeps them. Measured on a 2-core CPU (BENCHMARKS.md, `ben
 and batches, same results, fewer faults and less time per training step and per encoding batch.
 
 A malloc can only be chosen before the process starts (LD_PRELOAD), so the `ance` command starts itself again under
-it (`preload_and_reexec`, one exec of ~0.1 s, same process id); its child processes (the temporary Prefect server,
+it (`preload_and_reexec`: one exec, the same process id); its child processes (the temporary Prefect server,
 torch.distributed ranks, Ray workers) inherit the setting. Processes that do not start through `ance` (a Prefect
 worker's flow runs, a Python session) get it from the environment: `LD_PRELOAD=$(python -m ance_core.allocator)`
 (scripts/stack.sh and the docker images do). The library is the `cmeel-mimalloc` wheel, a dependency on Linux.
