@@ -9,8 +9,9 @@ and batches, same results, fewer faults and less time per training step and per 
 A malloc can only be chosen before the process starts (LD_PRELOAD), so the `ance` command starts itself again under
 it (`preload_and_reexec`: one exec, the same process id); its child processes (the temporary Prefect server,
 torch.distributed ranks, Ray workers) inherit the setting. Processes that do not start through `ance` (a Prefect
-worker's flow runs, a Python session) get it from the environment: `LD_PRELOAD=$(python -m ance_core.allocator)`
-(scripts/stack.sh and the docker images do). The library is the `cmeel-mimalloc` wheel, a dependency on Linux.
+worker's flow runs, a Python session) get it from the environment: `python -m ance_core.allocator` prints the
+library's path (the docker images link it), `--ld-preload` the LD_PRELOAD the command would run with (scripts/stack.sh
+starts its workers with it). The library is the `cmeel-mimalloc` wheel, a dependency on Linux.
 
 ANCE_ALLOCATOR=system keeps glibc's malloc; an LD_PRELOAD that already names a malloc (jemalloc, tcmalloc, mimalloc)
 is left as it is. Stdlib only: it runs before anything heavy is imported.
@@ -57,14 +58,19 @@ def preload_env(env: os._Environ | dict, library: str | None) -> dict | None:
     return dict(env) | {"LD_PRELOAD": f"{library}:{preloaded}" if preloaded else library, _STARTED: "1"}
 
 
-def preload_and_reexec() -> None:
-    """Start this command again under mimalloc (see the module's doc); return when it stays as it is. A bad
-    ANCE_ALLOCATOR prints one line and exits with status 2."""
+def _planned_env() -> dict | None:
+    """`preload_env` for this process; a bad ANCE_ALLOCATOR prints one line and exits with status 2."""
     try:
-        env = preload_env(os.environ, mimalloc_library())
+        return preload_env(os.environ, mimalloc_library())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def preload_and_reexec() -> None:
+    """Start this command again under mimalloc (see the module's doc); return when it stays as it is. A bad
+    ANCE_ALLOCATOR prints one line and exits with status 2."""
+    env = _planned_env()
     if env is None:
         return
     sys.stdout.flush()
@@ -89,10 +95,6 @@ if __name__ == "__main__":
     # python -m ance_core.allocator: the library's path (empty: none here); with --ld-preload, the LD_PRELOAD that a
     # process started from this environment should get: the `ance` command's rule (scripts/stack.sh's workers)
     if sys.argv[1:] == ["--ld-preload"]:
-        try:
-            env = preload_env(os.environ, mimalloc_library())
-        except ValueError as e:
-            sys.exit(f"error: {e}")
-        print((env or os.environ).get("LD_PRELOAD", ""))
+        print((_planned_env() or os.environ).get("LD_PRELOAD", ""))
     else:
         print(mimalloc_library() or "")

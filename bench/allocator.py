@@ -87,8 +87,7 @@ def main() -> None:
         sys.exit("no mimalloc here (the cmeel-mimalloc wheel, Linux only)")
     order = ["system", "mimalloc", "mimalloc", "system", "system", "mimalloc"]
     order = (order * (args.processes // len(order) + 1))[:max(2, args.processes)]
-    medians: dict[str, dict[str, list[float]]] = {"system": {"forward": [], "step": []},
-                                                  "mimalloc": {"forward": [], "step": []}}
+    medians = {allocator: {"forward": [], "step": []} for allocator in ("system", "mimalloc")}
     print(f"{'malloc':9} {'forward s':>10} {'faults':>9} {'step s':>8} {'faults':>8}")
     for allocator in order:
         out = measure(allocator, args, library)
