@@ -105,6 +105,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
+    _check_split_files(data, splits)
     fresh = not Path(work_dir).expanduser().exists()
     writable_work_dir(work_dir)
     try:
@@ -126,6 +127,26 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         if fresh and not any(folder.rglob("manifest.json")):  # the folder this command made, with no stage built
             shutil.rmtree(folder, ignore_errors=True)  # in it (its locks, empty stage folders): not left behind
         raise  # (a validated data stage is kept: it is whole, and the next run reuses it)
+
+
+def _check_split_files(data, splits: tuple[str, ...]) -> None:
+    """A split with no qrels file in a local dataset folder, refused before the data stage reads the collection (the
+    carved dev split is made by that stage, and a dataset not here yet is downloaded by it: both are left to it)."""
+    from ance_core.data.dataset import qrels_file
+    from ance_core.data.sources import resolve_dataset
+    from ance_core.errors import AnceError
+
+    try:
+        folder = resolve_dataset(data.dataset, data.data_home, download=False)
+    except AnceError:
+        return
+    if not folder.is_dir():
+        return
+    for split in splits:
+        if split != data.dev_split and not qrels_file(folder, split).is_file():
+            names = {p.stem for p in folder.glob("qrels/*.tsv")} | {p.name[6:-4] for p in folder.glob("qrels.*.tsv")}
+            raise AnceError(f"{folder}: split '{split}' has no qrels (available splits: {', '.join(sorted(names))}); "
+                            f"a split's qrels are read from {qrels_file(folder, split)}")
 
 
 def run_pipeline(config, as_json: bool) -> None:

@@ -216,7 +216,10 @@ def takes_prepared_mask(encoder: nn.Module) -> bool:
             and "create_bidirectional_mask" in vars(sys.modules[type(encoder).__module__]))
 
 
-ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout")  # BERT family, DistilBERT/others
+DROPOUT_KEYS = {  # a training override's config key: BERT family first, then DistilBERT and others
+    "attention": ("attention_probs_dropout_prob", "attention_dropout"),
+    "hidden": ("hidden_dropout_prob", "dropout"),
+}
 
 
 def _load_encoder(path: str, **config_overrides: float) -> nn.Module:
@@ -310,25 +313,31 @@ def read_meta(path: str | Path) -> ModelMeta:
                         "checkpoint again") from None
 
 
-def load_checkpoint(
-    path: str | Path, device: torch.device | str = "cpu", attention_dropout: float | None = None
-) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
-    """The model, tokenizer and meta of a checkpoint folder. `attention_dropout` replaces the encoder's
-    attention-probability dropout in the loaded modules (for training); its saved config keeps the model's own."""
-    path = Path(path)
-    meta = read_meta(path)
-    overrides, original = {}, None
-    if attention_dropout is not None:
-        config = AutoConfig.from_pretrained(path)
-        key = next((k for k in ATTENTION_DROPOUT_KEYS if hasattr(config, k)), None)
-        if key is None:
-            raise AnceError(f"{path}: model type '{config.model_type}' has no attention-dropout setting "
-                            f"({' or '.join(ATTENTION_DROPOUT_KEYS)}); leave attention_dropout unset")
-        overrides, original = {key: attention_dropout}, (key, getattr(config, key))
+def _dropout_overrides(path: Path, **settings: float | None) -> tuple[dict[str, float], dict[str, float]]:
+    """The encoder-config overrides for the dropout `settings` that are set (`attention` and `hidden`, keyed by
+    DROPOUT_KEYS), and the config's own values of those keys (restored on the loaded model's config)."""
+    wanted = {kind: p for kind, p in settings.items() if p is not None}
+    config = AutoConfig.from_pretrained(path) if wanted else None
+    overrides = {}
+    for kind, p in wanted.items():
+        if (key := next((k for k in DROPOUT_KEYS[kind] if hasattr(config, k)), None)) is None:
+            raise AnceError(f"{path}: model type '{config.model_type}' has no {kind}-dropout setting "
+                            f"({' or '.join(DROPOUT_KEYS[kind])}); leave {kind}_dropout unset")
+        overrides[key] = p
+    return overrides, {key: getattr(config, key) for key in overrides}
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attention_dropout: float | None = None,
+                    hidden_dropout: float | None = None) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
+    """The model, tokenizer and meta of a checkpoint folder. `attention_dropout` and `hidden_dropout` replace the
+    encoder's attention-probability and hidden-state dropout in the loaded modules (for training); its saved config
+    keeps the model's own."""
+    path, meta = Path(path), read_meta(path)
+    overrides, original = _dropout_overrides(path, attention=attention_dropout, hidden=hidden_dropout)
     try:
         model = BiEncoder(_load_encoder(str(path), **overrides), meta.pooling)
-        if original is not None:  # the modules were built with the override; a checkpoint saved later keeps its own
-            setattr(model.encoder.config, *original)
+        for key, value in original.items():  # the modules were built with the overrides; a later save keeps these
+            setattr(model.encoder.config, key, value)
         head = load_file(path / HEAD_FILE)
         model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
         model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})

@@ -17,7 +17,7 @@ class TrainConfig(StageConfig):
     """NLL over 1 positive + n mined negatives per query (ANCE eq. 5), optionally with in-batch negatives."""
 
     UNSAID = {"grad_cache_chunk": None, "distill_weight": 1.0, "ema_decay": None, "compile": False,
-              "pad_multiple": None}  # (added after stage keys existed:
+              "pad_multiple": None, "hidden_dropout": None}  # (added after stage keys existed:
     # left out at these values)
 
     epochs: int = Field(1, ge=1, description="Passes over the mined (query, positive) pairs")
@@ -44,6 +44,9 @@ class TrainConfig(StageConfig):
         0.0, ge=0, lt=1, description="Attention-probability dropout while training; null: the model's own (0.1 for "
         "BERT models). 0 (the default, chosen on the dev split) trains 1.1-2.3x faster on CPU: no random mask over "
         "every attention matrix")
+    hidden_dropout: float | None = Field(
+        None, ge=0, lt=1, description="Hidden-state dropout while training (after the embeddings, each attention "
+        "output and each feed-forward layer); null: the model's own (0.1 for BERT models)")
     precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
                                  "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs. fp16: CUDA only")
     seed: int = Field(42, ge=0, description="Batch order and dropout (each ANCE round derives its own from it)")

@@ -161,7 +161,8 @@ def train(
     dtype = autocast_dtype(cfg.precision, device)
     seed = stage_seed(cfg.seed, round_)
     torch.manual_seed(seed + ranks.rank)
-    model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout)
+    model, tokenizer, meta = load_checkpoint(init_checkpoint, device, attention_dropout=cfg.attention_dropout,
+                                           hidden_dropout=cfg.hidden_dropout)
     query_length = cfg.query_max_length or meta.query_max_length
     passage_length = cfg.passage_max_length or meta.passage_max_length
     if model.projector is not None:

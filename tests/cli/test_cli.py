@@ -120,6 +120,11 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and f"{ds}: split 'test' has no qrels (available splits: train); a split's qrels are read " \
         f"from {ds / 'qrels' / 'test.tsv'}" in out.replace("\n", " ")
+    assert not (tmp_path / "w").exists()  # refused before the data stage read the collection (it was built first)
+    code, out = _invoke(["run", "--set", f"data.dataset={ds}", "--set", "data.eval_split=nosuch",
+                         "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "split 'nosuch' has no qrels (available splits: train)" in out and "Traceback" not in out
+    assert not (tmp_path / "w").exists(), out
 
 
 def test_unknown_recipe_is_refused(tmp_path):

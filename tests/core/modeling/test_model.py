@@ -107,6 +107,22 @@ def test_attention_dropout_override_applies_to_the_modules_not_the_saved_config(
     assert json.loads((tmp_path / "saved" / "config.json").read_text())["attention_probs_dropout_prob"] == 0.1
 
 
+def test_hidden_dropout_override_reaches_every_hidden_dropout_and_not_the_saved_config(tiny_model, tmp_path):
+    import json
+
+    from ance_core.modeling.model import init_model, save_checkpoint
+
+    init_model(ModelConfig(name=str(tiny_model)), tmp_path / "init")
+    model, tokenizer, meta = load_checkpoint(tmp_path / "init", attention_dropout=0.05, hidden_dropout=0.0)
+    dropouts = {n: m.p for n, m in model.encoder.named_modules() if isinstance(m, torch.nn.Dropout)}
+    hidden = {n: p for n, p in dropouts.items() if not n.endswith("attention.self.dropout")}
+    assert any(n.startswith("embeddings") for n in hidden) and any("attention.output" in n for n in hidden)
+    assert set(hidden.values()) == {0.0} and set(dropouts.values()) == {0.0, 0.05}
+    save_checkpoint(model, tokenizer, meta, tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert (saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]) == (0.1, 0.1)
+
+
 def test_auto_precision_is_bf16_only_on_a_cpu_that_multiplies_bf16_in_hardware(monkeypatch):
     """Emulated bf16 ran a MiniLM step 25x slower than fp32 on an AVX2-only CPU: `auto` is fp32 there, and an
     explicit bf16 is kept with a warning; on a CPU with AVX512-BF16/AMX `auto` is bf16."""
