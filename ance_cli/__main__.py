@@ -1,3 +1,3 @@
-from ance_cli.main import main
+from ance_cli.entry import main
 
 main()

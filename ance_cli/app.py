@@ -99,16 +99,16 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
     from ance_core.data.checks import check_trainable
-    from ance_core.data.dataset import qrels_file, read_tables
+    from ance_core.data.dataset import read_tables, split_files
     from ance_core.data.sources import resolve_dataset
     from ance_core.errors import AnceError
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
-    _check_split_files(data, splits)
     fresh = not Path(work_dir).expanduser().exists()
     writable_work_dir(work_dir)
     try:
+        _check_split_files(data, splits)
         with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
             columns = ["doc_id"] if trains or doc_ids else []
             tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=columns)
@@ -117,7 +117,8 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                 tables.split_qrels(split)
             except AnceError as e:  # which folder, and the file it would be in
                 folder = resolve_dataset(data.dataset, data.data_home, download=False)
-                raise AnceError(f"{folder}: {e}; a split's qrels are read from {qrels_file(folder, split)}") from None
+                where = split_files(folder, data.format)[1](split)
+                raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}") from None
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives)
@@ -131,22 +132,21 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
 
 def _check_split_files(data, splits: tuple[str, ...]) -> None:
     """A split with no qrels file in a local dataset folder, refused before the data stage reads the collection (the
-    carved dev split is made by that stage, and a dataset not here yet is downloaded by it: both are left to it)."""
-    from ance_core.data.dataset import qrels_file
+    carved dev split is made by that stage; a dataset to download, a folder that is no dataset or has no labels are
+    left to it, which says so)."""
+    from ance_core.data.dataset import split_files
     from ance_core.data.sources import resolve_dataset
     from ance_core.errors import AnceError
 
     try:
         folder = resolve_dataset(data.dataset, data.data_home, download=False)
+        files, where = split_files(folder, data.format)
     except AnceError:
         return
-    if not folder.is_dir():
-        return
     for split in splits:
-        if split != data.dev_split and not qrels_file(folder, split).is_file():
-            names = {p.stem for p in folder.glob("qrels/*.tsv")} | {p.name[6:-4] for p in folder.glob("qrels.*.tsv")}
-            raise AnceError(f"{folder}: split '{split}' has no qrels (available splits: {', '.join(sorted(names))}); "
-                            f"a split's qrels are read from {qrels_file(folder, split)}")
+        if files and split != data.dev_split and split not in files:
+            raise AnceError(f"{folder}: split '{split}' has no qrels (available splits: {', '.join(files)}); a split's "
+                            f"qrels are read from {where(split)}")
 
 
 def run_pipeline(config, as_json: bool) -> None:

@@ -12,12 +12,10 @@ import sys
 from ance_cli import train_commands, use_commands  # noqa: F401  (their commands join the app)
 from ance_cli.app import app
 from ance_cli.guard import EPHEMERAL_TIMEOUT, EPHEMERAL_TIMEOUT_DEFAULT, one_line_user_errors, plain_warnings
-from ance_core.allocator import preload_and_reexec
 
 
 def main() -> None:  # pragma: no cover
-    # mimalloc in place of glibc's malloc (ance_core/allocator.py): the command starts itself again under it, first
-    preload_and_reexec()
+    # (the console script, ance_cli/entry.py, has chosen the malloc before this module was imported)
     # The tokenizer's Rust threads: off on a CPU (they would compete with torch's for the cores, and warn at every
     # fork), on beside a GPU, where tokenizing on one thread starves the device (6x slower on 16 cores: BENCHMARKS.md).
     # An NVIDIA GPU is seen by its device files: importing torch to ask would add 1.5 s to every command's start.

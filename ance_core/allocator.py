@@ -13,8 +13,10 @@ worker's flow runs, a Python session) get it from the environment: `python -m an
 library's path (the docker images link it), `--ld-preload` the LD_PRELOAD the command would run with (scripts/stack.sh
 starts its workers with it). The library is the `cmeel-mimalloc` wheel, a dependency on Linux.
 
-ANCE_ALLOCATOR=system keeps glibc's malloc; an LD_PRELOAD that already names a malloc (jemalloc, tcmalloc, mimalloc)
-is left as it is. Stdlib only: it runs before anything heavy is imported.
+ANCE_ALLOCATOR=system keeps glibc's malloc (a mimalloc in LD_PRELOAD, as the worker images set it, is taken out, the
+command started again without it); an LD_PRELOAD that already names a malloc (jemalloc, tcmalloc, mimalloc) is
+otherwise left as it is, and other preloads keep their place before mimalloc. Stdlib only: the `ance` console script
+(ance_cli/entry.py) calls it before anything heavy is imported.
 """
 
 import os
@@ -48,14 +50,20 @@ def choice(env: os._Environ | dict) -> str:
 
 
 def preload_env(env: os._Environ | dict, library: str | None) -> dict | None:
-    """The environment to start the command again in (LD_PRELOAD naming `library` first), or None to run as it is:
-    no library, ANCE_ALLOCATOR=system, a malloc already preloaded, or this process already started again."""
-    if choice(env) == "system" or library is None or env.get(_STARTED):
+    """The environment to start the command again in, or None to run as it is. Under mimalloc (the default):
+    LD_PRELOAD with `library` added last (a preload already there, a sanitizer's runtime say, keeps its place), unless
+    it names a malloc already. Under ANCE_ALLOCATOR=system: LD_PRELOAD without mimalloc when it names it (a worker
+    image's, an `ance` parent's), so that glibc's malloc is used. Never twice: the started-again process runs as is."""
+    if env.get(_STARTED):
         return None
-    preloaded = env.get("LD_PRELOAD", "")
-    if any(name in preloaded for name in _MALLOCS):
+    parts = env.get("LD_PRELOAD", "").replace(" ", ":").split(":")
+    parts = [part for part in parts if part]
+    if choice(env) == "system":
+        kept = [part for part in parts if "libmimalloc" not in os.path.basename(part)]
+        return None if kept == parts else dict(env) | {"LD_PRELOAD": ":".join(kept), _STARTED: "1"}
+    if library is None or any(name in part for part in parts for name in _MALLOCS):
         return None
-    return dict(env) | {"LD_PRELOAD": f"{library}:{preloaded}" if preloaded else library, _STARTED: "1"}
+    return dict(env) | {"LD_PRELOAD": ":".join([*parts, library]), _STARTED: "1"}
 
 
 def _planned_env() -> dict | None:
@@ -71,8 +79,8 @@ def preload_and_reexec() -> None:
     """Start this command again under mimalloc (see the module's doc); return when it stays as it is. A bad
     ANCE_ALLOCATOR prints one line and exits with status 2."""
     env = _planned_env()
-    if env is None:
-        return
+    if env is None or hasattr(sys, "ps1") or sys.flags.interactive or sys.orig_argv[1:2] == ["-"]:
+        return  # (an interactive session, or a script read from stdin, cannot be started again)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

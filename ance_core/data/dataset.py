@@ -11,7 +11,7 @@ A query whose text is empty is dropped with one warning naming it (it can be nei
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +108,15 @@ def msmarco_splits(folder: Path) -> list[tuple[str, Path, Path]]:
         split = qrels.name[len("qrels."):-len(".tsv")]
         splits.append((split, qrels, folder / f"queries.{split}.tsv"))
     return splits
+
+
+def split_files(folder: Path, fmt: str = "auto") -> tuple[dict[str, Path], Callable[[str], Path]]:
+    """The qrels file of each split of a dataset folder (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv), and
+    where a split of a given name would be read from."""
+    if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
+        files = {p.stem: p for p in sorted((folder / "qrels").glob("*.tsv"))}
+        return files, lambda split: folder / "qrels" / f"{split}.tsv"
+    return {split: qrels for split, qrels, _ in msmarco_splits(folder)}, lambda split: folder / f"qrels.{split}.tsv"
 
 
 # ---------------------------------------------------------------- layouts

@@ -125,6 +125,21 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
                          "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and "split 'nosuch' has no qrels (available splits: train)" in out and "Traceback" not in out
     assert not (tmp_path / "w").exists(), out
+    # a folder that is no dataset is still told so by the data stage (not "split 'test' has no qrels")
+    code, out = _invoke(["bm25", "--dataset", str(tmp_path), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "neither a BEIR folder (corpus.jsonl) nor MS MARCO" in out, out
+    # MS MARCO's layout: its own file name, its own splits
+    ms = tmp_path / "ms"
+    ms.mkdir()
+    (ms / "collection.tsv").write_text("d1\tx\nd2\ty\n")
+    (ms / "queries.train.tsv").write_text("q1\ty\n")
+    (ms / "qrels.train.tsv").write_text("q1\t0\td1\t1\n")
+    code, out = _invoke(["bm25", "--dataset", str(ms), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "split 'test' has no qrels (available splits: train)" in out, out
+    assert str(ms / "qrels.test.tsv") in out.replace("\n", "") and not (tmp_path / "w").exists()
+    # the dev split (carved by the data stage when the dataset has none) is checked after that stage
+    code, out = _invoke(["bm25", "--dataset", str(ms), "--split", "dev", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "split 'dev' has no qrels" in out and str(ms / "qrels.dev.tsv") in out.replace("\n", "")
 
 
 def test_unknown_recipe_is_refused(tmp_path):

@@ -15,8 +15,18 @@ LIB = "/x/libmimalloc.so"
 def test_the_environment_to_start_again_in():
     env = allocator.preload_env({"PATH": "/bin"}, LIB)
     assert env["LD_PRELOAD"] == LIB and env["PATH"] == "/bin" and env[allocator._STARTED] == "1"
-    # another preloaded library is kept, after mimalloc
-    assert allocator.preload_env({"LD_PRELOAD": "/y/libfoo.so"}, LIB)["LD_PRELOAD"] == f"{LIB}:/y/libfoo.so"
+    # another preloaded library keeps its place, before mimalloc (a sanitizer's runtime must come first)
+    assert allocator.preload_env({"LD_PRELOAD": "/y/libasan.so.8"}, LIB)["LD_PRELOAD"] == f"/y/libasan.so.8:{LIB}"
+    assert allocator.preload_env({"LD_PRELOAD": "/y/a.so /y/b.so"}, LIB)["LD_PRELOAD"] == f"/y/a.so:/y/b.so:{LIB}"
+
+
+def test_system_takes_a_preloaded_mimalloc_out():
+    """ANCE_ALLOCATOR=system in a worker image (ENV LD_PRELOAD names mimalloc) or under an `ance` parent: it was
+    ignored, and the command ran on mimalloc."""
+    env = allocator.preload_env({"ANCE_ALLOCATOR": "system", "LD_PRELOAD": f"/y/libz.so:{LIB}"}, LIB)
+    assert env["LD_PRELOAD"] == "/y/libz.so" and env[allocator._STARTED] == "1"
+    env = allocator.preload_env({"ANCE_ALLOCATOR": "system", "LD_PRELOAD": "/usr/local/lib/libmimalloc.so"}, None)
+    assert env["LD_PRELOAD"] == ""
 
 
 @pytest.mark.parametrize("env", [
@@ -47,13 +57,29 @@ SHOW = "from ance_core.allocator import in_use, preload_and_reexec; preload_and_
 
 
 @pytest.mark.skipif(allocator.mimalloc_library() is None, reason="no cmeel-mimalloc wheel here (not Linux)")
-@pytest.mark.parametrize(("extra", "expected"), [({}, "mimalloc"), ({"ANCE_ALLOCATOR": "system"}, "system")])
-def test_the_started_again_process_runs_on_mimalloc(extra, expected):
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({}, "mimalloc"), ({"ANCE_ALLOCATOR": "system"}, "system"),
+    ({"ANCE_ALLOCATOR": "system", "LD_PRELOAD": allocator.mimalloc_library() or ""}, "system"),
+    ({"ANCE_ALLOCATOR": "mimalloc", "LD_PRELOAD": allocator.mimalloc_library() or ""}, "mimalloc"),
+])
+def test_the_started_again_process_runs_on_the_chosen_malloc(extra, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator._STARTED, "ANCE_ALLOCATOR")}
     proc = subprocess.run([sys.executable, "-c", SHOW], capture_output=True, text=True, env=env | extra, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [expected]  # printed once: by the started-again process alone
 
 
-def test_this_process_names_its_malloc():
-    assert allocator.in_use() in ("mimalloc", "jemalloc", "tcmalloc", "system")
+@pytest.mark.skipif(allocator.mimalloc_library() is None, reason="no cmeel-mimalloc wheel here (not Linux)")
+def test_the_ld_preload_a_worker_is_started_with():
+    """scripts/stack.sh starts its workers with `python -m ance_core.allocator --ld-preload`."""
+    library, clean = allocator.mimalloc_library(), {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+    def planned(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ance_core.allocator", "--ld-preload"], capture_output=True,
+                              text=True, env=clean | extra, timeout=120)
+
+    assert planned().stdout.strip() == library
+    assert planned(LD_PRELOAD="/y/libz.so").stdout.strip() == f"/y/libz.so:{library}"
+    assert planned(ANCE_ALLOCATOR="system", LD_PRELOAD=library).stdout.strip() == ""
+    bad = planned(ANCE_ALLOCATOR="tcmalloc")
+    assert bad.returncode == 2 and bad.stdout == "" and "ANCE_ALLOCATOR='tcmalloc'" in bad.stderr
