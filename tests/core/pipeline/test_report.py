@@ -116,3 +116,14 @@ def test_the_closing_line_names_the_best_model_when_the_rule_chose_a_simpler_one
                           "and within one standard error of it: selection one-se)")
     assert closing_lines(summary, "ANCE round 1", best="ANCE round 1")[0] == (
         "Result: ANCE round 1 (the best dev nDCG@10 of the run's models, the starting one included)")
+
+
+def test_a_result_chosen_on_a_dev_split_under_thirteen_queries_is_warned_of(tmp_path):
+    """MED (6 dev queries), LISA (5), DL19 (10): their dev splits could not see what training did on test
+    (RESULTS.md); the user is told, in the table, the closing lines and the MLflow tag."""
+    report = _per_query_report(tmp_path, NOISY, "best")  # ten dev queries
+    small = [w for w in report["warnings"] if w.startswith("the result was chosen on 10 dev queries")]
+    assert len(small) == 1 and "under 13 queries" in small[0] and "data.dev_fraction" in small[0]
+    assert f"**Warning:** {small[0]}." in report["markdown"]
+    thirteen = {label: values + values[:3] for label, values in NOISY.items()}
+    assert not any("was chosen on" in w for w in _per_query_report(tmp_path / "b", thirteen, "best")["warnings"])
