@@ -1,10 +1,12 @@
 """Training speed: optimizer steps per second of the training loop (ance_core.training.loop) with the model's attention
-dropout and without it (`attention_dropout: 0`), at 128 and 256 passage tokens.
+dropout and without it (`attention_dropout: 0`), or with `--kind hidden` its hidden-state dropout and without it
+(`hidden_dropout: 0`; the attention dropout at the config's), at 128 and 256 passage tokens.
 
 The demo's warm-up setting (all-MiniLM-L6-v2, SciFact BM25 negatives, 16 queries x (1 positive + 1 negative) per
 step, in-batch negatives, bf16 autocast), --steps steps per run, in the order A B B A (A: dropout as the model has it,
 B: none) per passage length after an untimed 2-step warm-up; prints seconds per step and the ratio A / B.
-    python bench/train.py [--steps 12] [--lengths 128 256] [--config FILE]  (FILE: a pipeline config: data, model)
+    python bench/train.py [--kind attention|hidden] [--steps 12] [--lengths 128 256] [--config FILE]
+(FILE: a pipeline config: data, model)
 """
 
 import argparse
@@ -28,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--kind", choices=["attention", "hidden"], default="attention", help="which dropout")
     parser.add_argument("--config", type=Path, help="a pipeline config instead of the demo's (data, model, warmup)")
     args = parser.parse_args()
     c = load_config(args.config) if args.config else PipelineConfig()
@@ -43,7 +46,7 @@ def main() -> None:
 
     def seconds_per_step(length: int, dropout: float | None, steps: int, k: int) -> float:
         cfg = c.warmup.model_copy(update={"max_steps": steps, "checkpoint_every": 0, "checkpoint_seconds": 0,
-                                          "passage_max_length": length, "attention_dropout": dropout})
+                                          "passage_max_length": length, f"{args.kind}_dropout": dropout})
         started = time.perf_counter()
         train(checkpoint.path, pairs, tables.corpus, tables.queries, relevant, cfg, root / f"run-{k}")
         return (time.perf_counter() - started) / steps
@@ -56,7 +59,7 @@ def main() -> None:
             runs[mode].append(seconds_per_step(length, None if mode == "model's" else 0.0, args.steps,
                                                100 * length + k))
         a, b = (sum(v) / len(v) for v in runs.values())
-        print(f"  {length} tokens: attention dropout as the model has it {a:.3f} s/step, none {b:.3f} s/step, "
+        print(f"  {length} tokens: {args.kind} dropout as the model has it {a:.3f} s/step, none {b:.3f} s/step, "
               f"ratio {a / b:.2f}x", flush=True)
 
 

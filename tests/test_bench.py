@@ -96,7 +96,10 @@ def test_train_bench(tiny_scifact, tiny_model, tmp_path):
     out = bench("train.py", "--config", str(tmp_path / "tiny.json"), "--steps", "2", "--lengths", "32", "48",
                 tmp_path=tmp_path)
     rows = [line for line in out.splitlines() if "tokens:" in line]
-    assert len(rows) == 2 and all("ratio" in r for r in rows)
+    assert len(rows) == 2 and all("attention dropout" in r and "ratio" in r for r in rows)
+    out = bench("train.py", "--config", str(tmp_path / "tiny.json"), "--steps", "2", "--lengths", "32", "--kind",
+                "hidden", tmp_path=tmp_path)
+    assert [line.split(":")[0].strip() for line in out.splitlines() if "hidden dropout" in line] == ["32 tokens"]
 
 
 def test_reliability_bench(tmp_path):

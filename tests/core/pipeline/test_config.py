@@ -89,8 +89,9 @@ def test_maxp_settings_that_would_not_work_are_refused():
 def test_recipes_are_valid_pipeline_configs():
     from ance_core.pipeline.recipes import RECIPES, recipe_config
 
-    assert recipe_config("demo") == PipelineConfig(mining={"sampler": "simans"}, warmup={"learning_rate": 4e-5},
-                                                   ance={"learning_rate": 4e-5})
+    assert recipe_config("demo") == PipelineConfig(mining={"sampler": "simans"},
+                                                   warmup={"learning_rate": 4e-5, "hidden_dropout": 0.0},
+                                                   ance={"learning_rate": 4e-5, "hidden_dropout": 0.0})
     for name in RECIPES:
         assert recipe_config(name, work_dir="elsewhere").work_dir == "elsewhere"
 
