@@ -72,14 +72,14 @@ def recipe_sets(name: str) -> list[str]:
 
 def recipe_drift(config: PipelineConfig, name: str) -> list[str]:
     """The overrides of recipe `name` that `config` does not hold, as `path=recipe value (the config: value)`."""
-    dumped, drift = config.model_dump(mode="json"), []
+    drift = []
     for setting in recipe_sets(name):
         path, value = setting.split("=", 1)
-        node = dumped
+        node: Any = config  # (its attributes, not its dump: a dump leaves out options at their unsaid values)
         for key in path.split("."):
-            node = node[key]
+            node = getattr(node, key)
         if _text(node) != value:
-            drift.append(f"{path}={value} (the config: {node})")
+            drift.append(f"{path}={value} (the config: {_text(node)})")
     return drift
 
 

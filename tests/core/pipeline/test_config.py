@@ -190,6 +190,9 @@ def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
                                                            "warmup.epochs=2 (the config: 1)"]
     assert recipe_drift(recipe_config("demo", ["ance.learning_rate=2e-5"]), "demo") == [
         "ance.learning_rate=4e-05 (the config: 2e-05)"]
+    # an option left out of a config's dump at its unsaid value (hidden_dropout: null) is read, not a KeyError
+    assert recipe_drift(recipe_config("full"), "demo") == ["warmup.hidden_dropout=0.0 (the config: null)",
+                                                           "ance.hidden_dropout=0.0 (the config: null)"]
 
 
 @pytest.mark.parametrize("sets, field, said", [
