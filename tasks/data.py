@@ -26,14 +26,14 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     inputs = {"content": dataset_digest(folder)}
     # The key holds the content, not where it was found: the same data from another path is the same stage.
     key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
-               "train_min_relevance": cfg.train_min_relevance}
+               "train_min_relevance": cfg.train_min_relevance} | ({"dev_fold": cfg.dev_fold} if cfg.dev_fold else {})
     if cfg.train_min_relevance == "auto" and len(positive_grades(folder, cfg.train_split)) > 1:
         key_cfg["grades_rule"] = "query-top"  # each query's own top grade since issue 30 (the split's top before)
 
     def build(out):
         # the corpus is written as it is read: its text is never held whole
         dataset = with_dev_split(load_dataset(folder, cfg.format, corpus_to=out / "corpus.parquet"), cfg.train_split,
-                                 cfg.dev_split, cfg.dev_fraction, cfg.dev_seed)
+                                 cfg.dev_split, cfg.dev_fraction, cfg.dev_seed, cfg.dev_fold)
         return save_tables(with_training_grades(dataset, cfg.train_split, cfg.train_min_relevance), out,
                            corpus_written=True)
 

@@ -14,7 +14,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a collection's name in the r
 class DataConfig(StageConfig):
     """Which dataset, where it lives, and which qrels splits train and evaluate."""
 
-    UNSAID = {"name": None}  # (added after stage keys existed)
+    UNSAID = {"name": None, "dev_fold": 0}  # (added after stage keys existed)
     NOT_IN_KEY = ("name",)  # the registry's name for the collection: nothing a stage builds depends on it
 
     dataset: str = Field("scifact", description="Name under the data home, or a path to a dataset folder")
@@ -37,6 +37,11 @@ class DataConfig(StageConfig):
         "(those with a positive) moves into it, chosen by dev_seed, and is no longer trained on. 0: no dev split, and "
         "the run's result is its last model")
     dev_seed: int = Field(0, description="Which train queries become the carved dev split")
+    dev_fold: int = Field(
+        0, ge=0, description="Which block of dev_fraction is carved: a query is in fold i when its seeded hash is in "
+        "[i * dev_fraction, (i + 1) * dev_fraction), so fold 0 is the default dev split and folds 0 .. "
+        "floor(1 / dev_fraction) - 1 hold disjoint dev splits: runs over them choose on every training query once "
+        "(cross-validation, for collections too small for one dev split to decide; `bench/kfold.py`)")
     train_min_relevance: int | Literal["auto"] = Field(
         "auto", description="Lowest relevance grade of the train split that is a training positive. auto: each "
         "query's own top grade (on binary qrels: every positive). Lower grades are never sampled as negatives")
@@ -59,6 +64,13 @@ class DataConfig(StageConfig):
     def _grade_is_positive(self) -> "DataConfig":
         if self.train_min_relevance != "auto" and self.train_min_relevance < 1:
             raise ValueError(f"train_min_relevance must be 'auto' or a grade >= 1, got {self.train_min_relevance}")
+        return self
+
+    @model_validator(mode="after")
+    def _fold_fits(self) -> "DataConfig":
+        if self.dev_fold and (self.dev_fold + 1) * self.dev_fraction > 1 + 1e-9:
+            raise ValueError(f"dev_fold {self.dev_fold} with dev_fraction {self.dev_fraction}: folds of that size are "
+                             f"0 to {max(int(1 / self.dev_fraction + 1e-9) - 1, 0) if self.dev_fraction else 0}")
         return self
 
     @model_validator(mode="after")

@@ -8,7 +8,8 @@ from ance_core.data.dataset import QUERY_TOP_GRADE, Dataset
 from ance_core.errors import AnceError, warn
 
 
-def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fraction: float, seed: int) -> Dataset:
+def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fraction: float, seed: int,
+                   fold: int = 0) -> Dataset:
     """The dataset with a dev split for model selection and recipe choices.
 
     A dataset that has a split named `dev_split` keeps it, and its queries are not trained on: their rows of the train
@@ -16,7 +17,8 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
     split's queries that have a positive (relevance > 0) move to a new split `dev_split`, with all their qrels: they
     are no longer trained on. Each query moves when sha256(seed, query id), read as a number in [0, 1), is below
     `fraction`: its membership depends on nothing else, so adding queries to a dataset never moves the others, and
-    seeds give independent splits.
+    seeds give independent splits. `fold` i moves those whose number is in [i * fraction, (i + 1) * fraction) instead:
+    the folds are disjoint dev splits of the same size (cross-validation), fold 0 the default one.
     """
     splits = set(dataset.qrels["split"])
     if dev_split is not None and dev_split in splits and train_split in splits and train_split != dev_split:
@@ -25,12 +27,14 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
         return dataset
     train = dataset.split_qrels(train_split)
     candidates = sorted(set(train.loc[train["relevance"] > 0, "query_id"]))
-    dev = {q for q in candidates if _unit_hash(seed, q) < fraction}
+    low, high = fold * fraction, (fold + 1) * fraction
+    dev = {q for q in candidates if low <= _unit_hash(seed, q) < high}
     n_dev = len(dev)
     if not candidates:  # a train split with no positive: refused by the checks that follow, without this warning
         return dataset
     if n_dev == 0 or n_dev == len(candidates):
-        warn(f"no dev split: data.dev_fraction {fraction} of the {len(candidates)} '{train_split}' queries with a "
+        which = f"{fraction}{f' (fold {fold})' if fold else ''}"
+        warn(f"no dev split: data.dev_fraction {which} of the {len(candidates)} '{train_split}' queries with a "
              f"positive leaves {'no dev' if n_dev == 0 else 'no training'} queries, so all of them are trained on and "
              f"the run's result is its last model (add a '{dev_split}' split to the dataset, or more queries)")
         return dataset

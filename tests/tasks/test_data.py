@@ -28,3 +28,7 @@ def test_only_graded_qrels_carry_the_grades_rule_in_the_data_key(tmp_path):
         key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
                    "train_min_relevance": "auto"} | rule
         assert Path(ref.path).name == stage_key("data", key_cfg, {"content": dataset_digest(folder)})
+    # another dev fold is another split (in the key); fold 0, the default, keeps the keys of before
+    folded = prepare_data.fn(DataConfig(dataset=str(binary), dev_fraction=0.5, dev_fold=1), str(tmp_path / "work"))
+    key_cfg = {"format": "auto", "dev": ["train", "dev", 0.5, 0], "train_min_relevance": "auto", "dev_fold": 1}
+    assert Path(folded.path).name == stage_key("data", key_cfg, {"content": dataset_digest(binary)})

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
+from ance_core.data.config import DataConfig
 from ance_core.data.dataset import load_dataset, read_tables, save_tables
 from ance_core.data.sources import resolve_dataset
 from ance_core.data.splits import with_dev_split, with_training_grades
@@ -380,6 +382,23 @@ def test_dev_split_is_a_seeded_share_of_the_train_queries(tmp_path):
     assert with_dev_split(ds, "train", "dev", 0.0, seed=0) is ds
     with pytest.warns(AnceWarning, match="no dev split: data.dev_fraction 0.001 of the 50 'train' queries"):
         assert with_dev_split(ds, "train", "dev", 0.001, seed=0) is ds
+
+
+def test_dev_folds_are_disjoint_dev_splits_and_fold_0_is_the_default(tmp_path):
+    ds = load_dataset(_many_queries(tmp_path, n=60))
+    folds = [with_dev_split(ds, "train", "dev", 0.3, seed=0, fold=i) for i in range(3)]
+    devs = [set(f.positives("dev")) for f in folds]
+    assert devs[0] == set(with_dev_split(ds, "train", "dev", 0.3, seed=0).positives("dev"))
+    assert all(devs) and not (devs[0] & devs[1] or devs[0] & devs[2] or devs[1] & devs[2])
+    for fold, dev in zip(folds, devs, strict=True):  # each fold trains on every query but its own dev's
+        assert set(fold.positives("train")) == set(ds.positives("train")) - dev
+    # 0.3 leaves a tenth of the queries in training under every fold; 0.25 covers them all
+    assert len(set().union(*devs)) < 60
+    quarters = [set(with_dev_split(ds, "train", "dev", 0.25, seed=0, fold=i).positives("dev")) for i in range(4)]
+    assert set().union(*quarters) == set(ds.positives("train")) and sum(map(len, quarters)) == 60
+    assert DataConfig(dev_fraction=0.3, dev_fold=2).dev_fold == 2
+    with pytest.raises(ValidationError, match="dev_fold 3 with dev_fraction 0.3: folds of that size are 0 to 2"):
+        DataConfig(dev_fraction=0.3, dev_fold=3)
 
 
 def test_a_datasets_own_dev_queries_are_not_trained_on(tmp_path):
