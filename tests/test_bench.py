@@ -210,6 +210,30 @@ def test_recipes_bench(tiny_scifact, tiny_model, tmp_path):
     assert (tmp_path / "soup" / "model.safetensors").is_file() and (tmp_path / "soup" / "ance_model.json").is_file()
 
 
+def test_kfold_bench(tiny_scifact, tiny_model, tmp_path):
+    """Cross-validated selection: one run per dev fold (disjoint dev splits), every model's dev nDCG@10 pooled over
+    all the folds' dev queries, the choice delivered from fold 0's run; test recorded, not printed."""
+    tiny = [f"model.name={tiny_model}", "model.passage_max_length=48", "mining.top_k=50", "encode.batch_size=32",
+            "rounds=1"] + [f"{s}.{k}={v}" for s in ("warmup", "ance") for k, v in
+                           (("max_steps", 2), ("batch_size", 4), ("passage_max_length", 48))]
+    out = bench("kfold.py", "--datasets", str(tiny_scifact), "--dev-fraction", "0.5", "--work", str(tmp_path / "w"),
+                "--log", str(tmp_path / "log.jsonl"), "--record-test", *[a for s in tiny for a in ("--set", s)],
+                tmp_path=tmp_path)
+    record = json.loads((tmp_path / "log.jsonl").read_text())
+    assert record["folds"] == 2 and "pooled dev nDCG@10 over" in out and "test" not in out
+    assert set(record["pooled"]) == {"zero-shot", "warmup", "ANCE round 1", "hybrid"}
+    # every training query with a positive is in one fold's dev split: 40 with a tiny SciFact
+    assert record["queries"] == 40 and 0 < record["fold0_queries"] < 40
+    best = max(record["pooled"].values())
+    chosen_kind = "hybrid" if record["result"].endswith(" + BM25") else record["result"]
+    assert record["pooled"][chosen_kind] == best and record["result"] in record["test"]
+    assert record["pooled"][record["dense"]] == max(v for k, v in record["pooled"].items() if k != "hybrid")
+    configs = sorted(p.name for p in (tmp_path / "w" / tiny_scifact.name).glob("work-*.json"))
+    assert configs == ["work-kfold-fold0.json", "work-kfold-fold1.json"]
+    assert json.loads((tmp_path / "w" / tiny_scifact.name / "work-kfold-fold1.json").read_text())["data"][
+        "dev_fold"] == 1
+
+
 def test_classic_collections_convert_each_format_to_a_beir_folder(tmp_path):
     from ance_core.data.dataset import load_dataset
 

@@ -1,0 +1,116 @@
+"""Cross-validated selection for collections too small for one dev split (issue 40): a recipe run once per dev fold
+(`data.dev_fold` 0 .. floor(1 / dev_fraction) - 1: disjoint dev splits carved from the training queries), and the
+run's result chosen on all the folds' dev queries pooled instead of fold 0's alone.
+
+    python bench/kfold.py --datasets ../collections/med --recipe demo --dev-fraction 0.3 --seeds 42 43 44 \
+        --work runs --log kfold.jsonl --record-test
+
+Each model of a run is pooled with the models of the same name in the other folds' runs (each is the same procedure:
+"the warm-up", "round 1 from the best model so far on this fold's dev"), each dev query counted once; a run's hybrid
+row fuses that run's best dense model with BM25, so the hybrid rows of all folds are pooled as one kind, `hybrid`.
+The kind with the best pooled dev nDCG@10 (ties as the pipeline breaks them, `select_model`) is the result, and the
+best dense kind the dense result; both are delivered from fold 0's run (the pipeline's default dev split), beside
+what fold 0's dev split alone chose. Runs reuse the stages they share (`--work` keeps one work folder per
+collection, as bench/recipes.py does), so fold 0's runs are free after bench/recipes.py ran them.
+Test metrics are recorded in `--log` with `--record-test` and never printed (choose first, read them after).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from recipes import run_one  # noqa: E402  (bench/recipes.py)
+
+from ance_core.artifacts import ArtifactRef  # noqa: E402
+from ance_core.pipeline.report import DEV_KEY, is_hybrid, read_per_query, select_model  # noqa: E402
+
+HYBRID_KIND = "hybrid"
+
+
+def kind_of(model: str) -> str:
+    return HYBRID_KIND if is_hybrid(model) else model
+
+
+def dev_per_query(run: dict) -> dict[str, pd.Series]:
+    """A finished run's per-query dev nDCG@10 of each model but BM25, by kind."""
+    paths = {s["for"]: s["path"] for s in run["stages"] if s["stage"] == "evaluate-dev"}
+    found = {}
+    for row in run["results"]:
+        if row["model"] == "BM25" or row["model"] not in paths:
+            continue
+        scores = read_per_query(ArtifactRef(paths[row["model"]], ""))
+        if scores is None:
+            raise SystemExit(f"{paths[row['model']]}: no per-query dev evaluation (a run older than per_query.parquet)")
+        found[kind_of(row["model"])] = scores
+    return found
+
+
+def pooled_choice(runs: list[dict]) -> dict:
+    """The folds' runs of one recipe and seed (fold 0 first): each kind's pooled dev nDCG@10, the kind chosen as the
+    result and as the dense result, and the fold-0 models they deliver."""
+    per_fold = [dev_per_query(run) for run in runs]
+    kinds = [k for k in per_fold[0] if all(k in fold for fold in per_fold)]
+    pooled = {k: pd.concat([fold[k] for fold in per_fold]) for k in kinds}
+    for k, scores in pooled.items():
+        if scores.index.duplicated().any():
+            raise SystemExit(f"{k}: a dev query is in two folds' dev splits (folds of different dev_fraction?)")
+    first = {kind_of(r["model"]): r["model"] for r in runs[0]["results"]}
+    rows = [{"model": k, DEV_KEY: float(pooled[k].mean())} for k in kinds]
+    result = select_model(rows, kinds)
+    dense = select_model(rows, [k for k in kinds if k != HYBRID_KIND])
+    return {"pooled": {k: round(float(v.mean()), 4) for k, v in pooled.items()},
+            "queries": len(pooled[kinds[0]]), "fold0_queries": len(per_fold[0][kinds[0]]),
+            "result": first[result], "dense": first[dense], "fold0_selected": runs[0]["selected"],
+            "fold0_dense": select_model(runs[0]["results"], [r["model"] for r in runs[0]["results"]
+                                                             if r["model"] != "BM25" and not is_hybrid(r["model"])])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", required=True, type=Path)
+    parser.add_argument("--recipe", default="demo")
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value, as `ance run --set`")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--dev-fraction", type=float, required=True, help="data.dev_fraction: the folds' size")
+    parser.add_argument("--label", default="kfold", help="this configuration's name in the log")
+    parser.add_argument("--work", type=Path, required=True, help="work folders' root")
+    parser.add_argument("--log", type=Path, help="append a JSON line per collection and seed here")
+    parser.add_argument("--record-test", action="store_true", help="record the test split's nDCG@10 of the chosen "
+                        "models in --log without printing them")
+    args = parser.parse_args()
+    folds = int(1 / args.dev_fraction + 1e-9)
+    if folds < 2:
+        raise SystemExit(f"--dev-fraction {args.dev_fraction}: fewer than two folds")
+    for dataset in args.datasets:
+        for seed in args.seeds:
+            seeds = [f"{section}.seed={seed}" for section in ("warmup", "ance", "mining", "bm25_negatives")]
+            work = args.work / dataset.resolve().name / "work"
+            work.parent.mkdir(parents=True, exist_ok=True)
+            runs = []
+            for fold in range(folds):
+                fold_set = [f"data.dev_fold={fold}"] if fold else []  # fold 0: the default config, its keys
+                runs.append(run_one(dataset.resolve(), [*args.sets, *seeds, *fold_set],
+                                    argparse.Namespace(recipe=args.recipe, dev_fraction=args.dev_fraction,
+                                                       label=f"{args.label}-fold{fold}"), work))
+            chosen = pooled_choice(runs)
+            scores = ", ".join(f"{k} {v:.4f}" for k, v in chosen["pooled"].items())
+            print(f"{dataset.name} seed {seed}: pooled dev nDCG@10 over {chosen['queries']} queries of {folds} folds "
+                  f"({scores}); result {chosen['result']}, dense {chosen['dense']} (fold 0's "
+                  f"{chosen['fold0_queries']} dev queries alone: {chosen['fold0_selected']}, dense "
+                  f"{chosen['fold0_dense']})", flush=True)
+            if args.log:
+                record = {"label": args.label, "recipe": args.recipe, "sets": args.sets, "collection": dataset.name,
+                          "seed": seed, "folds": folds} | chosen
+                if args.record_test:
+                    record["test"] = {r["model"]: r.get("ndcg_at_10") for r in runs[0]["results"]}
+                with open(args.log, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
