@@ -20,54 +20,35 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recipes import run_one  # noqa: E402  (bench/recipes.py)
 
 from ance_core.artifacts import ArtifactRef  # noqa: E402
-from ance_core.pipeline.report import DEV_KEY, is_hybrid, read_per_query, select_model  # noqa: E402
-
-HYBRID_KIND = "hybrid"
+from ance_core.pipeline.report import DEV_KEY, fold_kind, is_hybrid, pooled_dev, read_per_query, select_model  # noqa
 
 
-def kind_of(model: str) -> str:
-    return HYBRID_KIND if is_hybrid(model) else model
-
-
-def dev_per_query(run: dict) -> dict[str, pd.Series]:
-    """A finished run's per-query dev nDCG@10 of each model but BM25, by kind."""
-    paths = {s["for"]: s["path"] for s in run["stages"] if s["stage"] == "evaluate-dev"}
-    found = {}
-    for row in run["results"]:
-        if row["model"] == "BM25" or row["model"] not in paths:
-            continue
-        scores = read_per_query(ArtifactRef(paths[row["model"]], ""))
-        if scores is None:
-            raise SystemExit(f"{paths[row['model']]}: no per-query dev evaluation (a run older than per_query.parquet)")
-        found[kind_of(row["model"])] = scores
-    return found
+def dev_evaluations(run: dict) -> dict[str, ArtifactRef]:
+    """A finished run's dev evaluation of each model but BM25, by label."""
+    return {s["for"]: ArtifactRef(s["path"], Path(s["path"]).name) for s in run["stages"]
+            if s["stage"] == "evaluate-dev" and s["for"] != "BM25"}
 
 
 def pooled_choice(runs: list[dict]) -> dict:
-    """The folds' runs of one recipe and seed (fold 0 first): each kind's pooled dev nDCG@10, the kind chosen as the
-    result and as the dense result, and the fold-0 models they deliver."""
-    per_fold = [dev_per_query(run) for run in runs]
-    kinds = [k for k in per_fold[0] if all(k in fold for fold in per_fold)]
-    pooled = {k: pd.concat([fold[k] for fold in per_fold]) for k in kinds}
-    for k, scores in pooled.items():
-        if scores.index.duplicated().any():
-            raise SystemExit(f"{k}: a dev query is in two folds' dev splits (folds of different dev_fraction?)")
-    first = {kind_of(r["model"]): r["model"] for r in runs[0]["results"]}
-    rows = [{"model": k, DEV_KEY: float(pooled[k].mean())} for k in kinds]
-    result = select_model(rows, kinds)
-    dense = select_model(rows, [k for k in kinds if k != HYBRID_KIND])
-    return {"pooled": {k: round(float(v.mean()), 4) for k, v in pooled.items()},
-            "queries": len(pooled[kinds[0]]), "fold0_queries": len(per_fold[0][kinds[0]]),
-            "result": first[result], "dense": first[dense], "fold0_selected": runs[0]["selected"],
-            "fold0_dense": select_model(runs[0]["results"], [r["model"] for r in runs[0]["results"]
-                                                             if r["model"] != "BM25" and not is_hybrid(r["model"])])}
+    """The folds' runs of one recipe and seed (fold 0 first): each kind's pooled dev nDCG@10 (the pipeline's
+    `pooled_dev`, as `selection: cv` pools), the kind chosen as the result and as the dense result, and the fold-0
+    models they deliver."""
+    first = dev_evaluations(runs[0])
+    pooled = pooled_dev(first, [{fold_kind(label): ref for label, ref in dev_evaluations(run).items()}
+                                for run in runs[1:]])
+    rows = [{"model": label, DEV_KEY: float(scores.mean())} for label, scores in pooled.items()]
+    result = select_model(rows, list(pooled))
+    dense = select_model(rows, [label for label in pooled if not is_hybrid(label)])
+    fold0 = [r["model"] for r in runs[0]["results"] if r["model"] in first and not is_hybrid(r["model"])]
+    return {"pooled": {fold_kind(label): round(float(v.mean()), 4) for label, v in pooled.items()},
+            "queries": len(pooled[result]), "fold0_queries": len(read_per_query(first[result])),
+            "result": result, "dense": dense, "fold0_selected": runs[0]["selected"],
+            "fold0_dense": select_model(runs[0]["results"], fold0)}
 
 
 def main() -> None:

@@ -14,11 +14,13 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef, hold_refs
+from ance_core.data.dataset import split_files
+from ance_core.data.sources import resolve_dataset
 from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, is_hybrid
+from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, fold_kind, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
@@ -71,7 +73,31 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, "ance-train", next_mining=c.mining, trial=trial)
     with run.ended_on_failure():
+        if c.selection == "cv":
+            run.folds = dev_folds(c, trial.experiment if trial else "ance-train", run.tracking.parent)
         return run_stages(c, run)
+
+
+def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> list[dict[str, ArtifactRef]]:
+    """`selection: cv`: the pipeline once per other dev fold (data.dev_fold 1 .. floor(1 / dev_fraction) - 1), each
+    a trial nested under the run's MLflow run (nothing registered), sharing every stage the folds have in common
+    (the data's BM25 index, the zero-shot model); their dev evaluations, by the kind the report pools them as."""
+    try:
+        dataset = resolve_dataset(c.data.dataset, c.data.data_home, download=False)
+    except AnceError:  # not there yet: the data stage downloads it (a dataset's own dev split is caught by pooling)
+        dataset = None
+    if dataset is not None and c.data.dev_split in split_files(dataset, c.data.format)[0]:
+        raise AnceError(f"selection cv carves its dev folds from the training queries, but {dataset} has its own "
+                        f"'{c.data.dev_split}' split, which is used as it is: choose with selection best or one-se")
+    count = int(1 / c.data.dev_fraction + 1e-9)
+    folds = []
+    for fold in range(1, count):
+        print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)")
+        sub = c.model_copy(update={"selection": "best", "data": c.data.model_copy(update={"dev_fold": fold})})
+        result = train_and_evaluate(sub, Trial(experiment, parent_run, f"dev fold {fold}"))
+        folds.append({fold_kind(s["for"]): ArtifactRef(s["path"], Path(s["path"]).name) for s in result["stages"]
+                      if s["stage"] == "evaluate-dev" and s["for"] != "BM25"})
+    return folds
 
 
 def run_stages(c: PipelineConfig, run: RunBook) -> dict:

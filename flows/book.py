@@ -30,7 +30,7 @@ from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.config import negatives_needed
-from ance_core.pipeline.report import DEV_KEY, StageTiming, read_metrics, read_report, select_model
+from ance_core.pipeline.report import DEV_KEY, StageTiming, pooled_dev, read_metrics, read_report, select_model
 from ance_core.training.config import TrainConfig
 from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
@@ -61,14 +61,17 @@ MAX_PACKAGE_BYTES = 512 * 2**20  # a hybrid result's retrieval package logged wi
 
 class RunBook:
     def __init__(self, config, experiment: str, dev: bool = True, next_mining: MiningConfig | None = None,
-                 trial: "Trial | None" = None):
+                 trial: "Trial | None" = None, folds: list[dict[str, ArtifactRef]] | None = None):
         """`dev`: evaluate every model on the dev split too and let the report choose the run's result on it (a
         comparison does neither). `next_mining`: the rounds' mining, whose dense ranking the negatives analysis
         shares (cached) instead of ranking the training queries once more. `trial`: the run is a trial of a recipe
-        search (`ance tune`): its MLflow run is nested under the search's, and nothing is registered or linked."""
+        search (`ance tune`): its MLflow run is nested under the search's, and nothing is registered or linked.
+        `folds`: under `selection: cv`, the other dev folds' runs' dev evaluations (kind -> evaluation), pooled with
+        this run's to choose its result and the dense model of its hybrid row."""
         self.c, self.wd, self.split = config, config.work_dir, config.data.train_split
         self.log = StageLog()
         self.trial = trial
+        self.folds = folds
         self.experiment = experiment
         if trial is not None:
             self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment, trial=True,
@@ -224,7 +227,7 @@ class RunBook:
         run's result. Its label, or None when the config has it off or BM25 ranked no evaluation split."""
         if not getattr(self.c, "hybrid", False) or "BM25" not in self.eval_runs:
             return None
-        dense = self.start_of("hybrid", last, quiet=True)
+        dense = self.best_pooled() or self.start_of("hybrid", last, quiet=True)
         label = f"{dense} + BM25"
         dev = self.dev_split if dense in self.dev_runs and "BM25" in self.dev_runs else None
         choice = self.log.run(label, "fusion", fusion_choice, self.dev_runs.get(dense) if dev else None,
@@ -240,6 +243,17 @@ class RunBook:
               + (f" (chosen on the {dev} split)" if dev else " (no dev split to choose on)"))
         return label
 
+    def best_pooled(self) -> str | None:
+        """Under `selection: cv`, the dense model with the best dev nDCG@10 pooled over the dev folds (None
+        otherwise)."""
+        if not self.folds:
+            return None
+        dense = {label: self.dev[label] for label, model in self.models.items()
+                 if label != "BM25" and label in self.dev and "fusion" not in model}
+        pooled = pooled_dev(dense, self.folds)
+        return select_model([{"model": label, DEV_KEY: float(scores.mean())} for label, scores in pooled.items()],
+                            list(pooled))
+
     def _record_evaluation(self, label: str, split: str, ref: ArtifactRef) -> None:
         if split == self.eval_split:
             self.evaluations.append((label, ref))
@@ -253,7 +267,8 @@ class RunBook:
         if self.with_dev:
             candidates = [label for label in self.models if label != "BM25"]
             ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd, self.dev,
-                           self.dev_split, candidates, self.started_from, getattr(self.c, "selection", "best"))
+                           self.dev_split, candidates, self.started_from, getattr(self.c, "selection", "best"),
+                           self.folds)
         else:
             ref = run_task(report, self.evaluations, self.log.timings, self.eval_split, dataset, self.wd)
         result = read_report(ref)

@@ -255,6 +255,13 @@ def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:
             and seed != type(getattr(config, f)).model_fields["seed"].default}
 
 
+def check_tunable(config: PipelineConfig) -> None:
+    """What a search cannot do with its base config, refused before any work."""
+    if config.selection == "cv":
+        raise AnceError("ance tune compares its trials on one dev split; selection cv (a run per dev fold) is for "
+                        "`ance run`: tune with selection best or one-se, then run the winner with selection cv")
+
+
 def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[int]) -> None:
     """Every trial's config validated, and checked as a run checks it, before any trial: a candidate the config
     refuses is one clear error now, not a failed trial later (a trial that fails then is that candidate's own)."""
@@ -331,6 +338,7 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
     """
     if config.data.dev_split is None:
         raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
+    check_tunable(config)
     if drift := recipe_drift(config, tune.recipe):  # (a run form opens with the default recipe's values)
         warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
              f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")

@@ -62,7 +62,10 @@ class PipelineConfig(StageConfig):
         "the hybrid row included). best: the best dev nDCG@10. one-se: the simplest model (the earliest trained, "
         "a dense model before its hybrid row) within one standard error of the best dev nDCG@10, the error that of "
         "their per-query difference, so that a lead within the noise of a small dev split does not displace a "
-        "simpler model (measured on seven collections: no better on test than best, RESULTS.md)")
+        "simpler model (measured on seven collections: no better on test than best, RESULTS.md). cv: "
+        "cross-validation for a dev split too small to decide (a dozen queries): the run trains once more per other "
+        "dev fold (data.dev_fold 1 .. floor(1 / data.dev_fraction) - 1, each a trial run in MLflow) and chooses on "
+        "each model's dev nDCG@10 pooled over every fold's dev queries; floor(1 / dev_fraction) times the training")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
     warmup_only: bool = Field(False, description="Train and evaluate the warm-up only, planned as in the whole run "
                               "(with schedule: continuous its learning-rate schedule spans the rounds it would have: "
@@ -92,6 +95,18 @@ class PipelineConfig(StageConfig):
     retention: RetentionConfig = Field(RetentionConfig(), description="What the work folder keeps after the run: "
                                        "the last N runs' stages, the last N refreshes' encodings and indexes (unset: "
                                        "everything; `ance gc` applies the same rules)")
+
+    @model_validator(mode="after")
+    def _folds_to_pool(self) -> "PipelineConfig":
+        if self.selection != "cv":
+            return self
+        if self.data.dev_split is None or self.data.dev_fraction <= 0 or self.data.dev_fraction > 0.5:
+            raise ValueError(f"selection cv carves two or more dev folds of data.dev_fraction from the training "
+                             f"queries; data.dev_fraction is {self.data.dev_fraction}"
+                             f"{' and data.dev_split null' if self.data.dev_split is None else ''} (set 0.2 to 0.5)")
+        if self.data.dev_fold:
+            raise ValueError(f"selection cv runs every dev fold itself; data.dev_fold {self.data.dev_fold}: leave it 0")
+        return self
 
     @model_validator(mode="after")
     def _async_needs_a_dense_sampler(self) -> "PipelineConfig":

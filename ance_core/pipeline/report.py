@@ -11,6 +11,10 @@ from and the hybrid row, on the dev split, never the evaluation split (that is f
   its hybrid row. Meant for dev splits of a dozen queries, where a trained model's lead of a few hundredths is
   noise; measured on seven collections it was no better on test than `best` (RESULTS.md), so it is an option, not
   the default.
+- `cv`: cross-validation, for collections too small for one dev split. The run trains once more per other dev fold
+  (`data.dev_fold`: disjoint dev splits of the training queries, flows/ance_pipeline.py) and each model's dev
+  nDCG@10 is pooled with the same model's in the other folds' runs (`pooled_dev`), every training query scored once
+  by a run that did not train on it; the best pooled score chooses (`select_model`), among this run's models.
 A training stage that made the dev score worse than its start is a warning (`dev_regressions`).
 """
 
@@ -23,11 +27,14 @@ from typing import Literal
 import pandas as pd
 
 from ance_core.artifacts import METRICS, PER_QUERY, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
+from ance_core.errors import AnceError
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
 DEV_KEY = "dev_ndcg_at_10"
+CV_KEY = "cv_ndcg_at_10"  # a model's dev nDCG@10 pooled over the dev folds (selection cv)
 HYBRID = " + BM25"  # the label of a hybrid row: "<its dense model> + BM25"
-Selection = Literal["one-se", "best"]
+Selection = Literal["one-se", "best", "cv"]
+HYBRID_KIND = "hybrid"  # a hybrid row pooled over folds: each fold's run fuses its own best dense model with BM25
 
 
 def is_hybrid(label: str) -> bool:
@@ -94,6 +101,33 @@ def read_per_query(evaluation: ArtifactRef) -> pd.Series | None:
     return pd.read_parquet(path, columns=["query_id", "ndcg_at_10"]).set_index("query_id")["ndcg_at_10"]
 
 
+def fold_kind(label: str) -> str:
+    """What a model of a run is pooled with in the other folds' runs: the model of the same name (the same
+    procedure: "the warm-up", "round 1 from the best model so far"), or any hybrid row."""
+    return HYBRID_KIND if is_hybrid(label) else label
+
+
+def pooled_dev(dev: dict[str, ArtifactRef], folds: list[dict[str, ArtifactRef]]) -> dict[str, pd.Series]:
+    """Each model's per-query dev nDCG@10 (`dev`: label -> its dev evaluation) with those of the same kind in the
+    other folds' runs (`folds`: kind -> dev evaluation, one dict per fold); models some fold lacks are left out."""
+    pooled = {}
+    for label, ref in dev.items():
+        refs = [ref] + [fold.get(fold_kind(label)) for fold in folds]
+        if any(r is None for r in refs):
+            continue
+        scores = [read_per_query(r) for r in refs]
+        if any(s is None for s in scores):
+            raise AnceError(f"selection cv needs per-query dev scores, and an evaluation of {label} has none (one "
+                            "from before they were kept): evaluate again, or choose another selection")
+        joined = pd.concat(scores)
+        if joined.index.duplicated().any():
+            shared = sorted(set(joined.index[joined.index.duplicated()]))
+            raise AnceError(f"selection cv: the dev folds share queries ({', '.join(map(str, shared[:5]))}): the folds "
+                            "are not disjoint (a dataset's own dev split is not carved into folds)")
+        pooled[label] = joined
+    return pooled
+
+
 def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[str]:
     """One warning per training stage whose model scores a lower dev nDCG@10 than the model it started from."""
     dev = {r["model"]: r[DEV_KEY] for r in results if DEV_KEY in r}
@@ -110,32 +144,44 @@ def dev_regressions(results: list[dict], started_from: dict[str, str]) -> list[s
 SMALL_DEV = 13
 
 
-def small_dev_warning(dev: dict[str, ArtifactRef], model: str | None, dev_split: str | None) -> list[str]:
-    """A warning when the dev split that chose the result has fewer than SMALL_DEV queries."""
-    values = read_per_query(dev[model]) if model in dev else None
+def small_dev_warning(dev: dict[str, ArtifactRef], model: str | None, dev_split: str | None,
+                      pooled: dict[str, pd.Series] | None = None) -> list[str]:
+    """A warning when the dev split that chose the result (or the folds' pooled: `pooled`) has fewer than SMALL_DEV
+    queries."""
+    values = (pooled or {}).get(model) if pooled else read_per_query(dev[model]) if model in dev else None
     if values is None or len(values) >= SMALL_DEV:
         return []
     return [f"the result was chosen on {len(values)} {dev_split} queries: on a dev split under {SMALL_DEV} queries a "
             f"difference of a few hundredths of nDCG@10 is noise, so the run may keep its starting model where "
             f"training helped, or a trained model where it did not (RESULTS.md: MED, LISA, DL19); more {dev_split} "
-            f"queries (data.dev_fraction, or a {dev_split} split in the dataset) make the choice surer"]
+            f"queries (data.dev_fraction, or a {dev_split} split in the dataset) make the choice surer"
+            + ("" if pooled else ", as does selection: cv (a run per dev fold, every training query scored once)")]
 
 
 def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str,
                  dataset: str, dev: dict[str, ArtifactRef] | None = None, dev_split: str | None = None,
                  selected: list[str] | None = None, started_from: dict[str, str] | None = None,
-                 rule: Selection = "best") -> dict:
+                 rule: Selection = "best", folds: list[dict[str, ArtifactRef]] | None = None) -> dict:
     """Rows of metrics per model (`dev_*` keys: the dev split's), the selection among `selected` (candidate labels)
-    by `rule`, the dev regressions of the training stages (`started_from`: label -> the label it trained from), and
-    markdown."""
+    by `rule` (`folds`: the other dev folds' evaluations for `cv`, kind -> evaluation), the dev regressions of the
+    training stages (`started_from`: label -> the label it trained from), and markdown."""
     dev = dev or {}
     results = [{"model": label, **read_metrics(ref)} for label, ref in evaluations]
     for row in results:
         if row["model"] in dev:
             row |= {f"dev_{k}": v for k, v in read_metrics(dev[row["model"]]).items()}
     best = chosen = select_model(results, selected or [])
-    warnings = dev_regressions(results, started_from or {}) + small_dev_warning(dev, best, dev_split)
-    if rule == "one-se" and best:  # (read only for this rule: `best` needs the dev means alone)
+    warnings = dev_regressions(results, started_from or {})
+    pooled: dict[str, pd.Series] = {}
+    if rule == "cv" and best and folds:
+        pooled = pooled_dev({r["model"]: dev[r["model"]] for r in results if r["model"] in selected
+                             and r["model"] in dev}, folds)
+        for row in results:
+            if row["model"] in pooled:
+                row |= {CV_KEY: float(pooled[row["model"]].mean()), "cv_queries": len(pooled[row["model"]])}
+        chosen = select_model([{"model": r["model"], DEV_KEY: r[CV_KEY]} for r in results if CV_KEY in r],
+                              list(pooled)) or best
+    elif rule == "one-se" and best:  # (read only for this rule: `best` needs the dev means alone)
         per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results
                      if r["model"] in selected and r["model"] in dev}  # in training order
         missing = [label for label, values in per_query.items() if values is None]
@@ -148,6 +194,7 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
             chosen, gap, se = one_se(best, list(per_query), per_query)
     else:
         rule = "best"
+    warnings += small_dev_warning(dev, chosen, dev_split, pooled)
     stages = [{"for": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "path": t.ref.path}
               for t in timings]
     per_model: dict[str, float] = {}
@@ -156,11 +203,13 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
     show_dev = bool(dev) and dev_split != split
     started_from = started_from or {}
     show_from = bool(started_from)
-    header = ["model", *("trained from",) * show_from, *(f"{dev_split} nDCG@10",) * show_dev, *COLUMNS.values(),
-              "stage time (s)"]
+    show_cv = bool(pooled)
+    header = ["model", *("trained from",) * show_from, *(f"{dev_split} nDCG@10",) * show_dev,
+              *(f"{dev_split} nDCG@10, {len(folds or []) + 1} folds",) * show_cv, *COLUMNS.values(), "stage time (s)"]
     rows = [[f"**{r['model']}** (result)" if r["model"] == chosen else r["model"],
              *((started_from.get(r["model"], "—"),) * show_from),
              *((f"{r[DEV_KEY]:.4f}" if DEV_KEY in r else "—",) * show_dev),
+             *((f"{r[CV_KEY]:.4f}" if CV_KEY in r else "—",) * show_cv),
              *(f"{r[k]:.4f}" for k in COLUMNS), f"{per_model.get(r['model'], 0.0):.0f}"] for r in results]
     models = [r["model"] for r in results if r["model"] != "BM25"]  # in the order they were trained
     skipped = [f"{label} trained from {start}, the best model before it on the {dev_split} split, not from "
@@ -170,7 +219,12 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
                                [[s["for"], s["stage"], f"{s['seconds']:.1f}"] for s in stages])
     total = sum(s["seconds"] for s in stages)
     chosen_md = ""
-    if chosen != best:
+    if pooled:
+        chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models over "
+                     f"{len(pooled[chosen])} queries of {len(folds) + 1} dev folds (selection cv: each fold's run "
+                     f"trained without its fold's queries; on this run's {len(read_per_query(dev[best]))} {dev_split} "
+                     f"queries alone the best is {best}; {split} is never used to choose).\n\n")
+    elif chosen != best:
         chosen_md = (f"The run's result is **{chosen}**: the simplest of its models within one standard error of the "
                      f"best {dev_split} nDCG@10 ({best}: {gap:+.4f} ± {se:.4f} over {len(per_query[best])} queries; "
                      f"selection one-se, {split} is never used to choose).\n\n")

@@ -70,6 +70,14 @@ def test_dev_split_and_graded_positives_settings_are_checked():
     with pytest.raises(ValidationError, match="the evaluation split would choose the run's result"):
         PipelineConfig(data={"eval_split": "dev"})  # e.g. MS MARCO's dev: name the dev split otherwise
     assert PipelineConfig(data={"eval_split": "dev", "dev_split": "train-dev"}).data.dev_split == "train-dev"
+    # selection cv carves two or more disjoint dev folds, and runs each itself
+    assert PipelineConfig(selection="cv", data={"dev_fraction": 0.3}).selection == "cv"
+    for data, match in (({"dev_fraction": 0.6}, "data.dev_fraction is 0.6 .set 0.2 to 0.5."),
+                        ({"dev_fraction": 0.0}, "data.dev_fraction is 0.0"),
+                        ({"dev_split": None}, "and data.dev_split null"),
+                        ({"dev_fold": 1}, "selection cv runs every dev fold itself; data.dev_fold 1: leave it 0")):
+        with pytest.raises(ValidationError, match=match):
+            PipelineConfig(selection="cv", data=data)
 
 
 def test_maxp_settings_that_would_not_work_are_refused():

@@ -4,8 +4,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from ance_core.artifacts import METRICS, PER_QUERY, ArtifactRef
+from ance_core.errors import AnceError
 from ance_core.pipeline.report import build_report, read_report
 
 METRIC_KEYS = ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000")
@@ -127,3 +129,45 @@ def test_a_result_chosen_on_a_dev_split_under_thirteen_queries_is_warned_of(tmp_
     assert f"**Warning:** {small[0]}." in report["markdown"]
     thirteen = {label: values + values[:3] for label, values in NOISY.items()}
     assert not any("was chosen on" in w for w in _per_query_report(tmp_path / "b", thirteen, "best")["warnings"])
+
+
+def _fold(folder: Path, scores: dict[str, list[float]], first: int) -> dict[str, ArtifactRef]:
+    """Another dev fold's run's dev evaluations by kind (queries q<first>, q<first + 1>, ...)."""
+    refs = {}
+    for k, (kind, values) in enumerate(scores.items()):
+        ref = _evaluation(folder / str(k), sum(values) / len(values))
+        pd.DataFrame({"query_id": [f"q{first + i}" for i in range(len(values))], "ndcg_at_10": values}).to_parquet(
+            Path(ref.path, PER_QUERY), index=False)
+        refs[kind] = ref
+    return refs
+
+
+def test_selection_cv_chooses_on_every_folds_dev_queries_pooled(tmp_path):
+    """On this run's ten dev queries the round leads; pooled with two other folds' runs (eight queries each, where
+    the round trails zero-shot) zero-shot leads: cv delivers zero-shot, and says what one fold alone chose."""
+    dev = {"BM25": [0.3] * 10, "zero-shot": [0.5] * 10, "ANCE round 1": [0.6] * 10, "ANCE round 1 + BM25": [0.55] * 10}
+    other = {"zero-shot": [0.5] * 8, "ANCE round 1": [0.4] * 8, "hybrid": [0.45] * 8}
+    folds = [_fold(tmp_path / "f1", other, 10), _fold(tmp_path / "f2", other, 18)]
+    evaluations, dev_refs = [], {}
+    for k, (label, values) in enumerate(dev.items()):
+        evaluations.append((label, _evaluation(tmp_path / "test" / str(k), 0.5)))
+        dev_refs[label] = ref = _evaluation(tmp_path / "dev" / str(k), sum(values) / len(values))
+        pd.DataFrame({"query_id": [f"q{i}" for i in range(10)], "ndcg_at_10": values}).to_parquet(
+            Path(ref.path, PER_QUERY), index=False)
+    candidates = [label for label in dev if label != "BM25"]
+    report = build_report(evaluations, [], "test", "toy", dev_refs, "dev", candidates, {}, "cv", folds)
+    assert report["best_on_dev"] == "ANCE round 1" and report["selected"] == "zero-shot"
+    assert report["selection"] == "cv"
+    rows = {r["model"]: r for r in report["results"]}
+    assert abs(rows["ANCE round 1"]["cv_ndcg_at_10"] - (0.6 * 10 + 0.4 * 16) / 26) < 1e-9
+    assert rows["ANCE round 1 + BM25"]["cv_queries"] == 26 and "cv_ndcg_at_10" not in rows["BM25"]
+    assert "| dev nDCG@10 | dev nDCG@10, 3 folds |" in report["markdown"]
+    assert "over 26 queries of 3 dev folds" in report["markdown"] and "the best is ANCE round 1" in report["markdown"]
+    assert not any("was chosen on" in w for w in report["warnings"])  # 26 pooled queries: not a small dev split
+    # without folds (no other fold ran), cv chooses as best does
+    alone = build_report(evaluations, [], "test", "toy", dev_refs, "dev", candidates, {}, "cv", None)
+    assert alone["selected"] == "ANCE round 1" and alone["selection"] == "best"
+    # folds that share dev queries (a dataset's own dev split) are refused, naming the queries
+    with pytest.raises(AnceError, match=r"the dev folds share queries \(q0, q1, q2, q3, q4\)"):
+        build_report(evaluations, [], "test", "toy", dev_refs, "dev", candidates, {}, "cv",
+                     [_fold(tmp_path / "f3", other, 0)])

@@ -1,0 +1,51 @@
+"""`selection: cv` end to end on the tiny collection: the run trains once more per other dev fold (a trial run nested
+under its MLflow run), pools each model's dev nDCG@10 over every fold's dev queries, and chooses its result on
+that; a fold's run is the same stages as `ance run` with that `data.dev_fold` (cached when run again)."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ance_core.artifacts import PER_QUERY
+from ance_core.pipeline.report import select_model
+from tests.tiny import run_pipeline_cli, tiny_pipeline_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    config["data"] |= {"dev_fraction": 0.5}
+    result, out = run_pipeline_cli(config | {"selection": "cv"}, tmp_path, timeout=1200)
+    assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
+    assert result["selection"] == "cv"
+    rows = {r["model"]: r for r in result["results"]}
+    candidates = [m for m in rows if m != "BM25"]
+    assert all(rows[m]["cv_queries"] == 40 for m in candidates)  # the tiny collection's 40 training queries, once
+    pooled = [{"model": m, "dev_ndcg_at_10": rows[m]["cv_ndcg_at_10"]} for m in candidates]
+    assert result["selected"] == select_model(pooled, candidates)
+    assert result["best_on_dev"] == select_model(result["results"], candidates)
+
+    # fold 1 alone: `ance run` with data.dev_fold 1 is the run cv made (every stage reused), and the pooled score of
+    # each dense model is the two folds' dev scores weighted by their queries
+    fold_dir = tmp_path / "fold1"
+    fold_dir.mkdir()
+    fold, _ = run_pipeline_cli(config | {"data": config["data"] | {"dev_fold": 1}}, fold_dir, timeout=1200)
+    assert all(s["cached"] for s in fold["stages"] if s["stage"] != "report"), \
+        [s for s in fold["stages"] if not s["cached"]]
+    dev_paths = {s["for"]: s["path"] for s in result["stages"] if s["stage"] == "evaluate-dev"}
+    n0 = len(pd.read_parquet(Path(dev_paths["zero-shot"], PER_QUERY)))
+    fold_rows = {r["model"]: r for r in fold["results"]}
+    for model in ("zero-shot", "warmup", "ANCE round 1"):
+        expected = (rows[model]["dev_ndcg_at_10"] * n0 + fold_rows[model]["dev_ndcg_at_10"] * (40 - n0)) / 40
+        assert rows[model]["cv_ndcg_at_10"] == pytest.approx(expected, abs=1e-9)
+
+    # MLflow: the fold's run is a trial nested under the run; the run says which rule chose
+    client = MlflowClient(result["mlflow_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    assert (parent.data.tags["selection"], parent.data.tags["result_model"]) == ("cv", result["selected"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.trial = 'true'")
+    assert [r.data.tags["mlflow.runName"] for r in children] == ["dev fold 1"]
