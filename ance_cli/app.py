@@ -79,7 +79,8 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         from tracking.closing import closing_lines
 
         for line in closing_lines(result["tracking"], result["selected"], result.get("warnings", ()),
-                                  on_dev=result.get("dev_split") is not None, best=result.get("best_on_dev")):
+                                  on_dev=result.get("dev_split") is not None, best=result.get("best_on_dev"),
+                                  selection=result.get("selection")):
             typer.echo(line)
     if as_json:
         chosen = next(r for r in result["results"] if r["model"] == result["selected"])

@@ -321,7 +321,7 @@ class RunBook:
         """Print the run's closing lines (warnings, result, MLflow) and put them, with the results table, on the flow
         run's MLflow link."""
         closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None,
-                                best=result.get("best_on_dev"))
+                                best=result.get("best_on_dev"), selection=result.get("selection"))
         print("\n".join(closing))
         if self.trial is None:
             link_mlflow_run(self.tracking, result["markdown"], closing, key=self.artifact_key("mlflow-run"))

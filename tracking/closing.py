@@ -6,12 +6,17 @@ from collections.abc import Iterable
 
 
 def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable[str] = (),
-                  on_dev: bool = True, best: str | None = None) -> list[str]:
+                  on_dev: bool = True, best: str | None = None, selection: str | None = None) -> list[str]:
     """What the flow prints (and puts in its Prefect artifact) when it ends: its warnings, its result (`best`: the
-    best on dev, when the selection rule chose a simpler model), and tracking."""
+    best on the run's dev split, when the selection rule chose another model; `selection`: the rule), and
+    tracking."""
     lines = [f"WARNING: {w}" for w in warnings]
     if selected is not None and not on_dev:
         lines.append(f"Result: {selected} (the last model: there is no dev split to choose on)")
+    elif selected is not None and selection == "cv":
+        alone = f"; on this run's dev split alone, {best}" if best not in (None, selected) else ""
+        lines.append(f"Result: {selected} (the best dev nDCG@10 of the run's models pooled over its dev folds: "
+                     f"selection cv{alone})")
     elif selected is not None and best not in (None, selected):
         lines.append(f"Result: {selected} (simpler than {best}, the best dev nDCG@10 of the run's models, and within "
                      "one standard error of it: selection one-se)")

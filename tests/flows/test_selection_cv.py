@@ -20,6 +20,7 @@ def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny
     config["data"] |= {"dev_fraction": 0.5}
     result, out = run_pipeline_cli(config | {"selection": "cv"}, tmp_path, timeout=1200)
     assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
+    assert f"Result: {result['selected']} (the best dev nDCG@10 of the run's models pooled over its dev folds" in out
     assert result["selection"] == "cv"
     rows = {r["model"]: r for r in result["results"]}
     candidates = [m for m in rows if m != "BM25"]

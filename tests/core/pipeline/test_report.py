@@ -118,6 +118,9 @@ def test_the_closing_line_names_the_best_model_when_the_rule_chose_a_simpler_one
                           "and within one standard error of it: selection one-se)")
     assert closing_lines(summary, "ANCE round 1", best="ANCE round 1")[0] == (
         "Result: ANCE round 1 (the best dev nDCG@10 of the run's models, the starting one included)")
+    assert closing_lines(summary, "ANCE round 1 + BM25", best="zero-shot + BM25", selection="cv")[0] == (
+        "Result: ANCE round 1 + BM25 (the best dev nDCG@10 of the run's models pooled over its dev folds: selection "
+        "cv; on this run's dev split alone, zero-shot + BM25)")
 
 
 def test_a_result_chosen_on_a_dev_split_under_thirteen_queries_is_warned_of(tmp_path):
