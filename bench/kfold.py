@@ -7,7 +7,9 @@ run's result chosen on all the folds' dev queries pooled instead of fold 0's alo
 
 Each model of a run is pooled with the models of the same name in the other folds' runs (each is the same procedure:
 "the warm-up", "round 1 from the best model so far on this fold's dev"), each dev query counted once; a run's hybrid
-row fuses that run's best dense model with BM25, so the hybrid rows of all folds are pooled as one kind, `hybrid`.
+row fuses that run's best dense model with BM25, so the hybrid rows of all folds are pooled as one kind, `hybrid`
+(`selection: cv` does this inside one run, where the hybrid row fuses the dense model best on the pooled scores;
+here fold 0's hybrid row is its own run's, fused with the dense model best on fold 0's dev split).
 The kind with the best pooled dev nDCG@10 (ties as the pipeline breaks them, `select_model`) is the result, and the
 best dense kind the dense result; both are delivered from fold 0's run (the pipeline's default dev split), beside
 what fold 0's dev split alone chose. Runs reuse the stages they share (`--work` keeps one work folder per
@@ -24,26 +26,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recipes import run_one  # noqa: E402  (bench/recipes.py)
 
-from ance_core.artifacts import ArtifactRef  # noqa: E402
-from ance_core.pipeline.report import DEV_KEY, fold_kind, is_hybrid, pooled_dev, read_per_query, select_model  # noqa
-
-
-def dev_evaluations(run: dict) -> dict[str, ArtifactRef]:
-    """A finished run's dev evaluation of each model but BM25, by label."""
-    return {s["for"]: ArtifactRef(s["path"], Path(s["path"]).name) for s in run["stages"]
-            if s["stage"] == "evaluate-dev" and s["for"] != "BM25"}
+from ance_core.data.splits import fold_count  # noqa: E402
+from ance_core.pipeline.report import (  # noqa: E402
+    dev_evaluations,
+    fold_kind,
+    is_hybrid,
+    pooled_best,
+    pooled_dev,
+    read_per_query,
+    select_model,
+)
 
 
 def pooled_choice(runs: list[dict]) -> dict:
     """The folds' runs of one recipe and seed (fold 0 first): each kind's pooled dev nDCG@10 (the pipeline's
     `pooled_dev`, as `selection: cv` pools), the kind chosen as the result and as the dense result, and the fold-0
     models they deliver."""
-    first = dev_evaluations(runs[0])
-    pooled = pooled_dev(first, [{fold_kind(label): ref for label, ref in dev_evaluations(run).items()}
+    first = dev_evaluations(runs[0]["stages"])
+    pooled = pooled_dev(first, [{fold_kind(label): ref for label, ref in dev_evaluations(run["stages"]).items()}
                                 for run in runs[1:]])
-    rows = [{"model": label, DEV_KEY: float(scores.mean())} for label, scores in pooled.items()]
-    result = select_model(rows, list(pooled))
-    dense = select_model(rows, [label for label in pooled if not is_hybrid(label)])
+    if not pooled:
+        raise SystemExit("the folds' runs share no model with a dev evaluation (a fold without a dev split?)")
+    order = [r["model"] for r in runs[0]["results"]]
+    result = pooled_best(pooled, order)
+    dense = pooled_best({label: v for label, v in pooled.items() if not is_hybrid(label)}, order)
     fold0 = [r["model"] for r in runs[0]["results"] if r["model"] in first and not is_hybrid(r["model"])]
     return {"pooled": {fold_kind(label): round(float(v.mean()), 4) for label, v in pooled.items()},
             "queries": len(pooled[result]), "fold0_queries": len(read_per_query(first[result])),
@@ -64,7 +70,7 @@ def main() -> None:
     parser.add_argument("--record-test", action="store_true", help="record the test split's nDCG@10 of the chosen "
                         "models in --log without printing them")
     args = parser.parse_args()
-    folds = int(1 / args.dev_fraction + 1e-9)
+    folds = fold_count(args.dev_fraction)
     if folds < 2:
         raise SystemExit(f"--dev-fraction {args.dev_fraction}: fewer than two folds")
     for dataset in args.datasets:

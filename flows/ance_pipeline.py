@@ -13,20 +13,20 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from ance_core.artifacts import ArtifactRef, hold_refs
-from ance_core.data.dataset import split_files
-from ance_core.data.sources import resolve_dataset
+from ance_core.artifacts import ArtifactRef, hold_refs, read_manifest
+from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError
 from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device
 from ance_core.negatives.samplers import train_config_for
-from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, fold_kind, is_hybrid
+from ance_core.pipeline.config import PipelineConfig, start_checkpoint_refusal
+from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
-from tasks.common import held_result
+from tasks.common import held_result, run_task
+from tasks.data import prepare_data
 from tasks.fusion import read_fusion
 from tasks.inferencer import check_deployment
 from tasks.mine import stage_pairs
@@ -79,24 +79,33 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
 
 
 def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> list[dict[str, ArtifactRef]]:
-    """`selection: cv`: the pipeline once per other dev fold (data.dev_fold 1 .. floor(1 / dev_fraction) - 1), each
-    a trial nested under the run's MLflow run (nothing registered), sharing every stage the folds have in common
-    (the data's BM25 index, the zero-shot model); their dev evaluations, by the kind the report pools them as."""
-    try:
-        dataset = resolve_dataset(c.data.dataset, c.data.data_home, download=False)
-    except AnceError:  # not there yet: the data stage downloads it (a dataset's own dev split is caught by pooling)
-        dataset = None
-    if dataset is not None and c.data.dev_split in split_files(dataset, c.data.format)[0]:
-        raise AnceError(f"selection cv carves its dev folds from the training queries, but {dataset} has its own "
-                        f"'{c.data.dev_split}' split, which is used as it is: choose with selection best or one-se")
-    count = int(1 / c.data.dev_fraction + 1e-9)
+    """`selection: cv`: the pipeline once per other dev fold (data.dev_fold 1 .. fold_count - 1), each a trial nested
+    under the run's MLflow run (nothing registered). Each fold's data, BM25 ranking, encodings and training are its
+    own (only the zero-shot model is shared): about fold_count times the pipeline. Every fold's dev split is checked
+    before any training. Returns their dev evaluations, by the kind the report pools them as."""
+    if c.start_checkpoint:  # (retrain sets it by model_copy, past the config's validators)
+        raise AnceError(start_checkpoint_refusal(c.start_checkpoint))
+    count = fold_count(c.data.dev_fraction)
+    digests = []
+    for fold in range(count):  # each fold's data stage (cheap, cached): a fold without a dev split fails now
+        data = run_task(prepare_data, c.data.model_copy(update={"dev_fold": fold}), c.work_dir)
+        summary = read_manifest(data.path)["summary"]
+        if c.data.dev_split not in summary.get("splits", []) or c.data.train_split not in summary.get("splits", []):
+            raise AnceError(f"selection cv: dev fold {fold} of data.dev_fraction {c.data.dev_fraction} leaves "
+                            f"{'no dev' if c.data.dev_split not in summary.get('splits', []) else 'no training'} "
+                            f"queries in {c.data.dataset} (too few training queries for {count} folds): raise "
+                            "data.dev_fraction, or choose with selection best or one-se")
+        digests.append(summary["split_digests"][c.data.dev_split])
+    if len(set(digests)) < count:
+        raise AnceError(f"selection cv carves its dev folds from the training queries, but {c.data.dataset} has its "
+                        f"own '{c.data.dev_split}' split, which is used as it is: choose with selection best or "
+                        "one-se")
     folds = []
     for fold in range(1, count):
         print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)")
         sub = c.model_copy(update={"selection": "best", "data": c.data.model_copy(update={"dev_fold": fold})})
         result = train_and_evaluate(sub, Trial(experiment, parent_run, f"dev fold {fold}"))
-        folds.append({fold_kind(s["for"]): ArtifactRef(s["path"], Path(s["path"]).name) for s in result["stages"]
-                      if s["stage"] == "evaluate-dev" and s["for"] != "BM25"})
+        folds.append({fold_kind(label): ref for label, ref in dev_evaluations(result["stages"]).items()})
     return folds
 
 

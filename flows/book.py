@@ -30,7 +30,15 @@ from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.config import negatives_needed
-from ance_core.pipeline.report import DEV_KEY, StageTiming, pooled_dev, read_metrics, read_report, select_model
+from ance_core.pipeline.report import (
+    DEV_KEY,
+    StageTiming,
+    pooled_best,
+    pooled_dev,
+    read_metrics,
+    read_report,
+    select_model,
+)
 from ance_core.training.config import TrainConfig
 from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
@@ -250,9 +258,7 @@ class RunBook:
             return None
         dense = {label: self.dev[label] for label, model in self.models.items()
                  if label != "BM25" and label in self.dev and "fusion" not in model}
-        pooled = pooled_dev(dense, self.folds)
-        return select_model([{"model": label, DEV_KEY: float(scores.mean())} for label, scores in pooled.items()],
-                            list(pooled))
+        return pooled_best(pooled_dev(dense, self.folds), list(dense))
 
     def _record_evaluation(self, label: str, split: str, ref: ArtifactRef) -> None:
         if split == self.eval_split:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ance_core.data.splits import fold_count
 from ance_core.stage_config import StageConfig
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a collection's name in the registry (`name`)
@@ -40,8 +41,9 @@ class DataConfig(StageConfig):
     dev_fold: int = Field(
         0, ge=0, description="Which block of dev_fraction is carved: a query is in fold i when its seeded hash is in "
         "[i * dev_fraction, (i + 1) * dev_fraction), so fold 0 is the default dev split and folds 0 .. "
-        "floor(1 / dev_fraction) - 1 hold disjoint dev splits: runs over them choose on every training query once "
-        "(cross-validation, for collections too small for one dev split to decide; `bench/kfold.py`)")
+        "floor(1 / dev_fraction) - 1 hold disjoint dev splits (all the training queries when 1 / dev_fraction is "
+        "whole): runs over them are cross-validation, for collections too small for one dev split to decide "
+        "(selection: cv runs them itself)")
     train_min_relevance: int | Literal["auto"] = Field(
         "auto", description="Lowest relevance grade of the train split that is a training positive. auto: each "
         "query's own top grade (on binary qrels: every positive). Lower grades are never sampled as negatives")
@@ -68,9 +70,12 @@ class DataConfig(StageConfig):
 
     @model_validator(mode="after")
     def _fold_fits(self) -> "DataConfig":
+        if self.dev_fold and (self.dev_split is None or self.dev_fraction == 0):
+            raise ValueError(f"dev_fold {self.dev_fold} chooses a fold of the carved dev split, and there is none "
+                             f"({'dev_split is null' if self.dev_split is None else 'dev_fraction is 0'})")
         if self.dev_fold and (self.dev_fold + 1) * self.dev_fraction > 1 + 1e-9:
             raise ValueError(f"dev_fold {self.dev_fold} with dev_fraction {self.dev_fraction}: folds of that size are "
-                             f"0 to {max(int(1 / self.dev_fraction + 1e-9) - 1, 0) if self.dev_fraction else 0}")
+                             f"0 to {fold_count(self.dev_fraction) - 1}")
         return self
 
     @model_validator(mode="after")

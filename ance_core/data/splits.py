@@ -44,6 +44,12 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
     return Dataset(dataset.corpus, dataset.queries, qrels)
 
 
+def fold_count(fraction: float) -> int:
+    """How many disjoint dev folds of `fraction` the training queries hold (`data.dev_fold` 0 .. this - 1); unless
+    1 / fraction is whole, the last (1 - count * fraction) of them are never in one."""
+    return int(1 / fraction + 1e-9) if fraction > 0 else 0
+
+
 def _without_dev_queries(dataset: Dataset, train_split: str, dev_split: str) -> Dataset:
     """The dataset without the train rows of the queries its own dev split holds (they would choose the run's result
     and the champion on queries the models trained on)."""

@@ -28,6 +28,12 @@ from ance_core.stage_config import StageConfig
 from ance_core.training.config import AnceTrainConfig, DevCheckConfig, TrainConfig
 
 
+def start_checkpoint_refusal(start: str) -> str:
+    return (f"selection cv with start_checkpoint {start}: a model trained before has seen the other folds' dev "
+            "queries (it was trained on them), so their pooled scores would favour it; retrain with selection best "
+            "or one-se")
+
+
 class PipelineConfig(StageConfig):
     """BM25 warm-up -> K ANCE rounds (encode -> index -> mine -> train) -> evaluation after every stage."""
 
@@ -63,9 +69,10 @@ class PipelineConfig(StageConfig):
         "a dense model before its hybrid row) within one standard error of the best dev nDCG@10, the error that of "
         "their per-query difference, so that a lead within the noise of a small dev split does not displace a "
         "simpler model (measured on seven collections: no better on test than best, RESULTS.md). cv: "
-        "cross-validation for a dev split too small to decide (a dozen queries): the run trains once more per other "
+        "cross-validation for a dev split too small to decide (a dozen queries): the run runs once more per other "
         "dev fold (data.dev_fold 1 .. floor(1 / data.dev_fraction) - 1, each a trial run in MLflow) and chooses on "
-        "each model's dev nDCG@10 pooled over every fold's dev queries; floor(1 / dev_fraction) times the training")
+        "each model's dev nDCG@10 pooled over every fold's dev queries; about floor(1 / dev_fraction) times the "
+        "pipeline's time; not with start_checkpoint")
     rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
     warmup_only: bool = Field(False, description="Train and evaluate the warm-up only, planned as in the whole run "
                               "(with schedule: continuous its learning-rate schedule spans the rounds it would have: "
@@ -100,12 +107,17 @@ class PipelineConfig(StageConfig):
     def _folds_to_pool(self) -> "PipelineConfig":
         if self.selection != "cv":
             return self
-        if self.data.dev_split is None or self.data.dev_fraction <= 0 or self.data.dev_fraction > 0.5:
+        if self.data.dev_split is None:
+            raise ValueError("selection cv chooses on dev folds carved from the training queries, and data.dev_split "
+                             "is null (name the dev split, e.g. dev)")
+        if not 0 < self.data.dev_fraction <= 0.5:
             raise ValueError(f"selection cv carves two or more dev folds of data.dev_fraction from the training "
-                             f"queries; data.dev_fraction is {self.data.dev_fraction}"
-                             f"{' and data.dev_split null' if self.data.dev_split is None else ''} (set 0.2 to 0.5)")
+                             f"queries; data.dev_fraction is {self.data.dev_fraction} (0.5 or less: e.g. 0.25 for 4 "
+                             "folds; each fold is a whole run)")
         if self.data.dev_fold:
             raise ValueError(f"selection cv runs every dev fold itself; data.dev_fold {self.data.dev_fold}: leave it 0")
+        if self.start_checkpoint:
+            raise ValueError(start_checkpoint_refusal(self.start_checkpoint))
         return self
 
     @model_validator(mode="after")

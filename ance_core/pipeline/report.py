@@ -103,8 +103,21 @@ def read_per_query(evaluation: ArtifactRef) -> pd.Series | None:
 
 def fold_kind(label: str) -> str:
     """What a model of a run is pooled with in the other folds' runs: the model of the same name (the same
-    procedure: "the warm-up", "round 1 from the best model so far"), or any hybrid row."""
+    procedure: "the warm-up", "round 1 from the best model so far"), or any hybrid row. (A fold's run fuses its own
+    best dense model on its dev split; the run choosing under cv fuses the one best on the pooled scores.)"""
     return HYBRID_KIND if is_hybrid(label) else label
+
+
+def dev_evaluations(stages: list[dict]) -> dict[str, ArtifactRef]:
+    """A finished run's dev evaluation of each model but BM25, by label, from its stages (`stages` of its result)."""
+    return {s["for"]: ArtifactRef(s["path"], Path(s["path"]).name) for s in stages
+            if s["stage"] == "evaluate-dev" and s["for"] != "BM25"}
+
+
+def pooled_best(pooled: dict[str, pd.Series], order: list[str]) -> str | None:
+    """The label of `pooled` with the best mean (ties as `select_model` breaks them, in `order`)."""
+    rows = [{"model": label, DEV_KEY: float(pooled[label].mean())} for label in order if label in pooled]
+    return select_model(rows, list(pooled))
 
 
 def pooled_dev(dev: dict[str, ArtifactRef], folds: list[dict[str, ArtifactRef]]) -> dict[str, pd.Series]:
@@ -155,7 +168,7 @@ def small_dev_warning(dev: dict[str, ArtifactRef], model: str | None, dev_split:
             f"difference of a few hundredths of nDCG@10 is noise, so the run may keep its starting model where "
             f"training helped, or a trained model where it did not (RESULTS.md: MED, LISA, DL19); more {dev_split} "
             f"queries (data.dev_fraction, or a {dev_split} split in the dataset) make the choice surer"
-            + ("" if pooled else ", as does selection: cv (a run per dev fold, every training query scored once)")]
+            + ("" if pooled else ", as does selection: cv (a run per dev fold, their dev queries pooled)")]
 
 
 def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[StageTiming], split: str,
@@ -179,8 +192,11 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
         for row in results:
             if row["model"] in pooled:
                 row |= {CV_KEY: float(pooled[row["model"]].mean()), "cv_queries": len(pooled[row["model"]])}
-        chosen = select_model([{"model": r["model"], DEV_KEY: r[CV_KEY]} for r in results if CV_KEY in r],
-                              list(pooled)) or best
+        if not pooled:  # (a fold's run without dev evaluations: dev_folds refuses it before any training)
+            warnings.append("selection cv: the other dev folds' runs have no dev evaluation of this run's models; "
+                            "the result is the best on this run's dev split")
+            rule = "best"
+        chosen = pooled_best(pooled, [r["model"] for r in results]) or best
     elif rule == "one-se" and best:  # (read only for this rule: `best` needs the dev means alone)
         per_query = {r["model"]: read_per_query(dev[r["model"]]) for r in results
                      if r["model"] in selected and r["model"] in dev}  # in training order

@@ -1,7 +1,13 @@
-"""`selection: cv` end to end on the tiny collection: the run trains once more per other dev fold (a trial run nested
-under its MLflow run), pools each model's dev nDCG@10 over every fold's dev queries, and chooses its result on
-that; a fold's run is the same stages as `ance run` with that `data.dev_fold` (cached when run again)."""
+"""`selection: cv` end to end on the tiny collection: the run runs once more per other dev fold (a trial run nested
+under its MLflow run), pools each model's dev nDCG@10 over every fold's dev queries, and chooses its result and its
+hybrid row's dense model on that; a fold's run is the same stages as `ance run` with that `data.dev_fold` (cached
+when run again). A fold with no dev query is refused before any training."""
 
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +34,9 @@ def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny
     pooled = [{"model": m, "dev_ndcg_at_10": rows[m]["cv_ndcg_at_10"]} for m in candidates]
     assert result["selected"] == select_model(pooled, candidates)
     assert result["best_on_dev"] == select_model(result["results"], candidates)
+    dense = [m for m in candidates if not m.endswith(" + BM25")]
+    hybrid = next(m for m in candidates if m.endswith(" + BM25"))
+    assert hybrid == select_model([p for p in pooled if p["model"] in dense], dense) + " + BM25"
 
     # fold 1 alone: `ance run` with data.dev_fold 1 is the run cv made (every stage reused), and the pooled score of
     # each dense model is the two folds' dev scores weighted by their queries
@@ -50,3 +59,16 @@ def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.trial = 'true'")
     assert [r.data.tags["mlflow.runName"] for r in children] == ["dev fold 1"]
+
+
+def test_selection_cv_refuses_a_fold_without_dev_queries_before_any_training(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    config["data"] |= {"dev_fraction": 0.02}  # 50 folds of 40 training queries: some hold none
+    (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=900,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert re.search(r"selection cv: dev fold \d+ of data.dev_fraction 0.02 leaves no dev queries", out), out[-3000:]
+    assert "Traceback" not in out and not (tmp_path / "work" / "train").exists()

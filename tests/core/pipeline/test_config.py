@@ -72,12 +72,18 @@ def test_dev_split_and_graded_positives_settings_are_checked():
     assert PipelineConfig(data={"eval_split": "dev", "dev_split": "train-dev"}).data.dev_split == "train-dev"
     # selection cv carves two or more disjoint dev folds, and runs each itself
     assert PipelineConfig(selection="cv", data={"dev_fraction": 0.3}).selection == "cv"
-    for data, match in (({"dev_fraction": 0.6}, "data.dev_fraction is 0.6 .set 0.2 to 0.5."),
+    for data, match in (({"dev_fraction": 0.6}, "data.dev_fraction is 0.6 .0.5 or less"),
                         ({"dev_fraction": 0.0}, "data.dev_fraction is 0.0"),
-                        ({"dev_split": None}, "and data.dev_split null"),
+                        ({"dev_split": None}, "and data.dev_split is null"),
                         ({"dev_fold": 1}, "selection cv runs every dev fold itself; data.dev_fold 1: leave it 0")):
         with pytest.raises(ValidationError, match=match):
             PipelineConfig(selection="cv", data=data)
+    with pytest.raises(ValidationError, match="selection cv with start_checkpoint /m: a model trained before"):
+        PipelineConfig(selection="cv", start_checkpoint="/m")
+    for data, match in (({"dev_fold": 1, "dev_fraction": 0}, "dev_fold 1 .* there is none .dev_fraction is 0."),
+                        ({"dev_fold": 1, "dev_split": None}, "there is none .dev_split is null.")):
+        with pytest.raises(ValidationError, match=match):
+            PipelineConfig(data=data)
 
 
 def test_maxp_settings_that_would_not_work_are_refused():
