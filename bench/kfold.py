@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recipes import run_one  # noqa: E402  (bench/recipes.py)
+from recipes import recipe_arguments, run_one  # noqa: E402  (bench/recipes.py)
 
 from ance_core.data.splits import fold_count  # noqa: E402
 from ance_core.pipeline.report import (  # noqa: E402
@@ -59,10 +59,7 @@ def pooled_choice(runs: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", nargs="+", required=True, type=Path)
-    parser.add_argument("--recipe", default="demo")
-    parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value, as `ance run --set`")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    recipe_arguments(parser)
     parser.add_argument("--dev-fraction", type=float, required=True, help="data.dev_fraction: the folds' size")
     parser.add_argument("--label", default="kfold", help="this configuration's name in the log")
     parser.add_argument("--work", type=Path, required=True, help="work folders' root")

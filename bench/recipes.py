@@ -41,12 +41,17 @@ def run_one(dataset: Path, sets: list[str], args, work: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options naming what runs: collections, the recipe, its --set overrides, the seeds (bench/kfold.py too)."""
     parser.add_argument("--datasets", nargs="+", required=True, type=Path)
     parser.add_argument("--recipe", default="demo")
     parser.add_argument("--set", action="append", default=[], dest="sets", help="key=value, as `ance run --set`")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    recipe_arguments(parser)
     parser.add_argument("--dev-fraction", type=float, help="data.dev_fraction of every collection (default: the "
                         "recipe's, 0.2; RESULTS.md's CISI and NPL runs: 0.3)")
     parser.add_argument("--label", default="run", help="this configuration's name in the log")
