@@ -213,7 +213,7 @@ def guard(fn, resumes: bool = False):
     from pydantic import ValidationError
 
     from ance_core.errors import AnceError
-    from ance_core.pipeline.config import format_validation_error
+    from ance_core.pipeline.loading import format_validation_error
 
     _ending["resumes"] = resumes
     try:

@@ -52,7 +52,7 @@ def run(
 ):
     """The pipeline with a config file (sections: data, model, bm25, warmup, encode, index, mining, ance, ...)."""
     from ance_core.errors import warn
-    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.loading import load_config
     from ance_core.pipeline.recipes import AUTO, recipe_config, recipe_drift
 
     def body():
@@ -79,7 +79,8 @@ def run(
 def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
           recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
     """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
-    from ance_core.pipeline.config import load_config, negatives_needed
+    from ance_core.pipeline.config import negatives_needed
+    from ance_core.pipeline.loading import load_config
     from ance_core.pipeline.recipes import recipe_config
     from ance_core.pipeline.tune import TuneConfig, earlier_budget
     from flows.ance_pipeline import check_pipeline
@@ -169,7 +170,8 @@ def compare(
         "--set rounds=2", "--set samplers=[bm25,simans]"))] = None,
 ):
     """Compare negative samplers from one BM25 warm-up checkpoint (the compare-negatives deployment's flow)."""
-    from ance_core.pipeline.config import CompareConfig, load_config, negatives_needed
+    from ance_core.pipeline.config import CompareConfig, negatives_needed
+    from ance_core.pipeline.loading import load_config
 
     def body():
         from flows.compare import compare_negatives
@@ -204,7 +206,8 @@ def compress_command(
     from ance_core.compression.config import CompressConfig
     from ance_core.data.config import DataConfig
     from ance_core.modeling.model import read_meta
-    from ance_core.pipeline.config import load_config, validation_message
+    from ance_core.pipeline.config import validation_message
+    from ance_core.pipeline.loading import load_config
 
     def body():
         from ance_core.artifacts import read_manifest

@@ -27,7 +27,8 @@ from pathlib import Path
 from ance_core.artifacts import read_manifest
 from ance_core.data.config import DataConfig
 from ance_core.negatives.samplers import train_config_for
-from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.loading import load_config
 from tasks.analysis import DEPTH, negatives_analysis
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data

@@ -18,7 +18,8 @@ import pandas as pd
 
 from ance_core.artifacts import NEGATIVES
 from ance_core.data.dataset import read_tables
-from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.loading import load_config
 from ance_core.training.loop import train
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data

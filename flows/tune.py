@@ -21,7 +21,8 @@ from prefect.artifacts import create_markdown_artifact
 from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
 from ance_core.errors import AnceError, warn
-from ance_core.pipeline.config import PipelineConfig, apply_sets
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.loading import apply_sets
 from ance_core.pipeline.recipes import recipe_config, recipe_drift
 from ance_core.pipeline.report import markdown_table
 from ance_core.pipeline.tune import (

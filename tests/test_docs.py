@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from ance_core.pipeline.config import load_config
+from ance_core.pipeline.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

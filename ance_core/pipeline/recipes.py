@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ance_core.errors import AnceError
-from ance_core.pipeline.config import PipelineConfig, load_config, read_config_file
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.loading import load_config, read_config_file
 
 RECIPES: dict[str, dict[str, Any]] = {
     "demo": {"mining": {"sampler": "simans"}, "warmup": {"learning_rate": 4e-5, "hidden_dropout": 0.0},

@@ -622,7 +622,7 @@ def test_an_ance_warning_is_one_line_without_the_source_that_warns(monkeypatch, 
 def test_recipes_lists_each_recipes_overrides_which_rebuild_it():
     """`ance recipes --json`: each recipe's --set arguments give its config over the defaults (`ance run` with
     them trains the recipe), and where it was chosen."""
-    from ance_core.pipeline.config import load_config
+    from ance_core.pipeline.loading import load_config
     from ance_core.pipeline.recipes import recipe_config
 
     code, out = _invoke(["recipes", "--json"])

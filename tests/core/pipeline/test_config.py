@@ -2,7 +2,8 @@ import pytest
 from pydantic import ValidationError
 
 from ance_core.errors import AnceError, AnceWarning
-from ance_core.pipeline.config import PipelineConfig, load_config
+from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.loading import load_config
 from ance_core.training.config import TrainConfig
 
 
@@ -225,7 +226,7 @@ def test_numbers_that_cannot_run_are_refused_naming_their_field(sets, field, sai
 
 
 def test_a_whole_configs_error_is_its_message_without_the_config_again():
-    from ance_core.pipeline.config import format_validation_error
+    from ance_core.pipeline.loading import format_validation_error
 
     with pytest.raises(ValidationError) as e:
         PipelineConfig.model_validate({"data": {"eval_split": "train"}, "model": {"name": "x" * 200}})
