@@ -90,9 +90,10 @@ def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> lis
     for fold in range(count):  # each fold's data stage (cheap, cached): a fold without a dev split fails now
         data = run_task(prepare_data, c.data.model_copy(update={"dev_fold": fold}), c.work_dir)
         summary = read_manifest(data.path)["summary"]
-        if c.data.dev_split not in summary.get("splits", []) or c.data.train_split not in summary.get("splits", []):
+        splits = summary.get("splits", [])
+        if c.data.dev_split not in splits or c.data.train_split not in splits:
             raise AnceError(f"selection cv: dev fold {fold} of data.dev_fraction {c.data.dev_fraction} leaves "
-                            f"{'no dev' if c.data.dev_split not in summary.get('splits', []) else 'no training'} "
+                            f"{'no dev' if c.data.dev_split not in splits else 'no training'} "
                             f"queries in {c.data.dataset} (too few training queries for {count} folds): raise "
                             "data.dev_fraction, or choose with selection best or one-se")
         digests.append(summary["split_digests"][c.data.dev_split])

@@ -73,7 +73,7 @@ class DataConfig(StageConfig):
         if self.dev_fold and (self.dev_split is None or self.dev_fraction == 0):
             raise ValueError(f"dev_fold {self.dev_fold} chooses a fold of the carved dev split, and there is none "
                              f"({'dev_split is null' if self.dev_split is None else 'dev_fraction is 0'})")
-        if self.dev_fold and (self.dev_fold + 1) * self.dev_fraction > 1 + 1e-9:
+        if self.dev_fold >= max(fold_count(self.dev_fraction), 1):
             raise ValueError(f"dev_fold {self.dev_fold} with dev_fraction {self.dev_fraction}: folds of that size are "
                              f"0 to {fold_count(self.dev_fraction) - 1}")
         return self

@@ -13,8 +13,8 @@ from and the hybrid row, on the dev split, never the evaluation split (that is f
   the default.
 - `cv`: cross-validation, for collections too small for one dev split. The run trains once more per other dev fold
   (`data.dev_fold`: disjoint dev splits of the training queries, flows/ance_pipeline.py) and each model's dev
-  nDCG@10 is pooled with the same model's in the other folds' runs (`pooled_dev`), every training query scored once
-  by a run that did not train on it; the best pooled score chooses (`select_model`), among this run's models.
+  nDCG@10 is pooled with the same model's in the other folds' runs (`pooled_dev`), each dev query scored by a run
+  that did not train on it; the best pooled score chooses (`select_model`), among this run's models.
 A training stage that made the dev score worse than its start is a warning (`dev_regressions`).
 """
 
