@@ -84,7 +84,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from ance_core.pipeline.recipes import recipe_config
     from ance_core.pipeline.tune import TuneConfig, earlier_budget
     from flows.ance_pipeline import check_pipeline
-    from flows.tune import check_tunable, tune_recipe
+    from flows.tune import tune_recipe
 
     if budget_minutes is not None and not 0 < budget_minutes < float("inf"):  # (named as the option, not as the
         fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be a number above 0")  # field)
@@ -96,7 +96,6 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
         tune = tune.model_copy(update={"budget_minutes": earlier[0]})  # its reused trials budgeted as they were
         typer.echo(f"recipe search: the budget of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
                    "trials this one reuses (--budget-minutes to give another)")
-    check_tunable(base)
     check_pipeline(base)
     preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
                negatives=negatives_needed(base))

@@ -82,12 +82,26 @@ def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> lis
     """`selection: cv`: the pipeline once per other dev fold (data.dev_fold 1 .. fold_count - 1), each a trial nested
     under the run's MLflow run (nothing registered). Each fold's data, BM25 ranking, encodings and training are its
     own (only the zero-shot model is shared): about fold_count times the pipeline. Every fold's dev split is checked
-    before any training. Returns their dev evaluations, by the kind the report pools them as."""
+    before any training (`check_dev_folds`). Returns their dev evaluations, by the kind the report pools them as."""
+    count = check_dev_folds(c)
+    folds = []
+    for fold in range(1, count):
+        print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)")
+        sub = c.model_copy(update={"selection": "best", "data": c.data.model_copy(update={"dev_fold": fold})})
+        result = train_and_evaluate(sub, Trial(experiment, parent_run, f"dev fold {fold}"))
+        folds.append({fold_kind(label): ref for label, ref in dev_evaluations(result["stages"]).items()})
+    return folds
+
+
+def check_dev_folds(c: PipelineConfig) -> int:
+    """What `selection: cv` needs, refused before any training: no start checkpoint, and every dev fold with dev and
+    training queries of its own, carved from the training queries (each fold's data stage: cheap, cached). Returns
+    the number of folds."""
     if c.start_checkpoint:  # (retrain sets it by model_copy, past the config's validators)
         raise AnceError(start_checkpoint_refusal(c.start_checkpoint))
     count = fold_count(c.data.dev_fraction)
     digests = []
-    for fold in range(count):  # each fold's data stage (cheap, cached): a fold without a dev split fails now
+    for fold in range(count):
         data = run_task(prepare_data, c.data.model_copy(update={"dev_fold": fold}), c.work_dir)
         summary = read_manifest(data.path)["summary"]
         splits = summary.get("splits", [])
@@ -101,13 +115,7 @@ def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> lis
         raise AnceError(f"selection cv carves its dev folds from the training queries, but {c.data.dataset} has its "
                         f"own '{c.data.dev_split}' split, which is used as it is: choose with selection best or "
                         "one-se")
-    folds = []
-    for fold in range(1, count):
-        print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)")
-        sub = c.model_copy(update={"selection": "best", "data": c.data.model_copy(update={"dev_fold": fold})})
-        result = train_and_evaluate(sub, Trial(experiment, parent_run, f"dev fold {fold}"))
-        folds.append({fold_kind(label): ref for label, ref in dev_evaluations(result["stages"]).items()})
-    return folds
+    return count
 
 
 def run_stages(c: PipelineConfig, run: RunBook) -> dict:

@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
+from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.loading import apply_sets
@@ -42,7 +43,7 @@ from ance_core.pipeline.tune import (
 )
 from ance_core.retention import live_run
 from ance_core.retrieval.config import ExecutionConfig
-from flows.ance_pipeline import check_pipeline, train_and_evaluate
+from flows.ance_pipeline import check_dev_folds, check_pipeline, train_and_evaluate
 from flows.book import Trial, artifact_key, flow_tags, publish
 from tasks.common import run_task, stage_task
 from tasks.data import prepare_data
@@ -89,8 +90,9 @@ def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = Non
         return {"score": score, "model": model}
 
     # (a trial under one-se scores the model that rule delivers since session 9; before, the best dense one: a new
-    # key for those only, so trials under `best`, whose scores did not change, stay cached)
-    scored = {} if getattr(config, "selection", "best") == "best" else {"scores": "the delivered dense model"}
+    # key for those only, so trials under `best`, whose scores did not change, stay cached; under cv, pooled)
+    scored = {"best": {}, "cv": {"scores": "the delivered dense model, pooled over the dev folds"}}.get(
+        getattr(config, "selection", "best"), {"scores": "the delivered dense model"})
     keyed = config.model_copy(update={"execution": ExecutionConfig()})  # where its shards ran changes no result
     return run_stage(config.work_dir, "trial", {"pipeline": keyed} | scored, {"data": data_digest}, build)
 
@@ -214,7 +216,8 @@ class Search:
                                     "score": record["score"], "model": record["model"], "cached": ref.cached,
                                     "seconds": record["seconds"] if not ref.cached else 0.0,
                                     "path": ref.path, "mlflow_run_id": record.get("mlflow_run_id")})
-                print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10 "
+                print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10"
+                      f"{' pooled over the dev folds' if self.base.selection == 'cv' else ''} "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
 
     def _pair(self, names: list[str]) -> bool:
@@ -254,13 +257,6 @@ def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:
     """The seeds a user set on the base config (not their defaults) that a search under `seeds` does not use."""
     return {f"{f}.seed": seed for f in SEED_FIELDS if (seed := getattr(config, f).seed) != seeds[0]
             and seed != type(getattr(config, f)).model_fields["seed"].default}
-
-
-def check_tunable(config: PipelineConfig) -> None:
-    """What a search cannot do with its base config, refused before any work."""
-    if config.selection == "cv":
-        raise AnceError("ance tune compares its trials on one dev split; selection cv (a run per dev fold) is for "
-                        "`ance run`: tune with selection best or one-se, then run the winner with selection cv")
 
 
 def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[int]) -> None:
@@ -320,7 +316,10 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
     header = ["candidate", "overrides", f"warm-up only, seed {state.cfg.seeds[0]}",
               *(f"seed {s}" for s in state.cfg.seeds), "mean", "paired diff to baseline"]
     spent = sum(t["seconds"] for t in state.trials)
-    return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers)\n\n{markdown_table(header, rows)}"
+    pooled = (f", pooled over the {fold_count(state.base.data.dev_fraction)} dev folds (selection cv)"
+              if state.base.selection == "cv" else "")
+    return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers{pooled})\n\n"
+            f"{markdown_table(header, rows)}"
             f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
             + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped) if note)
             + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s"
@@ -339,12 +338,13 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
     """
     if config.data.dev_split is None:
         raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
-    check_tunable(config)
     if drift := recipe_drift(config, tune.recipe):  # (a run form opens with the default recipe's values)
         warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
              f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")
     with live_run(config.work_dir, "ance-tune"):
         data = run_task(prepare_data, config.data, config.work_dir)
+        if config.selection == "cv":  # every fold's split, before any trial (each trial runs them all)
+            check_dev_folds(config)
         if config.data.dev_split not in read_manifest(data.path)["summary"].get("splits", []):
             raise AnceError(f"ance tune chooses on the dev split, and {config.data.dataset} has none: no split "
                             f"'{config.data.dev_split}', and data.dev_fraction {config.data.dev_fraction} carved "

@@ -18,6 +18,10 @@ The decision (`decide`): among the candidates the last rung ran (none whose tria
 difference to the baseline over their common seeds; it wins when that difference is above `margin`, else the
 baseline stays (the simpler candidate on ties). A time budget (minutes of trials) stops the search early; the
 decision is then made on the trials run.
+
+Under `selection: cv` every trial is a cross-validated run (a pipeline run per dev fold) and scores its model's dev
+nDCG@10 pooled over every fold's dev queries: for dev splits too small to tell candidates apart, at about
+fold_count times each trial's cost.
 """
 
 import dataclasses
@@ -35,7 +39,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from ance_core.data.dataset import QUERY_TOP_GRADE
 from ance_core.errors import AnceError
-from ance_core.pipeline.report import DEV_KEY, dense_of, is_hybrid
+from ance_core.pipeline.report import CV_KEY, DEV_KEY, dense_of, is_hybrid
 from ance_core.stage_config import StageConfig
 
 if TYPE_CHECKING:
@@ -263,15 +267,18 @@ def candidate_metrics(table: dict[str, dict]) -> dict[str, float]:
 def trial_score(result: dict, full: bool) -> tuple[str, float]:
     """What a trial scores on the dev split (nDCG@10), and of which model: a whole recipe, the dense model it delivers
     (the run's result, or the dense model of its hybrid row: under `selection: best` the best dense model, the
-    starting one included; under `one-se` the simplest within one standard error); the warm-up rung, the warm-up."""
+    starting one included; under `one-se` the simplest within one standard error; under `cv` the best pooled over
+    the dev folds); the warm-up rung, the warm-up. Under `cv` the score is the model's dev nDCG@10 pooled over every
+    fold's dev queries (CV_KEY), not its own fold's."""
     dense = [r for r in result["results"] if r["model"] != "BM25" and not is_hybrid(r["model"]) and DEV_KEY in r]
     if not dense:
         raise AnceError("a trial's models have no dev score: the search needs a dev split")
     if not full:
         dense = [r for r in dense if r["model"] == "warmup"] or dense
+    key = CV_KEY if all(CV_KEY in r for r in dense) else DEV_KEY
     delivered = dense_of(result.get("selected") or "")
     if full and delivered in {r["model"] for r in dense}:
         best = next(r for r in dense if r["model"] == delivered)
     else:
-        best = max(reversed(dense), key=lambda r: r[DEV_KEY])  # (a tie: the later, as the run's own selection)
-    return best["model"], best[DEV_KEY]
+        best = max(reversed(dense), key=lambda r: r[key])  # (a tie: the later, as the run's own selection)
+    return best["model"], best[key]

@@ -643,8 +643,6 @@ def test_a_bad_tune_setting_is_named_by_its_own_flag_before_any_work(tmp_path):
     assert code == 2 and "--tune-set seeds: expected key=value" in out
     code, out = _invoke(["tune", "--tune-set", "learning_rates=[-1e-5]", "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and "learning_rates.0" in out and "greater than 0" in out
-    code, out = _invoke(["tune", "--set", "selection=cv", "--set", f"work_dir={tmp_path / 'w'}"])
-    assert code == 2 and "selection cv (a run per dev fold) is for `ance run`" in out and "Traceback" not in out
     assert not (tmp_path / "w").exists()
 
 

@@ -1,7 +1,8 @@
 """`selection: cv` end to end on the tiny collection: the run runs once more per other dev fold (a trial run nested
 under its MLflow run), pools each model's dev nDCG@10 over every fold's dev queries, and chooses its result and its
 hybrid row's dense model on that; a fold's run is the same stages as `ance run` with that `data.dev_fold` (cached
-when run again). A fold with no dev query is refused before any training."""
+when run again). A fold with no dev query is refused before any training. A recipe search under cv scores each trial
+pooled over the folds."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from ance_core.artifacts import PER_QUERY
@@ -72,3 +74,41 @@ def test_selection_cv_refuses_a_fold_without_dev_queries_before_any_training(tin
     assert proc.returncode == 2, out[-3000:]
     assert re.search(r"selection cv: dev fold \d+ of data.dev_fraction 0.02 leaves no dev queries", out), out[-3000:]
     assert "Traceback" not in out and not (tmp_path / "work" / "train").exists()
+    # a recipe search under cv: refused the same way before its first trial
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "tune", "--config", str(tmp_path / "c.json"),
+                           "--tune-set", "learning_rates=[5e-4]"], capture_output=True, text=True, timeout=900,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert re.search(r"selection cv: dev fold \d+ of data.dev_fraction 0.02 leaves no dev queries", out), out[-3000:]
+    assert "Traceback" not in out and not (tmp_path / "work" / "trial").exists()
+
+
+def test_a_recipe_search_under_cv_scores_each_trial_pooled_over_the_dev_folds(tiny_scifact, tiny_model, tmp_path):
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
+    config["data"] |= {"dev_fraction": 0.5}
+    (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "tune", "--config", str(tmp_path / "c.json"), "--json",
+                           "--tune-set", "seeds=[42]", "--tune-set", "learning_rates=[5e-4]", "--tune-set",
+                           "warmup_epochs=[1]"], capture_output=True, text=True, timeout=1500,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "dense model each trial delivers, pooled over the 2 dev folds (selection cv)" in proc.stdout
+    trials = result["trials"]
+    assert [(t["rung"], t["full"]) for t in trials] == [(0, False), (0, False), (1, True), (1, True)]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    for t in trials:  # the score: the delivered model's dev nDCG@10 pooled over both folds' 40 queries, not its own
+        record = json.loads(Path(t["path"], "trial.json").read_text())
+        rows = {r["model"]: r for r in record["results"]}
+        assert rows[t["model"]]["cv_queries"] == 40 and t["score"] == rows[t["model"]]["cv_ndcg_at_10"]
+        assert t["model"] == ("warmup" if not t["full"] else
+                              select_model([{"model": m, "dev_ndcg_at_10": r["cv_ndcg_at_10"]} for m, r in rows.items()
+                                            if m != "BM25" and not m.endswith(" + BM25")],
+                                           [m for m in rows if m != "BM25" and not m.endswith(" + BM25")]))
+        # each fold's run is nested under its trial's run, itself under the search's
+        folds = client.search_runs([client.get_run(t["mlflow_run_id"]).info.experiment_id],
+                                   f"tags.mlflow.parentRunId = '{t['mlflow_run_id']}' and tags.trial = 'true'")
+        assert [r.data.tags["mlflow.runName"] for r in folds] == ["dev fold 1"]
+    chosen = yaml.safe_load(Path(result["report_dir"], "recipe.yaml").read_text())
+    assert chosen["selection"] == "cv"

@@ -247,6 +247,16 @@ def test_a_trial_scores_the_dense_model_its_run_delivers():
     assert tune.trial_score({"results": results[:3], "selected": "zero-shot"}, full=False) == ("warmup", 0.58)
 
 
+def test_a_trial_under_cv_scores_its_model_pooled_over_the_dev_folds():
+    """Under `selection: cv` the run chose on the pooled scores: the trial scores its delivered model's pooled score
+    (here the warm-up, below the round on its own fold's queries), and the warm-up rung the warm-up's pooled one."""
+    results = [_row("BM25", 0.40), _row("zero-shot", 0.50) | {"cv_ndcg_at_10": 0.55},
+               _row("warmup", 0.58) | {"cv_ndcg_at_10": 0.61}, _row("ANCE round 1", 0.60) | {"cv_ndcg_at_10": 0.57}]
+    assert tune.trial_score({"results": results, "selected": "warmup"}, full=True) == ("warmup", 0.61)
+    assert tune.trial_score({"results": results[:3], "selected": "warmup"}, full=False) == ("warmup", 0.61)
+    assert tune.trial_score({"results": results, "selected": None}, full=True) == ("warmup", 0.61)
+
+
 def test_a_whole_trial_trains_the_whole_recipe_whatever_the_base_says():
     """A base config with `warmup_only: true` would make every whole trial a warm-up: the trial decides."""
     base = PipelineConfig(warmup_only=True)
