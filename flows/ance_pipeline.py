@@ -207,7 +207,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     c, log = run.c, run.log
     summary, result = run.report()
     chosen = result["selected"] or last
-    print(result["markdown"])
+    print(result["markdown"] if run.trial is None else f"[{run.trial.name}] its models:\n{result['markdown']}")
     reused = [s for s in log.timings if s.ref.cached]
     print(f"{len(reused)} of {len(log.timings)} stages reused (built by an earlier run, or earlier in this one)")
     # the report may be reused from a work folder that was since moved or copied: the folders are this run's

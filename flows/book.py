@@ -328,7 +328,8 @@ class RunBook:
         run's MLflow link."""
         closing = closing_lines(tracked, selected, result["warnings"], on_dev=result.get("selected") is not None,
                                 best=result.get("best_on_dev"), selection=result.get("selection"))
-        print("\n".join(closing))
+        # a trial's lines (a search's trial, a cv run's other fold) named as its, not to be read as the run's own
+        print("\n".join(closing if self.trial is None else (f"[{self.trial.name}] {line}" for line in closing)))
         if self.trial is None:
             link_mlflow_run(self.tracking, result["markdown"], closing, key=self.artifact_key("mlflow-run"))
             publish_tables(result["results"], self.log.timings, self.started_from, self.artifact_key)

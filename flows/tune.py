@@ -316,7 +316,7 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
     header = ["candidate", "overrides", f"warm-up only, seed {state.cfg.seeds[0]}",
               *(f"seed {s}" for s in state.cfg.seeds), "mean", "paired diff to baseline"]
     spent = sum(t["seconds"] for t in state.trials)
-    pooled = (f", pooled over the {fold_count(state.base.data.dev_fraction)} dev folds (selection cv)"
+    pooled = (f", pooled over the {fold_count(state.base.data.dev_fraction)} dev folds: selection cv"
               if state.base.selection == "cv" else "")
     return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers{pooled})\n\n"
             f"{markdown_table(header, rows)}"

@@ -26,10 +26,14 @@ pytestmark = pytest.mark.slow
 def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["data"] |= {"dev_fraction": 0.5}
-    result, out = run_pipeline_cli(config | {"selection": "cv"}, tmp_path, timeout=1200)
+    result, out = run_pipeline_cli(config | {"selection": "cv"}, tmp_path, timeout=1200, stderr=True)
     assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
     assert f"Result: {result['selected']} (the best dev nDCG@10 of the run's models pooled over its dev folds" in out
     assert result["selection"] == "cv"
+    # the fold's own run names its lines as the fold's: only the run's own closing lines read "Result:" bare
+    # the fold's own run names its lines as the fold's (in Prefect's log, whose console may wrap a line)
+    logged = " ".join(out.split())
+    assert "[dev fold 1] Result: " in logged and "[dev fold 1] its models:" in logged
     rows = {r["model"]: r for r in result["results"]}
     candidates = [m for m in rows if m != "BM25"]
     assert all(rows[m]["cv_queries"] == 40 for m in candidates)  # the tiny collection's 40 training queries, once
@@ -94,7 +98,7 @@ def test_a_recipe_search_under_cv_scores_each_trial_pooled_over_the_dev_folds(ti
                           env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "dense model each trial delivers, pooled over the 2 dev folds (selection cv)" in proc.stdout
+    assert "dense model each trial delivers, pooled over the 2 dev folds: selection cv)" in proc.stdout
     trials = result["trials"]
     assert [(t["rung"], t["full"]) for t in trials] == [(0, False), (0, False), (1, True), (1, True)]
     client = MlflowClient(f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
