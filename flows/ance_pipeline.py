@@ -74,21 +74,26 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
     run = RunBook(c, "ance-train", next_mining=c.mining, trial=trial)
     with run.ended_on_failure():
         if c.selection == "cv":
-            run.folds = dev_folds(c, trial.experiment if trial else "ance-train", run.tracking.parent)
+            run.folds = dev_folds(c, trial.experiment if trial else "ance-train", run.tracking.parent,
+                                  trial.name if trial else None)
         return run_stages(c, run)
 
 
-def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None) -> list[dict[str, ArtifactRef]]:
+def dev_folds(c: PipelineConfig, experiment: str, parent_run: str | None, within: str | None = None
+              ) -> list[dict[str, ArtifactRef]]:
     """`selection: cv`: the pipeline once per other dev fold (data.dev_fold 1 .. fold_count - 1), each a trial nested
-    under the run's MLflow run (nothing registered). Each fold's data, BM25 ranking, encodings and training are its
-    own (only the zero-shot model is shared): about fold_count times the pipeline. Every fold's dev split is checked
-    before any training (`check_dev_folds`). Returns their dev evaluations, by the kind the report pools them as."""
+    under the run's MLflow run (nothing registered; `within`: the name of the search trial the run is, which names its
+    folds' runs). Each fold's data, BM25 ranking, encodings and training are its own (only the zero-shot model is
+    shared): about fold_count times the pipeline. Every fold's dev split is checked before any training
+    (`check_dev_folds`). Returns their dev evaluations, by the kind the report pools them as."""
     count = check_dev_folds(c)
     folds = []
     for fold in range(1, count):
-        print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)")
+        name = f"{within} · dev fold {fold}" if within else f"dev fold {fold}"
+        print(f"selection cv: the run for dev fold {fold} (of folds 0 to {count - 1}; this run's is fold 0)"
+              + (f", of the trial {within}" if within else ""))
         sub = c.model_copy(update={"selection": "best", "data": c.data.model_copy(update={"dev_fold": fold})})
-        result = train_and_evaluate(sub, Trial(experiment, parent_run, f"dev fold {fold}"))
+        result = train_and_evaluate(sub, Trial(experiment, parent_run, name))
         folds.append({fold_kind(label): ref for label, ref in dev_evaluations(result["stages"]).items()})
     return folds
 

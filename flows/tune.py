@@ -1,8 +1,9 @@
 """`ance-tune`: the recipe chosen on the user's own dev split (ance_core/pipeline/tune.py: candidates, rungs,
-decision). Every trial is a pipeline run of one candidate under one seed, a cached Prefect task (`trial`), run where
-`execution` says (one after another in the flow's process, or as Ray tasks), with its MLflow run nested under the
-search's; the search's report (tune/<key>/: tune.md, tune.json, and recipe.yaml, the winner's whole config for `ance
-run --config`) is a stage folder of its own.
+decision). Every trial is a pipeline run of one candidate under one seed (under `selection: cv`, one per dev fold,
+scored pooled over them), a cached Prefect task (`trial`), run where `execution` says (one after another in the
+flow's process, or as Ray tasks), with its MLflow run nested under the search's; the search's report (tune/<key>/:
+tune.md, tune.json, and recipe.yaml, the winner's whole config for `ance run --config`) is a stage folder of its
+own.
 
 `recipe: auto` (`ance run --recipe auto`) is this search followed by the pipeline with the winner's config: when the
 winner ran whole under the first seed, that run is one of its trials (every stage cached), else it trains now.
@@ -74,7 +75,8 @@ def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bo
 @stage_task("trial", ignore=("parent_run", "name"))
 def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = None, name: str = "trial"
           ) -> ArtifactRef:
-    """One pipeline run of a search (`config`: a candidate under a seed), its result kept as trial.json: every model's
+    """One pipeline run of a search (`config`: a candidate under a seed; under `selection: cv` a run per dev fold,
+    nested under it), its result kept as trial.json: every model's
     dev and evaluation metrics, and the trial's score (`trial_score`) with its model."""
 
     def build(out):
@@ -231,7 +233,7 @@ class Search:
             return
         run = self.tracker.start_run(f"{name} (cached)", parent_id=self.parent, tags={
             "trial": "true", "cached": "true", "trial_run_id": record.get("mlflow_run_id") or "",
-            "trial_model": record["model"]})
+            "trial_model": record["model"], "selection": self.base.selection})  # (cv: the score is pooled)
         self.tracker.log_metrics(run, {"trial_dev_ndcg_at_10": record["score"]})
         self.tracker.end_run(run)
 

@@ -98,16 +98,15 @@ def build_tiny_cross_encoder(tiny_model: Path, folder: Path) -> Path:
     return folder
 
 
-def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600, stderr: bool = False) -> tuple[dict, str]:
+def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600) -> tuple[dict, str]:
     """`ance run --config <config> --json` in a subprocess with its own PREFECT_HOME under `folder`; it must succeed.
-    Returns the JSON result (its last line) and the whole standard output (`stderr`: and then its standard error,
-    where Prefect logs the flow's prints)."""
+    Returns the JSON result (its last line) and the whole standard output."""
     (folder / "c.json").write_text(json.dumps(config))
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(folder / "c.json"), "--json"],
                           capture_output=True, text=True, timeout=timeout,
                           env=os.environ | {"PREFECT_HOME": str(folder / "prefect")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + (proc.stderr if stderr else "")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
 
 
 def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, steps: int = 3) -> dict:

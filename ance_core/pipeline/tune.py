@@ -275,10 +275,15 @@ def trial_score(result: dict, full: bool) -> tuple[str, float]:
         raise AnceError("a trial's models have no dev score: the search needs a dev split")
     if not full:
         dense = [r for r in dense if r["model"] == "warmup"] or dense
-    key = CV_KEY if all(CV_KEY in r for r in dense) else DEV_KEY
+    key = CV_KEY if result.get("selection") == "cv" else DEV_KEY  # (the rule the run chose by: every trial of a
+    # search runs under the base config's, so their scores are alike and their paired differences compare like)
     delivered = dense_of(result.get("selected") or "")
     if full and delivered in {r["model"] for r in dense}:
         best = next(r for r in dense if r["model"] == delivered)
     else:
-        best = max(reversed(dense), key=lambda r: r[key])  # (a tie: the later, as the run's own selection)
+        best = max(reversed([r for r in dense if key in r] or dense), key=lambda r: r.get(key, float("-inf")))
+        # (a tie: the later, as the run's own selection)
+    if key not in best:
+        raise AnceError(f"a trial under selection cv has no score of {best['model']} pooled over the dev folds (a "
+                        "fold's run without that model): the search cannot compare it with the others")
     return best["model"], best[key]

@@ -26,14 +26,20 @@ pytestmark = pytest.mark.slow
 def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["data"] |= {"dev_fraction": 0.5}
-    result, out = run_pipeline_cli(config | {"selection": "cv"}, tmp_path, timeout=1200, stderr=True)
+    (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
+                          capture_output=True, text=True, timeout=1200,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result, out = json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
     assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
     assert f"Result: {result['selected']} (the best dev nDCG@10 of the run's models pooled over its dev folds" in out
     assert result["selection"] == "cv"
-    # the fold's own run names its lines as the fold's: only the run's own closing lines read "Result:" bare
-    # the fold's own run names its lines as the fold's (in Prefect's log, whose console may wrap a line)
-    logged = " ".join(out.split())
+    # the fold's own run names its lines as the fold's (in Prefect's log, whose console may wrap a line); the run's
+    # own closing lines are the only bare ones
+    logged = " ".join(proc.stderr.split())
     assert "[dev fold 1] Result: " in logged and "[dev fold 1] its models:" in logged
+    assert len(re.findall(r"^Result: ", out, re.M)) == 1
     rows = {r["model"]: r for r in result["results"]}
     candidates = [m for m in rows if m != "BM25"]
     assert all(rows[m]["cv_queries"] == 40 for m in candidates)  # the tiny collection's 40 training queries, once
@@ -113,6 +119,7 @@ def test_a_recipe_search_under_cv_scores_each_trial_pooled_over_the_dev_folds(ti
         # each fold's run is nested under its trial's run, itself under the search's
         folds = client.search_runs([client.get_run(t["mlflow_run_id"]).info.experiment_id],
                                    f"tags.mlflow.parentRunId = '{t['mlflow_run_id']}' and tags.trial = 'true'")
-        assert [r.data.tags["mlflow.runName"] for r in folds] == ["dev fold 1"]
+        trial_name = f"{t['candidate']} · seed 42{'' if t['full'] else ' · warm-up only'}"
+        assert [r.data.tags["mlflow.runName"] for r in folds] == [f"{trial_name} · dev fold 1"]
     chosen = yaml.safe_load(Path(result["report_dir"], "recipe.yaml").read_text())
     assert chosen["selection"] == "cv"

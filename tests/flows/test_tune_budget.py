@@ -252,9 +252,14 @@ def test_a_trial_under_cv_scores_its_model_pooled_over_the_dev_folds():
     (here the warm-up, below the round on its own fold's queries), and the warm-up rung the warm-up's pooled one."""
     results = [_row("BM25", 0.40), _row("zero-shot", 0.50) | {"cv_ndcg_at_10": 0.55},
                _row("warmup", 0.58) | {"cv_ndcg_at_10": 0.61}, _row("ANCE round 1", 0.60) | {"cv_ndcg_at_10": 0.57}]
-    assert tune.trial_score({"results": results, "selected": "warmup"}, full=True) == ("warmup", 0.61)
-    assert tune.trial_score({"results": results[:3], "selected": "warmup"}, full=False) == ("warmup", 0.61)
-    assert tune.trial_score({"results": results, "selected": None}, full=True) == ("warmup", 0.61)
+    cv = {"selection": "cv"}
+    assert tune.trial_score(cv | {"results": results, "selected": "warmup"}, full=True) == ("warmup", 0.61)
+    assert tune.trial_score(cv | {"results": results[:3], "selected": "warmup"}, full=False) == ("warmup", 0.61)
+    assert tune.trial_score(cv | {"results": results, "selected": None}, full=True) == ("warmup", 0.61)
+    # a model without a pooled score is refused, never scored on its own fold beside pooled trials
+    lone = [*results[:3], _row("ANCE round 1", 0.60)]
+    with pytest.raises(AnceError, match="no score of ANCE round 1 pooled over the dev folds"):
+        tune.trial_score(cv | {"results": lone, "selected": "ANCE round 1 + BM25"}, full=True)
 
 
 def test_a_whole_trial_trains_the_whole_recipe_whatever_the_base_says():
