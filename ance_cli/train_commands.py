@@ -137,7 +137,9 @@ def tune(
                                                         "learning_rates=[4e-5,1e-5])")] = None,
 ):
     """Choose a recipe on the dataset's dev split: variants of --recipe (learning rate, which graded positives train,
-    warm-up epochs) as trials with successive halving over seeds; prints the table and the winner."""
+    warm-up epochs) as trials with successive halving over seeds; prints the table and the winner. With --set
+    selection=cv each trial runs once per dev fold and is scored on every fold's dev queries pooled (for dev splits of
+    a dozen queries; about 1 / data.dev_fraction times the cost)."""
 
     def body():
         if out is not None and out.is_dir():  # (found after the whole search, with a traceback)
