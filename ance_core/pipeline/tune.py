@@ -281,8 +281,8 @@ def trial_score(result: dict, full: bool) -> tuple[str, float]:
     if full and delivered in {r["model"] for r in dense}:
         best = next(r for r in dense if r["model"] == delivered)
     else:
-        best = max(reversed([r for r in dense if key in r] or dense), key=lambda r: r.get(key, float("-inf")))
-        # (a tie: the later, as the run's own selection)
+        # (a tie: the later, as the run's own selection; a row without the score only when none has it: refused)
+        best = max(reversed(dense), key=lambda r: r.get(key, float("-inf")))
     if key not in best:
         raise AnceError(f"a trial under selection cv has no score of {best['model']} pooled over the dev folds (a "
                         "fold's run without that model): the search cannot compare it with the others")
