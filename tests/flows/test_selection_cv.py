@@ -23,13 +23,18 @@ from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 pytestmark = pytest.mark.slow
 
 
+def _ance(args: list[str], tmp_path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`ance <args>` in a subprocess with its own PREFECT_HOME under `tmp_path` (its exit status is the caller's to
+    check)."""
+    return subprocess.run([sys.executable, "-m", "ance_cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+
+
 def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny_model, tmp_path):
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["data"] |= {"dev_fraction": 0.5}
     (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json"), "--json"],
-                          capture_output=True, text=True, timeout=1200,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    proc = _ance(["run", "--config", str(tmp_path / "c.json"), "--json"], tmp_path, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result, out = json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
     assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
@@ -77,17 +82,13 @@ def test_selection_cv_refuses_a_fold_without_dev_queries_before_any_training(tin
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["data"] |= {"dev_fraction": 0.02}  # 50 folds of 40 training queries: some hold none
     (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
-                          capture_output=True, text=True, timeout=900,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    proc = _ance(["run", "--config", str(tmp_path / "c.json")], tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert re.search(r"selection cv: dev fold \d+ of data.dev_fraction 0.02 leaves no dev queries", out), out[-3000:]
     assert "Traceback" not in out and not (tmp_path / "work" / "train").exists()
     # a recipe search under cv: refused the same way before its first trial
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "tune", "--config", str(tmp_path / "c.json"),
-                           "--tune-set", "learning_rates=[5e-4]"], capture_output=True, text=True, timeout=900,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    proc = _ance(["tune", "--config", str(tmp_path / "c.json"), "--tune-set", "learning_rates=[5e-4]"], tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert re.search(r"selection cv: dev fold \d+ of data.dev_fraction 0.02 leaves no dev queries", out), out[-3000:]
@@ -98,10 +99,8 @@ def test_a_recipe_search_under_cv_scores_each_trial_pooled_over_the_dev_folds(ti
     config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=2)
     config["data"] |= {"dev_fraction": 0.5}
     (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
-    proc = subprocess.run([sys.executable, "-m", "ance_cli", "tune", "--config", str(tmp_path / "c.json"), "--json",
-                           "--tune-set", "seeds=[42]", "--tune-set", "learning_rates=[5e-4]", "--tune-set",
-                           "warmup_epochs=[1]"], capture_output=True, text=True, timeout=1500,
-                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    proc = _ance(["tune", "--config", str(tmp_path / "c.json"), "--json", "--tune-set", "seeds=[42]", "--tune-set",
+                  "learning_rates=[5e-4]", "--tune-set", "warmup_epochs=[1]"], tmp_path, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "dense model each trial delivers, pooled over the 2 dev folds: selection cv)" in proc.stdout
