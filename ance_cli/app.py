@@ -100,7 +100,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import writable_work_dir
     from ance_core.data.checks import check_trainable
-    from ance_core.data.dataset import read_tables, split_files
+    from ance_core.data.dataset import qrels_file, read_tables
     from ance_core.data.sources import resolve_dataset
     from ance_core.errors import AnceError
     from tasks.common import faults_off
@@ -118,11 +118,11 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                 tables.split_qrels(split)
             except AnceError as e:  # which folder, and the file it would be in
                 folder = resolve_dataset(data.dataset, data.data_home, download=False)
-                where = split_files(folder, data.format)[1](split)
+                where = qrels_file(folder, split, data.format)
                 raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}") from None
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
-                            negatives)
+                            negatives, data.format)
         return tables
     except Exception:
         folder = Path(work_dir).expanduser()

@@ -113,7 +113,7 @@ class RunBook:
         cfg = self.c.data  # a run that would find nothing to train on stops here, before any other work
         folder = resolve_dataset(cfg.dataset, cfg.data_home, download=False)
         tables = read_tables(self.data.path, corpus_columns=["doc_id"])
-        check_trainable(tables, folder, cfg.train_split, negatives_needed(self.c))
+        check_trainable(tables, folder, cfg.train_split, negatives_needed(self.c), cfg.format)
         warn_shared_queries(tables, cfg.eval_split, cfg.train_split, cfg.dev_split)
         summary = read_manifest(self.data.path)["summary"]
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):

@@ -27,7 +27,7 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
     # The key holds the content, not where it was found: the same data from another path is the same stage.
     key_cfg = {"format": cfg.format, "dev": [cfg.train_split, cfg.dev_split, cfg.dev_fraction, cfg.dev_seed],
                "train_min_relevance": cfg.train_min_relevance} | ({"dev_fold": cfg.dev_fold} if cfg.dev_fold else {})
-    if cfg.train_min_relevance == "auto" and len(positive_grades(folder, cfg.train_split)) > 1:
+    if cfg.train_min_relevance == "auto" and len(positive_grades(folder, cfg.train_split, cfg.format)) > 1:
         key_cfg["grades_rule"] = "query-top"  # each query's own top grade since issue 30 (the split's top before)
 
     def build(out):

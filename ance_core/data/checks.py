@@ -7,18 +7,19 @@ from ance_core.data.dataset import QUERY_TOP_GRADE, Dataset, qrels_file
 from ance_core.errors import DataError, preview, warn
 
 
-def check_trainable(tables: Dataset, folder: Path, split: str, negatives: int = 0) -> None:
+def check_trainable(tables: Dataset, folder: Path, split: str, negatives: int = 0, fmt: str = "auto") -> None:
     """A pipeline run trains on `split`'s positives: without any (every grade 0, or below train_min_relevance) it
     is refused before any work, naming the file and the split. `negatives`: how many negatives mining draws per pair;
     a query with fewer documents that are not relevant to it (every document relevant, a one-document corpus) is
     refused too, naming it, rather than failing the mining after BM25 and a corpus encoding (the check reads the
-    corpus's doc ids: `read_tables(..., corpus_columns=["doc_id"])`)."""
+    corpus's doc ids: `read_tables(..., corpus_columns=["doc_id"])`). `fmt`: the folder's layout (`data.format`), for
+    the file the error names."""
     positives = tables.positives(split)
     if not positives:
         grade = tables.min_relevance.get(split, 1)
         grade = 1 if grade == QUERY_TOP_GRADE else grade
-        raise DataError(qrels_file(folder, split), f"split '{split}' has no positive (no qrels row of relevance >= "
-                        f"{grade}): nothing to train on")
+        raise DataError(qrels_file(folder, split, fmt), f"split '{split}' has no positive (no qrels row of "
+                        f"relevance >= {grade}): nothing to train on")
     if negatives <= 0:
         return
     corpus, relevant = set(tables.corpus["doc_id"]), tables.relevant(split)
@@ -26,7 +27,7 @@ def check_trainable(tables: Dataset, folder: Path, split: str, negatives: int = 
     short = {q: n for q, n in sorted(short.items()) if n < negatives}
     if short:
         q, left = next(iter(short.items()))
-        raise DataError(qrels_file(folder, split), f"{len(short)} '{split}' queries have fewer than {negatives} "
+        raise DataError(qrels_file(folder, split, fmt), f"{len(short)} '{split}' queries have fewer than {negatives} "
                         f"documents that are not relevant to them, so no negative can be mined ({preview(list(short))}"
                         f"; '{q}': {left} of the corpus's {len(corpus)}): add documents that are not relevant to them "
                         "or remove those queries from the training qrels"

@@ -285,15 +285,15 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
     return Dataset(corpus.reset_index(drop=True), queries, qrels)
 
 
-def qrels_file(folder: Path, split: str) -> Path:
-    """Where a split's qrels are read from (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv)."""
-    beir = folder / "qrels" / f"{split}.tsv"
-    return beir if beir.is_file() or not (folder / f"qrels.{split}.tsv").is_file() else folder / f"qrels.{split}.tsv"
+def qrels_file(folder: Path, split: str, fmt: str = "auto") -> Path:
+    """Where a split's qrels are read from (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv), by the folder's
+    layout as the loader reads it (`split_files`)."""
+    return split_files(folder, fmt)[1](split)
 
 
-def positive_grades(folder: Path, split: str) -> set[int]:
+def positive_grades(folder: Path, split: str, fmt: str = "auto") -> set[int]:
     """The positive relevance grades of a dataset folder's qrels of `split` (none when it has no such file)."""
-    path = qrels_file(folder, split)
+    path = qrels_file(folder, split, fmt)
     return {grade for _, _, _, grade in read_qrels(path) if grade > 0} if path.is_file() else set()
 
 

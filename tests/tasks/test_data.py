@@ -32,3 +32,19 @@ def test_only_graded_qrels_carry_the_grades_rule_in_the_data_key(tmp_path):
     folded = prepare_data.fn(DataConfig(dataset=str(binary), dev_fraction=0.5, dev_fold=1), str(tmp_path / "work"))
     key_cfg = {"format": "auto", "dev": ["train", "dev", 0.5, 0], "train_min_relevance": "auto", "dev_fold": 1}
     assert Path(folded.path).name == stage_key("data", key_cfg, {"content": dataset_digest(binary)})
+
+
+def test_the_grades_are_read_from_the_qrels_file_the_loader_reads(tmp_path):
+    """An MS MARCO folder (collection.tsv, qrels.train.tsv) with a stray BEIR-style qrels/train.tsv beside it: the
+    loader reads qrels.train.tsv, so the grades (which key the data stage) come from it too, not from the stray file;
+    with `format: beir` forced on a folder that holds both corpora, from qrels/train.tsv."""
+    folder = tmp_path / "marco"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "collection.tsv").write_text("".join(f"d{i}\ttext {i}\n" for i in range(4)))
+    (folder / "queries.train.tsv").write_text("q0\tquery 0\nq1\tquery 1\n")
+    (folder / "qrels.train.tsv").write_text("q0\t0\td0\t1\nq1\t0\td1\t2\n")
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+    assert positive_grades(folder, "train") == {1, 2}
+    (folder / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "text {i}"}}\n' for i in range(4)))
+    assert positive_grades(folder, "train", "msmarco") == {1, 2}
+    assert positive_grades(folder, "train", "beir") == {1}
