@@ -39,6 +39,7 @@ from ance_core.pipeline.tune import (
     rungs,
     survivors,
     training_pairs,
+    trial_cost,
     trial_score,
     whole_reserve,
 )
@@ -115,7 +116,9 @@ class Search:
         self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches run (a
         # reused trial's: the time it took when it ran)
         self.failed: list[str] = []
-        self.reused = 0.0  # seconds that trials reused from an earlier search took when they ran: budgeted too
+        self.reused = 0.0  # seconds that trials reused from an earlier search (or stages from a run outside it) took
+        # when they ran: budgeted too
+        self.seen: set[str] = set()  # the stage folders of the trials run so far (`trial_cost`)
         self.stopped: str | None = None  # the budget ended the search
         self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
 
@@ -201,10 +204,9 @@ class Search:
             refs = self._mapped(kwargs, part)
             records = [read_trial(ref) if ref is not None else None for ref in refs]
             wall = time.time() - began
-            # what the reused trials of the batch took when they ran (side by side on Ray: the longest), beyond what
-            # the batch took now
-            took = max([r["seconds"] for ref, r in zip(refs, records, strict=True) if ref is not None and ref.cached],
-                       default=0.0)
+            # what the batch's trials cost (`trial_cost`: a reused trial's seconds when it ran, and the stages reused
+            # from outside the search; side by side on Ray: the longest), beyond what the batch took now
+            took = max([trial_cost(r, self.seen) for r in records if r is not None], default=0.0)
             self.reused += max(took - wall, 0.0)
             if any(ref is not None for ref in refs):
                 self.batches[kind if rung.full else "warm-up"].append(max(wall, took))
@@ -325,7 +327,7 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
             f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
             + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped) if note)
             + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s"
-            + (f"; the cached ones took {state.reused:.0f} s when they ran, counted in the budget" if state.reused
+            + (f"; the work they reused took {state.reused:.0f} s when it ran, counted in the budget" if state.reused
                else "") + ".\n")
 
 

@@ -67,10 +67,11 @@ class TuneConfig(StageConfig):
                           "difference over the seeds both ran)")
     budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
                                   "(or a batch of Ray trials) that the time of those before it says would not fit, "
-                                  "and decides on the trials run. Trials reused from an earlier search count at the "
-                                  "minutes they took then: a search resumed after an interruption decides as an "
-                                  "uninterrupted one would, and one run again with a larger budget goes on where the "
-                                  "smaller stopped. The CLI without --budget-minutes takes the budget of the newest "
+                                  "and decides on the trials run. Trials reused from an earlier search, and stages "
+                                  "reused from runs outside it, count at the minutes they took then: a search resumed "
+                                  "after an interruption decides as an uninterrupted one would, one run again with a "
+                                  "larger budget goes on where the smaller stopped, and one after `ance run` budgets "
+                                  "as one without it. The CLI without --budget-minutes takes the budget of the newest "
                                   "finished search of the same config and settings in the work folder")
 
     @model_validator(mode="after")
@@ -189,6 +190,21 @@ def whole_reserve(warm: float, whole: float) -> float:
     challenger's), so that a budget too short for every warm-up still ends with a decision between whole recipes:
     twice a whole trial's measured seconds, or FULL_OVER_WARM x a warm-up trial's before one ran."""
     return 2 * (whole or FULL_OVER_WARM * warm)
+
+
+def trial_cost(record: dict, seen: set[str]) -> float:
+    """What a trial costs the search (its budget and its estimates): the seconds it took when it ran (a trial reused
+    from an earlier search: then), plus the seconds that the stages it reused took when they were built, for stages
+    that no trial of this search built or reused before it (`seen`: their folders; built by a run outside the search,
+    such as `ance run` before `ance tune`). So the search budgets as one that found none of that work done: where its
+    first trials reuse an earlier run, the estimates of the trials after them are not a reused trial's seconds. Under
+    `selection: cv`, the stages of the trial's own run (fold 0's). Adds the trial's stages to `seen`."""
+    outside = 0.0
+    for stage in record.get("stages", ()):
+        if stage["cached"] and stage["path"] not in seen:
+            outside += stage["seconds"]
+        seen.add(stage["path"])  # (a stage built earlier in the trial itself and reused by it is not outside)
+    return record["seconds"] + outside
 
 
 def rungs(cfg: TuneConfig) -> list[Rung]:

@@ -13,7 +13,15 @@ import flows.tune as tune
 from ance_core.data.dataset import Dataset
 from ance_core.errors import AnceError, AnceWarning
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.tune import Candidate, Rung, Scores, TuneConfig, candidate_metrics, earlier_budget
+from ance_core.pipeline.tune import (
+    Candidate,
+    Rung,
+    Scores,
+    TuneConfig,
+    candidate_metrics,
+    earlier_budget,
+    trial_cost,
+)
 
 
 @dataclass
@@ -85,8 +93,41 @@ def test_a_resumed_search_counts_its_reused_trials_and_decides_as_an_uninterrupt
     state.run(scores, pool, Rung(0, [42], False))
     assert [t["cached"] for t in state.trials] == [True] * 3 + [False] * 3 and state.reused == 180
     assert state.cut == "the warm-up rung stopped after 6 of its 8 trials, to leave the budget to whole recipes"
-    assert "the cached ones took 180 s when they ran, counted in the budget" in tune.report(
+    assert "the work they reused took 180 s when it ran, counted in the budget" in tune.report(
         pool, state, pool[0], {"table": {}, "reason": "r"})
+
+
+def test_stages_an_earlier_run_built_count_at_their_seconds_and_the_search_budgets_as_without_them(clock, monkeypatch):
+    """`ance run` before `ance tune`: the baseline's warm-up trial finds its stages built (5 s now; they took 55 s to
+    build). It costs the search the 60 s it would have taken, so the rung stops where a search without that run
+    stops (six of eight warm-ups, above); counted at its 5 s, it made the warm-ups look cheap and let a seventh in."""
+    stage = {"stage": "train", "seconds": 55.0, "cached": True}
+    records = {"outside": {"score": 0.5, "model": "m", "seconds": 5.0, "stages": [stage | {"path": "w/train/a"}]},
+               "fresh": {"score": 0.5, "model": "m", "seconds": 60.0,
+                         "stages": [stage | {"path": "w/train/b", "cached": False}]}}
+    monkeypatch.setattr(tune, "read_trial", lambda ref: records[ref.path])
+    pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(7)]
+    state = tune.Search(PipelineConfig(), TuneConfig(budget_minutes=10), "digest", None, None)
+
+    def mapped(kwargs, part):
+        first = not state.trials
+        clock["t"] += 5.0 if first else 60.0
+        return [Ref(path="outside" if first else "fresh")]
+
+    state._mapped = mapped
+    state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
+    assert state.reused == 55.0 and state.batches["warm-up"][:2] == [60.0, 60.0]
+    assert state.cut == "the warm-up rung stopped after 6 of its 8 trials, to leave the budget to whole recipes"
+
+
+def test_a_trials_cost_adds_the_stages_it_reused_from_outside_the_search_once():
+    seen: set[str] = set()
+    built = {"stage": "data", "path": "w/data/a", "seconds": 10.0, "cached": False}
+    outside = {"stage": "bm25", "path": "w/bm25/b", "seconds": 30.0, "cached": True}
+    # the data stage built by the trial itself and reused later in it: not outside; the BM25 index: outside, once
+    assert trial_cost({"seconds": 40.0, "stages": [built, outside, built | {"cached": True}]}, seen) == 70.0
+    assert trial_cost({"seconds": 20.0, "stages": [built | {"cached": True}, outside]}, seen) == 20.0
+    assert seen == {"w/data/a", "w/bm25/b"}
 
 
 def test_a_budget_for_everything_cuts_nothing(clock):
