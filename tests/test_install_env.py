@@ -41,3 +41,13 @@ def test_the_bytecode_of_every_project_module_and_the_servers_is_written_after_t
     monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))
     for module in (tracking.run, flows.ance_pipeline, prefect.server.api.server, importlib.import_module("torch.nn")):
         assert Path(importlib.util.cache_from_source(module.__file__)).is_file(), module.__name__
+
+
+def test_the_installed_distribution_carries_the_version_every_stage_key_holds():
+    """pyproject.toml reads its version from ance_core.__version__ (in every stage's key and manifest): the package a
+    user installs names the version its work folders were built by (it said 0.1.0 while the keys said 0.2.0)."""
+    import importlib.metadata
+
+    import ance_core
+
+    assert importlib.metadata.version("ance-pipeline") == ance_core.__version__
