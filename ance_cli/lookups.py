@@ -114,6 +114,22 @@ def model_work_dir(model: Path) -> str:
     return str(work) if stage else "work"
 
 
+def fusion_weight(text: str) -> float | None:
+    """`ance search --fusion`'s text checked: None for auto and rrf, else the dense ranking's weight (0 < w < 1)."""
+    from ance_core.errors import AnceError
+
+    if text in ("auto", "rrf"):
+        return None
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = -1.0
+    if not 0 < weight < 1:
+        raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
+                        "(e.g. 0.7)")
+    return weight
+
+
 def chosen_fusion(text: str, model: Path, work_dir: str):
     """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what the work
     folder's newest run chose for this model, its hybrid row's fusion, BM25 config and depth, recorded in latest.json
@@ -121,7 +137,7 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     ranking's weight in a convex combination."""
     import json
 
-    from ance_core.errors import AnceError, warn
+    from ance_core.errors import warn
     from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import Fusion
 
@@ -138,16 +154,8 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
             warn(f"--fusion auto: {why}, so no fusion chosen on a dev split is known for {model}: RRF with the default "
                  "BM25 settings (give --work-dir the work folder of the run that trained it, or --fusion)")
         return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
-    if text == "rrf":
-        return Fusion("rrf"), bm25, depth
-    try:
-        weight = float(text)
-    except ValueError:
-        weight = -1.0
-    if not 0 < weight < 1:
-        raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
-                        "(e.g. 0.7)")
-    return Fusion("convex", weight), bm25, depth
+    weight = fusion_weight(text)
+    return (Fusion("rrf") if weight is None else Fusion("convex", weight)), bm25, depth
 
 
 def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion, bm25_cfg,

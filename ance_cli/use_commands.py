@@ -15,6 +15,7 @@ from ance_cli.lookups import (
     chosen_fusion,
     corpus_titles,
     evaluation_data,
+    fusion_weight,
     hybrid_search,
     index_of,
     model_work_dir,
@@ -96,6 +97,7 @@ def search(
 ):
     """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
     BM25's."""
+    from ance_core.artifacts import writable_folder
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
     from ance_core.retrieval.search import search_text
@@ -113,11 +115,14 @@ def search(
             raise AnceError(f"--trec {trec}: a folder; give the run file's path (e.g. {trec / 'hits.trec'})")
         if trec is not None and (not query_id or len(query_id.split()) != 1 or query_id != query_id.strip()):
             raise AnceError(f"--query-id '{query_id}': a TREC run's query id is one word (no spaces, not empty)")
+        if trec is not None:
+            writable_folder(trec.parent, f"--trec {trec}")  # (before the search, not a traceback after it)
         if hybrid:
             from ance_core.artifacts import writable_work_dir
 
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
+            fusion_weight(fusion)  # (checked before the work folder is made: a typo leaves no empty folder)
             work = work_dir or model_work_dir(model)
             writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
             how, bm25_cfg, depth = chosen_fusion(fusion, model, work)

@@ -120,6 +120,9 @@ def writable_work_dir(work_dir: str | Path) -> Path:
     that a folder that cannot hold the stages is one clear error, not a traceback from the first stage."""
     from ance_core.errors import AnceError
 
+    if not str(work_dir).strip():  # (Path("") is the current folder: `--set work_dir=$UNSET`)
+        raise AnceError(f"work_dir is empty: the stages would be written into the current folder; set work_dir to a "
+                        f"folder ({WHERE_WORK_DIR})")
     folder = Path(work_dir).expanduser()
     if folder.exists() and not folder.is_dir():
         raise AnceError(f"work_dir {folder}: a file, not a folder; set work_dir to a folder ({WHERE_WORK_DIR})")
@@ -131,6 +134,18 @@ def writable_work_dir(work_dir: str | Path) -> Path:
         raise AnceError(f"work_dir {folder}: cannot be created or written ({e.strerror or type(e).__name__}); set "
                         f"work_dir to a folder you can write to ({WHERE_WORK_DIR})") from None
     return folder
+
+
+def writable_folder(folder: str | Path, what: str) -> None:
+    """An existing folder checked writable (a file made and removed in it) before any work, so that an output that
+    cannot be written there is one clear error naming `what` (the option), not a traceback after the work."""
+    from ance_core.errors import AnceError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise AnceError(f"{what}: cannot write in {folder} ({e.strerror or type(e).__name__})") from None
 
 
 def shard_paths(folder: str | Path) -> list[Path]:

@@ -11,6 +11,7 @@ A query whose text is empty is dropped with one warning naming it (it can be nei
 
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,11 @@ def detect_format(folder: Path) -> str:
         return "beir"
     if (folder / "collection.tsv").is_file():
         return "msmarco"
+    for name in ("corpus.jsonl", "collection.tsv"):  # there, but not a file that can be read
+        if (folder / name).is_dir():
+            raise AnceError(f"{folder / name}: a folder, not the corpus file")
+        if (folder / name).is_symlink():
+            raise AnceError(f"{folder / name}: a link to {os.readlink(folder / name)}, which does not exist")
     packed = sorted(p.name for p in folder.glob("*") if p.name.startswith(("corpus.jsonl.", "collection.tsv.")))
     hint = f"; it holds {packed[0]}: unpack it (e.g. gunzip) in place" if packed else ""
     raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv){hint}")
@@ -269,6 +275,9 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
     used = set(qrels["query_id"])
     queries = queries[queries["query_id"].isin(used)].reset_index(drop=True)
     empty = queries["text"].str.strip() == ""
+    if len(queries) and empty.all():  # (not "split 'test' has no qrels": its qrels are there, its queries are not)
+        raise DataError(queries_file, f"every judged query ({len(queries)}) has empty text: nothing to train on or "
+                        f"search for ({preview(queries['query_id'].tolist())})")
     if empty.any():
         ids = queries.loc[empty, "query_id"].tolist()
         warn(f"{queries_file}: {len(ids)} queries with empty text are left out of every split (nothing to train on "

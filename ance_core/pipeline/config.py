@@ -6,9 +6,9 @@ The defaults: SciFact, all-MiniLM-L6-v2, a BM25 warm-up then one ANCE round on a
 SimANS rounds and lr 4e-5 over them: ance_core/pipeline/recipes.py).
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
@@ -26,6 +26,15 @@ def start_checkpoint_refusal(start: str) -> str:
     return (f"selection cv with start_checkpoint {start}: a model trained before has seen the other folds' dev "
             "queries (it was trained on them), so their pooled scores would favour it; retrain with selection best "
             "or one-se")
+
+
+def _a_folder(value: str) -> str:
+    if not value.strip():  # (Path("") is the current folder)
+        raise ValueError("empty: the stages would be written into the current folder; give a folder (e.g. work)")
+    return value
+
+
+WorkDir = Annotated[str, AfterValidator(_a_folder)]
 
 
 class PipelineConfig(StageConfig):
@@ -88,7 +97,7 @@ class PipelineConfig(StageConfig):
         "this many steps old and fresher ones are being mined; unset = never wait")
     inferencer: InferencerConfig = Field(InferencerConfig(), description="async only: where the refreshes run (a "
                                          "thread of the trainer, or flow runs of a deployment on their own workers)")
-    work_dir: str = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
+    work_dir: WorkDir = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
     start_checkpoint: str | None = Field(
         None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
     compression: CompressConfig | None = Field(
@@ -231,7 +240,7 @@ class CompareConfig(StageConfig):
                                  "and b, false-negative controls); `sampler` and `top_k` are set per sampler")
     ance: AnceTrainConfig = Field(AnceTrainConfig(), description="The training budget every sampler gets")
     eval: EvalConfig = EvalConfig()
-    work_dir: str = "work"
+    work_dir: WorkDir = "work"
 
     @model_validator(mode="after")
     def _check(self) -> "CompareConfig":

@@ -1,5 +1,6 @@
 """Dense retrieval with a checkpoint and an index: queries in, a run (query_id, doc_id, rank, score) out."""
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,9 @@ def read_trec(path: str | Path) -> pd.DataFrame:
             score = float(parts[4])
         except ValueError:
             left_out.add(DataError(path, f"score '{parts[4]}' is not a number", number))
+            continue
+        if not math.isfinite(score):  # (nan ranks nowhere in particular: it moved other documents' ranks)
+            left_out.add(DataError(path, f"score '{parts[4]}' is not a finite number", number))
             continue
         rows.append((parts[0], parts[2], score))
         left_out.keep()

@@ -104,6 +104,21 @@ def test_a_work_dir_that_cannot_be_created_is_one_line_before_any_work(tmp_path)
     assert code == 2 and f"work_dir {tmp_path / 'a-file'}: a file, not a folder" in out, out  # ("File exists")
 
 
+def test_an_empty_work_dir_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch):
+    """`--set work_dir=$UNSET`: the stages (and a run record) were written into the current folder."""
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for args, message in ((["bm25", "--dataset", str(ds), "--work-dir", " "], "error: work_dir is empty: the stages "
+                           "would be written into the current folder; set work_dir to a folder"),
+                          (["run", "--set", f"data.dataset={ds}", "--set", "work_dir="], "work_dir: empty: the "
+                           "stages would be written into the current folder")):
+        code, out = _invoke(args)
+        assert code == 2 and message in out and "Traceback" not in out, out
+    assert not any((tmp_path / "here").iterdir())
+
+
 def test_a_one_document_corpus_is_refused_before_any_stage(tmp_path):
     queries = [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "z"}]
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], queries,
@@ -539,10 +554,14 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
                           (["--trec", str(tmp_path / "q.trec"), "--query-id", "q 7"], "is one word"),
                           (["--trec", str(tmp_path / "q.trec"), "--query-id", ""], "is one word"),
                           (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--work-dir",
-                            str(tmp_path / "flat.trec")], "a file, not a folder")):
+                            str(tmp_path / "flat.trec")], "a file, not a folder"),
+                          (["--trec", "/proc/q.trec"], "--trec /proc/q.trec: cannot write in /proc"),  # (not after
+                          # the search, with a traceback)
+                          (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--fusion", "bogus", "--work-dir",
+                            str(tmp_path / "new-work")], "--fusion bogus: expected auto, rrf")):
         code, out = _invoke([*flat, *args])
         assert code == 2 and message in out and "Traceback" not in out, (args, out)
-    assert not (tmp_path / "q.trec").exists()
+    assert not (tmp_path / "q.trec").exists() and not (tmp_path / "new-work").exists()  # (once left there, empty)
 
 
 def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path, monkeypatch):

@@ -276,6 +276,26 @@ def test_queries_with_empty_text_are_dropped_with_one_warning_naming_them(beir):
     assert ds.queries["query_id"].tolist() == ["q1"] and set(ds.qrels["query_id"]) == {"q1"}
 
 
+def test_queries_all_of_empty_text_are_named_as_such_not_as_missing_qrels(beir):
+    """Once "split 'test' has no qrels (available splits: )", though its qrels file held every line."""
+    _corrupt(beir, "queries.jsonl", [json.dumps({"_id": q["_id"], "text": " "}) for q in QUERIES])
+    with pytest.raises(DataError, match=r"queries.jsonl: every judged query \(3\) has empty text: nothing to train on "
+                       r"or search for \(q1, q2, q3\)"):
+        load_dataset(beir)
+
+
+def test_a_corpus_file_that_is_a_folder_or_a_broken_link_is_named_as_such(beir):
+    """Once "neither a BEIR folder (corpus.jsonl) nor MS MARCO", with corpus.jsonl right there."""
+    (beir / "corpus.jsonl").unlink()
+    (beir / "corpus.jsonl").mkdir()
+    with pytest.raises(AnceError, match=r"corpus.jsonl: a folder, not the corpus file"):
+        load_dataset(beir)
+    (beir / "corpus.jsonl").rmdir()
+    (beir / "corpus.jsonl").symlink_to(beir / "gone.jsonl")
+    with pytest.raises(AnceError, match=r"corpus.jsonl: a link to .*gone.jsonl, which does not exist"):
+        load_dataset(beir)
+
+
 def test_missing_files_and_folders_are_named(beir, tmp_path):
     (beir / "queries.jsonl").unlink()
     with pytest.raises(DataError, match=r"queries.jsonl: file not found"):
