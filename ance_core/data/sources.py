@@ -39,6 +39,8 @@ def data_home(explicit: str | None = None) -> Path:
 
 def resolve_dataset(dataset: str, home: str | None = None, download: bool = True) -> Path:
     """A path to an existing folder, or a name under the data home (downloaded from BEIR when missing)."""
+    if not dataset.strip():  # (Path("") is the current folder, or the data home itself)
+        raise AnceError("the dataset is empty: give a dataset folder, or a name under the data home (e.g. scifact)")
     as_path = Path(dataset).expanduser()
     if as_path.is_dir():
         return as_path

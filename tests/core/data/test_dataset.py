@@ -316,6 +316,8 @@ def test_missing_files_and_folders_are_named(beir, tmp_path):
 
     with pytest.raises(AnceError, match=r"dataset '.*corpus.jsonl.gz': a file, not a dataset folder"):
         resolve_dataset(str(tmp_path / "neither" / "corpus.jsonl.gz"), download=False)
+    with pytest.raises(AnceError, match=r"the dataset is empty: give a dataset folder, or a name"):  # (--dataset ""
+        resolve_dataset(" ", str(tmp_path), download=False)  # was the current folder: "neither a BEIR folder")
 
 
 def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
