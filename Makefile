@@ -93,5 +93,5 @@ gpu-kit: env  ## gather what a bare, offline GPU machine lacks into .kit/ and dr
 bench-gpu: env  ## on a GPU machine: MiniLM's training steps/s and GPU-busy %, encoding passages/s (BENCHMARKS.md)
 	$(BIN)/python bench/gpu.py
 
-clean:
+clean:  ## DELETES work/ (every cached stage, the MLflow store and its registered models), .prefect and .stack
 	rm -rf work .prefect .stack

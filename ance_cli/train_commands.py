@@ -20,7 +20,8 @@ def demo(
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
                                            "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
-    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP.replace(
+        "applied after the config file", "applied after the recipe"))] = None,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
     from ance_core.compression.config import CompressConfig

@@ -240,7 +240,7 @@ class CompareConfig(StageConfig):
                                  "and b, false-negative controls); `sampler` and `top_k` are set per sampler")
     ance: AnceTrainConfig = Field(AnceTrainConfig(), description="The training budget every sampler gets")
     eval: EvalConfig = EvalConfig()
-    work_dir: WorkDir = "work"
+    work_dir: WorkDir = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
 
     @model_validator(mode="after")
     def _check(self) -> "CompareConfig":

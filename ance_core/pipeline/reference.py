@@ -1,7 +1,8 @@
 """The config reference (docs/config-reference.md), generated from the config models themselves: every section and
-field of `PipelineConfig` (compression's `CompressConfig` among its sections) and of the recipe search's `TuneConfig`,
-with its type, its default and its description. `python -m ance_core.pipeline.reference > docs/config-reference.md`
-writes it; a test fails when the committed file differs from what the code generates, so the two cannot drift.
+field of `PipelineConfig` (compression's `CompressConfig` among its sections), of the recipe search's `TuneConfig` and
+of `CompareConfig`'s top level (its sections are the pipeline's), with its type, its default and its description.
+`python -m ance_core.pipeline.reference > docs/config-reference.md` writes it; a test fails when the committed file
+differs from what the code generates, so the two cannot drift.
 """
 
 import json
@@ -11,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.config import CompareConfig, PipelineConfig
 from ance_core.pipeline.tune import TuneConfig
 
 HEADER = """# Config reference
@@ -21,9 +22,12 @@ that this file is what the code generates). A pipeline config file (`ance run --
 `--set section.field=value` sets one on the command line. Unknown keys are refused.
 
 """
+# (prefix, model, title, whether its sections are listed: the comparison's are the pipeline's, listed above it)
 ROOTS = [("", PipelineConfig, "The pipeline (`ance run`, `ance demo`, the `ance-train` deployment; its `compression` "
-                                "section is `ance compress`'s config too)"),
-         ("tune", TuneConfig, "The recipe search (`ance tune`, `ance run --recipe auto`: `--tune-set`)")]
+                                "section is `ance compress`'s config too)", True),
+         ("tune", TuneConfig, "The recipe search (`ance tune`, `ance run --recipe auto`: `--tune-set`)", True),
+         ("", CompareConfig, "The negative samplers compared (`ance compare --config`, the `compare-negatives` "
+                             "deployment): its top level; each section is the pipeline's of the same name", False)]
 
 
 def type_name(annotation: Any) -> str:
@@ -75,7 +79,7 @@ def rows(model: type[BaseModel], prefix: str) -> tuple[list[str], list[tuple[str
 
 def reference() -> str:
     parts = [HEADER]
-    for prefix, root, title in ROOTS:
+    for prefix, root, title, nested in ROOTS:
         queue = [(prefix, root)]
         parts.append(f"## {title}\n")
         while queue:
@@ -84,7 +88,7 @@ def reference() -> str:
             doc = " ".join((model.__doc__ or "").split())
             parts.append(f"### `{key or 'top level'}` — {model.__name__}\n\n{doc}\n\n"
                          "| field | type | default | description |\n|---|---|---|---|\n" + "\n".join(table) + "\n")
-            queue.extend(sections)
+            queue.extend(sections if nested else [])
     return "\n".join(parts)
 
 

@@ -122,6 +122,9 @@ class IndexConfig(StageConfig):
 
 
 class EvalConfig(StageConfig):
+    """The evaluation of every model on the dev and evaluation splits: how deep each run retrieves, and which hits
+    are left out before scoring (nDCG@10, MRR@10, R@100, R@1000 by pytrec_eval)."""
+
     top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run")
     ignore_identical_ids: bool = Field(
         True, description="Drop a hit whose document id is the query's id before scoring, as BEIR's evaluator does "
