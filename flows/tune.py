@@ -33,13 +33,13 @@ from ance_core.pipeline.tune import (
     Rung,
     Scores,
     TuneConfig,
+    batch_cost,
     candidate_metrics,
     candidates,
     decide,
     rungs,
     survivors,
     training_pairs,
-    trial_cost,
     trial_score,
     whole_reserve,
 )
@@ -206,7 +206,7 @@ class Search:
             wall = time.time() - began
             # what the batch's trials cost (`trial_cost`: a reused trial's seconds when it ran, and the stages reused
             # from outside the search; side by side on Ray: the longest), beyond what the batch took now
-            took = max([trial_cost(r, self.seen) for r in records if r is not None], default=0.0)
+            took = batch_cost([r for r in records if r is not None], self.seen)
             self.reused += max(took - wall, 0.0)
             if any(ref is not None for ref in refs):
                 self.batches[kind if rung.full else "warm-up"].append(max(wall, took))

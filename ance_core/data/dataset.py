@@ -51,6 +51,9 @@ class Dataset:
         qrels = self.qrels[self.qrels["split"] == split]
         if qrels.empty:
             available = sorted(self.qrels["split"].unique())
+            if not available:  # (every line left out: every query of empty text, say; not "available splits: ")
+                raise AnceError(f"split '{split}' has no qrels: no qrels line of any split is left (the warnings above "
+                                "say why each was left out)")
             raise AnceError(f"split '{split}' has no qrels (available splits: {', '.join(available)})")
         return qrels
 
@@ -89,10 +92,13 @@ def detect_format(folder: Path) -> str:
     if (folder / "collection.tsv").is_file():
         return "msmarco"
     for name in ("corpus.jsonl", "collection.tsv"):  # there, but not a file that can be read
-        if (folder / name).is_dir():
-            raise AnceError(f"{folder / name}: a folder, not the corpus file")
-        if (folder / name).is_symlink():
-            raise AnceError(f"{folder / name}: a link to {os.readlink(folder / name)}, which does not exist")
+        path = folder / name
+        if path.is_dir():
+            raise AnceError(f"{path}: a folder, not the corpus file")
+        if path.is_symlink() and not path.exists():
+            raise AnceError(f"{path}: a link to {os.readlink(path)}, which cannot be followed (missing, or a loop)")
+        if path.exists():
+            raise AnceError(f"{path}: not a regular file (a device or a pipe): give the corpus as a file")
     packed = sorted(p.name for p in folder.glob("*") if p.name.startswith(("corpus.jsonl.", "collection.tsv.")))
     hint = f"; it holds {packed[0]}: unpack it (e.g. gunzip) in place" if packed else ""
     raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv){hint}")
@@ -275,9 +281,6 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
     used = set(qrels["query_id"])
     queries = queries[queries["query_id"].isin(used)].reset_index(drop=True)
     empty = queries["text"].str.strip() == ""
-    if len(queries) and empty.all():  # (not "split 'test' has no qrels": its qrels are there, its queries are not)
-        raise DataError(queries_file, f"every judged query ({len(queries)}) has empty text: nothing to train on or "
-                        f"search for ({preview(queries['query_id'].tolist())})")
     if empty.any():
         ids = queries.loc[empty, "query_id"].tolist()
         warn(f"{queries_file}: {len(ids)} queries with empty text are left out of every split (nothing to train on "

@@ -197,14 +197,23 @@ def trial_cost(record: dict, seen: set[str]) -> float:
     from an earlier search: then), plus the seconds that the stages it reused took when they were built, for stages
     that no trial of this search built or reused before it (`seen`: their folders; built by a run outside the search,
     such as `ance run` before `ance tune`). So the search budgets as one that found none of that work done: where its
-    first trials reuse an earlier run, the estimates of the trials after them are not a reused trial's seconds. Under
-    `selection: cv`, the stages of the trial's own run (fold 0's). Adds the trial's stages to `seen`."""
+    first trials reuse an earlier run, the estimates of the trials after them are not a reused trial's seconds. The
+    data stage is never outside: the search builds it (its checks) before the first trial. Under `selection: cv`, the
+    stages of the trial's own run (fold 0's). Adds the trial's stages to `seen`."""
     outside = 0.0
     for stage in record.get("stages", ()):
-        if stage["cached"] and stage["path"] not in seen:
+        if stage["cached"] and stage["path"] not in seen and stage.get("for") != "data":
             outside += stage["seconds"]
         seen.add(stage["path"])  # (a stage built earlier in the trial itself and reused by it is not outside)
     return record["seconds"] + outside
+
+
+def batch_cost(records: list[dict], seen: set[str]) -> float:
+    """What a batch of trials (one, or side by side on Ray) costs the search: its longest `trial_cost`, once every
+    stage that one of them built is `seen` (a stage one trial built while its batch-mate waited for it is the batch's
+    own work, already in its wall time)."""
+    seen.update(stage["path"] for record in records for stage in record.get("stages", ()) if not stage["cached"])
+    return max((trial_cost(record, seen) for record in records), default=0.0)
 
 
 def rungs(cfg: TuneConfig) -> list[Rung]:

@@ -18,6 +18,7 @@ from ance_core.pipeline.tune import (
     Rung,
     Scores,
     TuneConfig,
+    batch_cost,
     candidate_metrics,
     earlier_budget,
     trial_cost,
@@ -120,14 +121,30 @@ def test_stages_an_earlier_run_built_count_at_their_seconds_and_the_search_budge
     assert state.cut == "the warm-up rung stopped after 6 of its 8 trials, to leave the budget to whole recipes"
 
 
+def _stage(kind: str, path: str, seconds: float, cached: bool) -> dict:
+    return {"for": kind, "stage": kind, "path": path, "seconds": seconds, "cached": cached}
+
+
 def test_a_trials_cost_adds_the_stages_it_reused_from_outside_the_search_once():
     seen: set[str] = set()
-    built = {"stage": "data", "path": "w/data/a", "seconds": 10.0, "cached": False}
-    outside = {"stage": "bm25", "path": "w/bm25/b", "seconds": 30.0, "cached": True}
-    # the data stage built by the trial itself and reused later in it: not outside; the BM25 index: outside, once
+    built = _stage("zero-shot", "w/encode/a", 10.0, False)
+    outside = _stage("BM25", "w/bm25/b", 30.0, True)
+    # the encoding built by the trial itself and reused later in it: not outside; the BM25 index: outside, once
     assert trial_cost({"seconds": 40.0, "stages": [built, outside, built | {"cached": True}]}, seen) == 70.0
     assert trial_cost({"seconds": 20.0, "stages": [built | {"cached": True}, outside]}, seen) == 20.0
-    assert seen == {"w/data/a", "w/bm25/b"}
+    assert seen == {"w/encode/a", "w/bm25/b"}
+    # the data stage, built by the search's checks before its first trial, is never outside work
+    assert trial_cost({"seconds": 5.0, "stages": [_stage("data", "w/data/c", 90.0, True)]}, set()) == 5.0
+
+
+def test_a_ray_batch_counts_a_stage_one_trial_built_and_its_mate_waited_for_once():
+    """Side by side, `c0` builds the shared BM25 stage while `base` waits for it and finds it cached: that stage is
+    the batch's own work (in its wall time), not work reused from outside the search."""
+    shared = _stage("BM25", "w/bm25/s", 30.0, False)
+    base = {"seconds": 55.0, "stages": [shared | {"cached": True}]}  # (costed first: the batch's order)
+    mate = {"seconds": 60.0, "stages": [shared]}
+    assert batch_cost([base, mate], set()) == 60.0
+    assert batch_cost([base], set()) == 85.0  # (alone, the same record's stage was built outside the search)
 
 
 def test_a_budget_for_everything_cuts_nothing(clock):

@@ -277,11 +277,15 @@ def test_queries_with_empty_text_are_dropped_with_one_warning_naming_them(beir):
 
 
 def test_queries_all_of_empty_text_are_named_as_such_not_as_missing_qrels(beir):
-    """Once "split 'test' has no qrels (available splits: )", though its qrels file held every line."""
+    """Once "split 'test' has no qrels (available splits: )", though its qrels file held every line: the warning names
+    the queries, and the split's error points at it (the corpus alone stays usable: `ance search --dataset`)."""
     _corrupt(beir, "queries.jsonl", [json.dumps({"_id": q["_id"], "text": " "}) for q in QUERIES])
-    with pytest.raises(DataError, match=r"queries.jsonl: every judged query \(3\) has empty text: nothing to train on "
-                       r"or search for \(q1, q2, q3\)"):
-        load_dataset(beir)
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 3 queries with empty text are left out of every split"):
+        ds = load_dataset(beir)
+    assert len(ds.corpus) == len(CORPUS)
+    with pytest.raises(AnceError, match=r"split 'test' has no qrels: no qrels line of any split is left \(the "
+                       r"warnings above say why each was left out\)"):
+        ds.split_qrels("test")
 
 
 def test_a_corpus_file_that_is_a_folder_or_a_broken_link_is_named_as_such(beir):
@@ -292,7 +296,11 @@ def test_a_corpus_file_that_is_a_folder_or_a_broken_link_is_named_as_such(beir):
         load_dataset(beir)
     (beir / "corpus.jsonl").rmdir()
     (beir / "corpus.jsonl").symlink_to(beir / "gone.jsonl")
-    with pytest.raises(AnceError, match=r"corpus.jsonl: a link to .*gone.jsonl, which does not exist"):
+    with pytest.raises(AnceError, match=r"corpus.jsonl: a link to .*gone.jsonl, which cannot be followed"):
+        load_dataset(beir)
+    (beir / "corpus.jsonl").unlink()
+    (beir / "corpus.jsonl").symlink_to("/dev/null")
+    with pytest.raises(AnceError, match=r"corpus.jsonl: not a regular file \(a device or a pipe\)"):
         load_dataset(beir)
 
 

@@ -8,17 +8,19 @@ from ance_core.retrieval import search
 from ance_core.retrieval.search import RunWriter, run_frame, write_run
 
 
-def test_a_run_line_whose_score_is_not_finite_is_left_out_with_a_warning_naming_it(tmp_path):
-    """A score of nan was read as a number and ranked the query's other documents arbitrarily (another nDCG@10)."""
+def test_a_run_line_whose_score_is_nan_is_left_out_with_a_warning_naming_it(tmp_path):
+    """A score of nan was read as a number and ranked the query's other documents arbitrarily (another nDCG@10); an
+    infinite score ranks, as trec_eval ranks it."""
     import pytest
 
     from ance_core.errors import AnceWarning
 
-    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.5 s\nq1 Q0 d2 2 nan s\nq1 Q0 d3 3 1.5 s\nq1 Q0 d4 4 -inf s\n")
-    with pytest.warns(AnceWarning, match=r"run.trec: 2 of its 4 rows cannot be read and are left out: line 2: score "
-                      r"'nan' is not a finite number"):
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.5 s\nq1 Q0 d2 2 nan s\nq1 Q0 d3 3 1.5 s\nq1 Q0 d4 4 -inf s\n"
+                                       "q1 Q0 d5 5 inf s\n")
+    with pytest.warns(AnceWarning, match=r"run.trec: 1 of its 5 rows cannot be read and is left out: line 2: score "
+                      r"'nan' is not a number"):
         run = search.read_trec(tmp_path / "run.trec")
-    assert run["doc_id"].tolist() == ["d1", "d3"] and run["rank"].tolist() == [1, 2]
+    assert run["doc_id"].tolist() == ["d5", "d1", "d3", "d4"] and run["rank"].tolist() == [1, 2, 3, 4]
 
 
 def test_a_run_is_written_in_query_id_order_in_row_groups(tmp_path, monkeypatch):
