@@ -36,14 +36,27 @@ def call(api: str, method: str, path: str, **kwargs) -> httpx.Response:
     return response
 
 
-def until(what: str, check, timeout: float = 600, every: float = 1.0):
-    """Poll `check()` until it returns something true (that value), failing with `what` after `timeout` s."""
+def until(what: str, check, timeout: float = 600, every: float = 1.0, explain=None):
+    """Poll `check()` until it returns something true (that value), failing with `what` after `timeout` s (and what
+    `explain()` then says: the state of things, for a failure on a machine the test no longer runs on)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if value := check():
             return value
         time.sleep(every)
-    pytest.fail(f"not within {timeout} s: {what}")
+    detail = ""
+    if explain is not None:
+        try:
+            detail = "\n" + explain()
+        except Exception as e:  # the failure's own message first
+            detail = f"\n(the state could not be read: {e!r})"
+    pytest.fail(f"not within {timeout} s: {what}{detail}")
+
+
+def flow_logs(api: str, flow_run: str, limit: int = 200) -> str:
+    logs = call(api, "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run]}}, "limit": limit,
+                                                   "sort": "TIMESTAMP_DESC"}).json()
+    return "\n".join(f"{x['timestamp']} {x['message']}" for x in reversed(logs))
 
 
 def refresh_runs(api: str, deployment: str) -> list[dict]:
@@ -102,6 +115,17 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
         trainer = call(api, "POST", f"/deployments/{trainer_deployment}/create_flow_run",
                        json={"parameters": {"config": config}}).json()["id"]
 
+        def explain(trainer: str) -> str:
+            """The trainer's and the refreshes' states, the trainer's last logs and the workers' last lines."""
+            run = call(api, "GET", f"/flow_runs/{trainer}").json()
+            lines = [f"trainer {run['state_type']}: {run['state'].get('message')}"]
+            lines += [f"{r['name']} {r['state_type']} on {r['labels'].get('prefect.worker.name')}: "
+                      f"{r['state'].get('message')}" for r in refresh_runs(api, refresh_deployment["id"])]
+            lines += ["trainer's logs:", flow_logs(api, trainer)[-6000:]]
+            for worker in workers:
+                lines += [f"{worker.log.name}:", worker.log.read_text(errors="replace")[-3000:]]
+            return "\n".join(lines)
+
         until("the refresh hung in its flow run on the infer worker", signal_file.exists, timeout=900)
         first = refresh_runs(api, refresh_deployment["id"])[0]
         assert first["state_type"] == "RUNNING" and first["labels"]["prefect.worker.name"] == "infer-1"
@@ -116,7 +140,7 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
         # the trainer notices the lost worker from its missed heartbeats and starts the refresh again
         runs = until("a second refresh flow run after the first was marked crashed", lambda: (
             runs if len(runs := refresh_runs(api, refresh_deployment["id"])) == 2
-            and runs[0]["state_type"] == "CRASHED" else None), timeout=300)
+            and runs[0]["state_type"] == "CRASHED" else None), timeout=300, explain=lambda: explain(trainer))
         message = runs[0]["state"]["message"]  # the trainer's count of missed heartbeats, or Prefect's own verdict
         assert "infer-1" in message and ("heartbeat" in message or "offline" in message), message
         assert runs[1]["state_type"] in ("SCHEDULED", "PENDING")  # waiting for a worker of pool `infer`
@@ -124,10 +148,8 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
 
         final = until("the trainer's flow run to finish", lambda: (
             run if (run := call(api, "GET", f"/flow_runs/{trainer}").json())["state_type"] in TERMINAL else None),
-            timeout=900, every=2)
-        logs = call(api, "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [trainer]}},
-                                                        "limit": 200}).json()
-        assert final["state_type"] == "COMPLETED", "\n".join(x["message"] for x in logs)[-4000:]
+            timeout=900, every=2, explain=lambda: explain(trainer))
+        assert final["state_type"] == "COMPLETED", explain(trainer)
     finally:
         for worker in workers:
             worker.kill()
