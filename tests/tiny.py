@@ -4,6 +4,7 @@
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -105,8 +106,19 @@ def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600) -> tuple[di
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(folder / "c.json"), "--json"],
                           capture_output=True, text=True, timeout=timeout,
                           env=os.environ | {"PREFECT_HOME": str(folder / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if proc.returncode != 0 and os.environ.get("ANCE_DUMP_FAILURE"):
+        Path(os.environ["ANCE_DUMP_FAILURE"]).write_text(proc.stdout + "\n=====STDERR\n" + proc.stderr)
+    assert proc.returncode == 0, failure_report(proc)
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
+
+
+def failure_report(proc: subprocess.CompletedProcess) -> str:
+    """A failed command's output for an assertion: every line that says what went wrong (an error, a traceback's last
+    line, a C++ abort; in a long output the root cause is often far above its tail), then the tails."""
+    cause = re.compile(r"error|exception|terminate|abort|fatal|killed|signal|traceback", re.I)
+    lines = [line for line in (proc.stdout + "\n" + proc.stderr).splitlines() if cause.search(line)]
+    return ("lines naming an error:\n" + "\n".join(line[:400] for line in lines[:40]) + "\n--- stdout tail:\n"
+            + proc.stdout[-3000:] + "\n--- stderr tail:\n" + proc.stderr[-3000:])
 
 
 def tiny_pipeline_config(data: Path, model: Path, work: Path, rounds: int = 2, steps: int = 3) -> dict:

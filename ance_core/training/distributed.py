@@ -45,6 +45,7 @@ from ance_core.negatives.refresh_state import rank_refresh
 from ance_core.training.config import TrainConfig
 from ance_core.training.loop import cut_log, train
 from ance_core.training.plan import Schedule
+from ance_core.training.ranks import process_group
 
 FAULT_HOOK = "ANCE_FAULT_HOOK"  # a module each rank imports first (the pipeline passes tasks.common: ANCE_FAULT)
 SPEC = "distributed.json"
@@ -160,25 +161,27 @@ def main(spec_path: str) -> None:
     # at MS MARCO's size outlasts the default collective timeout (10-30 min). A rank that dies still ends the group
     # at once (torchrun stops the others).
     timeout = {"timeout": timedelta(hours=24)} if spec.get("async") else {}
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", **timeout)
-    try:
-        tables = read_tables(spec["data"], corpus_columns=[])  # the passages are read by row, as needed
-        pairs = read_training_pairs(spec["negatives"])
-        schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
-        out = Path(spec["out"])
-        hooks = {}
-        if spec.get("async"):  # the asynchronous refresh: negatives from the task's inferencer, snapshots for it
-            update, on_snapshot = rank_refresh(out, spec["async"], dist.get_rank() == 0, dist.get_world_size())
-            hooks = {"negatives_update": update, "on_snapshot": on_snapshot,
-                     "snapshot_steps": set(spec["async"]["snapshot_steps"])}
-        summary = train(spec["checkpoint"], pairs, ParquetCorpus.of_folder(spec["data"]),
-                        tables.split_queries(spec["split"]), tables.relevant(spec["split"]),
-                        TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, round_=spec.get("round", 0),
-                        **hooks)
+    with process_group("nccl" if torch.cuda.is_available() else "gloo", **timeout):
+        summary = _train_rank(spec)  # (its DDP model freed on return, before the group is destroyed)
         if dist.get_rank() == 0:
-            (out / RESULT).write_text(json.dumps(summary))
-    finally:
-        dist.destroy_process_group()
+            (Path(spec["out"]) / RESULT).write_text(json.dumps(summary))
+
+
+def _train_rank(spec: dict) -> dict:
+    """This rank's part of the training stage `spec` describes; its summary."""
+    tables = read_tables(spec["data"], corpus_columns=[])  # the passages are read by row, as needed
+    pairs = read_training_pairs(spec["negatives"])
+    schedule = Schedule(**spec["schedule"]) if spec.get("schedule") else None
+    out = Path(spec["out"])
+    hooks = {}
+    if spec.get("async"):  # the asynchronous refresh: negatives from the task's inferencer, snapshots for it
+        update, on_snapshot = rank_refresh(out, spec["async"], dist.get_rank() == 0, dist.get_world_size())
+        hooks = {"negatives_update": update, "on_snapshot": on_snapshot,
+                 "snapshot_steps": set(spec["async"]["snapshot_steps"])}
+    return train(spec["checkpoint"], pairs, ParquetCorpus.of_folder(spec["data"]),
+                 tables.split_queries(spec["split"]), tables.relevant(spec["split"]),
+                 TrainConfig.model_validate(spec["cfg"]), out, schedule=schedule, round_=spec.get("round", 0),
+                 **hooks)
 
 
 if __name__ == "__main__":

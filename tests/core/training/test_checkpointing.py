@@ -14,7 +14,7 @@ from ance_core.training import checkpointing, loop
 from ance_core.training.checkpointing import CheckpointCadence, CheckpointWriter
 from ance_core.training.config import TrainConfig
 from ance_core.training.optim import linear_schedule, make_optimizer
-from ance_core.training.ranks import Ranks
+from ance_core.training.ranks import Ranks, process_group
 from ance_core.training.state import TrainingState, capture_state, latest_checkpoint, save_state
 from tests.tiny import random_head_checkpoint, training_tables
 
@@ -175,11 +175,8 @@ def _rank(rank: int, world: int, checkpoint: str, init_file: str, out: str, reco
     """A rank of a 2-process gloo group training with a seconds cadence: rank 0 reads a fake clock (250 s a step),
     rank 1 one that never moves (were it to decide for itself, it would never checkpoint). Each rank records its
     decision at every step."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
+    with process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world):
+        torch.set_num_threads(1)
         checkpointing.monotonic = _step_clock() if rank == 0 else (lambda: 0.0)
         decisions, written = [], []
         due, write = CheckpointCadence.due, CheckpointWriter.write
@@ -196,8 +193,6 @@ def _rank(rank: int, world: int, checkpoint: str, init_file: str, out: str, reco
         cfg = CFG.model_copy(update={"batch_size": 4, "world_size": world})
         loop.train(checkpoint, *training_tables(), cfg, Path(out))
         Path(records, f"rank{rank}.json").write_text(json.dumps({"decisions": decisions, "written": written}))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_ranks_checkpoint_at_the_steps_rank_0_chose(start, tmp_path):

@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,8 +22,9 @@ from ance_core.training.config import TrainConfig
 from ance_core.training.distributed import LogTail, launch
 from ance_core.training.gradients import accumulate_gradients
 from ance_core.training.loop import train
-from ance_core.training.ranks import gather_rows, rank_rows, split_sizes
+from ance_core.training.ranks import gather_rows, process_group, rank_rows, split_sizes
 from tests.tiny import (
+    REPO,
     kill_when_hung,
     random_head_checkpoint,
     run_pipeline_cli,
@@ -85,16 +88,18 @@ def test_the_rows_of_a_batch_go_round_the_ranks():
 
 def _gradient_worker(rank: int, world: int, checkpoint: str, port: int, out: str) -> None:
     """One rank of the gradient check: its half of the batch through DDP, the loss of the whole batch."""
-    import torch.distributed as dist
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    with process_group("gloo", rank=rank, world_size=world):
+        torch.set_num_threads(1)
+        _gradient_rank(rank, world, checkpoint, out)
 
+
+def _gradient_rank(rank: int, world: int, checkpoint: str, out: str) -> None:
     from ance_core.modeling.model import load_checkpoint
     from ance_core.training.gradients import PairEncoder
     from ance_core.training.loss import nll_loss
     from ance_core.training.ranks import current_ranks
 
-    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
     model, tokenizer, _ = load_checkpoint(checkpoint)
     model.eval()  # no dropout: the same function on every rank
     ranks = current_ranks()
@@ -112,7 +117,6 @@ def _gradient_worker(rank: int, world: int, checkpoint: str, port: int, out: str
     (loss * world).backward()
     if rank == 0:
         torch.save({"loss": loss.detach(), **{n: t.grad for n, t in model.named_parameters()}}, out)
-    dist.destroy_process_group()
 
 
 def _gradient_batch() -> tuple[list[str], list[str]]:
@@ -320,25 +324,26 @@ def test_the_async_trainer_on_two_ranks_killed_after_its_snapshot_resumes(tiny_s
 def _count_all_reduces(rank: int, world: int, init_file: str, counts) -> None:
     """A rank of a 2-process gloo group: one optimizer step of 3 micro-batches through `accumulate_gradients` on a
     DDP-wrapped model whose communication hook counts the gradient all-reduces."""
+    with process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world):
+        counts[rank] = _all_reduces_of_a_step(rank, world)
+
+
+def _all_reduces_of_a_step(rank: int, world: int) -> tuple:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-        calls = []
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    calls = []
 
-        def hook(state, bucket):
-            calls.append(1)
-            return allreduce_hook(state, bucket)
+    def hook(state, bucket):
+        calls.append(1)
+        return allreduce_hook(state, bucket)
 
-        model.register_comm_hook(dist.group.WORLD, hook)
-        batches = [torch.full((2, 4), float(rank + m)) for m in range(3)]
-        loss = accumulate_gradients(model, batches, lambda x: model(x).sum(), world)
-        counts[rank] = (len(calls), float(loss), model.module.weight.grad.clone())
-    finally:
-        dist.destroy_process_group()
+    model.register_comm_hook(dist.group.WORLD, hook)
+    batches = [torch.full((2, 4), float(rank + m)) for m in range(3)]
+    loss = accumulate_gradients(model, batches, lambda x: model(x).sum(), world)
+    return len(calls), float(loss), model.module.weight.grad.clone()
 
 
 def test_gradient_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
@@ -419,3 +424,32 @@ def test_cuda_rng_states_are_restored_in_device_order_past_ten_gpus(monkeypatch)
     saved = {"torch_cpu": torch.zeros(1)} | {f"cuda_{i}": torch.tensor([i]) for i in range(12)}
     ranks_module.restore_rng(saved, ranks_module.Ranks(0, 1))
     assert [int(t) for t in restored] == list(range(12))
+
+
+RANK_WITH_A_CYCLE = """
+import sys, torch
+from ance_core.training.ranks import process_group
+
+def held_by_a_cycle():  # a DDP module one step used, left in a reference cycle (as the training loop's closures
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))  # leave theirs): only the cyclic
+    model(torch.randn(8, 64)).sum().backward()  # collector frees it
+    cycle = {"model": model}
+    cycle["self"] = cycle
+
+with process_group("gloo", init_method="file://" + sys.argv[2], rank=int(sys.argv[1]), world_size=2):
+    held_by_a_cycle()
+"""  # then the interpreter exits as a torchrun rank does
+
+
+def test_a_ddp_module_left_in_a_reference_cycle_is_freed_before_its_group(tmp_path):
+    """A rank's DDP module freed after its process group is destroyed can abort the rank as the interpreter exits
+    ("terminate called without an active exception", SIGABRT): CI lost the asynchronous two-rank run to it twice, and
+    a two-rank script here to it in 13 of 30 runs. `process_group` collects it before the group is destroyed (without
+    that collection this test failed in 4 of 5 tries, with it in none of 5)."""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for k in range(6):
+        ranks = [subprocess.Popen([sys.executable, "-c", RANK_WITH_A_CYCLE, str(rank), str(tmp_path / f"init-{k}")],
+                                  env=env, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+        ended = [(rank.wait(timeout=300), rank.stderr.read()) for rank in ranks]
+        assert all(code == 0 for code, _ in ended), f"group {k}: " + "; ".join(
+            f"rank {r} exit {code}: {err[-500:]}" for r, (code, err) in enumerate(ended))
