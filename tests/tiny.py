@@ -106,8 +106,6 @@ def run_pipeline_cli(config: dict, folder: Path, timeout: int = 600) -> tuple[di
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(folder / "c.json"), "--json"],
                           capture_output=True, text=True, timeout=timeout,
                           env=os.environ | {"PREFECT_HOME": str(folder / "prefect")})
-    if proc.returncode != 0 and os.environ.get("ANCE_DUMP_FAILURE"):
-        Path(os.environ["ANCE_DUMP_FAILURE"]).write_text(proc.stdout + "\n=====STDERR\n" + proc.stderr)
     assert proc.returncode == 0, failure_report(proc)
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
 
