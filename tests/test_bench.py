@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ance_core.allocator import mimalloc_library
-from tests.tiny import tiny_pipeline_config
+from tests.tiny import failure_report, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def bench(script: str, *args: str, tmp_path: Path, timeout: int = 900) -> str:
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     return proc.stdout
 
 

@@ -151,7 +151,7 @@ class TinyPipeline:
         """`ance run` again with the same config and Prefect home."""
         proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(self.root / "tiny.json"),
                                "--json"], capture_output=True, text=True, env=self.env, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, failure_report(proc)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     @classmethod
@@ -253,7 +253,7 @@ def env_for(root: Path, **extra: str) -> dict:
 def run(root: Path, config: dict, **extra_env: str) -> tuple[dict, str]:
     proc = subprocess.run(command(root, config), capture_output=True, text=True, env=env_for(root, **extra_env),
                           timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 

@@ -8,6 +8,8 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.tiny import failure_report
+
 pytestmark = pytest.mark.slow
 SAMPLERS = ["bm25", "in-batch", "nce", "simans", "ance+bm25"]
 
@@ -23,7 +25,7 @@ def test_every_sampler_trains_from_the_same_warmup_with_the_same_budget(tiny_sci
     proc = subprocess.run([sys.executable, "-m", "ance_cli", "compare", "--config", str(tmp_path / "compare.yaml"),
                            "--json"], capture_output=True, text=True, timeout=900,
                           env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["model"] for r in result["results"]] == ["BM25 warm-up", *SAMPLERS]
     for row in result["results"]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ance_core.negatives.refresh_state import read_refresh_state
-from tests.tiny import command, env_for, kill_when_hung, run
+from tests.tiny import command, env_for, failure_report, kill_when_hung, run
 
 pytestmark = pytest.mark.slow
 BASE = pytest.mark.xdist_group("tiny-pipeline")  # the tests of the one tiny pipeline run: on one worker
@@ -138,7 +138,7 @@ def test_a_start_checkpoint_inside_the_work_folder_is_recorded_by_the_run_that_s
     trained = {p.name for p in start.parent.iterdir()}                           # use it
     proc = subprocess.run(command(tmp_path, retrain | {"start_checkpoint": str(gone)}), capture_output=True,
                           text=True, env=env_for(tmp_path), timeout=900)
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 2, failure_report(proc)
     assert f"start_checkpoint {gone}: the folder is incomplete or was removed" in proc.stdout + proc.stderr
     assert {p.name for p in start.parent.iterdir()} == trained  # nothing trained
 

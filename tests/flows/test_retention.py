@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.tiny import tiny_pipeline_config
+from tests.tiny import failure_report, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_five_scheduled_retrains_leave_a_bounded_work_folder_and_every_version_s
     proc = subprocess.run([sys.executable, str(tmp_path / "retrain.py"), str(tmp_path / "config.json")],
                           capture_output=True, text=True, timeout=1200, cwd=os.getcwd(),
                           env=env | {"PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": os.getcwd()})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     first, *retrains = out["after"]
     assert first["encode"] == 3  # zero-shot, warm-up, round 1: no retention on the first run (unset)

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from ance_core.artifacts import PER_QUERY
 from ance_core.pipeline.report import select_model
-from tests.tiny import run_pipeline_cli, tiny_pipeline_config
+from tests.tiny import failure_report, run_pipeline_cli, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_selection_cv_pools_the_dev_folds_and_chooses_on_them(tiny_scifact, tiny
     config["data"] |= {"dev_fraction": 0.5}
     (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
     proc = _ance(["run", "--config", str(tmp_path / "c.json"), "--json"], tmp_path, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     result, out = json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
     assert "| dev nDCG@10 | dev nDCG@10, 2 folds |" in out and "queries of 2 dev folds (selection cv" in out
     assert f"Result: {result['selected']} (the best dev nDCG@10 of the run's models pooled over its dev folds" in out
@@ -101,7 +101,7 @@ def test_a_recipe_search_under_cv_scores_each_trial_pooled_over_the_dev_folds(ti
     (tmp_path / "c.json").write_text(json.dumps(config | {"selection": "cv"}))
     proc = _ance(["tune", "--config", str(tmp_path / "c.json"), "--json", "--tune-set", "seeds=[42]", "--tune-set",
                   "learning_rates=[5e-4]", "--tune-set", "warmup_epochs=[1]"], tmp_path, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "dense model each trial delivers, pooled over the 2 dev folds: selection cv)" in proc.stdout
     trials = result["trials"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.tiny import tiny_pipeline_config
+from tests.tiny import failure_report, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _ance(args: list[str], tmp_path, timeout: int = 1500) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "ance_cli", *args], capture_output=True, text=True, timeout=timeout,
                           env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     return proc
 
 

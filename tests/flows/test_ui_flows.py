@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tiny import random_head_checkpoint, tiny_pipeline_config
+from tests.tiny import failure_report, random_head_checkpoint, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_ance_train_auto_trains_the_searchs_winner_and_compress_refuses_before_e
     proc = subprocess.run([sys.executable, str(tmp_path / "ui.py"), str(tmp_path / "c.json"), str(checkpoint),
                            str(tmp_path / "cw")], capture_output=True, text=True, timeout=1200, cwd=os.getcwd(),
                           env=env | {"PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": os.getcwd()})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "compression.dims [64, 512]: none is below the model's dimension 32" in out["compress"]
     assert not (tmp_path / "cw" / "encode").exists()  # refused after the data stage, before the corpus encoding

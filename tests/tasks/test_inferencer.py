@@ -19,7 +19,7 @@ from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig
 from ance_core.negatives.refresh_state import read_refresh_state
 from tasks.inferencer import check_deployment
-from tests.tiny import REPO, tiny_pipeline_config
+from tests.tiny import REPO, failure_report, tiny_pipeline_config
 
 pytestmark = pytest.mark.slow
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -94,7 +94,7 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
     for name, pool in (("ance-train", "train"), ("refresh-negatives", "infer")):
         proc = subprocess.run([PREFECT, "--no-prompt", "deploy", "--name", name, "--pool", pool], env=env, cwd=REPO,
                               capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, failure_report(proc)
     with temporary_settings({PREFECT_API_URL: api}), pytest.raises(AnceError, match="is not deployed on"):
         check_deployment(InferencerConfig(mode="deployment", deployment="refresh-negatives/nope"))  # a clear error
     refresh_deployment = call(api, "GET", "/deployments/name/refresh-negatives/refresh-negatives").json()
@@ -115,7 +115,7 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
         trainer = call(api, "POST", f"/deployments/{trainer_deployment}/create_flow_run",
                        json={"parameters": {"config": config}}).json()["id"]
 
-        def explain(trainer: str) -> str:
+        def explain() -> str:
             """The trainer's and the refreshes' states, the trainer's last logs and the workers' last lines."""
             run = call(api, "GET", f"/flow_runs/{trainer}").json()
             lines = [f"trainer {run['state_type']}: {run['state'].get('message')}"]
@@ -140,7 +140,7 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
         # the trainer notices the lost worker from its missed heartbeats and starts the refresh again
         runs = until("a second refresh flow run after the first was marked crashed", lambda: (
             runs if len(runs := refresh_runs(api, refresh_deployment["id"])) == 2
-            and runs[0]["state_type"] == "CRASHED" else None), timeout=300, explain=lambda: explain(trainer))
+            and runs[0]["state_type"] == "CRASHED" else None), timeout=300, explain=explain)
         message = runs[0]["state"]["message"]  # the trainer's count of missed heartbeats, or Prefect's own verdict
         assert "infer-1" in message and ("heartbeat" in message or "offline" in message), message
         assert runs[1]["state_type"] in ("SCHEDULED", "PENDING")  # waiting for a worker of pool `infer`
@@ -148,8 +148,8 @@ def test_refreshes_run_on_the_inferencer_worker_and_survive_its_loss(prefect_ser
 
         final = until("the trainer's flow run to finish", lambda: (
             run if (run := call(api, "GET", f"/flow_runs/{trainer}").json())["state_type"] in TERMINAL else None),
-            timeout=900, every=2, explain=lambda: explain(trainer))
-        assert final["state_type"] == "COMPLETED", explain(trainer)
+            timeout=900, every=2, explain=explain)
+        assert final["state_type"] == "COMPLETED", explain()
     finally:
         for worker in workers:
             worker.kill()
