@@ -62,11 +62,19 @@ class EmbeddingModel:
                     from ance_core.export.hybrid import HybridSearch
 
                     self.searcher = HybridSearch(self.checkpoint, self.encoder)
-                return self.searcher.search(_texts(model_input), int(params.get("k", 10)),
-                                            params.get("mode", "hybrid"))
+                return self.searcher.search(_texts(model_input), _hits(params.get("k")), params.get("mode", "hybrid"))
             return self.encoder.encode(_texts(model_input), kind=kind)
         except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message
             raise MlflowException.invalid_parameter_value(str(e)) from None
+
+
+def _hits(k: Any) -> int:
+    """The `k` of a search request: 10 when not given (MLflow passes a null through)."""
+    if k is None:
+        return 10
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        return int(k)
+    raise AnceError(f"k {k!r}: give the number of hits as a whole number")
 
 
 def _texts(model_input: Any) -> list[str]:

@@ -26,6 +26,7 @@ from ance_core.errors import AnceError
 from ance_core.export.encoder import Encoder, check_texts
 from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.evaluate import trec_order
 from ance_core.retrieval.fusion import Fusion, fuse
 
 RETRIEVAL = "retrieval"  # the package's folder inside a checkpoint folder
@@ -75,13 +76,17 @@ class HybridSearch:
         if not (folder / PACKAGE).is_file():
             raise AnceError(f"{checkpoint}: no retrieval package ({RETRIEVAL}/{PACKAGE}); only a version whose run's "
                             "result was a hybrid row carries one")
-        record = json.loads((folder / PACKAGE).read_text())
-        self.fusion, self.depth = Fusion.of(record["fusion"]), record.get("depth", DEPTH)
+        try:  # a file missing or not what it should be (a package half uploaded, or edited by hand)
+            record = json.loads((folder / PACKAGE).read_text())
+            self.fusion, self.depth = Fusion.of(record["fusion"]), record.get("depth", DEPTH)
+            self.shards = [np.load(p, mmap_mode="r") for p in shard_paths(folder)]
+            self.doc_ids = np.array(id_lines(folder / DOCIDS), dtype=object)
+            bm25 = BM25Config.model_validate(record["bm25"])
+            self.bm25 = BM25.load(folder / "bm25", bm25)
+        except (AnceError, OSError, ValueError, KeyError, TypeError) as e:
+            what = str(e) if isinstance(e, AnceError) else f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            raise AnceError(f"{folder}: a damaged retrieval package ({what}); log the run's package again") from None
         self.encoder = encoder or Encoder(checkpoint)
-        self.shards = [np.load(p, mmap_mode="r") for p in shard_paths(folder)]
-        self.doc_ids = np.array(id_lines(folder / DOCIDS), dtype=object)
-        bm25 = BM25Config.model_validate(record["bm25"])
-        self.bm25 = BM25.load(folder / "bm25", bm25)
         self.bm25_depth = min(bm25.top_k, self.depth)  # as deep as the run's BM25 ranking the fusion was chosen on
         rows = sum(len(s) for s in self.shards)  # a package put together by hand, or half uploaded: said, not fused
         counts = {"embedding rows": rows, DOCIDS: len(self.doc_ids), "BM25 documents": len(self.bm25.doc_ids)}
@@ -126,7 +131,7 @@ class HybridSearch:
             run = fuse(dense, sparse, self.fusion, self.depth)
         else:
             run = (dense if mode == "dense" else sparse)[["query_id", "doc_id", "score"]]
-        run = run.sort_values(["query_id", "score"], ascending=[True, False], kind="stable")
+        run = trec_order(run)  # equal scores as the run's evaluation ranked them: the greater document id first
         run = run.groupby("query_id", sort=False).head(k).copy()
         run["rank"] = run.groupby("query_id").cumcount() + 1
         run["query"] = run["query_id"].astype(int)

@@ -27,7 +27,7 @@ import torch
 from ance_core.artifacts import atomic_folder
 from ance_core.errors import AnceError
 from ance_core.export.sentence_transformers import check_target
-from ance_core.modeling.model import load_checkpoint, model_files, read_meta
+from ance_core.modeling.model import checkpoint_tokenizer, load_checkpoint, model_files, read_meta
 
 ONNX_DIR = "onnx"
 FP32, INT8 = "model.onnx", "model_int8.onnx"
@@ -117,7 +117,7 @@ class OnnxEncoder:
 
     def __init__(self, folder: str | Path, file: str | Path | None = None, threads: int = 0, batch_size: int = 64):
         ort = _require_onnxruntime()
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig
 
         folder = Path(folder)
         path = Path(file) if file is not None else served_file(folder)
@@ -126,7 +126,11 @@ class OnnxEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        try:
+            self.tokenizer = checkpoint_tokenizer(folder, AutoConfig.from_pretrained(folder).vocab_size)
+        except (OSError, ValueError) as e:  # its config.json or tokenizer files missing or not what they should be
+            raise AnceError(f"{folder}: a damaged ONNX export ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+                            "export it again") from None
         self.meta = read_meta(folder)
         self.batch_size = batch_size
         self.dim = int(self.session.get_outputs()[0].shape[1])  # (the export fixes it: only the batch is dynamic)

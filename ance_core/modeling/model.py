@@ -327,6 +327,17 @@ def _dropout_overrides(path: Path, **settings: float | None) -> tuple[dict[str, 
     return overrides, {key: getattr(config, key) for key in overrides}
 
 
+def checkpoint_tokenizer(path: Path, embeddings: int) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in a checkpoint (or export) folder whose model has `embeddings` token embeddings. Without
+    its tokenizer.json, transformers still builds one from tokenizer_config.json alone, of a handful of special tokens,
+    and every word becomes [UNK]: refused here, since its embeddings would be meaningless."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if len(tokenizer) < embeddings // 2:
+        raise AnceError(f"{path}: a damaged checkpoint (its tokenizer knows {len(tokenizer)} tokens, its model "
+                        f"{embeddings}: is tokenizer.json missing?); train or export it again")
+    return tokenizer
+
+
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attention_dropout: float | None = None,
                     hidden_dropout: float | None = None) -> tuple[BiEncoder, PreTrainedTokenizerBase, ModelMeta]:
     """The model, tokenizer and meta of a checkpoint folder. `attention_dropout` and `hidden_dropout` replace the
@@ -341,7 +352,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
         head = load_file(path / HEAD_FILE)
         model.proj.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("proj.")})
         model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = checkpoint_tokenizer(path, model.encoder.get_input_embeddings().num_embeddings)
     except (OSError, ValueError, SafetensorError) as e:  # (a file missing, cut short, or not what it should be)
         raise AnceError(f"{path}: a damaged checkpoint ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
                         "train or export it again") from None

@@ -42,9 +42,13 @@ def trec_order(run: pd.DataFrame) -> pd.DataFrame:
 
 
 def trec_ranked(run: pd.DataFrame) -> pd.DataFrame:
-    """The run in `trec_order`, its `rank` numbered in that order (1 first)."""
+    """The run in `trec_order`, its `rank` numbered in that order (1 first); a document listed twice for a query is
+    ranked where it scored best (trec_eval refuses such a run; a later copy would otherwise replace the first)."""
     run = trec_order(run)
-    return run.assign(rank=run.groupby(run["query_id"].astype(str), sort=False).cumcount() + 1)
+    keys = pd.DataFrame({"q": run["query_id"].astype(str), "d": run["doc_id"].astype(str)}, index=run.index)
+    first = ~keys.duplicated()
+    run, keys = run[first], keys[first]
+    return run.assign(rank=run.groupby(keys["q"], sort=False).cumcount() + 1)
 
 
 def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +67,7 @@ def _per_query(ranked: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
     ]
     table = pd.DataFrame(values, columns=["query_id", "metric", "value"])
     table = table.pivot(index="query_id", columns="metric", values="value")
-    all_queries = pd.Index(sorted(qrels["query_id"].unique()), name="query_id")
+    all_queries = pd.Index(sorted(qrels["query_id"].astype(str).unique()), name="query_id")  # nested's str ids
     return table.reindex(all_queries).fillna(0.0)[list(MEASURES)].reset_index()
 
 

@@ -42,9 +42,14 @@ class Fusion:
 
     @classmethod
     def of(cls, record: dict) -> "Fusion":
-        if record.get("method") not in ("rrf", "convex"):
+        method, weight, k = record.get("method"), record.get("weight"), record.get("k", RRF_K)
+        if method not in ("rrf", "convex"):
             raise AnceError(f"not a fusion record: {record!r} (method rrf or convex)")
-        return cls(record["method"], record.get("weight"), record.get("k", RRF_K))
+        if method == "convex" and not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
+            raise AnceError(f"not a fusion record: {record!r} (a convex fusion's weight is a number from 0 to 1)")
+        if method == "rrf" and not (isinstance(k, int) and k >= 0):
+            raise AnceError(f"not a fusion record: {record!r} (RRF's k is a whole number >= 0)")
+        return cls(method, weight, k)
 
 
 def _ranked(run: pd.DataFrame, depth: int | None) -> pd.DataFrame:

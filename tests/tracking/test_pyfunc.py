@@ -122,6 +122,13 @@ def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_ca
         assert list(hits.columns) == ["query", "rank", "doc_id", "score"]
         pd.testing.assert_frame_equal(hits, searcher.search(QUERIES, 3, mode), check_exact=False, atol=1e-5)
     assert len(model.predict(QUERIES, params={"kind": "search", "k": 3})) == 6  # both queries have 3 fused hits
+    pd.testing.assert_frame_equal(model.predict(QUERIES, params={"kind": "search", "k": None}),  # (a TypeError)
+                                  model.predict(QUERIES, params={"kind": "search"}))  # the default, 10
+    from tracking.pyfunc import EmbeddingModel
+
+    for k in ("3", 2.5, True):  # (the served model is given what its schema lets through; the class, anything)
+        with pytest.raises(MlflowException, match=r"k .*: give the number of hits as a whole number"):
+            EmbeddingModel(registry["searchable"]).predict(QUERIES, params={"kind": "search", "k": k})
     plain = mlflow.pyfunc.load_model("models:/ance-scifact/1")
     with pytest.raises(MlflowException, match="no retrieval package"):
         plain.predict(QUERIES, params={"kind": "search"})

@@ -1,6 +1,7 @@
 """A checkpoint's retrieval package (ance_core/export/hybrid.py): its searches are the pipeline's own rankings —
 dense by exact inner product over the stored encoding, BM25 from the stored index, hybrid by the recorded fusion."""
 
+import json
 import shutil
 
 import numpy as np
@@ -13,6 +14,7 @@ from ance_core.modeling.model import load_checkpoint
 from ance_core.retrieval.bm25 import BM25
 from ance_core.retrieval.config import BM25Config, EncodeConfig
 from ance_core.retrieval.encode import encode_documents, encode_queries
+from ance_core.retrieval.evaluate import trec_order
 from ance_core.retrieval.fusion import Fusion, fuse
 from tests.tiny import random_head_checkpoint, training_tables
 
@@ -59,7 +61,8 @@ def test_dense_bm25_and_hybrid_searches_are_the_pipelines_rankings(packaged):
     sparse = BM25.load(index, BM25Config()).search(queries, 1000)
     bm25 = searcher.search(QUERIES, k=3, mode="bm25")
     assert bm25.groupby("query").size().to_dict() == {0: 3, 1: 3}  # (the third: no word indexed, no hit)
-    assert bm25[bm25["query"] == 0]["doc_id"].tolist() == sparse[sparse["query_id"] == "0"]["doc_id"].tolist()[:3]
+    ranked = trec_order(sparse)  # (equal scores as the evaluation ranks them)
+    assert bm25[bm25["query"] == 0]["doc_id"].tolist() == ranked[ranked["query_id"] == "0"]["doc_id"].tolist()[:3]
     dense_run = pd.DataFrame([(str(i), ids[j], float(q[i] @ stored[j])) for i in range(3) for j in range(30)],
                              columns=["query_id", "doc_id", "score"])
     expected = fuse(dense_run, sparse, fusion, 1000)
@@ -118,3 +121,31 @@ def test_bad_requests_and_a_checkpoint_without_a_package_are_one_clear_line(pack
     (other / RETRIEVAL / "docids.txt").write_text("\n".join(["x" + i for i in ids]) + "\n")
     with pytest.raises(AnceError, match="the same counts of other documents"):
         HybridSearch(other)
+    for name, damage in (  # (a FileNotFoundError, a TypeError when searched, a JSONDecodeError: tracebacks)
+            ("no docids", lambda r: (r / "docids.txt").unlink()),
+            ("no bm25 file", lambda r: next((r / "bm25").glob("*.json")).unlink()),
+            ("a convex fusion without its weight", lambda r: _edit_package(r, fusion={"method": "convex"})),
+            ("a weight of 2", lambda r: _edit_package(r, fusion={"method": "convex", "weight": 2})),
+            ("package.json cut short", lambda r: (r / "package.json").write_text('{"fusion": '))):
+        bad = tmp_path / name.replace(" ", "-")
+        shutil.copytree(checkpoint, bad)
+        damage(bad / RETRIEVAL)
+        with pytest.raises(AnceError, match=r"a damaged retrieval package \(.*\); log the run's package again"):
+            HybridSearch(bad)
+
+
+def _edit_package(folder, **changes):
+    record = json.loads((folder / "package.json").read_text())
+    (folder / "package.json").write_text(json.dumps(record | changes))
+
+
+def test_equal_scores_are_served_in_the_order_the_run_was_evaluated_in(packaged):
+    """Every mode ranks equal scores as the evaluation does (the greater document id first): dense search ranked them
+    by corpus row, so its two modes disagreed on a query whose hits tie (the tiny corpus repeats its texts)."""
+    searcher = HybridSearch(packaged[0])
+    for mode in ("dense", "bm25", "hybrid"):
+        hits = searcher.search(QUERIES, k=30, mode=mode)
+        assert hits.duplicated(["query", "score"]).any(), mode  # (ties to order: the test would not see them)
+        evaluated = trec_order(hits.assign(query_id=hits["query"].astype(str)))
+        assert hits["doc_id"].tolist() == evaluated["doc_id"].tolist(), mode
+

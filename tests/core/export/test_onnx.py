@@ -2,11 +2,14 @@
 onnxruntime (fp32: to float rounding; int8: close), the folder is still a checkpoint and an MLflow model that serves
 the ONNX encoder, and bad input is one clear line."""
 
+import shutil
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from ance_cli.main import app
+from ance_core.errors import AnceError
 from ance_core.export.encoder import Encoder
 from ance_core.export.onnx import FP32, INT8, ONNX_DIR, export_onnx, served_file
 from tests.tiny import random_head_checkpoint
@@ -80,6 +83,14 @@ def test_bad_input_is_one_clear_line(exported, tmp_path):
     assert code == 2 and "unknown export format 'tflite'" in output and "onnx" in output
     with pytest.raises(Exception, match="not an ONNX export"):
         Encoder(checkpoint, backend="onnx")
+    damaged = tmp_path / "damaged"  # an export without its tokenizer.json: built anyway, every word [UNK]
+    shutil.copytree(folder / "onnx-int8", damaged)
+    (damaged / "tokenizer.json").unlink()
+    with pytest.raises(AnceError, match=r"damaged checkpoint \(its tokenizer knows \d+ tokens, its model \d+"):
+        Encoder(damaged, backend="onnx")
+    (damaged / "config.json").unlink()
+    with pytest.raises(AnceError, match="a damaged ONNX export"):
+        Encoder(damaged, backend="onnx")
 
 
 def test_an_export_that_fails_while_made_servable_leaves_nothing(exported, tmp_path):

@@ -187,21 +187,24 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
 
 def test_a_damaged_checkpoint_is_one_line_and_force_never_replaces_a_trained_one(tiny_model, tmp_path):
     """Found by a probe: a damaged checkpoint printed a traceback (JSONDecodeError, TypeError, FileNotFoundError,
-    SafetensorError) from export and search; `--force` replaced a trained checkpoint given as --out."""
+    SafetensorError) from export and search; `--force` replaced a trained checkpoint given as --out. Found by a review:
+    one without its tokenizer.json loaded, with a tokenizer of its special tokens only."""
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     damages = {"not json": lambda c: (c / "ance_model.json").write_text("{not json"),
                "no fields": lambda c: (c / "ance_model.json").write_text("{}"),
                "no head": lambda c: (c / "head.safetensors").unlink(),
-               "cut short": lambda c: (c / "model.safetensors").write_bytes(b"\0" * 100)}
+               "cut short": lambda c: (c / "model.safetensors").write_bytes(b"\0" * 100),
+               "no tokenizer.json": lambda c: (c / "tokenizer.json").unlink()}  # (built anyway: every word [UNK])
     for name, damage in damages.items():
         bad = tmp_path / name.replace(" ", "-")
         shutil.copytree(checkpoint, bad)
         damage(bad)
         for args in (["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o")],
                      ["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o"), "--format", "onnx"],
-                     ["search", "protein", "--model", str(bad)]):  # (cut short: no index of it, said first)
+                     ["search", "protein", "--model", str(bad)]):  # (its meta readable: no index of it, said first)
             code, out = _invoke(args)
-            damaged = "damaged checkpoint" in out or (name, args[0]) == ("cut short", "search")
+            indexed_first = args[0] == "search" and name in ("cut short", "no tokenizer.json")
+            damaged = "damaged checkpoint" in out or indexed_first
             assert code == 2 and damaged and "Traceback" not in out, (name, args, out)
         assert not (tmp_path / "o").exists()
     trained = tmp_path / "trained"

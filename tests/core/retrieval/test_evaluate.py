@@ -123,3 +123,20 @@ def test_tied_scores_rank_one_way_for_every_metric_the_trec_file_and_its_read_ba
     (tmp_path / "t").mkdir()
     write_evaluation(tie, qrels, tmp_path / "t", tag="t")  # the file lists the ranking scored, in its order
     assert [line.split()[2] for line in (tmp_path / "t" / "run.trec").read_text().splitlines()] == ["b", "a"]
+
+
+def test_a_document_listed_twice_for_a_query_counts_where_it_ranked_best():
+    """trec_eval refuses such a run; here the later, lower copy used to replace the first in the judged ranking."""
+    qrels = pd.DataFrame({"query_id": ["q"], "doc_id": ["a"], "relevance": [1]})
+    run = pd.DataFrame({"query_id": ["q"] * 3, "doc_id": ["a", "b", "a"], "score": [0.9, 0.8, 0.1]})
+    metrics, _ = evaluate_run(run, qrels)
+    assert metrics["ndcg_at_10"] == 1.0 and metrics["mrr_at_10"] == 1.0
+
+
+def test_ids_that_are_not_strings_are_scored_as_their_text():
+    """Ids read by pandas as integers (a qrels TSV of numeric ids): every query counted, not a row of zeros."""
+    qrels = pd.DataFrame({"query_id": [1, 2], "doc_id": [10, 20], "relevance": [1, 1]})
+    run = pd.DataFrame({"query_id": [1, 2], "doc_id": ["10", 30], "score": [1.0, 1.0]})
+    metrics, per_query = evaluate_run(run, qrels)
+    assert per_query["query_id"].tolist() == ["1", "2"] and per_query["ndcg_at_10"].tolist() == [1.0, 0.0]
+    assert metrics["ndcg_at_10"] == 0.5
