@@ -16,14 +16,14 @@ from prefect import flow, get_run_logger
 from ance_core.artifacts import ArtifactRef, hold_refs, read_manifest
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError
-from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device
+from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
-from flows.compress import compress_model, log_compression, public_rows
+from flows.compress import check_compression, compress_model, log_compression, public_rows
 from flows.start import record_latest, trained_checkpoint
 from tasks.common import held_result, run_task
 from tasks.data import prepare_data
@@ -131,6 +131,9 @@ def run_stages(c: PipelineConfig, run: RunBook) -> dict:
         raise AnceError(f"start_checkpoint {c.start_checkpoint}: the folder is incomplete or was removed (by a "
                         "garbage collection?); train it again or give another checkpoint")
     run.prepare_data()
+    if c.compression is not None and run.trial is None:  # what compress_model would refuse after every stage trained
+        check_compression(c.start_checkpoint or resolve_model_name(c.model.name), c.compression,
+                          read_manifest(run.data.path)["summary"]["documents"])
     run.bm25()
     round_cfg = train_config_for(c.mining, c.ance)
     rounds_cfgs = [round_cfg] * (c.rounds if c.refresh == "sync" else 0)

@@ -22,6 +22,9 @@ UNDELIVERED = "mlflow-undelivered.jsonl"
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
 PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
+# MLflow's answers to a call it refuses, not signs of a server that is gone: the next calls are tried as usual
+REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST",
+           "INVALID_STATE"}
 
 # MLflow (3.17) reads MLFLOW_DISABLE_TELEMETRY when `mlflow` is first imported (mlflow/__init__.py creates its
 # telemetry client then, which writes an installation id under ~/.config/mlflow) and again at every tracked call; the
@@ -103,6 +106,7 @@ class Tracker:
         self.failed_since: float | None = None  # while set, calls go straight to the spool until the next probe
         self._next_probe = 0.0
         self._warned = False
+        self._refusals: set[str] = set()  # the refusals warned of (each once)
         self._lock = threading.Lock()
         self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
         with store_lock(self.uri):
@@ -133,6 +137,15 @@ class Tracker:
         try:
             result = fn(*args, **kwargs)
         except Exception as e:  # tracking must never stop training
+            # refused by the server, or a call for a run that was never created (its id None: a TypeError or
+            # AttributeError inside MLflow's client): not an outage, so the calls after it are tried as usual
+            if getattr(e, "error_code", None) in REFUSED or isinstance(e, (TypeError, AttributeError)):
+                with self._lock:
+                    if (said := f"{type(e).__name__}: {str(e)[:200]}") not in self._refusals:
+                        self._refusals.add(said)
+                        warnings.warn(f"MLflow at {self.uri} did not take a call ({said}); it is kept in {self.spool}",
+                                      stacklevel=3)
+                return False, e
             with self._lock:
                 if self.failed_since is None:
                     self.failed_since = time.time()

@@ -36,6 +36,7 @@ class LiveMetrics:
         self.queue: list[dict] = []
         self.pending: dict[str, list[Metric]] = {run: [] for run in runs}
         self.delivered: dict[str, set[int]] = {run: set() for run in runs}
+        self.seen: set[int] = set()  # the steps queued so far
         self.busy_s = 0.0  # wall time spent sending (in the background thread, and in close)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -43,7 +44,12 @@ class LiveMetrics:
         self._thread.start()
 
     def __call__(self, record: dict) -> None:
+        """Queue a step's record; a step already queued is not sent again (a retried stage resumes from its last
+        checkpoint and trains the steps after it again: MLflow would keep both points of each)."""
         with self._lock:
+            if record["step"] in self.seen:
+                return
+            self.seen.add(record["step"])
             self.queue.append(record)
 
     def _loop(self) -> None:

@@ -46,6 +46,8 @@ def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp
     assert code == 2 and "--name 'a/b'" in out and "letters, digits" in out and "invalid config" not in out, out
     code, out = _invoke(["run", "--set", "data.name=a/b"])  # in a config, the field's path and the rule
     assert code == 2 and "data.name: a collection's name is letters" in out and "Value error" not in out, out
+    code, out = _invoke(["run", "--set", f"data.dataset={tmp_path / 'scifact:2024'}"])  # the default name: refused
+    assert code == 2 and "the dataset folder's name 'scifact:2024' cannot name" in out and "set data.name" in out, out
 
 
 def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded(tiny_model, tiny_scifact, tmp_path):
@@ -66,6 +68,28 @@ def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded
         assert not (work / "encode").exists()
     code, out = _invoke(["compress", "--dataset", str(tiny_scifact), "--work-dir", str(tmp_path / "empty")])
     assert code == 2 and "no trained model yet; train one first (ance run" in out and "Traceback" not in out, out
+
+
+def test_a_pipeline_refuses_its_compression_options_before_anything_trains(tiny_model, tiny_scifact, tmp_path):
+    """Found by a review: `ance run` with a compression section checked it only in its last stage, after every
+    stage had trained (`ance compress` checks before its corpus encoding)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tiny import failure_report, tiny_pipeline_config
+
+    work = tmp_path / "work"
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, work) | {
+        "compression": {"dims": [16], "methods": ["truncate"], "index_types": ["ivfpq"], "ivf_nlist": 100000}}
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, failure_report(proc)
+    assert "compression.ivf_nlist 100000 is more inverted lists than the corpus has vectors" in out, out
+    assert not (work / "train").exists() and not (work / "init").exists()  # refused before any model was made
 
 
 def test_bad_config_names_the_field(tmp_path):

@@ -153,6 +153,40 @@ def test_after_a_failure_calls_go_to_the_spool_until_the_next_probe(tmp_path):
     assert flaky.calls == 1 and tracker.undelivered == {"log_metrics": 5}  # one timeout, not five
 
 
+def test_a_call_mlflow_refuses_or_for_a_run_never_created_is_no_outage(tmp_path):
+    """Found by a review: any failure counted as a dead server, so a call for a parent run that could not be created
+    (the server down when the flow began, back since) sent every call of the next 20 s to the spool: the rounds'
+    metrics, the registration and end_run, and the runs stayed RUNNING."""
+    tracker = Tracker(tmp_path, "ance-test")
+    run = tracker.start_run("train")
+    with pytest.warns(UserWarning, match="did not take a call"):
+        tracker.log_history(None, [{"step": 1, "loss": 0.5}], ["loss"])  # (the parent that was never created)
+        tracker.set_tags("no-such-run", {"a": "b"})  # refused: RESOURCE_DOES_NOT_EXIST
+        tracker.log_artifact(None, tmp_path / UNDELIVERED)
+    assert tracker.failed_since is None
+    tracker.log_metrics(run, {"ndcg_at_10": 0.7})
+    tracker.end_run(run)
+    got = MlflowClient(tracker.uri).get_run(run)
+    assert got.data.metrics == {"ndcg_at_10": 0.7} and got.info.status == "FINISHED"
+    assert tracker.undelivered == {"log_metrics": 1, "set_tags": 1, "log_artifact": 1}  # (kept, as before)
+
+
+def test_a_retried_stage_streams_each_step_once(tmp_path):
+    """A retried training stage resumes from its last checkpoint and trains the steps after it again, in the same
+    live block: MLflow kept two points of each such step."""
+    tracker = Tracker(tmp_path, "ance-test")
+    run = tracker.start_run("train")
+    live = LiveMetrics(tracker, {run: ["loss", "examples_per_s"]}, step_offset=0, interval=3600)
+    for step in range(1, 7):  # the first try: a checkpoint at step 4, then it fails after step 6
+        live({"step": step, "loss": 1.0 / step, "examples_per_s": 100.0})
+    live.flush()
+    for step in range(5, 9):  # the retry, from step 4's checkpoint
+        live({"step": step, "loss": 1.0 / step, "examples_per_s": 90.0})
+    live.close()
+    history = MlflowClient(tracker.uri).get_metric_history(run, "examples_per_s")
+    assert sorted(m.step for m in history) == list(range(1, 9)) and live.delivered[run] == set(range(1, 9))
+
+
 def test_live_callbacks_only_inside_a_live_block(tmp_path):
     from tracking.live import LIVE, live_callbacks
 
