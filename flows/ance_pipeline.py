@@ -65,16 +65,17 @@ def check_pipeline(c: PipelineConfig) -> None:
             check_lengths(teacher.model, {f"{name}.teacher.max_length": teacher.max_length})
 
 
-def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None) -> dict:
+def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None, experiment: str = "ance-train") -> dict:
     """The pipeline's stages and the run's end; `trial`: a trial of a recipe search (flows/tune.py), which records
-    nothing outside its MLflow run (no latest.json, registry or compression)."""
+    nothing outside its MLflow run (no latest.json, registry or compression); `experiment`: the flow's name, which
+    names its MLflow experiment and its Prefect artifacts' keys (`bm25-warmup` for the warm-up alone)."""
     check_pipeline(c)
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
-    run = RunBook(c, "ance-train", next_mining=c.mining, trial=trial)
+    run = RunBook(c, experiment, next_mining=c.mining, trial=trial)
     with run.ended_on_failure():
         if c.selection == "cv":
-            run.folds = dev_folds(c, trial.experiment if trial else "ance-train", run.tracking.parent,
+            run.folds = dev_folds(c, trial.experiment if trial else experiment, run.tracking.parent,
                                   trial.name if trial else None)
         return run_stages(c, run)
 

@@ -2,13 +2,15 @@
 indexes it and reports the checkpoint's metrics on a split; `bm25-baseline` (`ance bm25`, no deployment) reports BM25's.
 Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with the same inputs is not built again."""
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 from ance_core.data.config import DataConfig
 from ance_core.modeling.model import checkpoint_ref
-from ance_core.pipeline.report import read_metrics
+from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from flows.book import artifact_key, publish
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -47,6 +49,13 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
     ref = checkpoint_ref(checkpoint)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)
-        refs = evaluate_stages(ref, tables, split or data.eval_split, evaluation, encode, index, work_dir,
-                               execution=execution)
-        return read_metrics(refs["evaluate"])
+        split = split or data.eval_split
+        refs = evaluate_stages(ref, tables, split, evaluation, encode, index, work_dir, execution=execution)
+        metrics = read_metrics(refs["evaluate"])
+    # what a run started from the UI shows on its page (its return value is not shown there)
+    shown = ", ".join(f"{COLUMNS.get(k, k)} {v:.4f}" for k, v in metrics.items())
+    get_run_logger().info(f"{checkpoint} on {data.collection} {split}: {shown}")
+    publish(create_table_artifact, [{"checkpoint": checkpoint, "split": split} | {
+        COLUMNS.get(k, k): round(v, 4) for k, v in metrics.items()}],
+        key=artifact_key("evaluate", data.collection, split), description="the checkpoint's metrics on the split")
+    return metrics

@@ -32,7 +32,7 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
 
     warmup = PipelineConfig.model_validate(config.model_dump(mode="json") | {"warmup_only": True})
     with live_run(config.work_dir, "bm25-warmup"):  # the stages it uses, which garbage collection leaves
-        result = train_and_evaluate(warmup)
+        result = train_and_evaluate(warmup, experiment="bm25-warmup")  # (its MLflow runs and artifact keys)
     print(f"warm-up checkpoint {result['last_checkpoint']}")
     return {"checkpoint": result["last_checkpoint"], "selected": result["selected"], "results": result["results"],
             "mlflow_run_id": result["mlflow_run_id"]}

@@ -50,9 +50,12 @@ def test_prefect_yaml_deployments_resolve_to_flows_with_pydantic_parameters():
     assert {"model", "kind", "temperature"} <= set(properties["TeacherConfig"])
     compare = load_flow_from_entrypoint(str(REPO / "flows/compare.py") + ":compare_negatives").parameters
     assert "samplers" in compare.definitions["CompareConfig"]["properties"]
-    for name, d in deployments.items():  # the run form says what each field is (the flows' Args, the configs' fields)
-        form = load_flow_from_entrypoint(str(REPO / d["entrypoint"])).parameters
+    for name, d in deployments.items():  # the run form says what each field is (the flows' Args, the configs' fields,
+        form = load_flow_from_entrypoint(str(REPO / d["entrypoint"])).parameters  # every section's, at every depth)
         assert all(p.get("description") for p in form.properties.values()), (name, list(form.properties))
+        unsaid = [f"{section}.{field}" for section, definition in (form.definitions or {}).items()
+                  for field, p in definition.get("properties", {}).items() if not p.get("description")]
+        assert not unsaid, (name, unsaid)
     sections = {k: f for k, f in PipelineConfig.model_fields.items() if isinstance(f.default, BaseModel)}
     assert len(sections) > 10 and all(f.description for f in sections.values()), sorted(
         k for k, f in sections.items() if not f.description)

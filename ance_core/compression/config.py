@@ -23,7 +23,8 @@ class CompressConfig(StageConfig):
     full-dimension rows.
     """
 
-    methods: list[CompressMethod] = Field(["conae", "pca", "truncate"], min_length=1)
+    methods: list[CompressMethod] = Field(["conae", "pca", "truncate"], min_length=1, description="conae (the "
+                                          "paper's autoencoder), and its baselines pca and truncate")
     dims: list[int] = Field([256, 128, 64], min_length=1,
                             description="Compressed dimensions L; those not below the model's h are skipped")
     index_types: list[IndexType] = Field(["flat"], min_length=1,
@@ -31,12 +32,12 @@ class CompressConfig(StageConfig):
     top_k: int = Field(100, ge=2, description="The teacher's candidates per training query (D_top)")
     lam: float = Field(0.1, ge=0, description="Weight of the decoder's margin losses L_q and L_d (next to L_KL)")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate")
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, description="ConAE's training queries per step")
     epochs: int = Field(100, ge=1, description="Passes over the training queries")
     only_kl: bool = Field(False, description="Ablation 'ConAE w/o Decoder' (Table 3): train with L_KL only; no "
                           "decoder is built")
     no_kl: bool = Field(False, description="Ablation 'ConAE w/o KL' (Table 3): train with L_q + L_d only")
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, description="ConAE's initialisation and batch order")
     hnsw_m: int = Field(32, ge=2, description="HNSW: links per node")
     hnsw_ef_search: int = Field(128, ge=1, description="HNSW: candidate list size at search time")
     ivf_nlist: int | None = Field(None, ge=1, description="IVF-PQ: inverted lists; default 4 sqrt(n), at most n/39")

@@ -24,7 +24,9 @@ class DataConfig(StageConfig):
         description="The collection's name in the MLflow registry: its models are versions of `ance-<name>`, one "
         "champion per name; letters, digits, '.', '_' and '-', starting with a letter or digit. Default: the dataset "
         "folder's name (two collections in folders of the same name need names of their own)")
-    format: Literal["auto", "beir", "msmarco"] = "auto"
+    format: Literal["auto", "beir", "msmarco"] = Field(
+        "auto", description="auto: from the folder's files; beir (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) or "
+        "msmarco (collection.tsv)")
     data_home: str | None = Field(None, description="Default: $ANCE_DATA_HOME, else ~/.cache/ance/data")
     download: bool = Field(True, description="Download the public BEIR archive when the dataset is missing")
     train_split: str = Field("train", description="The qrels split whose queries train (qrels/<split>.tsv)")

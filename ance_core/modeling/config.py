@@ -13,14 +13,15 @@ class ModelConfig(StageConfig):
     """BERT-Siamese (ANCE eq. 1-3): shared encoder -> pooled vector -> Linear(h, h) -> LayerNorm, dot product."""
 
     name: str = Field("minilm", description="'minilm', any Hugging Face model id, or a local path")
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls"] = Field("mean", description="One vector of a text: the mean of its tokens' "
+                                            "vectors, or its [CLS] vector")
     init_temperature: float = Field(
         0.05,
         gt=0,
         description="Head initialisation: identity projection and LayerNorm gain sqrt(1/(T*h)), so q.d of a "
         "fresh head equals the centred cosine of the pooled vectors divided by T",
     )
-    query_max_length: int = Field(64, ge=8)
+    query_max_length: int = Field(64, ge=8, description="Tokens of a query (the rest is cut)")
     passage_max_length: int = Field(256, ge=8, description="Tokens of a passage: the document's first (firstp) or "
                                     "each of its windows (maxp)")
     document_mode: Literal["firstp", "maxp"] = Field(

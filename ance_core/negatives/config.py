@@ -57,7 +57,7 @@ class MiningConfig(StageConfig):
                                "on its public datasets, 5 on Bing; groups of 3 tied with 1 on SciFact's dev, "
                                "RESULTS.md). "
                                "nce: the in-batch negatives kept per query")
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, description="The draws of the negatives (each round derives its own from it)")
     simans_a: float = Field(0.5, gt=0, description="SimANS density a (the paper: 0.5)")
     simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b (the paper: 0)")
     skip_top: int = Field(0, ge=0, description="False-negative control: never sample the top r ranks")

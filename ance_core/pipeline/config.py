@@ -221,6 +221,11 @@ class PipelineConfig(StageConfig):
         return self
 
 
+def _said(section: str) -> str | None:
+    """The description of a pipeline config's section, for a config that has the same section."""
+    return PipelineConfig.model_fields[section].description
+
+
 class CompareConfig(StageConfig):
     """The same model, data, seed and training budget with each sampler, all from one BM25 warm-up checkpoint (the
     paper's "BM25 -> *", ANCE Table 1): one training stage per sampler, then evaluation and the analyses."""
@@ -228,18 +233,18 @@ class CompareConfig(StageConfig):
     samplers: list[SamplerName] = Field(
         ["random", "bm25", "bm25+random", "in-batch", "nce", "ance", "simans"], min_length=1,
         description="The samplers to compare, each trained with `ance` from the warm-up checkpoint")
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    bm25: BM25Config = BM25Config()
+    data: DataConfig = Field(DataConfig(), description=_said("data"))
+    model: ModelConfig = Field(ModelConfig(), description=_said("model"))
+    bm25: BM25Config = Field(BM25Config(), description=_said("bm25"))
     bm25_negatives: WarmupMiningConfig = Field(WarmupMiningConfig(), description="The warm-up's negatives")
-    warmup: TrainConfig = TrainConfig()
-    encode: EncodeConfig = EncodeConfig()
-    execution: ExecutionConfig = ExecutionConfig()
-    index: IndexConfig = IndexConfig()
+    warmup: TrainConfig = Field(TrainConfig(), description="The BM25 warm-up every sampler starts from")
+    encode: EncodeConfig = Field(EncodeConfig(), description=_said("encode"))
+    execution: ExecutionConfig = Field(ExecutionConfig(), description=_said("execution"))
+    index: IndexConfig = Field(IndexConfig(), description=_said("index"))
     mining: MiningConfig = Field(MiningConfig(), description="Shared mining options (num_negatives, seed, SimANS a "
                                  "and b, false-negative controls); `sampler` and `top_k` are set per sampler")
     ance: AnceTrainConfig = Field(AnceTrainConfig(), description="The training budget every sampler gets")
-    eval: EvalConfig = EvalConfig()
+    eval: EvalConfig = Field(EvalConfig(), description=_said("eval"))
     work_dir: WorkDir = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
 
     @model_validator(mode="after")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from ance_core.data.dataset import QUERY_TOP_GRADE
 from ance_core.errors import AnceError
@@ -47,12 +47,14 @@ if TYPE_CHECKING:
     from ance_core.pipeline.config import PipelineConfig
 
 PositivesRule = Literal["query-top", "collection-top", "all"]
+RecipeName = Literal["demo", "full", "full-maxp"]  # the recipes module's RECIPES (a test holds them equal): a choice
+# in the UI's run form, where any text was taken and a misspelt recipe ran as the form's config
 
 
 class TuneConfig(StageConfig):
     """What `ance tune` searches and how long (module docstring)."""
 
-    recipe: str = Field("demo", description="The recipe the candidates vary (the baseline candidate itself)")
+    recipe: RecipeName = Field("demo", description="The recipe the candidates vary (the baseline candidate itself)")
     learning_rates: list[PositiveFloat] = Field([4e-5, 2e-5], min_length=1, description="Learning rates of both "
                                                 "training stages (the recipe's own is the baseline's)")
     positives: list[PositivesRule] = Field(
@@ -74,14 +76,20 @@ class TuneConfig(StageConfig):
                                   "as one without it. The CLI without --budget-minutes takes the budget of the newest "
                                   "finished search of the same config and settings in the work folder")
 
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _not_auto(cls, recipe: Any) -> Any:
+        if recipe == "auto":  # (the recipes module's AUTO; `recipe_config` would advise `--recipe auto`)
+            raise ValueError("the search varies a fixed recipe (demo, full, full-maxp), not 'auto', which is the "
+                             "search")
+        return recipe
+
     @model_validator(mode="after")
     def _distinct(self) -> "TuneConfig":
         for name in ("learning_rates", "positives", "warmup_epochs", "seeds"):
             values = getattr(self, name)
             if len(set(values)) != len(values):
                 raise ValueError(f"{name} lists a value twice: {values}")
-        if self.recipe == "auto":  # (the recipes module's AUTO; `recipe_config` would advise `--recipe auto`)
-            raise ValueError("recipe: the search varies a fixed recipe (demo, full), not 'auto', which is the search")
         if len({f"{lr:g}" for lr in self.learning_rates}) != len(self.learning_rates):  # (named by "lr {:g}")
             raise ValueError(f"learning_rates lists a value twice to 6 significant digits: {self.learning_rates}")
         return self

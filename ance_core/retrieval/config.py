@@ -11,11 +11,13 @@ from ance_core.stage_config import StageConfig
 class BM25Config(StageConfig):
     """bm25s with a Snowball stemmer; title and text are indexed together."""
 
-    k1: float = Field(0.9, gt=0)
-    b: float = Field(0.4, ge=0, le=1)
-    method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = "lucene"
-    stemmer: str | None = "english"
-    stopwords: str | None = "en"
+    k1: float = Field(0.9, gt=0, description="Term-frequency saturation (0.9 with b 0.4: Anserini's BEIR setting)")
+    b: float = Field(0.4, ge=0, le=1, description="Document-length normalisation: 0 none, 1 full")
+    method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = Field(
+        "lucene", description="bm25s's BM25 variant (lucene: Lucene's, as Anserini scores)")
+    stemmer: str | None = Field("english", description="Snowball stemmer language (PyStemmer); null: no stemming")
+    stopwords: str | None = Field("en", description="bm25s's stop-word list (a language code); null: every word "
+                                  "indexed")
     top_k: int = Field(1000, ge=1, description="Depth of the evaluation run")
 
     def scoring(self) -> "BM25Config":
@@ -39,7 +41,8 @@ class EncodeConfig(StageConfig):
         "then sorted as a whole")
     shard_size: int = Field(50_000, ge=1, description="Documents per shard: each is its own task (on the execution "
                             "runner) and .npy file (bounds memory); MaxP writes a row per window")
-    precision: Precision = "auto"
+    precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
+                                 "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs")
     dtype: Literal["float16", "float32"] = Field(
         "float16", description="How the shards store the embeddings: float16 halves the disk of every refresh (768-d "
         "MS MARCO: 13.5 GB instead of 27 GB); the index and the scores are computed in float32 from them")
@@ -95,7 +98,8 @@ class IndexConfig(StageConfig):
     hnsw_m: int = Field(32, ge=4, description="hnsw: graph neighbours per vector")
     ef_search: int = Field(128, ge=1, description="hnsw: search breadth (at least the k searched for; applied when the "
                            "index is searched: changing it reuses the built index)")
-    device: Literal["auto", "cpu", "gpu"] = "auto"
+    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Where faiss builds and searches the index: "
+                                                  "auto (a GPU when faiss has one), cpu, gpu")
     gpu_float16: bool = Field(False, description="On a GPU, keep the index's vectors in float16 (faiss "
                               "GpuClonerOptions.useFloat16): half the GPU memory of a flat or IVF index, scores from "
                               "float16 vectors (what the shards store by default)")

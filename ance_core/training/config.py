@@ -28,7 +28,8 @@ class TrainConfig(StageConfig):
     learning_rate: float = Field(2e-5, gt=0, description="Peak learning rate, reached at the end of the schedule's "
                                  "warm-up (the demo and full recipes: 4e-5, chosen on dev splits)")
     weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay (AdamW, LAMB)")
-    optimizer: Literal["adamw", "lamb"] = "adamw"
+    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="AdamW, or LAMB (layer-wise adaptive rates, "
+                                                "for large batches)")
     warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Share of the steps over which the learning rate "
                                 "rises linearly from 0 (schedule continuous: of all the stages' steps)")
     max_grad_norm: float = Field(2.0, gt=0, description="Gradients clipped to this global L2 norm")

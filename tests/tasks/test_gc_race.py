@@ -164,3 +164,10 @@ def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tin
     assert {"data", "bm25", "mine", "model", "train", "encode", "evaluate"} <= set(stages)
     assert ("train", Path(result["checkpoint"]).name) in {(s["stage"], s["key"]) for s in runs[0]["stages"]}
     assert collect(work, RetentionConfig(keep_runs=1)).remove == []
+    # its own MLflow experiment (it was logged as an ance-train run, its Prefect artifacts under ance-train's keys)
+    from mlflow.tracking import MlflowClient
+
+    from tracking.client import resolve_tracking_uri
+
+    client = MlflowClient(resolve_tracking_uri(work))
+    assert client.get_experiment(client.get_run(result["mlflow_run_id"]).info.experiment_id).name == "bm25-warmup"

@@ -88,6 +88,23 @@ def test_a_setting_listed_twice_is_refused():
         TuneConfig(recipe="auto")
 
 
+def test_the_recipe_searched_is_one_of_the_recipes_a_choice_in_the_run_form():
+    """Found by a review: any text was taken (from the UI's run form; the CLI refused it), and a misspelt recipe
+    searched the form's config under the misspelt name."""
+    import typing
+
+    from prefect.utilities.callables import parameter_schema
+
+    from ance_core.pipeline.recipes import RECIPES
+    from flows.tune import tune_recipe
+
+    assert set(typing.get_args(TuneConfig.model_fields["recipe"].annotation)) == set(RECIPES)
+    with pytest.raises(ValueError, match="Input should be 'demo', 'full' or 'full-maxp'"):
+        TuneConfig(recipe="ful")
+    schema = parameter_schema(tune_recipe).model_dump()["definitions"]["TuneConfig"]["properties"]["recipe"]
+    assert schema["enum"] == ["demo", "full", "full-maxp"] and schema["default"] == "demo"
+
+
 def test_a_learning_rate_shown_as_the_baselines_is_the_baseline():
     """A candidate is one trial per name: a listed rate that reads as the recipe's is the baseline, not a copy of it
     under the name "lr 4e-05" (its scores were kept by name)."""
