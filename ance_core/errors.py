@@ -3,10 +3,8 @@ the run survives (one bad row, a query with no candidates) and is kept in the st
 
 import contextlib
 import contextvars
-import logging
-import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -38,36 +36,23 @@ _COLLECTOR: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("a
 
 
 def warn(message: str) -> None:
-    """Warn (AnceWarning) and record the message in the stage being built, if any (`collect_warnings`); inside a
-    Prefect flow or task run, also in that run's logs (`to_run_logs`)."""
+    """Warn (AnceWarning) and record the message in the stage being built, if any (`collect_warnings`); then tell
+    the listeners (`on_warning`: the orchestration layer puts it in the Prefect run's logs)."""
     if (collected := _COLLECTOR.get()) is not None:
         collected.append(message)
     warnings.warn(message, AnceWarning, stacklevel=2)
-    to_run_logs(message)
+    for listener in _LISTENERS:
+        listener(message)
 
 
-RUN_LOGS = "ance.warnings"  # the logger that sends warnings to the Prefect API only (the console has them already)
+_LISTENERS: list[Callable[[str], None]] = []
 
 
-def to_run_logs(message: str) -> None:
-    """The message as a WARNING in the logs of the Prefect flow or task run this code runs in (nothing outside one).
-    Python's warnings reach a process's stderr only: a worker's terminal, never the run's page in the UI."""
-    if "prefect.context" not in sys.modules:  # (no run here: Prefect not even imported)
-        return
-    from prefect.context import get_run_context
-    from prefect.exceptions import MissingContextError
-
-    try:
-        get_run_context()
-    except MissingContextError:
-        return
-    logger = logging.getLogger(RUN_LOGS)
-    if not logger.handlers:
-        from prefect.logging.handlers import APILogHandler
-
-        logger.addHandler(APILogHandler())
-        logger.propagate = False  # (printed by the warning itself: not twice on the console)
-    logger.warning(message)
+def on_warning(listener: Callable[[str], None]) -> None:
+    """Call `listener(message)` on every `warn` from now on (once, however often it is added): the layers above the
+    core (tasks/common.py) route warnings where this one cannot see (a Prefect run's logs)."""
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
 
 
 @contextlib.contextmanager

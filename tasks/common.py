@@ -37,7 +37,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import TaskRun
-from prefect.context import TaskRunContext
+from prefect.context import TaskRunContext, get_run_context
+from prefect.exceptions import MissingContextError
+from prefect.logging.handlers import APILogHandler
 from prefect.results import get_result_store
 from prefect.states import State
 from prefect.tasks import Task, exponential_backoff
@@ -45,7 +47,7 @@ from pydantic import BaseModel
 
 import ance_core
 from ance_core.artifacts import STAGE_RULES, ArtifactRef, digest_of, hold_refs, is_complete
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, on_warning
 from ance_core.faults import set_fault_hook
 from ance_core.pipeline.report import StageTiming
 from ance_core.stage_config import KEY_DUMP
@@ -107,6 +109,26 @@ def _drill_asked() -> bool:
 
 
 set_fault_hook(inject_fault, armed=_drill_asked)  # the fault points inside the core's long work (ance_core/faults.py)
+
+RUN_LOGS = "ance.warnings"  # the logger that sends warnings to the Prefect API only (the console has them already)
+
+
+def to_run_logs(message: str) -> None:
+    """A warning (`ance_core.errors.warn`) as a WARNING line of the Prefect flow or task run this code runs in
+    (nothing outside one): Python's warnings reach a process's stderr only, a worker's terminal, never the run's page
+    in the UI."""
+    try:
+        get_run_context()
+    except MissingContextError:
+        return
+    logger = logging.getLogger(RUN_LOGS)
+    if not logger.handlers:
+        logger.addHandler(APILogHandler())
+        logger.propagate = False  # (printed by the warning itself: not twice on the console)
+    logger.warning(message)
+
+
+on_warning(to_run_logs)
 
 
 def _exit_once(spec: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 from prefect import flow, task
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+import tasks.common  # noqa: F401  (imported by every flow: it routes warnings to the run's logs)
 from ance_core.errors import AnceWarning, warn
 from ance_core.retrieval.config import EncodeConfig
 from tests.tiny import random_head_checkpoint
