@@ -24,10 +24,10 @@ def demo(
         "applied after the config file", "applied after the recipe"))] = None,
 ):
     """The full pipeline on SciFact with all-MiniLM-L6-v2 on this machine, ending with the results table."""
-    from ance_core.compression.config import CompressConfig
     from ance_core.pipeline.recipes import recipe_config
 
-    compression = CompressConfig(index_types=["flat", "hnsw", "ivfpq"]) if compress else None
+    # (a section, not a CompressConfig: --set compression.dims=[64] goes into it)
+    compression = {"index_types": ["flat", "hnsw", "ivfpq"]} if compress else None
 
     def body():
         overrides = {"work_dir": work_dir, "compression": compression}
@@ -58,7 +58,7 @@ def run(
 
     def body():
         if recipe != AUTO and (given := [f for f, v in (("--budget-minutes", budget_minutes),
-                                                         ("--tune-set", tune_sets)) if v]):
+                                                         ("--tune-set", tune_sets)) if v is not None]):
             fail(f"{' and '.join(given)}: search settings, for --recipe auto only (the recipe is "
                  f"{recipe or 'the pipeline defaults'}: nothing is searched)")
         if recipe is None:
@@ -217,6 +217,7 @@ def compress_command(
         from flows.start import trained_checkpoint
         from tasks.common import faults_off
         from tasks.data import prepare_data
+        from tracking.registry import check_model_name
 
         if checkpoint is not None:
             read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
@@ -225,6 +226,7 @@ def compress_command(
             data = DataConfig(dataset=dataset, name=name)
         except ValidationError as e:
             fail(f"--name {name!r}: {validation_message(e.errors()[0])}")
+        check_model_name(data, "--name")
         teacher, _ = trained_checkpoint(work_dir, data.collection, str(checkpoint) if checkpoint else None)
         read_meta(teacher)
         preflight(data, work_dir, (data.train_split, data.eval_split))

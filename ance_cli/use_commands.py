@@ -23,6 +23,8 @@ from ance_cli.lookups import (
     training_free,
 )
 
+QUERY_ID = "q1"  # `ance search --query-id` unless given
+
 
 @app.command()
 def bm25(
@@ -84,7 +86,7 @@ def search(
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many hits")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
     trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
-    query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file")] = "q1",
+    query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file (--trec)")] = QUERY_ID,
     hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse the model's ranking with BM25's over --dataset's "
                                          "corpus (its BM25 index in --work-dir, built once)")] = False,
     fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one the work folder's newest run chose "
@@ -108,6 +110,8 @@ def search(
         given = [f for f, unset in (("--fusion", fusion == "auto"), ("--work-dir", work_dir is None)) if not unset]
         if given and not hybrid:
             raise AnceError(f"{' and '.join(given)}: for --hybrid only (without it the model's own ranking is shown)")
+        if query_id != QUERY_ID and trec is None:
+            raise AnceError(f"--query-id {query_id}: the query's id in the run file, for --trec only")
         read_meta(model)
         if trec is not None and not trec.parent.is_dir():
             raise AnceError(f"--trec {trec}: no folder {trec.parent} to write it in")

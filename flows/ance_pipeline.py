@@ -33,6 +33,7 @@ from tasks.mine import stage_pairs
 from tasks.model import init_checkpoint
 from tasks.train import SchedulePlan
 from tasks.train_async import train_async
+from tracking.registry import check_model_name
 
 
 @flow(name="ance-train", log_prints=True)
@@ -59,6 +60,7 @@ def check_pipeline(c: PipelineConfig) -> None:
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
+    check_model_name(c.data)  # (its models are registered at the end)
     used = {"bm25_negatives": not c.start_checkpoint, "mining": c.rounds > 0}  # (a warm-up, rounds at all)
     for name in ("bm25_negatives", "mining"):  # a teacher that cannot be loaded, or reads more tokens than it takes
         if (teacher := getattr(c, name).teacher) is not None and used[name]:

@@ -21,6 +21,7 @@ from ance_core.artifacts import (
     ArtifactRef,
     atomic_folder,
     digest_of,
+    hold_refs,
     read_manifest,
     write_json,
 )
@@ -44,7 +45,7 @@ from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
 from tracking.closing import closing_lines
-from tracking.registry import dataset_source, log_checkpoint, model_name, register_models
+from tracking.registry import check_model_name, dataset_source, log_checkpoint, model_name, register_models
 from tracking.run import run_url, train_log
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
@@ -183,6 +184,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         execution: Where mapped tasks (encoding shards) run.
         evaluation: Depth of the ranked lists scored.
     """
+    check_model_name(data)  # (its compressed models are registered at the end)
     path, source = trained_checkpoint(work_dir, data.collection, checkpoint)
     read_meta(path)
     if Path(path, PROJECTOR_FILE).is_file():
@@ -190,6 +192,8 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     print(f"compressing {source}: {path}")
     ref = checkpoint_ref(path)
     with live_run(work_dir, "compress"):  # the stages it uses, which garbage collection leaves
+        if not hold_refs(ref):  # the teacher too (a stage folder of the work folder: `ance gc` kept what it built)
+            raise AnceError(f"{path}: the folder is incomplete or was removed (by a garbage collection?)")
         tables = run_task(prepare_data, data, work_dir)
         # what `ance compress` checks before the corpus is encoded, for runs from the UI or a deployment too
         check_compression(path, compression, read_manifest(tables.path)["summary"]["documents"])

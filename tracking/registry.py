@@ -19,6 +19,8 @@ from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from ance_core.data.config import DataConfig
+
 
 MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>-<signature>/: MLflow model descriptions
 # the collection that first registered a model under its name: its folder and its content digest
@@ -142,6 +144,14 @@ def dataset_source(data) -> dict[str, str] | None:
         return {"folder": str(folder), "content": dataset_digest(folder)}
     except Exception:
         return None
+
+
+def check_model_name(data: "DataConfig", set_by: str = "data.name") -> None:
+    """A run that registers its models refuses, before any work, a collection name MLflow would refuse in a
+    registered model's name (a dataset folder's name with ':'; `set_by`: how the user names it otherwise)."""
+    if ":" in data.collection:
+        raise AnceError(f"the dataset folder's name '{data.collection}' cannot name the collection's registered model "
+                        f"(MLflow refuses ':'); set {set_by}")
 
 
 def model_name(collection: str) -> str:

@@ -65,13 +65,6 @@ class DataConfig(StageConfig):
         return name
 
     @model_validator(mode="after")
-    def _folder_names_a_model(self) -> "DataConfig":
-        if self.name is None and ":" in self.collection:  # (MLflow refuses it in a registered model's name)
-            raise ValueError(f"the dataset folder's name '{self.collection}' cannot name the collection's registered "
-                             "model (no ':'); set data.name")
-        return self
-
-    @model_validator(mode="after")
     def _grade_is_positive(self) -> "DataConfig":
         if self.train_min_relevance != "auto" and self.train_min_relevance < 1:
             raise ValueError(f"train_min_relevance must be 'auto' or a grade >= 1, got {self.train_min_relevance}")

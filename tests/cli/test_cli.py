@@ -46,8 +46,6 @@ def test_compress_refuses_a_folder_that_is_not_a_checkpoint_and_a_bad_config(tmp
     assert code == 2 and "--name 'a/b'" in out and "letters, digits" in out and "invalid config" not in out, out
     code, out = _invoke(["run", "--set", "data.name=a/b"])  # in a config, the field's path and the rule
     assert code == 2 and "data.name: a collection's name is letters" in out and "Value error" not in out, out
-    code, out = _invoke(["run", "--set", f"data.dataset={tmp_path / 'scifact:2024'}"])  # the default name: refused
-    assert code == 2 and "the dataset folder's name 'scifact:2024' cannot name" in out and "set data.name" in out, out
 
 
 def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded(tiny_model, tiny_scifact, tmp_path):
@@ -68,6 +66,38 @@ def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded
         assert not (work / "encode").exists()
     code, out = _invoke(["compress", "--dataset", str(tiny_scifact), "--work-dir", str(tmp_path / "empty")])
     assert code == 2 and "no trained model yet; train one first (ance run" in out and "Traceback" not in out, out
+
+
+def test_a_folder_name_mlflow_refuses_as_a_model_name_is_refused_where_models_are_registered(tiny_model, tiny_scifact,
+                                                                                              tmp_path):
+    """A dataset folder named with ':' (MLflow refuses it in a registered model's name) failed the registration at
+    the end of a run, and every MLflow call after it; refused before any work by the commands that register models
+    (naming how to name the collection), taken by those that do not."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tiny import failure_report, random_head_checkpoint, tiny_pipeline_config
+
+    folder = tmp_path / "scifact:2024"
+    folder.symlink_to(tiny_scifact)
+    work = tmp_path / "work"
+    (tmp_path / "c.json").write_text(json.dumps(tiny_pipeline_config(folder, tiny_model, work)))
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "run", "--config", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 2, failure_report(proc)
+    assert "the dataset folder's name 'scifact:2024' cannot name the collection's registered model (MLflow refuses " \
+           "':'); set data.name" in proc.stdout + proc.stderr, failure_report(proc)
+    assert not (work / "train").exists() and not (work / "init").exists()
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    code, out = _invoke(["compress", "--checkpoint", str(checkpoint), "--dataset", str(folder), "--work-dir",
+                         str(work)])
+    assert code == 2 and "registered model (MLflow refuses ':'); set --name" in out and "--name None" not in out, out
+    proc = subprocess.run([sys.executable, "-m", "ance_cli", "bm25", "--dataset", str(folder), "--work-dir",
+                           str(work), "--json"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, failure_report(proc)  # (it registers nothing: the name is no matter)
+    assert 0 <= json.loads(proc.stdout.strip().splitlines()[-1])["ndcg_at_10"] <= 1
 
 
 def test_a_pipeline_refuses_its_compression_options_before_anything_trains(tiny_model, tiny_scifact, tmp_path):
@@ -193,6 +223,22 @@ def test_search_settings_without_recipe_auto_are_refused(tmp_path, recipe):
     code, out = _invoke(["run", *recipe, "--budget-minutes", "5", "--tune-set", "eta=2", "--set", f"work_dir={work}"])
     assert code == 2 and "--budget-minutes and --tune-set: search settings, for --recipe auto only" in out, out
     assert "Traceback" not in out and not work.exists()
+    code, out = _invoke(["run", *recipe, "--budget-minutes", "0", "--set", f"work_dir={work}"])  # (0 was taken: falsy)
+    assert code == 2 and "--budget-minutes: search settings, for --recipe auto only" in out and not work.exists(), out
+
+
+def test_options_that_would_be_ignored_are_refused_or_taken(tmp_path, monkeypatch):
+    """Found by a review: `search --query-id` without --trec was ignored; `demo --compress --set compression.dims=...`
+    was refused ('compression' is a value, not a section), though demo takes --set."""
+    code, out = _invoke(["search", "cancer", "--model", str(tmp_path), "--query-id", "q7"])
+    assert code == 2 and "--query-id q7: the query's id in the run file, for --trec only" in out, out
+    import ance_cli.train_commands
+
+    ran = []
+    monkeypatch.setattr(ance_cli.train_commands, "run_pipeline", lambda config, as_json: ran.append(config))
+    code, out = _invoke(["demo", "--compress", "--set", "compression.dims=[64]", "--work-dir", str(tmp_path / "w")])
+    assert code == 0, out
+    assert ran[0].compression.dims == [64] and ran[0].compression.index_types == ["flat", "hnsw", "ivfpq"]
 
 
 def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_names_its_file(tmp_path):

@@ -171,3 +171,11 @@ def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tin
 
     client = MlflowClient(resolve_tracking_uri(work))
     assert client.get_experiment(client.get_run(result["mlflow_run_id"]).info.experiment_id).name == "bm25-warmup"
+    # the warm-up evaluated again (`ance evaluate`, the evaluate deployment): the checkpoint is a stage the run used,
+    # kept by gc with the encoding and index it built (a review found them kept and the checkpoint removed)
+    from flows.evaluate import evaluate_checkpoint
+
+    evaluate_checkpoint(result["checkpoint"], config.data, config.encode, work_dir=str(work), split="train")
+    (work / "latest.json").unlink()  # (gc keeps the model it names: the newest run's, here the warm-up)
+    removed = {f.path.resolve() for f in collect(work, RetentionConfig(keep_runs=1)).remove}
+    assert Path(result["checkpoint"]).resolve() not in removed and removed
