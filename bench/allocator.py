@@ -21,7 +21,8 @@ MEASURE = """
 import json, resource, sys, time
 import torch
 from transformers import AutoModel
-from ance_core.modeling.model import autocast_dtype, resolve_model_name
+from ance_core.modeling.devices import autocast_dtype
+from ance_core.modeling.model import resolve_model_name
 from ance_core.allocator import in_use
 model_name, calls, size, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0)

@@ -20,7 +20,8 @@ import pandas as pd
 from ance_core.artifacts import RUN
 from ance_core.data.corpus import read_corpus_rows
 from ance_core.data.dataset import read_tables
-from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.retrieval.config import EncodeConfig
 from ance_core.training.devcheck import DevCheck, candidate_pairs
 

@@ -20,7 +20,8 @@ import torch
 from ance_core.data.dataset import load_dataset
 from ance_core.data.sources import resolve_dataset
 from ance_core.modeling.config import ModelConfig
-from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint
+from ance_core.modeling.devices import autocast_dtype
+from ance_core.modeling.model import init_model, load_checkpoint
 from ance_core.retrieval.config import EncodeConfig
 from ance_core.retrieval.encode import encode_documents
 

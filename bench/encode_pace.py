@@ -48,7 +48,8 @@ from msmarco_shape import synthetic_msmarco
 
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling import tokenizing
-from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
+from ance_core.modeling.devices import autocast_dtype, pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval import attention as attention_module
 from ance_core.retrieval import encode as encode_module

@@ -36,7 +36,8 @@ from msmarco_shape import synthetic_msmarco  # bench/msmarco_shape.py (this scri
 
 from ance_core.data.dataset import load_dataset, passage_texts
 from ance_core.modeling.config import ModelConfig
-from ance_core.modeling.model import autocast_dtype, init_model, load_checkpoint, pick_device, resolve_model_name
+from ance_core.modeling.devices import autocast_dtype, pick_device
+from ance_core.modeling.model import init_model, load_checkpoint, resolve_model_name
 from ance_core.modeling.tokenizing import token_ids
 from ance_core.retrieval.attention import attention_backends
 from ance_core.retrieval.encode import compiled_forward, encode_texts, padded_chunks

@@ -10,7 +10,8 @@ import time
 import torch
 from transformers import AutoModel
 
-from ance_core.modeling.model import cpu_has_native_bf16, resolve_model_name
+from ance_core.modeling.devices import cpu_has_native_bf16
+from ance_core.modeling.model import resolve_model_name
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ from prefect import flow, get_run_logger
 from ance_core.artifacts import ArtifactRef, hold_refs, read_manifest
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError
-from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, pick_device, resolve_model_name
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid

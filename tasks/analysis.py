@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 from ance_core.artifacts import NEGATIVES, PROFILE, RUN, STATS, ArtifactRef, run_stage, write_json
 from ance_core.data.dataset import read_tables
 from ance_core.errors import warn
-from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.negatives.analysis import (
     negative_stats,
     negatives_above_positive,

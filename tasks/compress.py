@@ -17,7 +17,8 @@ from ance_core.artifacts import DOCIDS, EMBEDDINGS, TRAIN_LOG, ArtifactRef, id_l
 from ance_core.compression.conae import Projector, fit_pca, row_chunks, teacher_from, train_conae
 from ance_core.compression.config import CompressConfig, CompressMethod, IndexType
 from ance_core.data.dataset import read_tables
-from ance_core.modeling.model import load_checkpoint, pick_device, write_compressed_checkpoint
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import load_checkpoint, write_compressed_checkpoint
 from ance_core.retrieval.ann import build_ann_index, search_latency
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_queries, iter_shards, map_shards, read_docids

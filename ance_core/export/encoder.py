@@ -20,7 +20,8 @@ import numpy as np
 
 from ance_core.errors import AnceError
 from ance_core.modeling.config import Precision
-from ance_core.modeling.model import autocast_dtype, load_checkpoint, pick_device
+from ance_core.modeling.devices import autocast_dtype, pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.retrieval.encode import encode_texts
 
 KINDS = ("query", "passage")

@@ -13,8 +13,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,8 +36,8 @@ from ance_core.artifacts import (
     read_manifest,
 )
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
-from ance_core.errors import AnceError, OutOfMemory, warn
-from ance_core.modeling.config import ModelConfig, Precision
+from ance_core.errors import AnceError
+from ance_core.modeling.config import ModelConfig
 from ance_core.system_metrics import SYSTEM_METRICS
 
 MODEL_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -359,53 +358,3 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
     if (path / PROJECTOR_FILE).is_file():
         model.projector = Projector.load(path)
     return model.to(device), tokenizer, meta
-
-
-# ---------------------------------------------------------------- devices and precision
-
-
-def pick_device(prefer: str = "auto") -> torch.device:
-    if prefer in ("auto", "cuda", "gpu") and torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-@contextmanager
-def out_of_memory_advice(doing: str, advice: str) -> Iterator[None]:
-    """An accelerator out-of-memory error inside becomes `OutOfMemory`, one line naming what was `doing` (the batch)
-    and what to change (`advice`): not retried, since the same batch runs out of memory the same way."""
-    try:
-        yield
-    except torch.OutOfMemoryError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        raise OutOfMemory(f"out of GPU memory {doing}: {advice} ({first})") from None
-
-
-def cpu_has_native_bf16() -> bool:
-    """Does this CPU multiply bf16 in hardware (AVX512-BF16 or AMX)? Without them oneDNN emulates bf16 matmuls:
-    a MiniLM training step under bf16 autocast took 25x its fp32 time on an AVX2-only EPYC (BENCHMARKS.md)."""
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # a torch without these probes: assume none
-        return False
-
-
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """None means full fp32. 'auto': bf16 on a CPU that multiplies bf16 in hardware (about 1.5x faster than fp32 on
-    one) and fp32 on one that does not (emulated bf16 is many times slower); on CUDA bf16 where supported, else
-    fp16. An explicit 'bf16' on a CPU without it is honoured, with a warning."""
-    if precision == "fp32":
-        return None
-    if precision == "fp16":
-        return torch.float16
-    if device.type == "cpu" and not cpu_has_native_bf16():
-        if precision == "auto":
-            return None
-        warn("precision bf16 on a CPU without bf16 in hardware (no AVX512-BF16 or AMX): bf16 is emulated and "
-                  "runs many times slower than fp32 here; set precision: auto or fp32")
-        return torch.bfloat16
-    if precision == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16

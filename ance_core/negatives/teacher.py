@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from ance_core.data.corpus import CorpusRows
 from ance_core.errors import AnceError
-from ance_core.modeling.model import META_FILE, load_checkpoint, pick_device, resolve_model_name
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import META_FILE, load_checkpoint, resolve_model_name
 from ance_core.negatives.config import TeacherConfig
 from ance_core.retrieval.encode import encode_texts
 

@@ -31,14 +31,8 @@ from ance_core.artifacts import DOCIDS, EMBEDDINGS, WINDOWS, id_lines, link_or_c
 from ance_core.data.dataset import passage_texts
 from ance_core.errors import AnceError
 from ance_core.faults import fault_point
-from ance_core.modeling.model import (
-    BiEncoder,
-    ModelMeta,
-    autocast_dtype,
-    load_checkpoint,
-    out_of_memory_advice,
-    pick_device,
-)
+from ance_core.modeling.devices import autocast_dtype, out_of_memory_advice, pick_device
+from ance_core.modeling.model import BiEncoder, ModelMeta, load_checkpoint
 from ance_core.modeling.tokenizing import pad_ids, padded_width, token_id_chunks, token_ids
 from ance_core.retrieval.attention import attention_backends
 from ance_core.retrieval.config import EncodeConfig

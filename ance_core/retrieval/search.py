@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 from ance_core.artifacts import replaced_file
 from ance_core.data.lines import LeftOut, read_lines
 from ance_core.errors import AnceError, DataError, preview, warn
-from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_queries
 from ance_core.retrieval.index import SearchIndex

@@ -31,13 +31,8 @@ from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.corpus import CorpusRows, FrameCorpus
 from ance_core.errors import AnceError, warn
 from ance_core.faults import drills_armed, fault_point
-from ance_core.modeling.model import (
-    autocast_dtype,
-    load_checkpoint,
-    out_of_memory_advice,
-    pick_device,
-    save_checkpoint,
-)
+from ance_core.modeling.devices import autocast_dtype, out_of_memory_advice, pick_device
+from ance_core.modeling.model import load_checkpoint, save_checkpoint
 from ance_core.negatives.mining import epoch_negatives, negative_draws
 from ance_core.system_metrics import SystemSampler
 from ance_core.training.batches import PairTokens, PassageSource, StepFeed, StepPlan

@@ -17,7 +17,8 @@ import torch
 
 import tasks.train_async
 from ance_core.artifacts import NEGATIVES, ArtifactRef
-from ance_core.modeling.model import load_checkpoint, pick_device
+from ance_core.modeling.devices import pick_device
+from ance_core.modeling.model import load_checkpoint
 from ance_core.retrieval.config import EncodeConfig, IndexConfig
 from ance_core.retrieval.encode import encode_corpus, encode_texts
 from ance_core.retrieval.index import SearchIndex, build_index

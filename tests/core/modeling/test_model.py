@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer
 
 from ance_core.errors import AnceWarning
-from ance_core.modeling import model as model_module
+from ance_core.modeling import devices
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import BiEncoder, load_checkpoint, pool, read_meta, resolve_model_name
 
@@ -127,11 +127,11 @@ def test_auto_precision_is_bf16_only_on_a_cpu_that_multiplies_bf16_in_hardware(m
     """Emulated bf16 ran a MiniLM step 25x slower than fp32 on an AVX2-only CPU: `auto` is fp32 there, and an
     explicit bf16 is kept with a warning; on a CPU with AVX512-BF16/AMX `auto` is bf16."""
     cpu = torch.device("cpu")
-    monkeypatch.setattr(model_module, "cpu_has_native_bf16", lambda: False)
-    assert model_module.autocast_dtype("auto", cpu) is None
-    assert model_module.autocast_dtype("fp32", cpu) is None
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
+    assert devices.autocast_dtype("auto", cpu) is None
+    assert devices.autocast_dtype("fp32", cpu) is None
     with pytest.warns(AnceWarning, match="without bf16 in hardware"):
-        assert model_module.autocast_dtype("bf16", cpu) is torch.bfloat16
-    monkeypatch.setattr(model_module, "cpu_has_native_bf16", lambda: True)
-    assert model_module.autocast_dtype("auto", cpu) is torch.bfloat16
-    assert model_module.autocast_dtype("bf16", cpu) is torch.bfloat16
+        assert devices.autocast_dtype("bf16", cpu) is torch.bfloat16
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: True)
+    assert devices.autocast_dtype("auto", cpu) is torch.bfloat16
+    assert devices.autocast_dtype("bf16", cpu) is torch.bfloat16
