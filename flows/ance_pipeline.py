@@ -13,11 +13,11 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from ance_core.artifacts import ArtifactRef, hold_refs, read_manifest
+from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError
 from ance_core.modeling.devices import pick_device
-from ance_core.modeling.model import check_lengths, checkpoint_digest, checkpoint_ref, resolve_model_name
+from ance_core.modeling.model import check_lengths, checkpoint_digest, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
@@ -25,7 +25,7 @@ from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import check_compression, compress_model, log_compression, public_rows
-from flows.start import record_latest, trained_checkpoint
+from flows.start import held_checkpoint, record_latest, trained_checkpoint
 from tasks.common import held_result, run_task
 from tasks.data import prepare_data
 from tasks.fusion import read_fusion
@@ -131,9 +131,8 @@ def run_stages(c: PipelineConfig, run: RunBook) -> dict:
     """The stages of `train_and_evaluate`, in `run`: data, BM25, the warm-up (or a start checkpoint), the rounds, the
     evaluations and the hybrid row, and the run's end."""
     # retraining from a model of the work folder: recorded as used first (a gc meanwhile leaves it)
-    if c.start_checkpoint and not hold_refs(checkpoint_ref(c.start_checkpoint)):
-        raise AnceError(f"start_checkpoint {c.start_checkpoint}: the folder is incomplete or was removed (by a "
-                        "garbage collection?); train it again or give another checkpoint")
+    if c.start_checkpoint:
+        held_checkpoint(c.start_checkpoint, "start_checkpoint ")
     run.prepare_data()
     if c.compression is not None and run.trial is None:  # what compress_model would refuse after every stage trained
         check_compression(c.start_checkpoint or resolve_model_name(c.model.name), c.compression,

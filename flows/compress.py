@@ -21,7 +21,6 @@ from ance_core.artifacts import (
     ArtifactRef,
     atomic_folder,
     digest_of,
-    hold_refs,
     read_manifest,
     write_json,
 )
@@ -29,13 +28,13 @@ from ance_core.compression.conae import PROJECTOR_FILE
 from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
-from ance_core.modeling.model import checkpoint_ref, read_meta
+from ance_core.modeling.model import read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from flows.book import flow_tags
-from flows.start import trained_checkpoint
+from flows.start import held_checkpoint, trained_checkpoint
 from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency
 from tasks.data import prepare_data
@@ -190,10 +189,8 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
     if Path(path, PROJECTOR_FILE).is_file():
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")
     print(f"compressing {source}: {path}")
-    ref = checkpoint_ref(path)
     with live_run(work_dir, "compress"):  # the stages it uses, which garbage collection leaves
-        if not hold_refs(ref):  # the teacher too (a stage folder of the work folder: `ance gc` kept what it built)
-            raise AnceError(f"{path}: the folder is incomplete or was removed (by a garbage collection?)")
+        ref = held_checkpoint(path)  # the teacher too
         tables = run_task(prepare_data, data, work_dir)
         # what `ance compress` checks before the corpus is encoded, for runs from the UI or a deployment too
         check_compression(path, compression, read_manifest(tables.path)["summary"]["documents"])

@@ -5,14 +5,12 @@ Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from ance_core.artifacts import hold_refs
 from ance_core.data.config import DataConfig
-from ance_core.errors import AnceError
-from ance_core.modeling.model import checkpoint_ref
 from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from flows.book import artifact_key, publish
+from flows.start import held_checkpoint
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -48,10 +46,8 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
         execution: Where mapped tasks (encoding shards) run.
         split: The split evaluated; unset: data.eval_split.
     """
-    ref = checkpoint_ref(checkpoint)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
-        if not hold_refs(ref):  # the checkpoint too (a stage folder of the work folder: `ance gc` kept its encoding
-            raise AnceError(f"{checkpoint}: the folder is incomplete or was removed (by a garbage collection?)")
+        ref = held_checkpoint(checkpoint)  # the checkpoint too
         tables = run_task(prepare_data, data, work_dir)
         split = split or data.eval_split
         refs = evaluate_stages(ref, tables, split, evaluation, encode, index, work_dir, execution=execution)

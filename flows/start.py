@@ -7,8 +7,9 @@ from pathlib import Path
 
 from prefect.runtime import flow_run
 
-from ance_core.artifacts import ArtifactRef, write_json
+from ance_core.artifacts import ArtifactRef, hold_refs, write_json
 from ance_core.errors import AnceError, warn
+from ance_core.modeling.model import checkpoint_ref
 from tracking.registry import champion_checkpoint
 
 LATEST = "latest.json"
@@ -74,3 +75,14 @@ def warn_other_dev_split(work_dir: str | Path, start: str, setting: str) -> None
              "may have trained on some of this run's dev queries, so its dev score can read high and the run may keep "
              "it over a better model; keep the dev split fixed across retrains (data.dev_fraction, data.dev_seed), or "
              "start from a model of this dev split")
+
+
+def held_checkpoint(path: str | Path, named: str = "") -> ArtifactRef:
+    """The checkpoint folder `path` as a stage input (`checkpoint_ref`), recorded as used by the live run, so that a
+    garbage collection meanwhile leaves it and `gc --keep-runs` keeps it with what the run builds from it; refused when
+    it is incomplete or was removed. `named`: what the message calls it before its path (e.g. the config field)."""
+    ref = checkpoint_ref(path)
+    if not hold_refs(ref):
+        raise AnceError(f"{named}{path}: the folder is incomplete or was removed (by a garbage collection?); train it "
+                        "again or give another checkpoint")
+    return ref
