@@ -34,21 +34,24 @@ def nested(query_ids: pd.Series, doc_ids: pd.Series, values: list) -> dict[str, 
     return out
 
 
-def trec_order(run: pd.DataFrame) -> pd.DataFrame:
-    """The run best first per query as trec_eval ranks it: by score, equal scores by document id, the greater first."""
+def _trec_keys(run: pd.DataFrame) -> pd.DataFrame:
+    """The run's (q, s, d) as text and float, sorted as `trec_order` ranks them (indexed as the run)."""
     keys = pd.DataFrame({"q": run["query_id"].astype(str), "s": run["score"].astype(float),
                          "d": run["doc_id"].astype(str)}, index=run.index)
-    return run.loc[keys.sort_values(["q", "s", "d"], ascending=[True, False, False], kind="stable").index]
+    return keys.sort_values(["q", "s", "d"], ascending=[True, False, False], kind="stable")
+
+
+def trec_order(run: pd.DataFrame) -> pd.DataFrame:
+    """The run best first per query as trec_eval ranks it: by score, equal scores by document id, the greater first."""
+    return run.loc[_trec_keys(run).index]
 
 
 def trec_ranked(run: pd.DataFrame) -> pd.DataFrame:
     """The run in `trec_order`, its `rank` numbered in that order (1 first); a document listed twice for a query is
     ranked where it scored best (trec_eval refuses such a run; a later copy would otherwise replace the first)."""
-    run = trec_order(run)
-    keys = pd.DataFrame({"q": run["query_id"].astype(str), "d": run["doc_id"].astype(str)}, index=run.index)
-    first = ~keys.duplicated()
-    run, keys = run[first], keys[first]
-    return run.assign(rank=run.groupby(keys["q"], sort=False).cumcount() + 1)
+    keys = _trec_keys(run)
+    keys = keys[~keys.duplicated(["q", "d"])]
+    return run.loc[keys.index].assign(rank=keys.groupby("q", sort=False).cumcount() + 1)
 
 
 def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
