@@ -193,6 +193,16 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def refuse_twice(sets, options, flag: str = "--set") -> None:
+    """Refuse a setting given both by a command's own option and by `flag` (`--set rounds=1` beside `--rounds 2`:
+    the --set won, silently, whichever the user meant). `options`: (option name, its value or None when not given,
+    the setting's dotted key)."""
+    given = {item.partition("=")[0].strip(): item for item in sets or ()}
+    for option, value, key in options:
+        if value is not None and key in given:
+            fail(f"{option} and {flag} {given[key]} both set {key}: give it once")
+
+
 def stopped(code: int) -> NoReturn:
     """A stop signal (Ctrl-C, SIGTERM) ended the command body, its flow run marked Crashed and its MLflow runs KILLED
     on the way out: the stop line, then exit `code`; at once when the embedded Prefect server died with the run, as it

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ance_cli.app import SETS_HELP, app, preflight, print_table, run_pipeline, shown_by_the_log
-from ance_cli.guard import fail, guard
+from ance_cli.guard import fail, guard, refuse_twice
 
 
 @app.command()
@@ -16,7 +16,7 @@ def demo(
                                          "full (2 SimANS rounds, 2 epochs a stage: about 1.5x the demo) or "
                                          "full-maxp (full on MaxP documents: about 2x full)")] = "demo",
     rounds: Annotated[int | None, typer.Option(help="ANCE rounds after the warm-up (default: the recipe's)")] = None,
-    work_dir: Annotated[str, typer.Option(help="Where stage outputs are kept")] = "work",
+    work_dir: Annotated[str | None, typer.Option(help="Where stage outputs are kept [default: work]")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="Then compress the final model's embeddings (ConAE, "
                                            "PCA, truncation to 256/128/64; flat, HNSW and IVF-PQ indexes)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON last")] = False,
@@ -30,7 +30,8 @@ def demo(
     compression = {"index_types": ["flat", "hnsw", "ivfpq"]} if compress else None
 
     def body():
-        overrides = {"work_dir": work_dir, "compression": compression}
+        refuse_twice(sets, [("--rounds", rounds, "rounds"), ("--work-dir", work_dir, "work_dir")])
+        overrides = {"work_dir": "work" if work_dir is None else work_dir, "compression": compression}
         config = recipe_config(recipe, sets or (), **overrides | ({"rounds": rounds} if rounds is not None else {}))
         run_pipeline(config, as_json)
 
@@ -61,6 +62,7 @@ def run(
                                                          ("--tune-set", tune_sets)) if v is not None]):
             fail(f"{' and '.join(given)}: search settings, for --recipe auto only (the recipe is "
                  f"{recipe or 'the pipeline defaults'}: nothing is searched)")
+        refuse_twice(tune_sets, [("--budget-minutes", budget_minutes, "budget_minutes")], "--tune-set")
         if recipe is None:
             return run_pipeline(load_config(config, sets=sets or ()), as_json)
         if recipe != AUTO:
@@ -122,7 +124,8 @@ def recipes(as_json: Annotated[bool, typer.Option("--json", help="Print the reci
 def tune(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML or JSON pipeline config merged over "
                                                 "the base recipe (the dataset, the model, ...)")] = None,
-    recipe: Annotated[str, typer.Option(help="The recipe the candidates vary (the baseline)")] = "demo",
+    recipe: Annotated[str | None, typer.Option(help="The recipe the candidates vary (the baseline) [default: "
+                                               "demo]")] = None,
     budget_minutes: Annotated[float | None, typer.Option(help="Wall minutes of trials (default: the budget of the "
                                                          "newest finished search of the same settings in the work "
                                                          "folder, whose trials this one reuses; else 90)")] = None,
@@ -147,6 +150,8 @@ def tune(
             fail(f"--out {out}: a folder; give the file to write the winner's config to, e.g. {out / 'recipe.yaml'}")
         if out is not None and not out.parent.is_dir():
             fail(f"--out {out}: no folder {out.parent} to write it in")
+        refuse_twice(tune_sets, [("--budget-minutes", budget_minutes, "budget_minutes"), ("--seed", seeds, "seeds"),
+                                 ("--recipe", recipe, "recipe")], "--tune-set")
         result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)
         if not shown_by_the_log():  # (on a terminal the flow's log has shown it)
             typer.echo(result["markdown"])

@@ -241,6 +241,30 @@ def test_options_that_would_be_ignored_are_refused_or_taken(tmp_path, monkeypatc
     assert ran[0].compression.dims == [64] and ran[0].compression.index_types == ["flat", "hnsw", "ivfpq"]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["demo", "--rounds", "2", "--set", "rounds=1"], "--rounds and --set rounds=1 both set rounds: give it once"),
+    (["demo", "--work-dir", "{w}", "--set", "work_dir={w}2"], "--work-dir and --set work_dir={w}2 both set work_dir"),
+    (["tune", "--seed", "7", "--tune-set", "seeds=[8]", "--set", "work_dir={w}"],
+     "--seed and --tune-set seeds=[8] both set seeds: give it once"),
+    (["tune", "--budget-minutes", "5", "--tune-set", " budget_minutes=9", "--set", "work_dir={w}"],
+     "--budget-minutes and --tune-set  budget_minutes=9 both set budget_minutes"),
+    (["tune", "--recipe", "full", "--tune-set", "recipe=demo", "--set", "work_dir={w}"],
+     "--recipe and --tune-set recipe=demo both set recipe"),
+    (["run", "--recipe", "auto", "--budget-minutes", "5", "--tune-set", "budget_minutes=9", "--set", "work_dir={w}"],
+     "--budget-minutes and --tune-set budget_minutes=9 both set budget_minutes"),
+])
+def test_an_option_and_a_set_of_the_same_setting_are_refused(tmp_path, monkeypatch, args, message):
+    """Found by a review: `demo --rounds 2 --set rounds=1` trained one round (the --set won, silently), as did a
+    search's --seed beside --tune-set seeds=...; which one the user meant is not known, so neither is taken."""
+    import ance_cli.train_commands
+
+    monkeypatch.setattr(ance_cli.train_commands, "run_pipeline", lambda config, as_json: pytest.fail("ran"))
+    work = str(tmp_path / "w")
+    code, out = _invoke([a.replace("{w}", work) for a in args])
+    assert code == 2 and message.replace("{w}", work) in out.replace("\n", ""), out
+    assert "Traceback" not in out and not (tmp_path / "w").exists()
+
+
 def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_names_its_file(tmp_path):
     """A dataset error left a new work folder holding its lock and an empty data/ folder; `evaluate --run` on a split
     the dataset lacks wrote the data stage, then said so in a line without the qrels file's path."""
