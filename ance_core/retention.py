@@ -14,7 +14,8 @@ lock nobody holds (the run was killed) counts as an ended run.
   evaluations and checkpoints stay);
 - **rankings** (`keep_rankings: false`): every ended run's `retrieve` folders go, the kept refreshes' too;
 - **never removed**: the stages of a live run (its lock is held), the model `latest.json` names with its corpus
-  encodings, their indexes and data (what `ance search --model` reads, whichever runs are kept), a stage folder no
+  encodings, their indexes, data and its BM25 index (what `ance search --model [--hybrid]` reads, whichever runs
+  are kept), a stage folder no
   run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
   refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
   or a killed training that resumes from them), and everything that is not a stage folder: the MLflow store
@@ -235,7 +236,8 @@ def _refresh_of(folders: dict[str, StageFolder], encode_key: str) -> set[str]:
 
 def _latest_search(folders: dict[str, StageFolder], work_dir: Path) -> set[str]:
     """What `ance search --model <the model latest.json names>` reads: the model, its corpus encodings (with their
-    shards and indexes; not the rankings searched in them) and the data they encoded."""
+    shards and indexes; not the rankings searched in them), the data they encoded and that data's BM25 index
+    (`--hybrid` fuses with it: on a large corpus minutes to build again)."""
     try:
         record = json.loads((work_dir / LATEST).read_text())
         latest = Path(record["checkpoint"]).name
@@ -247,7 +249,7 @@ def _latest_search(folders: dict[str, StageFolder], work_dir: Path) -> set[str]:
         if f.stage == "encode" and f.inputs.get("checkpoint") in names:
             keep |= {k for k in _refresh_of(folders, f.key) if folders[k].stage != "retrieve"}
             keep |= {f.inputs.get("data")} & set(folders)
-    return keep
+    return keep | {f.key for f in folders.values() if f.stage == "bm25-index" and f.inputs.get("data") in keep}
 
 
 GRACE_SECONDS = 3600  # a stage folder no run has recorded is kept this long: another process's (an inferencer

@@ -242,10 +242,14 @@ def test_the_latest_model_keeps_what_search_reads_whichever_runs_are_kept(tmp_pa
     work = _retrained(tmp_path / "work", 2)
     ckpt = next(f for f in stage_folders(work).values() if (f.path / "name.txt").read_text() == "train1")
     (work / "latest.json").write_text(json.dumps({"checkpoint": str(ckpt.path), "digest": ckpt.key}))
+    data = next(f for f in stage_folders(work).values() if f.stage == "prepare")
+    with live_run(work, "bm25"):  # (the data's BM25 index, that `ance search --hybrid` fuses with: once removed)
+        _stage(work, "bm25-index", "bm25 index", {"data": data.key})
+        _stage(work, "bm25-index", "other data's bm25 index", {"data": "0" * 16})
     with live_run(work, "evaluate"):
         _stage(work, "evaluate", "a check", {"checkpoint": ckpt.key})
     kept = _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep)
-    assert kept == ["a check", "data", "enc1b", "idx1b", "train1"]  # run1b (the ranking) goes
+    assert kept == ["a check", "bm25 index", "data", "enc1b", "idx1b", "train1"]  # run1b (the ranking) goes
 
 
 # ---------------------------------------------------------------- what a review of the gc lifecycle found (session 14)
