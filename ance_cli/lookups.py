@@ -35,6 +35,19 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
     return DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
 
 
+def say_training_split(data, tables, split: str) -> None:
+    """Scoring the train split of a dataset with a dev split: say that its queries are those a pipeline trains on,
+    the dev split's left out (carved from the train split, or the dataset's own), not every query of the file."""
+    import typer
+
+    if split != data.train_split or data.dev_split is None or not (tables.qrels["split"] == data.dev_split).any():
+        return
+    n = tables.qrels.loc[tables.qrels["split"] == split, "query_id"].nunique()
+    n_dev = tables.qrels.loc[tables.qrels["split"] == data.dev_split, "query_id"].nunique()
+    typer.echo(f"split '{split}': its {n:,} queries that train, as a pipeline's runs split them (the dev split "
+               f"'{data.dev_split}', {n_dev:,} queries, left out)")
+
+
 def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
     from ance_cli.app import preflight
@@ -47,6 +60,7 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     data = evaluation_data(dataset, split, work_dir)
     tables = preflight(data, work_dir, (split,), doc_ids=True)
     qrels = tables.split_qrels(split)  # (a split it lacks: one line naming its file)
+    say_training_split(data, tables, split)
     judged, ran = set(qrels["query_id"]), set(run["query_id"])
     if not judged & ran:
         raise AnceError(f"{path}: none of its {len(ran):,} queries (e.g. {sorted(ran)[:3]}) is a judged query of "

@@ -19,6 +19,7 @@ from ance_cli.lookups import (
     hybrid_search,
     index_of,
     model_work_dir,
+    say_training_split,
     score_run,
     training_free,
 )
@@ -39,7 +40,7 @@ def bm25(
 
     def body():
         data = evaluation_data(dataset, split, work_dir)
-        preflight(data, work_dir, (split,))
+        say_training_split(data, preflight(data, work_dir, (split,)), split)
         metrics = bm25_baseline(data, BM25Config(), work_dir, split=split)
         print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
@@ -69,7 +70,7 @@ def evaluate(
             return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         data = evaluation_data(dataset, split, work_dir)
-        preflight(data, work_dir, (split,))
+        say_training_split(data, preflight(data, work_dir, (split,)), split)
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 

@@ -381,11 +381,14 @@ def test_bm25_and_a_run_file_evaluate_the_dev_split_a_pipeline_carves(tmp_path):
                                                       "test": [("q10", "d10", 1), ("q11", "d11", 1)]})
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "p")}
 
-    def ance(*args):
-        proc = subprocess.run([sys.executable, "-m", "ance_cli", *args, "--dataset", str(ds), "--split", "dev",
+    said = []
+
+    def ance(*args, split="dev"):
+        proc = subprocess.run([sys.executable, "-m", "ance_cli", *args, "--dataset", str(ds), "--split", split,
                                "--work-dir", str(tmp_path / "w"), "--json"], capture_output=True, text=True,
                               env=env, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        said.append(proc.stdout)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     assert ance("bm25")["ndcg_at_10"] == 1.0  # each dev query's one document at rank 1
@@ -399,6 +402,13 @@ def test_bm25_and_a_run_file_evaluate_the_dev_split_a_pipeline_carves(tmp_path):
     run = tmp_path / "run.trec"  # the first dev query's document at rank 2: its nDCG@10 1/log2(3), the others' 0
     run.write_text(f"{first} Q0 d11 1 2.0 x\n{first} Q0 d{first[1:]} 2 1.0 x\n")
     assert abs(ance("evaluate", "--run", str(run))["ndcg_at_10"] - 0.6309 / len(dev)) < 1e-3
+    assert "split 'train'" not in "".join(said)
+    # the train split is the queries a pipeline trains on, without the carved dev queries: said (it was not)
+    trained = sorted({f"q{i}" for i in range(10)} - set(dev["query_id"]))[0]
+    run.write_text(f"{trained} Q0 d{trained[1:]} 1 2.0 x\n")
+    assert ance("evaluate", "--run", str(run), split="train")["ndcg_at_10"] == pytest.approx(1 / (10 - len(dev)))
+    assert f"split 'train': its {10 - len(dev)} queries that train, as a pipeline's runs split them (the dev split " \
+           f"'dev', {len(dev)} queries, left out)" in said[-1], said[-1]
 
 
 def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
