@@ -132,6 +132,11 @@ def train_conae(teacher: Teacher, dim: int, *, lam: float, lr: float, batch_size
             neg = [rng.choice(negatives[i]) for i in idx]
             parts = conae_loss(model, queries[idx], docs[torch.from_numpy(teacher.top[idx])], scores[idx], docs[pos],
                                docs[neg], lam=lam, kl=not no_kl)
+            if not torch.isfinite(parts["loss"]):  # every step after it would train on NaN, and the projection too
+                from ance_core.errors import AnceError
+
+                raise AnceError(f"ConAE to {dim} dimensions: the loss is {float(parts['loss'])} at step {step + 1} "
+                                f"(compression.lr {lr:g}); nothing was kept: lower compression.lr")
             optimizer.zero_grad(set_to_none=True)
             parts["loss"].backward()
             optimizer.step()

@@ -120,6 +120,19 @@ def test_compressed_index_returns_the_same_top1_as_the_full_one_on_an_easy_set()
         assert (compressed == full).all(), projector.method
 
 
+def test_a_loss_that_is_not_finite_stops_conae_in_one_line():
+    """Found by a review: at a learning rate far too high the weights, then the loss, became NaN, and the NaN
+    projection was kept (compressed embeddings of NaN, searched as if they were embeddings)."""
+    from ance_core.errors import AnceError
+
+    docs, queries = _easy_set()
+    doc_ids, query_ids = [f"d{i}" for i in range(len(docs))], [f"q{i}" for i in range(len(queries))]
+    teacher = teacher_from(docs, doc_ids, queries, query_ids, {q: {f"d{i}"} for i, q in enumerate(query_ids)}, 20)
+    with pytest.raises(AnceError, match=r"ConAE to 8 dimensions: the loss is nan at step \d+ \(compression.lr "
+                                        r"1e\+20\); nothing was kept: lower compression.lr"):
+        train_conae(teacher, 8, lam=0.1, lr=1e20, batch_size=16, epochs=3, only_kl=False, no_kl=False, seed=0)
+
+
 def test_config_refuses_contradictory_ablations_and_repeated_entries():
     from pydantic import ValidationError
 
