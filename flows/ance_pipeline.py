@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 
 from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.splits import fold_count
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, collect_warnings
 from ance_core.modeling.devices import pick_device
 from ance_core.modeling.model import check_lengths, checkpoint_digest, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
@@ -76,7 +76,7 @@ def train_and_evaluate(c: PipelineConfig, trial: Trial | None = None, experiment
     if c.refresh == "async" and c.rounds:
         check_deployment(c.inferencer, get_run_logger())  # before the warm-up trains
     run = RunBook(c, experiment, next_mining=c.mining, trial=trial)
-    with run.ended_on_failure():
+    with run.ended_on_failure(), collect_warnings() as run.loose:  # (what is warned outside the stages' builds)
         if c.selection == "cv":
             run.folds = dev_folds(c, trial.experiment if trial else experiment, run.tracking.parent,
                                   trial.name if trial else None)

@@ -80,6 +80,7 @@ class RunBook:
         self.log = StageLog()
         self.trial = trial
         self.folds = folds
+        self.loose: list[str] = []  # warnings said outside any stage's build (a flow collects them into it)
         self.experiment = experiment
         if trial is not None:
             self.tracking = PipelineTracking(config, flow_tags(), experiment=trial.experiment, trial=True,
@@ -293,7 +294,9 @@ class RunBook:
     def track(self, result: dict, plots_dir: Path, selected: tuple[str, ArtifactRef] | None = None,
               async_refresh: dict | None = None, extra_plots: Iterable[Path] = (), retrieval: Path | None = None
               ) -> dict:
-        """Log the rest of the run to MLflow (tracking.run.PipelineTracking.finish); never fails the run."""
+        """Log the rest of the run to MLflow (tracking.run.PipelineTracking.finish); never fails the run. The run's
+        warnings are the stages' and the report's, and those said outside any stage's build (`loose`)."""
+        result["warnings"] = list(dict.fromkeys(result["warnings"] + self.loose))
         return self.tracking.finish_safely(result, self.log.timings, self.evaluations, self.data.path, self.stats,
                                            async_refresh, extra_plots=extra_plots, plots_dir=plots_dir,
                                            selected=selected, dev=self.dev, dev_setting=self.dev_setting,

@@ -10,6 +10,7 @@ import pandas as pd
 from prefect import flow
 
 from ance_core.artifacts import NEGATIVES, PROFILE, RUN, ArtifactRef, atomic_folder
+from ance_core.errors import collect_warnings
 from ance_core.negatives.analysis import ranks_relative_to_positive, read_stats
 from ance_core.negatives.samplers import get_sampler, train_config_for
 from ance_core.pipeline.config import CompareConfig
@@ -39,7 +40,7 @@ def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
 
 def compare(c: CompareConfig) -> dict:
     run = RunBook(c, "compare-negatives", dev=False)
-    with run.ended_on_failure():
+    with run.ended_on_failure(), collect_warnings() as run.loose:  # (what is warned outside the stages' builds)
         return compare_stages(c, run)
 
 

@@ -542,3 +542,21 @@ def test_a_round_distils_from_a_teacher_on_a_draw_of_negatives_per_epoch(tiny_sc
     trained = next(s["path"] for s in result["stages"] if (s["for"], s["stage"]) == ("ANCE round 1", "train"))
     log = [json.loads(line) for line in Path(trained, "train_log.jsonl").read_text().splitlines()]
     assert {r["epoch"] for r in log} == {0, 1}
+
+
+def test_a_warning_said_outside_the_stages_reaches_the_result_and_mlflow(tiny_scifact, tiny_model, tmp_path):
+    """Found by a review: the run's warnings (closing lines, --json, MLflow's `warnings` tag) were the stages' and
+    the report's only; one the flow said itself (here: dev checks asked for with no dev split to check on; also a
+    result served without its retrieval package, a start chosen on another dev split) was in the log alone."""
+    from mlflow.tracking import MlflowClient
+
+    train = {"max_steps": 2, "batch_size": 4, "passage_max_length": 48, "learning_rate": 1e-3}
+    config = {"data": {"dataset": str(tiny_scifact), "dev_fraction": 0}, "warmup": train, "rounds": 0,
+              "model": {"name": str(tiny_model), "passage_max_length": 48}, "encode": {"batch_size": 32},
+              "dev_check": {"per_epoch": 1}, "work_dir": str(tmp_path / "work")}
+    result, out = run_pipeline_cli(config, tmp_path)
+    said = "dev_check is on, but the run has no dev split (dev is neither a split of the dataset nor carved from it)"
+    warning = next(w for w in result["warnings"] if w.startswith(said))
+    assert f"WARNING: {warning}" in out
+    tags = MlflowClient(result["mlflow_uri"]).get_run(result["mlflow_run_id"]).data.tags
+    assert said in tags["warnings"]
