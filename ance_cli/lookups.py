@@ -53,7 +53,7 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     from ance_cli.app import preflight
     from ance_core.errors import AnceError, warn
     from ance_core.retrieval.config import EvalConfig
-    from ance_core.retrieval.evaluate import evaluate_run, without_identical_ids
+    from ance_core.retrieval.evaluate import evaluate_run, identical_ids_rule, without_identical_ids
     from ance_core.retrieval.search import read_trec
 
     run = read_trec(path)  # a malformed file fails before the data is read
@@ -80,7 +80,7 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
     if unknown:
         warn(f"{path}: {len(unknown):,} of its {len(ranked):,} document ids are not in the corpus of {dataset} and "
              f"count as not relevant (e.g. {unknown[:3]})")
-    if EvalConfig().ignore_identical_ids:
+    if identical_ids_rule(EvalConfig(), tables.qrels).ignore_identical_ids:
         run = without_identical_ids(run)
     return evaluate_run(run, qrels)[0]
 

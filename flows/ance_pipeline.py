@@ -246,7 +246,7 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     extra = {"async_refresh": async_refresh} if async_refresh is not None else {}
     if c.compression is not None and run.trial is None:  # the chosen model, from the corpus encoding its evaluation
         compressed = compress_model(final["checkpoint"], final["encode"], run.data, c.compression, run.split,
-                                    c.data.eval_split, c.encode, c.index, c.work_dir, c.eval)
+                                    c.data.eval_split, c.encode, c.index, c.work_dir, run.eval)
         tracked["compression"] = log_compression(run.tracking.tracker, run.tracking.parent, compressed, c.compression,
                                                  c.data, run.tracking.tags) | {"table": compressed["table"]}
         extra["compression"] = {"table": compressed["table"], "files": compressed["files"],

@@ -39,6 +39,7 @@ from ance_core.pipeline.report import (
     read_report,
     select_model,
 )
+from ance_core.retrieval.evaluate import identical_ids_rule
 from ance_core.training.config import TrainConfig
 from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
@@ -90,6 +91,7 @@ class RunBook:
             link_mlflow_run(self.tracking, key=self.artifact_key("mlflow-run"))
         self.with_dev, self.next_mining = dev, next_mining
         self.eval_split = config.data.eval_split
+        self.eval = config.eval  # (as it applies to the collection once its qrels are read: prepare_data)
         self.dev_split: str | None = None
         self.dev_setting: str | None = None  # the dev queries and labels a dev score is measured on (the champion
         # compares only like with like)
@@ -117,9 +119,10 @@ class RunBook:
         check_trainable(tables, folder, cfg.train_split, negatives_needed(self.c), cfg.format)
         warn_shared_queries(tables, cfg.eval_split, cfg.train_split, cfg.dev_split)
         summary = read_manifest(self.data.path)["summary"]
+        self.eval = identical_ids_rule(self.c.eval, tables.qrels)  # (the collection's qrels decide identical ids)
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
-            self.dev_setting = dev_setting(self.dev_split, summary["split_digests"][self.dev_split], self.c.eval)
+            self.dev_setting = dev_setting(self.dev_split, summary["split_digests"][self.dev_split], self.eval)
             if self.c.start_checkpoint:
                 warn_other_dev_split(self.wd, self.c.start_checkpoint, self.dev_setting)
         splits = {"training": self.split, "dev": self.dev_split, "evaluation": self.eval_split}
@@ -133,7 +136,7 @@ class RunBook:
             run = self.log.run("BM25", "bm25" if split == self.eval_split else "bm25-dev", bm25_run, self.data,
                                self.c.bm25, split, self.c.bm25.top_k, self.wd)
             ref = self.log.run("BM25", "evaluate" if split == self.eval_split else "evaluate-dev", evaluate, run,
-                               self.data, split, self.wd, self.c.eval)
+                               self.data, split, self.wd, self.eval)
             self._record_evaluation("BM25", split, ref)
             (self.dev_runs if split == self.dev_split else self.eval_runs)["BM25"] = run
 
@@ -196,7 +199,7 @@ class RunBook:
                                   check.depth, self.wd)
         start_score = check.start_score(read_metrics(self.dev[started_from])["ndcg_at_10"])
         return DevInputs(candidates, self.dev_split, check, start_score, self.c.encode,
-                         self.c.eval.ignore_identical_ids)
+                         self.eval.ignore_identical_ids)
 
     def trained(self, label: str, started_from: str, negatives: ArtifactRef | None, sampler: str) -> None:
         """Record that `label` was trained from the model `started_from` on `negatives` (mined with `sampler`)."""
@@ -211,7 +214,7 @@ class RunBook:
         negatives)."""
         c, built = self.c, built or {}
         exact = built.get("index") if c.index.type == "flat" else None  # an approximate mining index is not reused
-        refs = evaluate_stages(checkpoint, self.data, self.eval_split, c.eval, c.encode, c.index, self.wd,
+        refs = evaluate_stages(checkpoint, self.data, self.eval_split, self.eval, c.encode, c.index, self.wd,
                                exact, self.dev_split, c.execution)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
@@ -240,12 +243,12 @@ class RunBook:
         label = f"{dense} + BM25"
         dev = self.dev_split if dense in self.dev_runs and "BM25" in self.dev_runs else None
         choice = self.log.run(label, "fusion", fusion_choice, self.dev_runs.get(dense) if dev else None,
-                              self.dev_runs.get("BM25") if dev else None, self.data, dev, self.wd, self.c.eval)
+                              self.dev_runs.get("BM25") if dev else None, self.data, dev, self.wd, self.eval)
         splits = [(self.eval_split, self.eval_runs, "")] + ([(dev, self.dev_runs, "-dev")] if dev else [])
         for split, runs, suffix in splits:
             fused = self.log.run(label, f"fuse{suffix}", fused_run, runs[dense], runs["BM25"], choice, self.wd,
-                                 self.c.eval.top_k, self.c.eval.ignore_identical_ids)
-            ref = self.log.run(label, f"evaluate{suffix}", evaluate, fused, self.data, split, self.wd, self.c.eval)
+                                 self.eval.top_k, self.eval.ignore_identical_ids)
+            ref = self.log.run(label, f"evaluate{suffix}", evaluate, fused, self.data, split, self.wd, self.eval)
             self._record_evaluation(label, split, ref)
         self.models[label] = self.models[dense] | {"fusion": choice}
         print(f"hybrid: {dense} fused with BM25 by {read_fusion(choice).label()}"
@@ -318,7 +321,7 @@ class RunBook:
                  "version); its MLflow model encodes text only")
             return None
         fusion = read_fusion(model["fusion"])
-        depth = self.c.eval.top_k
+        depth = self.eval.top_k
         shallower = {"bm25_depth": self.c.bm25.top_k} if self.c.bm25.top_k < depth else {}  # (served that deep)
         ref = run_stage(self.wd, "serving", {"bm25": self.c.bm25.scoring(), "fusion": fusion.as_dict(), "depth": depth}
                         | shallower,

@@ -39,7 +39,7 @@ from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
-from tasks.evaluate import evaluate
+from tasks.evaluate import evaluate, evaluation_for
 from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
@@ -196,7 +196,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         check_compression(path, compression, read_manifest(tables.path)["summary"]["documents"])
         embeddings = run_task(encode_corpus, ref, tables, encode, work_dir, execution)
         result = compress_model(ref, embeddings, tables, compression, data.train_split, data.eval_split, encode,
-                                index, work_dir, evaluation)
+                                index, work_dir, evaluation_for(evaluation, tables))
         tracker = Tracker(work_dir, "compress")  # (in the live run: a gc meanwhile leaves what is being logged)
         tracked = log_compression(tracker, None, result, compression, data, flow_tags())
     summary = tracker.summary() | tracked | {"run_url": run_url(tracker, tracked["run_id"])}

@@ -14,7 +14,7 @@ from flows.start import held_checkpoint
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
-from tasks.evaluate import evaluate
+from tasks.evaluate import evaluate, evaluation_for
 from tasks.refresh import evaluate_stages
 
 
@@ -26,6 +26,7 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
     with live_run(work_dir, "bm25-baseline"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)  # (recorded under their locks, cached or built: run_task)
         run = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
+        evaluation = evaluation_for(evaluation, tables)
         return read_metrics(run_task(evaluate, run, tables, split, work_dir, evaluation))
 
 
@@ -50,6 +51,7 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
         ref = held_checkpoint(checkpoint)  # the checkpoint too
         tables = run_task(prepare_data, data, work_dir)
         split = split or data.eval_split
+        evaluation = evaluation_for(evaluation, tables)
         refs = evaluate_stages(ref, tables, split, evaluation, encode, index, work_dir, execution=execution)
         metrics = read_metrics(refs["evaluate"])
     # what a run started from the UI shows on its page (its return value is not shown there)

@@ -5,7 +5,7 @@ import pandas as pd
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data.dataset import read_tables
 from ance_core.retrieval.config import EvalConfig
-from ance_core.retrieval.evaluate import write_evaluation
+from ance_core.retrieval.evaluate import identical_ids_rule, write_evaluation
 from tasks.common import stage_task
 
 
@@ -25,6 +25,12 @@ def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str, cfg
         return write_evaluation(ranked, qrels, out, tag=run.digest, ignore_identical_ids=cfg.ignore_identical_ids)
 
     return run_stage(work_dir, "evaluate", evaluate_key(split, cfg), {"run": run.digest, "data": data.digest}, build)
+
+
+def evaluation_for(cfg: EvalConfig, data: ArtifactRef) -> EvalConfig:
+    """The evaluation config as it applies to the data stage's collection (`identical_ids_rule`: identical ids kept
+    where its qrels judge a query's own id relevant); its qrels alone are read."""
+    return identical_ids_rule(cfg, read_tables(data.path, corpus_columns=[]).qrels)
 
 
 def evaluate_key(split: str, cfg: EvalConfig) -> dict:

@@ -133,5 +133,6 @@ class EvalConfig(StageConfig):
     ignore_identical_ids: bool = Field(
         True, description="Drop a hit whose document id is the query's id before scoring, as BEIR's evaluator does "
         "(ArguAna and Quora put each query in the corpus: kept, it ranks first and counts as non-relevant). Applied "
-        "to every model's run and to BM25's")
+        "to every model's run and to BM25's; not where the collection's qrels judge a document relevant to the query "
+        "of its id (its queries and documents are numbered apart, as in classic collections: said in the log)")
 

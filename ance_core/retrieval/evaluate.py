@@ -83,6 +83,29 @@ def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame) -> tuple[dict[str, floa
     return aggregate(per_query), per_query
 
 
+def own_id_judgements(qrels: pd.DataFrame) -> pd.DataFrame:
+    """The qrels rows that judge a document relevant to the query of the same id. BEIR's `ignore_identical_ids` is
+    for collections whose queries are documents too (ArguAna, Quora), where such a pair is never judged; where one is,
+    the query ids and the document ids are two numberings (a classic collection's query 7 and document 7), and
+    dropping a hit by its id would drop a relevant document."""
+    relevant = qrels[qrels["relevance"] > 0]
+    return relevant[relevant["query_id"].astype(str) == relevant["doc_id"].astype(str)]
+
+
+def identical_ids_rule(cfg, qrels: pd.DataFrame):
+    """`cfg` (an EvalConfig) as it applies to a collection with these qrels (every split's): identical ids are not
+    dropped where the qrels judge a document relevant to the query of its id (`own_id_judgements`), and that is said
+    once. Returns the config to evaluate with."""
+    if not cfg.ignore_identical_ids or (own := own_id_judgements(qrels)).empty:
+        return cfg
+    first = own.iloc[0]
+    print(f"evaluation: {len(own):,} qrels judge a document relevant to the query of the same id (e.g. query "
+          f"'{first['query_id']}' and document '{first['doc_id']}', split {first['split']}): the collection numbers "
+          "its queries and documents apart, so no hit is dropped for having its query's id (eval.ignore_identical_ids "
+          "is for collections whose queries are documents too: ArguAna, Quora)")
+    return cfg.model_copy(update={"ignore_identical_ids": False})
+
+
 def without_identical_ids(run: pd.DataFrame) -> pd.DataFrame:
     """The run without hits whose document id is the query's id (BEIR's `ignore_identical_ids`): the ranks of the
     hits below move up."""

@@ -36,6 +36,25 @@ def test_a_hit_whose_document_is_the_query_is_dropped_before_scoring_as_beir_doe
     assert "q1 Q0 q1" not in (tmp_path / "dropped" / "run.trec").read_text()  # the run evaluated is the run kept
 
 
+def test_identical_ids_are_kept_where_the_qrels_judge_a_query_own_id_relevant(capsys):
+    """Found by a review: classic collections number their queries and documents apart (CISI judges 7 pairs, MED 1,
+    of a query and the document of the same number relevant), and the BEIR rule dropped those relevant hits; on a
+    collection numbered so throughout (query i's answer is document i) every score was 0, without a word."""
+    from ance_core.retrieval.config import EvalConfig
+    from ance_core.retrieval.evaluate import identical_ids_rule
+
+    arguana = pd.DataFrame({"query_id": ["q1", "q2"], "doc_id": ["d1", "d3"], "relevance": [1, 1],
+                            "split": ["test", "test"]})
+    assert identical_ids_rule(EvalConfig(), arguana).ignore_identical_ids and not capsys.readouterr().out
+    classic = pd.DataFrame({"query_id": ["1", "2", "7"], "doc_id": ["4", "2", "7"], "relevance": [1, 0, 2],
+                            "split": ["test", "test", "train"]})  # (2-2 is judged not relevant: no evidence)
+    assert not identical_ids_rule(EvalConfig(), classic).ignore_identical_ids
+    assert ("evaluation: 1 qrels judge a document relevant to the query of the same id (e.g. query '7' and document "
+            "'7', split train): the collection numbers its queries and documents apart") in capsys.readouterr().out
+    off = EvalConfig(ignore_identical_ids=False)
+    assert identical_ids_rule(off, classic) is off
+
+
 def test_the_evaluate_stage_key_is_unchanged_when_identical_ids_are_kept():
     from ance_core.retrieval.config import EvalConfig
     from tasks.evaluate import evaluate_key
