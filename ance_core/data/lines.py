@@ -315,8 +315,19 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
                             f"(query-id iteration doc-id relevance), got {len(parts)}", number)
     parts = [p.strip() for p in parts]
     if first and parts[2].lower() in QRELS_HEADER:
+        # the columns are read in one order: a header naming the document column first had every row's ids read
+        # swapped, without a word
+        names = [p.lower().replace("-", "").replace("_", "") for p in parts[:2]]
+        if names[0] in DOC_COLUMN_NAMES or names[1] in QUERY_COLUMN_NAMES:
+            raise FileLayoutError(path, f"its header ({' '.join(parts)}) names the document column before the query "
+                                  "column: qrels are read as query-id, corpus-id, score; swap the two columns (and "
+                                  "the header's names)", number)
         return None
     return number, parts[0], parts[1], _relevance(path, number, parts[2])
+
+
+DOC_COLUMN_NAMES = {"corpusid", "docid", "documentid", "doc", "document", "pid", "passageid"}
+QUERY_COLUMN_NAMES = {"queryid", "qid", "query", "topic", "topicid"}
 
 
 def _normalisation_hint(missing: list[tuple], column: int, known: set) -> str:

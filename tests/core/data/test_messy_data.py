@@ -127,6 +127,19 @@ def test_a_trec_header_line_is_named_as_a_header(tmp_path):
         load_dataset(folder)
 
 
+@pytest.mark.parametrize("header", ["corpus-id\tquery-id\tscore", "doc_id\tqid\trelevance"])
+def test_a_qrels_header_naming_the_document_column_first_is_refused(tmp_path, header):
+    """Found by a review: the columns are read as query-id, corpus-id, score whatever the header says, so a file
+    written the other way round loaded with every pair's ids swapped, without a word."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "qrels" / "train.tsv").write_text(f"{header}\nd1\tq1\t1\n")
+    with pytest.raises(DataError, match=r"train.tsv:1: its header \(.*\) names the document column before the query "
+                                        "column: qrels are read as query-id, corpus-id, score; swap the two columns"):
+        load_dataset(folder)
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")  # the usual header: read
+    assert load_dataset(folder).qrels["doc_id"].tolist().count("d1") >= 1
+
+
 def test_an_id_holding_a_line_break_is_a_bad_row(tmp_path):
     """An id with \\u2028 or \\x1c inside (trimming keeps them) would break every file that holds ids one per line."""
     folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
