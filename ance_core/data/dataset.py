@@ -191,7 +191,9 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
 
 def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = None) -> pd.DataFrame:
     path = folder / "corpus.jsonl"
-    rows = ((d, title, text) for d, text, title in jsonl_rows(path, ("text",), ("title",), seen))
+    # a missing or null text is empty, as a missing title is (BEIR's loader reads both so): a title-only document is
+    # kept, and one with neither is said (`_read_corpus`)
+    rows = ((d, title, text) for d, text, title in jsonl_rows(path, (), ("text", "title"), seen))
     return _read_corpus(path, rows, corpus_to)
 
 

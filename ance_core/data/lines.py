@@ -145,7 +145,7 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
     surrogates: list[int] = []
     for number, line in read_lines(path):
         try:
-            doc_id, obj = _json_row(path, number, line, fields)
+            doc_id, obj = _json_row(path, number, line, fields, optional)
         except DataError as e:
             left_out.add(e)
             continue
@@ -173,8 +173,10 @@ def _optional_text(value) -> str:
     return str(value)
 
 
-def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tuple[str, dict]:
-    """(id, object) of a JSON line with its required fields."""
+def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+              ) -> tuple[str, dict]:
+    """(id, object) of a JSON line with its required fields (strings), and its optional ones text where given (a
+    number is read as its digits; a list, a mapping or true/false is no text)."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
@@ -187,6 +189,9 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...]) -> tu
         if name not in obj or obj[name] is None:
             raise DataError(path, f"missing field '{name}'", number)
         if name != "_id" and not isinstance(obj[name], str):
+            raise DataError(path, f"field '{name}' must be a string", number)
+    for name in optional:
+        if isinstance(obj.get(name), list | dict | bool):
             raise DataError(path, f"field '{name}' must be a string", number)
     return _id_text(path, number, obj["_id"]), obj
 

@@ -178,3 +178,19 @@ def test_a_qrels_id_in_another_unicode_normal_form_is_named_as_such(tmp_path):
         f.write("q1\tcafe\u0301\t1\n")
     with pytest.warns(AnceWarning, match=r"is 'café' there in Unicode NFC \(they print alike\): normalise the ids"):
         load_dataset(folder)
+
+
+def test_a_document_without_text_is_kept_with_its_title(tmp_path):
+    """Found by a review: `text` was required, so a document with a title and no text (missing, null, NaN) was left
+    out with its qrels, and a corpus of titles alone was refused; BEIR's loader reads them with an empty text. One
+    with neither is kept and named (nothing in it to rank by); a number is read as its digits."""
+    corpus = [{"_id": "d1", "title": "apple pie"}, {"_id": "d2", "title": "cherry tart", "text": None},
+              {"_id": "d3", "title": "", "text": 1001}, {"_id": "d4"}]
+    folder = write_beir(tmp_path / "ds", corpus, QUERIES, QRELS)
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: 1 of 4 documents have an empty title and text \(kept; "
+                                         r"nothing in them to rank by\): d4"):
+        ds = load_dataset(folder)
+    rows = ds.corpus.set_index("doc_id")[["title", "text"]].to_dict("index")
+    assert rows == {"d1": {"title": "apple pie", "text": ""}, "d2": {"title": "cherry tart", "text": ""},
+                    "d3": {"title": "", "text": "1001"}, "d4": {"title": "", "text": ""}}
+    assert len(ds.qrels) == 2  # (d1's and d2's qrels kept)
