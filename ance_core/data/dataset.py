@@ -138,22 +138,33 @@ CORPUS_CHUNK = 100_000  # documents read into a table at a time (and written, wh
 
 
 def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
-    """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read."""
+    """(id, title, text) of each line of an MS MARCO collection.tsv, validated as it is read. Empty columns that end
+    a line are dropped; a line of more than 3 columns after that holds tabs in its text: its columns after the id
+    are the text, joined by spaces (said once, with the first such lines)."""
     repeats: list[str] = []
     left_out = LeftOut(path)
+    tabbed: list[int] = []
     for number, line in read_lines(path):
         parts = line.split("\t")
+        while len(parts) > 2 and not parts[-1].strip():  # (tabs ending the line: its text is the column before)
+            parts.pop()
         doc_id = parts[0].strip()  # (ids trimmed, as qrels' are)
-        problem = (f"expected 2 (id, text) or 3 (id, title, text) columns, got {len(parts)}"
-                   if len(parts) not in (2, 3) else id_problem(doc_id))
+        problem = ("expected 2 (id, text) or 3 (id, title, text) columns, got 1" if len(parts) == 1
+                   else id_problem(doc_id))
         if problem:
             left_out.add(DataError(path, problem, number))
             continue
         left_out.keep()
+        if len(parts) > 3:
+            tabbed.append(number)
+            parts = [doc_id, " ".join(parts[1:])]
         if claim_id(seen, doc_id, number, repeats):
             yield doc_id, parts[1] if len(parts) == 3 else "", parts[-1]
     left_out.done()
     warn_repeats(path, repeats)
+    if tabbed:
+        warn(f"{path}: {len(tabbed)} lines have more than 3 tab-separated columns (tabs inside a passage's text), read "
+             f"as the id and a text whose tabs are spaces: lines {preview(tabbed)}")
 
 
 def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | None) -> pd.DataFrame:

@@ -331,16 +331,22 @@ def test_missing_files_and_folders_are_named(beir, tmp_path):
 def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
     folder = tmp_path / "marco"
     folder.mkdir()
-    (folder / "collection.tsv").write_text("0\tfirst\n1\ta\tb\tc\n")
+    # tabs inside a passage (line 2), tabs ending a line (line 3): read, the first said; no tab at all: a bad row
+    (folder / "collection.tsv").write_text("0\tfirst\n1\ta\tb\tc\n2\tsecond\t\t\n3 no tab\n")
     (folder / "queries.train.tsv").write_text("10\twhat\n")
     (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
     with pytest.warns(AnceWarning) as caught:  # one bad row of each: left out, named, and the load goes on
         ds = load_dataset(folder)
     messages = [str(w.message) for w in caught]
-    assert any(m.endswith("collection.tsv: 1 of its 2 rows cannot be read and is left out: line 2: expected 2 (id, "
-                          "text) or 3 (id, title, text) columns, got 4") for m in messages), messages
-    assert ds.corpus["doc_id"].tolist() == ["0"] and ds.queries["query_id"].tolist() == ["10"]
-    (folder / "collection.tsv").write_text("1\ta\tb\tc\n")
+    assert any(m.endswith("collection.tsv: 1 of its 4 rows cannot be read and is left out: line 4: expected 2 (id, "
+                          "text) or 3 (id, title, text) columns, got 1") for m in messages), messages
+    tabs = ("collection.tsv: 1 lines have more than 3 tab-separated columns (tabs inside a passage's text), read as "
+            "the id and a text whose tabs are spaces: lines 2")
+    assert any(m.endswith(tabs) for m in messages), messages
+    assert ds.corpus[["doc_id", "title", "text"]].values.tolist() == [["0", "", "first"], ["1", "", "a b c"],
+                                                                       ["2", "", "second"]]
+    assert ds.queries["query_id"].tolist() == ["10"]
+    (folder / "collection.tsv").write_text("1 a b c\n")
     with pytest.raises(DataError, match=r"collection.tsv:1: expected 2 \(id, text\) or 3 \(id, title, text\) columns"):
         load_dataset(folder)
     (folder / "collection.tsv").write_text("0\tfirst\n")
