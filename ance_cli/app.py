@@ -91,6 +91,9 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
+_said: set[str] = set()  # a reused data stage's warnings said again by this process (`preflight`): once each
+
+
 def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0,
               doc_ids: bool = False):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
@@ -98,11 +101,11 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.artifacts import writable_work_dir
+    from ance_core.artifacts import stage_warnings, writable_work_dir
     from ance_core.data.checks import check_trainable
     from ance_core.data.dataset import qrels_file, read_tables
     from ance_core.data.sources import resolve_dataset
-    from ance_core.errors import AnceError
+    from ance_core.errors import AnceError, warn
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
@@ -112,7 +115,12 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         _check_split_files(data, splits)
         with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
             columns = ["doc_id"] if trains or doc_ids else []
-            tables = read_tables(prepare_data.fn(data, work_dir).path, corpus_columns=columns)
+            ref = prepare_data.fn(data, work_dir)
+            if ref.cached:  # what the data's reading said when it was built (rows left out, ids repeated), said again
+                for message in set(stage_warnings(ref.path)) - _said:  # (a command that reuses it said nothing)
+                    _said.add(message)
+                    warn(message)
+            tables = read_tables(ref.path, corpus_columns=columns)
         for split in splits:
             try:
                 tables.split_qrels(split)

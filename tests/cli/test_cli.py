@@ -424,6 +424,25 @@ def test_a_collection_numbering_queries_and_documents_alike_is_scored_with_its_o
     assert "4 qrels judge a document relevant to the query of the same id" in out
 
 
+def test_a_reused_data_stage_says_again_what_its_reading_left_out(tmp_path, monkeypatch):
+    """Found by a review: the second `ance bm25` or `evaluate` on a dataset reused its data stage and said nothing of
+    the rows the first left out (their qrels with them), though its scores were still without them."""
+    import ance_cli.app
+
+    docs = [{"_id": f"d{i}", "text": f"passage {i}"} for i in range(3)]
+    ds = write_beir(tmp_path / "ds", docs, [{"_id": "q1", "text": "passage"}], {"test": [("q1", "d1", 1)]})
+    with open(ds / "corpus.jsonl", "a") as f:
+        f.write('{"_id": "d9", "text": "cut off\n')
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 x\n")
+    args = ["evaluate", "--run", str(tmp_path / "run.trec"), "--dataset", str(ds), "--work-dir", str(tmp_path / "w")]
+    said = "corpus.jsonl: 1 of its 4 rows cannot be read and is left out: line 4: malformed JSON"
+    for _ in range(2):  # built, then reused (a new process: nothing said yet)
+        monkeypatch.setattr(ance_cli.app, "_said", set())
+        with pytest.warns(AnceWarning, match=said):
+            code, out = _invoke(args)
+        assert code == 0, out
+
+
 def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"ance": {"precision": "fp16"}, "work_dir": str(tmp_path / "w")}))
