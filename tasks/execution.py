@@ -119,7 +119,9 @@ def start_ray(execution: ExecutionConfig, preload: tuple[str, ...] = ()) -> None
     if execution.address:
         ray.init(address=execution.address, runtime_env={"env_vars": env})
     else:
-        ray.init(num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
+        # "local": a Ray of its own, as `address: null` says (left unset, Ray joins the cluster RAY_ADDRESS or a
+        # `ray start --head` on this machine names, and refuses num_cpus there)
+        ray.init(address="local", num_cpus=execution.workers * execution.threads_per_worker, include_dashboard=False,
                  runtime_env={"env_vars": env}, configure_logging=False)
     atexit.register(ray.shutdown)
     _check_resources(execution)

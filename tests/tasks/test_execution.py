@@ -69,6 +69,9 @@ def checkpoint(tiny_model, tmp_path_factory):
 def test_ray_encodes_the_corpus_as_local_does_with_a_task_per_shard_retried_after_failures(
         checkpoint, tiny_scifact, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
+    # `address: null` is a Ray of the run's own, whatever cluster the environment names (found by a review: Ray
+    # joined RAY_ADDRESS's, or a `ray start --head` of this machine, and refused num_cpus there)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     local, local_run = _encode(checkpoint, tiny_scifact, tmp_path / "local", ExecutionConfig())
     assert len(_shard_task_runs(local_run)) == 4
     assert read_manifest(local)["summary"]["workers"] == [f"{os.uname().nodename}:{os.getpid()}"]
