@@ -77,11 +77,22 @@ SnapshotHook = Callable[[int, Callable[[Path], None]], None]
 def cut_log(path: Path, step: int, write: bool = True) -> list[dict]:
     """A training log's records of the steps up to `step` (the checkpoint a stage resumes from; 0: none); `write`:
     the log cut back to them, written as a new file, so that a reader tailing the old one sees the change
-    (distributed.LogTail)."""
-    kept = [ln for ln in path.read_text().splitlines() if json.loads(ln)["step"] <= step] if step else []
+    (distributed.LogTail). A line cut off by the kill the stage resumes from (half a record) is dropped: it failed
+    every retry."""
+    records = [(ln, r) for ln in path.read_text().splitlines() if (r := _record(ln)) is not None] if step else []
+    kept = [(ln, r) for ln, r in records if r["step"] <= step]
     if write:
-        write_text(path, "".join(ln + "\n" for ln in kept))
-    return [json.loads(ln) for ln in kept]
+        write_text(path, "".join(ln + "\n" for ln, _ in kept))
+    return [r for _, r in kept]
+
+
+def _record(line: str) -> dict | None:
+    """A training log line's record, or None for one cut off (half written when the process was killed)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
 
 
 def train(

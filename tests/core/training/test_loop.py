@@ -60,6 +60,8 @@ def test_interrupted_training_resumes_to_identical_weights(setup, tmp_path):
     with pytest.raises(SimulatedCrash):
         train(ckpt, *rest, CFG, resumed, callbacks=[stop_after_3])
     assert (resumed / "checkpoints" / "step-000002").is_dir()
+    with open(resumed / "train_log.jsonl", "a") as log:  # killed while writing a record: half of it (found by a
+        log.write('{"step": 4, "lo')  # review: every retry failed on it, JSONDecodeError)
     summary = train(ckpt, *rest, CFG, resumed)
     assert summary["resumed_from_step"] == 2
     a, b = _weights(straight), _weights(resumed)
