@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ance_core.artifacts import TRAIN_LOG
+from ance_core.artifacts import TRAIN_LOG, write_text
 from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, warn
 from ance_core.negatives.mining import read_training_pairs
 from ance_core.negatives.refresh_state import rank_refresh
 from ance_core.training.config import TrainConfig
@@ -138,13 +138,28 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
     except BaseException:
         _stop(proc)
         raise
-    if proc.returncode != 0 or not (out / RESULT).is_file():
-        raise AnceError(f"distributed training on {world_size} processes failed (torchrun exit status "
-                        f"{proc.returncode}; the ranks' errors are in the log above); a re-run resumes from the "
-                        f"latest checkpoint in {out}")
-    summary = json.loads((out / RESULT).read_text())
+    summary = finished_summary(out, proc.returncode, world_size)
     (out / RESULT).unlink()
     (out / SPEC).unlink()
+    return summary
+
+
+def finished_summary(out: Path, returncode: int, world_size: int) -> dict:
+    """Rank 0's training summary, written once the trained model was saved and its checkpoints removed. With a
+    summary, a failing exit status is the ranks' teardown (a crash at exit): the training is kept, with a warning (an
+    error would retrain it from step 0: its checkpoints are gone). Without one, the training failed."""
+    try:
+        summary = json.loads((out / RESULT).read_text())
+    except (OSError, ValueError):
+        summary = None
+    if summary is None:
+        raise AnceError(f"distributed training on {world_size} processes failed (torchrun exit status "
+                        f"{returncode}; the ranks' errors are in the log above); a re-run resumes from the "
+                        f"latest checkpoint in {out}")
+    if returncode != 0:
+        warn(f"distributed training on {world_size} processes ended with torchrun exit status {returncode} after "
+             f"rank 0 saved the trained model and its summary (a failure at the ranks' exit; their errors are in the "
+             f"log above): the trained model in {out} is kept")
     return summary
 
 
@@ -164,7 +179,7 @@ def main(spec_path: str) -> None:
     with process_group("nccl" if torch.cuda.is_available() else "gloo", **timeout):
         summary = _train_rank(spec)  # (its DDP model freed on return, before the group is destroyed)
         if dist.get_rank() == 0:
-            (Path(spec["out"]) / RESULT).write_text(json.dumps(summary))
+            write_text(Path(spec["out"]) / RESULT, json.dumps(summary))  # (whole or not there: `finished_summary`)
 
 
 def _train_rank(spec: dict) -> dict:

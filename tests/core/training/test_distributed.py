@@ -453,3 +453,22 @@ def test_a_ddp_module_left_in_a_reference_cycle_is_freed_before_its_group(tmp_pa
         ended = [(rank.wait(timeout=300), rank.stderr.read()) for rank in ranks]
         assert all(code == 0 for code, _ in ended), f"group {k}: " + "; ".join(
             f"rank {r} exit {code}: {err[-500:]}" for r, (code, err) in enumerate(ended))
+
+
+def test_a_failing_exit_after_the_summary_keeps_the_training(tmp_path):
+    """Found by a review: rank 0 removes the checkpoints once the model is saved, before the ranks exit; a crash at
+    their exit (a non-zero torchrun status) failed the stage, and its retry trained again from step 0. With rank 0's
+    summary written, the training is kept, with a warning; without one (or half of one), it failed."""
+    from ance_core.errors import AnceError, AnceWarning
+    from ance_core.training.distributed import RESULT, finished_summary
+
+    with pytest.raises(AnceError, match=r"distributed training on 2 processes failed \(torchrun exit status 1"):
+        finished_summary(tmp_path, 1, 2)
+    (tmp_path / RESULT).write_text('{"steps": 4')  # (cut off)
+    with pytest.raises(AnceError, match="failed"):
+        finished_summary(tmp_path, 0, 2)
+    (tmp_path / RESULT).write_text(json.dumps({"steps": 4}))
+    assert finished_summary(tmp_path, 0, 2) == {"steps": 4}
+    with pytest.warns(AnceWarning, match=r"ended with torchrun exit status -6 after rank 0 saved the trained model .* "
+                                         r"is kept"):
+        assert finished_summary(tmp_path, -6, 2) == {"steps": 4}
