@@ -209,6 +209,8 @@ def test_missing_split_is_refused_before_any_work(tmp_path):
     # the dev split (carved by the data stage when the dataset has none) is checked after that stage
     code, out = _invoke(["bm25", "--dataset", str(ms), "--split", "dev", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "split 'dev' has no qrels" in out and str(ms / "qrels.dev.tsv") in out.replace("\n", "")
+    # (and why none was carved: its one training query is too few for a dev split; the warning saying so was hidden)
+    assert "none is carved from its 'train' queries (data.dev_fraction 0.2 of those with a positive" in out, out
 
 
 def test_unknown_recipe_is_refused(tmp_path):
