@@ -10,15 +10,9 @@ starts from (`start_of`: the best so far) and which dense model the hybrid row f
 run's result.
 """
 
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.runtime import deployment, flow_run
-from prefect.settings import PREFECT_UI_URL
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
 from ance_core.data.checks import check_trainable, warn_shared_queries
@@ -41,6 +35,7 @@ from ance_core.pipeline.report import (
 )
 from ance_core.retrieval.evaluate import identical_ids_rule
 from ance_core.training.config import TrainConfig
+from flows.publish import artifact_key, flow_tags, link_mlflow_run, publish_tables
 from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
 from tasks.bm25 import bm25_index, bm25_run
@@ -53,7 +48,7 @@ from tasks.report import report
 from tasks.train import DevInputs, Schedule, dev_candidates, train_round
 from tracking.closing import closing_lines
 from tracking.registry import dev_setting
-from tracking.run import PipelineTracking, run_url
+from tracking.run import PipelineTracking
 
 
 @dataclass(frozen=True)
@@ -344,59 +339,3 @@ class RunBook:
         """A Prefect artifact key of this flow and collection (`ance-train-scifact-results`): the Artifacts page keeps
         each one's history apart from other flows' and collections'."""
         return artifact_key(self.experiment, self.c.data.collection, kind)
-
-
-def artifact_key(*parts: str) -> str:
-    """`parts` as a Prefect artifact key: lowercase letters, digits and dashes (Prefect refuses anything else)."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")[:200]
-
-
-def publish(create: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """A Prefect artifact, best effort: a Prefect API that fails here warns and leaves the run alone (its MLflow runs
-    would be left RUNNING at the start; at the end a finished, registered run would show as failed)."""
-    try:
-        create(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        warn(f"the Prefect artifact {kwargs.get('key')} was not published ({type(e).__name__}: {e})")
-
-
-def flow_tags() -> dict[str, str]:
-    """Tags that tie the MLflow runs to this Prefect flow run (and its page, when a Prefect server is used)."""
-    tags = {"prefect.flow_run_id": str(flow_run.get_id()), "prefect.flow_run_name": str(flow_run.get_name()),
-            "prefect.deployment": str(deployment.get_name() or "")}
-    if PREFECT_UI_URL.value():
-        tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
-    return tags
-
-
-RESULT_COLUMNS = {"dev_ndcg_at_10": "dev nDCG@10", "ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10",
-                  "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
-
-
-def publish_tables(results: list[dict], timings: list[StageTiming], started_from: dict[str, str],
-                   key: Callable[[str], str]) -> None:
-    """The results table and the per-stage wall times as Prefect table artifacts of the flow run, keyed (`key`:
-    `<flow>-<collection>-results`, `-stage-times`) so the UI's Artifacts page keeps their history across runs."""
-    rows = [{"model": r["model"], "trained from": started_from.get(r["model"], "")}
-            | {label: round(r[k], 4) if k in r else None for k, label in RESULT_COLUMNS.items()} for r in results]
-    publish(create_table_artifact, rows, key=key("results"), description="the run's models: dev and evaluation metrics")
-    stages = [{"model": t.label, "stage": t.stage, "seconds": round(t.ref.seconds, 1), "reused": t.ref.cached}
-              for t in timings]
-    publish(create_table_artifact, stages, key=key("stage-times"), description="each stage's wall seconds (a reused "
-            "stage: the seconds it took when it was built)")
-
-
-def link_mlflow_run(tracking: PipelineTracking, markdown: str | None = None, closing: list[str] = (),
-                    key: str = "mlflow-run") -> None:
-    """The Prefect side of the link: a markdown artifact on the flow run naming its MLflow run (and, at the end,
-    the results and anything tracking could not deliver)."""
-    parent, uri = tracking.parent, tracking.tracker.uri
-    url = run_url(tracking.tracker, parent)
-    lines = ["# MLflow run", "",
-             f"- run: [{parent}]({url})" if url else f"- run id: `{parent}`",
-             f"- tracking store: `{uri}`" + ("" if url else f" (open it with `mlflow ui --backend-store-uri {uri}`)"),
-             f"- experiment id: `{tracking.tracker.experiment_id}`"]
-    lines += [f"- {line.removeprefix('MLflow: ')}" for line in closing]
-    if markdown:
-        lines += ["", markdown]
-    publish(create_markdown_artifact, "\n".join(lines), key=key, description="the MLflow run of this pipeline run")

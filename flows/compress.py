@@ -33,7 +33,7 @@ from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
-from flows.book import flow_tags
+from flows.publish import flow_tags
 from flows.start import held_checkpoint, trained_checkpoint
 from tasks.common import run_task
 from tasks.compress import ann_index, compress, compressed_model, encode_split_queries, measure_latency

@@ -46,7 +46,8 @@ from ance_core.pipeline.tune import (
 from ance_core.retention import live_run
 from ance_core.retrieval.config import ExecutionConfig
 from flows.ance_pipeline import check_dev_folds, check_pipeline, train_and_evaluate
-from flows.book import Trial, artifact_key, flow_tags, publish
+from flows.book import Trial
+from flows.publish import artifact_key, flow_tags, publish
 from tasks.common import run_task, stage_task
 from tasks.data import prepare_data
 from tasks.execution import run_mapped

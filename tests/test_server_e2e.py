@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.book import artifact_key
+from flows.publish import artifact_key
 from tests.tiny import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server-e2e")]  # one stack for the module

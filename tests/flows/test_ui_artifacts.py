@@ -5,7 +5,7 @@ import prefect.artifacts
 import pytest
 
 from ance_core.errors import AnceWarning
-from flows.book import artifact_key, publish
+from flows.publish import artifact_key, publish
 from tasks.common import _BARS, Progress
 
 
