@@ -127,7 +127,11 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
             except AnceError as e:  # which folder, and the file it would be in
                 folder = resolve_dataset(data.dataset, data.data_home, download=False)
                 where = qrels_file(folder, split, data.format)
-                raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}") from None
+                carved = (f"; none is carved from its '{data.train_split}' queries (data.dev_fraction "
+                          f"{data.dev_fraction} of those with a positive leaves no dev query, or the dataset has no "
+                          "train split): a pipeline run on it trains on every query and its result is its last model"
+                          if split == data.dev_split and data.dev_fraction else "")
+                raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}{carved}") from None
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives, data.format)

@@ -25,7 +25,6 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
     a pipeline carves from the training queries (data.dev_fraction, dev_seed: the same queries as its runs')."""
     from ance_cli.app import preflight
     from ance_core.data.config import DataConfig
-    from ance_core.errors import AnceError
 
     if split != DataConfig.model_fields["dev_split"].default:
         return DataConfig(dataset=dataset, eval_split=split)
@@ -33,18 +32,7 @@ def evaluation_data(dataset: str, split: str, work_dir: str):
     tables = preflight(native, work_dir, ())  # (bad data: one line, and no empty work folder left behind)
     if (tables.qrels["split"] == split).any():
         return native
-    carved = DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
-    if not (preflight(carved, work_dir, ()).qrels["split"] == split).any():
-        from ance_core.data.dataset import qrels_file
-        from ance_core.data.sources import resolve_dataset
-
-        where = qrels_file(resolve_dataset(dataset, None, download=False), split, carved.format)
-        raise AnceError(f"split '{split}' has no qrels: the dataset has none ({where}), and none is carved from its "
-                        f"'{carved.train_split}' "
-                        f"queries (data.dev_fraction {carved.dev_fraction} of those with a positive leaves no dev "
-                        "query, or the dataset has no train split): a pipeline run on it trains on every query and "
-                        "its result is its last model")
-    return carved
+    return DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
 
 
 def say_training_split(data, tables, split: str) -> None:

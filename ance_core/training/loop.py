@@ -79,8 +79,8 @@ def cut_log(path: Path, step: int, write: bool = True) -> list[dict]:
     the log cut back to them, written as a new file, so that a reader tailing the old one sees the change
     (distributed.LogTail). A line cut off by the kill the stage resumes from (half a record) is dropped: it failed
     every retry."""
-    records = [(ln, r) for ln in path.read_text().splitlines() if (r := _record(ln)) is not None] if step else []
-    kept = [(ln, r) for ln, r in records if r["step"] <= step]
+    kept = [(ln, r) for ln in path.read_text().splitlines()
+            if (r := _record(ln)) is not None and r["step"] <= step] if step else []
     if write:
         write_text(path, "".join(ln + "\n" for ln, _ in kept))
     return [r for _, r in kept]
