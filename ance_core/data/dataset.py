@@ -149,6 +149,10 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
         while len(parts) > 2 and not parts[-1].strip():  # (tabs ending the line: its text is the column before)
             parts.pop()
         doc_id = parts[0].strip()  # (ids trimmed, as qrels' are)
+        if not left_out.read and not left_out.count and _header(parts):
+            warn(f"{path}:{number}: read as a header line ({' '.join(p.strip() for p in parts)}) and skipped: "
+                 "MS MARCO's collection.tsv has none, its first line is a passage")
+            continue
         problem = ("expected 2 (id, text) or 3 (id, title, text) columns, got 1" if len(parts) == 1
                    else id_problem(doc_id))
         if problem:
@@ -165,6 +169,17 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
     if tabbed:
         warn(f"{path}: {len(tabbed)} lines have more than 3 tab-separated columns (tabs inside a passage's text), read "
              f"as the id and a text whose tabs are spaces: lines {preview(tabbed)}")
+
+
+COLLECTION_ID_NAMES = {"id", "pid", "docid", "doc_id", "doc-id", "passage_id", "passageid", "corpus-id", "corpus_id",
+                       "corpusid", "_id"}
+COLLECTION_TEXT_NAMES = {"text", "passage", "passage_text", "body", "contents", "content", "document"}
+
+
+def _header(parts: list[str]) -> bool:
+    """Whether a collection.tsv line names its columns (an id column's name, then a text column's) instead of
+    holding a passage."""
+    return parts[0].strip().lower() in COLLECTION_ID_NAMES and parts[-1].strip().lower() in COLLECTION_TEXT_NAMES
 
 
 def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | None) -> pd.DataFrame:

@@ -19,7 +19,8 @@ from ance_core.errors import DataError, preview, warn
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line) for non-blank lines. Bytes that are not UTF-8 are read as U+FFFD, with one
     warning per file naming the first such line (one bad row does not stop a load). A byte-order mark at the start of
-    the file and CRLF line endings (Windows tools write both) are dropped. A `.gz` file is read decompressed (an
+    the file and CRLF line endings (Windows tools write both) are dropped; a file whose lines end with CR alone (classic
+    Mac OS, Excel's "CSV (Macintosh)") is read line by line too. A `.gz` file is read decompressed (an
     evaluation's TREC run as MLflow keeps it)."""
     if not path.is_file():
         raise DataError(path, "a folder, not a file" if path.is_dir() else "file not found")
@@ -28,7 +29,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
         if (utf16 := _utf16_encoding(f.peek(4)[:4])) is not None:
             yield from _utf16_lines(f, utf16)
             return
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(_cr_split(f), start=1):
             encoding = "utf-8-sig" if number == 1 else "utf-8"
             try:
                 line = raw.decode(encoding)
@@ -43,6 +44,17 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
                 line = line[1:]
             if line.strip():
                 yield number, line
+
+
+def _cr_split(f) -> Iterator[bytes]:
+    """The raw lines of a binary file: split on LF, or on CR in a file that holds no LF at all (lines ending with CR
+    alone, which a LF split reads as one line: the whole file, then held whole once)."""
+    raw = next(f, b"")
+    if not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
+        yield from raw.split(b"\r")
+        return
+    yield raw
+    yield from f
 
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 file's first bytes (little-, big-endian)

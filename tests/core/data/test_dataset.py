@@ -254,6 +254,41 @@ def test_byte_order_mark_and_crlf_are_accepted_in_every_msmarco_file(tmp_path):
     assert windows.corpus["text"].tolist() == ["first passage", "second passage"]  # no stray '\r'
 
 
+def test_lines_ending_with_cr_alone_are_read_as_lines_in_every_file(beir, tmp_path):
+    """Classic Mac OS tools (and Excel's "CSV (Macintosh)") end lines with CR alone: read as one line, each file was
+    the whole of it, and the load failed on the first row with a message about JSON or columns."""
+    clean = load_dataset(beir)
+    for path in [beir / "corpus.jsonl", beir / "queries.jsonl", *sorted((beir / "qrels").glob("*.tsv"))]:
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnceWarning)
+        mac = load_dataset(beir)
+    for name in ("corpus", "queries", "qrels"):
+        pd.testing.assert_frame_equal(getattr(mac, name), getattr(clean, name))
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    (folder / "collection.tsv").write_bytes(b"0\tfirst passage\r1\tt\tsecond passage\r")
+    (folder / "queries.train.tsv").write_bytes(b"10\twhat first\r")
+    (folder / "qrels.train.tsv").write_bytes(b"10 0 0 1\r")
+    marco = load_dataset(folder)
+    assert marco.corpus["text"].tolist() == ["first passage", "second passage"]
+    assert marco.positives("train") == {"10": {"0"}}
+
+
+def test_a_collection_tsv_header_line_is_skipped_with_a_warning(tmp_path):
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    (folder / "collection.tsv").write_text("pid\tpassage\n0\tfirst passage\n1\tsecond passage\n")
+    (folder / "queries.train.tsv").write_text("10\twhat first\n")
+    (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
+    with pytest.warns(AnceWarning, match=r"collection.tsv:1: read as a header line \(pid passage\) and skipped"):
+        ds = load_dataset(folder)
+    assert ds.corpus["doc_id"].tolist() == ["0", "1"]
+    # a passage whose id is "id" (its text names no column) stays a passage
+    (folder / "collection.tsv").write_text("id\tsome passage about text\n0\tfirst passage\n")
+    assert load_dataset(folder).corpus["doc_id"].tolist() == ["id", "0"]
+
+
 @pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf", "0.5"])
 def test_relevance_that_is_not_an_integer_grade_names_the_line(beir, value):
     _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", f"q1\td1\t{value}"])
