@@ -116,6 +116,11 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
 
     A callback that raises stops the ranks and re-raises (the latest checkpoint stays in `out`). `env`: added to the
     ranks' environment."""
+    if torch.cuda.is_available() and world_size > (gpus := torch.cuda.device_count()):
+        # each rank takes GPU LOCAL_RANK (`main`): the ranks beyond the last GPU fail with "invalid device ordinal"
+        raise AnceError(f"world_size {world_size} but this machine has {gpus} GPU(s): each training process takes a "
+                        f"GPU of its own; set world_size to at most {gpus}, or hide the GPUs (CUDA_VISIBLE_DEVICES=) "
+                        f"to train {world_size} processes on the CPU")
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT).unlink(missing_ok=True)
     (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))

@@ -393,6 +393,21 @@ def test_a_resumed_launch_reports_the_resumed_runs_steps_not_the_killed_attempts
     assert [(r["step"], r["loss"]) for r in records] == [(s, "new") for s in range(6, 10)]
 
 
+def test_more_processes_than_gpus_is_refused_before_any_rank_starts(tmp_path, monkeypatch):
+    """Each rank takes GPU LOCAL_RANK: on a machine of 2 GPUs, world_size 4 failed in ranks 2 and 3 with CUDA's
+    "invalid device ordinal", after torchrun started them all."""
+    import ance_core.training.distributed as distributed
+
+    started = []
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(distributed.subprocess, "Popen", lambda *a, **k: started.append(a))
+    with pytest.raises(AnceError, match=r"world_size 4 but this machine has 2 GPU\(s\).*at most 2.*"
+                       "CUDA_VISIBLE_DEVICES"):
+        launch({}, tmp_path / "stage", 4)
+    assert not started and not (tmp_path / "stage").exists()
+
+
 def test_each_rank_gets_its_share_of_the_cores_unless_the_user_set_threads(monkeypatch):
     """torchrun sets OMP_NUM_THREADS=1 for several processes per node: gloo ranks trained on one thread each."""
     from ance_core.training.distributed import rank_threads
