@@ -11,11 +11,11 @@ so each registered version of `ance-<dataset>` is an MLflow model that encodes t
     curl -d '{"inputs": ["what causes fever?"], "params": {"kind": "query"}}' \\
          -H 'Content-Type: application/json' 127.0.0.1:5001/invocations        # {"predictions": [[...]]}
 
-The files (`mlflow_model_files`): MLmodel (flavor, signature: a string column in, a float32 tensor (-1, dim) out,
-the parameters `kind`, and `k` and `mode` of a search), the input example, and the environment (requirements.txt,
-python_env.yaml, conda.yaml: this project's runtime packages at the versions that logged the model). The loader
-imports this project, so the serving environment is one where it is installed (`--env-manager local` from its
-virtual environment).
+The files (`mlflow_model_files`): MLmodel (flavor, signature: a float32 tensor (-1, dim) out, the parameters `kind`,
+and `k` and `mode` of a search; no input schema: see `mlflow_model_files`), the input example, and the environment
+(requirements.txt, python_env.yaml, conda.yaml: this project's runtime packages at the versions that logged the
+model). The loader imports this project, so the serving environment is one where it is installed (`--env-manager
+local` from its virtual environment).
 """
 
 from pathlib import Path
@@ -30,7 +30,8 @@ from ance_core.export.onnx import served_file
 from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
 EXAMPLE = ["what is a dense retriever?", "hard negatives are mined from the index"]
-SIGNATURE = "s3"  # the files' version (s2: search parameters k and mode; s3: installable requirements)
+SIGNATURE = "s4"  # the files' version (s2: search parameters k and mode; s3: installable requirements; s4: no input
+# schema)
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "pyarrow", "pydantic",
                 "filelock", "tqdm", "mlflow", "bm25s", "PyStemmer", "faiss-cpu", "ir-measures")  # what loading,
 # encoding and a search import (this project's own package comes on top; a retrieval package's BM25 index is in
@@ -89,7 +90,9 @@ def _texts(model_input: Any) -> list[str]:
                             "send one column of texts")
         model_input = model_input.iloc[:, 0]
     if isinstance(model_input, (pd.Series, np.ndarray)):
-        model_input = model_input.tolist()
+        model_input = model_input.tolist()  # (a 0-d array, `"inputs": "one text"` served: its string)
+    if isinstance(model_input, str):
+        return [model_input]
     if not isinstance(model_input, list):
         raise AnceError(f"the input is a {type(model_input).__name__}; send a list of texts")
     return model_input
@@ -109,14 +112,18 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
     configure_mlflow()
     import mlflow
     from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
+    from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec
 
     onnx = served_file(checkpoint) is not None  # an ONNX export folder: served by onnxruntime
     folder = Path(models_dir) / f"{checkpoint_digest(checkpoint)}-{SIGNATURE}{'-onnx' if onnx else ''}"
     if not (folder / "MLmodel").is_file():
         dim = EmbeddingModel(checkpoint).encoder.dim
         signature = ModelSignature(
-            inputs=Schema([ColSpec("string")]),
+            # no input schema: given a string column, MLflow's schema step turned what a REST request sent into
+            # strings before the model saw it (`["a", null]` encoded as "a" and "None", `[["a", "b"]]` as "a", a
+            # (query_id, text) frame as its ids: 200 and wrong embeddings); without one the model's own checks
+            # (`_texts`, the Encoder's) see the request as sent and answer 400 naming the text
+            inputs=None,
             outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
             params=ParamSchema([ParamSpec("kind", "string", "passage"), ParamSpec("k", "long", 10),
                                 ParamSpec("mode", "string", "hybrid")]),

@@ -123,6 +123,8 @@ class HybridSearch:
         if k < 1:
             raise AnceError(f"k {k}: ask for at least one hit")
         queries = pd.DataFrame({"query_id": [str(i) for i in range(len(texts))], "text": check_texts(texts)})
+        if (blank := next((i for i, text in enumerate(queries["text"]) if not text.strip()), None)) is not None:
+            raise AnceError(f"text {blank} is empty: a search needs a query (`ance search` refuses one too)")
         if queries.empty:
             return pd.DataFrame(columns=["query", "rank", "doc_id", "score"])
         dense = self._dense(queries, self.depth) if mode != "bm25" else None

@@ -134,6 +134,40 @@ def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_ca
         plain.predict(QUERIES, params={"kind": "search"})
 
 
+def test_mlflows_scoring_app_hands_the_request_to_the_model_as_sent(registry, tracking_uri):
+    """MLflow's scoring app (what `mlflow models serve` runs), in this process. With a string column as the input
+    schema, MLflow turned a request's values into strings first: a null was encoded as the text "None", a list as its
+    first item, a (query_id, text) frame as its ids, each answered 200."""
+    import mlflow
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")
+    assert model.metadata.get_input_schema() is None
+    client = TestClient(scoring_server.init(model))
+    encoder = Encoder(registry["champion"])
+
+    def post(body: dict):
+        return client.post("/invocations", json=body)
+
+    for inputs, says in ((["a", None], "text 1 is missing (null)"), ([["a", "b"]], "text 0 is a list"),
+                         ([None], "text 0 is missing (null)")):
+        answer = post({"inputs": inputs, "params": {"kind": "query"}})
+        assert answer.status_code == 400 and says in answer.text, (inputs, answer.status_code, answer.text)
+    frame = {"dataframe_split": {"columns": ["query_id", "text"], "data": [["q1", QUERIES[0]]]}}
+    answer = post(frame | {"params": {"kind": "query"}})
+    assert answer.status_code == 400 and "the input has 2 columns (query_id, text)" in answer.text, answer.text
+    answer = post({"inputs": ["cancer", " "], "params": {"kind": "search", "k": 2}})
+    assert answer.status_code == 400 and "text 1 is empty" in answer.text, answer.text
+    for inputs in (QUERIES[0], [QUERIES[0]]):  # one string, or a list of one
+        answer = post({"inputs": inputs, "params": {"kind": "query"}})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(np.array(answer.json()["predictions"], dtype=np.float32),
+                                   encoder.encode(QUERIES[:1], kind="query"), atol=1e-5)
+    one_column = {"dataframe_split": {"columns": ["text"], "data": [[QUERIES[0]]]}, "params": {"kind": "query"}}
+    assert post(one_column).status_code == 200
+
+
 def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, tracking_uri):
     import mlflow
 
@@ -206,7 +240,8 @@ def test_mlflow_models_serve_answers_with_the_pipelines_embeddings(registry):
                                    encoder.encode(PASSAGES, kind="passage"), atol=1e-5)
         for bad, says in ((b'{"inputs": ["unclosed', "Invalid input"),
                           ({"inputs": QUERIES, "params": {"kind": "document"}}, "kind 'document': use one of query"),
-                          ({"texts": QUERIES}, "inputs")):
+                          ({"texts": QUERIES}, "inputs"),
+                          ({"inputs": ["a", None]}, "text 1 is missing (null)")):
             answer = (httpx.post(url, content=bad, headers=headers, timeout=120) if isinstance(bad, bytes)
                       else httpx.post(url, json=bad, timeout=120))
             assert 400 <= answer.status_code < 500 and says in answer.text, (bad, answer.status_code, answer.text)
