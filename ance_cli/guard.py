@@ -3,6 +3,7 @@ exit status 2, without a traceback (`ance --debug` or ANCE_DEBUG=1 shows it), al
 a slow embedded Prefect server says what to change; SIGTERM or Ctrl-C ends the command cleanly, within 30 s."""
 
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ import typer
 EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_TIMEOUT_DEFAULT = "180"
 
+FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # the machine refused: one line
 DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their tracebacks too
 
 
@@ -242,6 +244,18 @@ def guard(fn, resumes: bool = False):
         fail(str(e))
     except ValidationError as e:
         fail(f"invalid config:\n{format_validation_error(e)}")
+    except OSError as e:
+        if e.errno not in FULL_OR_READ_ONLY:
+            raise
+        if os.environ.get(DEBUG):
+            import traceback
+
+            traceback.print_exc()
+        where = e.filename2 or e.filename  # (a copy's destination: where it was written)
+        remedy = {errno.ENOSPC: "free space there or write elsewhere", errno.EDQUOT: "free space there or write "
+                  "elsewhere", errno.EROFS: "write elsewhere"}.get(e.errno, "check its permissions")
+        fail(f"{where or 'a file being written'}: {e.strerror} ({errno.errorcode[e.errno]}); {remedy}, and run the "
+             "command again")
     except RuntimeError as e:
         if "ephemeral Prefect API server" not in str(e):
             raise

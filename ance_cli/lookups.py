@@ -157,7 +157,8 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
 
     latest = Path(work_dir) / "latest.json"
     record = json.loads(latest.read_text()) if latest.is_file() else {}
-    same = record.get("checkpoint") and Path(record["checkpoint"]).resolve() == model.resolve()
+    same = record.get("checkpoint") and (Path(record["checkpoint"]).resolve() == model.resolve()
+                                         or _same_digest(record, model))
     recorded = record.get("fusion") if same else None
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     depth = recorded.get("depth", 1000) if recorded else 1000
@@ -170,6 +171,18 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
         return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
     weight = fusion_weight(text)
     return (Fusion("rrf") if weight is None else Fusion("convex", weight)), bm25, depth
+
+
+def _same_digest(record: dict, model: Path) -> bool:
+    """Whether latest.json's model is `model` by its digest: the same training stage in a work folder moved or copied
+    since the run (its path recorded there names the old place)."""
+    from ance_core.errors import AnceError
+    from ance_core.modeling.model import checkpoint_ref
+
+    try:
+        return bool(record.get("digest")) and checkpoint_ref(model).digest == record["digest"]
+    except AnceError:  # (a damaged checkpoint: the search says so itself)
+        return False
 
 
 def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str, work_dir: str, fusion, bm25_cfg,

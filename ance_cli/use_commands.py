@@ -108,6 +108,11 @@ def search(
     def body():
         if not query.strip():
             raise AnceError("the query is empty: give the text to search for (ance search \"...\" --model ...)")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes the terminal's locale could not decode (argv's surrogate escapes)
+            raise AnceError(f"the query is not UTF-8 text (character {e.start}): set a UTF-8 locale "
+                            "(LANG=C.UTF-8) or type it again") from None
         given = [f for f, unset in (("--fusion", fusion == "auto"), ("--work-dir", work_dir is None)) if not unset]
         if given and not hybrid:
             raise AnceError(f"{' and '.join(given)}: for --hybrid only (without it the model's own ranking is shown)")
@@ -120,6 +125,9 @@ def search(
             raise AnceError(f"--trec {trec}: a folder; give the run file's path (e.g. {trec / 'hits.trec'})")
         if trec is not None and (not query_id or len(query_id.split()) != 1 or query_id != query_id.strip()):
             raise AnceError(f"--query-id '{query_id}': a TREC run's query id is one word (no spaces, not empty)")
+        if trec is not None and any(trec.resolve().is_relative_to(Path(f).resolve()) for f in (model, index) if f):
+            raise AnceError(f"--trec {trec}: inside the model's or the index's folder, whose files it would "
+                            "overwrite; write the run file elsewhere")
         if trec is not None:
             writable_folder(trec.parent, f"--trec {trec}")  # (before the search, not a traceback after it)
         if hybrid:

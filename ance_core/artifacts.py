@@ -302,8 +302,9 @@ def atomic_folder(final: str | Path) -> Iterator[Path]:
     """Write a whole folder at once: yields an empty temporary folder beside `final` (`.partial-<name>-<random>`),
     which replaces `final` (and whatever it held) when the block ends without an exception; on an exception it is
     removed and `final` is left as it was. Readers see the old folder or the new one whole, never a mix (between the
-    old one being moved aside and the new one moved in, for an instant, no folder)."""
-    final = Path(final)
+    old one being moved aside and the new one moved in, for an instant, no folder). A `final` that is a symbolic link
+    (`models/current` -> `v3`): the folder it names is replaced and the link kept (a rename onto the link failed)."""
+    final = Path(final).resolve() if Path(final).is_symlink() else Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".partial-{final.name}-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()  # (not mkdtemp: its folders are private to the user, the result folder keeps the usual mode)

@@ -622,6 +622,37 @@ def test_a_hub_model_offline_is_one_line_at_once_without_the_hubs_retries(tmp_pa
         "give its folder as model.name"}
 
 
+def test_a_full_disk_or_a_read_only_folder_is_one_line_naming_where(capsys):
+    """`ance export` onto a full disk printed 59 lines ending in OSError [Errno 28]: one line now, naming where
+    the write failed (a copy's destination), and the remedy."""
+    import errno
+
+    import typer
+
+    from ance_cli.guard import guard
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", "ckpt/model.safetensors", None,
+                      "out/.partial-out-1/model.safetensors")
+
+    def read_only():
+        raise OSError(errno.EROFS, "Read-only file system", "/mnt/ro/hits.trec")
+
+    for body, line in ((full, "error: out/.partial-out-1/model.safetensors: No space left on device (ENOSPC); free "
+                              "space there or write elsewhere, and run the command again"),
+                       (read_only, "error: /mnt/ro/hits.trec: Read-only file system (EROFS); write elsewhere")):
+        with pytest.raises(typer.Exit) as stop:
+            guard(body)
+        err = capsys.readouterr().err
+        assert stop.value.exit_code == 2 and err.startswith(line) and len(err.splitlines()) == 1, err
+
+    def bug():
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    with pytest.raises(OSError):  # (any other OSError is a bug: its traceback stays)
+        guard(bug)
+
+
 def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeypatch, caplog):
     import logging
 
@@ -696,10 +727,37 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
                           (["--trec", "/proc/q.trec"], "--trec /proc/q.trec: cannot write in /proc"),  # (not after
                           # the search, with a traceback)
                           (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--fusion", "bogus", "--work-dir",
-                            str(tmp_path / "new-work")], "--fusion bogus: expected auto, rrf")):
+                            str(tmp_path / "new-work")], "--fusion bogus: expected auto, rrf"),
+                          (["--trec", str(ckpt / "model.safetensors")], "inside the model's or the index's folder"),
+                          (["--trec", str(tmp_path / "flat" / "hits.trec")], "inside the model's or the index's")):
         code, out = _invoke([*flat, *args])
         assert code == 2 and message in out and "Traceback" not in out, (args, out)
+    assert _invoke(flat)[0] == 0  # (the checkpoint was not overwritten by a run file)
+    # a query the terminal's locale could not decode (argv's surrogate escapes): a traceback from pyarrow
+    code, out = _invoke(["search", "caf\udce9 cancer", "--model", str(ckpt), "--index", str(tmp_path / "flat")])
+    assert code == 2 and "the query is not UTF-8 text (character 3)" in out and "Traceback" not in out, out
     assert not (tmp_path / "q.trec").exists() and not (tmp_path / "new-work").exists()  # (once left there, empty)
+
+
+def test_fusion_auto_finds_the_runs_choice_in_a_work_folder_moved_since(tmp_path):
+    """latest.json names the run's model by the path it had; a work folder copied or moved since (a container's
+    /app/work copied out) named another place, and --fusion auto fused by RRF, not by the run's choice."""
+    from ance_cli.lookups import chosen_fusion
+
+    model = tmp_path / "moved" / "train" / "7c63b72d4c656681"
+    model.mkdir(parents=True)
+    (model / "manifest.json").write_text(json.dumps({"key": model.name}))
+    fusion = {"method": "convex", "weight": 0.1, "k": 60}
+    (tmp_path / "moved" / "latest.json").write_text(json.dumps({
+        "checkpoint": f"/app/work/train/{model.name}", "digest": model.name, "fusion": fusion}))
+    how, _, _ = chosen_fusion("auto", model, str(tmp_path / "moved"))
+    assert how.label() == "convex, dense weight 0.1"
+    other = tmp_path / "moved" / "train" / "0000000000000000"  # another stage's model: no fusion known for it
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"key": other.name}))
+    with pytest.warns(AnceWarning, match="names /app/work/train/7c63b72d4c656681, not this model"):
+        how, _, _ = chosen_fusion("auto", other, str(tmp_path / "moved"))
+    assert how.label() == "RRF (k=60)"
 
 
 def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -106,3 +107,16 @@ def test_a_replaced_file_gets_the_mode_a_new_file_would_get(tmp_path):
         os.umask(old)
     assert (tmp_path / "run.trec").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "log.jsonl").stat().st_mode & 0o777 == 0o640
+
+
+def test_atomic_folder_onto_a_link_replaces_the_folder_it_names_and_keeps_the_link(tmp_path):
+    """`ance export --out models/current --force`, current -> v3: the rename onto the link failed (NotADirectoryError,
+    a traceback)."""
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v3" / "old.txt").write_text("old")
+    (tmp_path / "current").symlink_to("v3")
+    with atomic_folder(tmp_path / "current") as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == "v3"
+    assert sorted(p.name for p in (tmp_path / "v3").iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "v3"]  # (no .partial- or .old- folder left)
