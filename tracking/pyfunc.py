@@ -18,6 +18,7 @@ model). The loader imports this project, so the serving environment is one where
 local` from its virtual environment).
 """
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ class EmbeddingModel:
         self.checkpoint = Path(checkpoint)
         self.encoder = Encoder(checkpoint)
         self.searcher = None
+        self._building = threading.Lock()  # (the scoring server predicts in threads: the first searches at once
+        # built a searcher each, its embeddings and BM25 index loaded as many times)
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None):
         from mlflow.exceptions import MlflowException
@@ -59,10 +62,11 @@ class EmbeddingModel:
         kind = params.get("kind", "passage")
         try:
             if kind == "search":
-                if self.searcher is None:
-                    from ance_core.export.hybrid import HybridSearch
+                with self._building:
+                    if self.searcher is None:
+                        from ance_core.export.hybrid import HybridSearch
 
-                    self.searcher = HybridSearch(self.checkpoint, self.encoder)
+                        self.searcher = HybridSearch(self.checkpoint, self.encoder)
                 return self.searcher.search(_texts(model_input), _hits(params.get("k")), params.get("mode", "hybrid"))
             return self.encoder.encode(_texts(model_input), kind=kind)
         except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message

@@ -168,6 +168,30 @@ def test_mlflows_scoring_app_hands_the_request_to_the_model_as_sent(registry, tr
     assert post(one_column).status_code == 200
 
 
+def test_the_first_searches_at_once_build_one_searcher(registry, monkeypatch):
+    """MLflow's scoring server predicts in threads: six first search requests at once built six searchers (the
+    corpus's embeddings and the BM25 index loaded six times)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ance_core.export.hybrid as hybrid
+    from tracking.pyfunc import EmbeddingModel
+
+    built, real = [], hybrid.HybridSearch
+
+    def counted(*args, **kwargs):
+        built.append(threading.get_ident())
+        time.sleep(0.2)  # (a load that takes a while: the other requests arrive during it)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hybrid, "HybridSearch", counted)
+    model = EmbeddingModel(registry["searchable"])
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: model.predict(QUERIES[:1], params={"kind": "search", "k": 2}), range(6)))
+    assert len(built) == 1 and all(a.equals(answers[0]) for a in answers)
+
+
 def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, tracking_uri):
     import mlflow
 
