@@ -62,7 +62,7 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends chromium docker-compose >/dev/null; }
 
-up: env  ## start Prefect (127.0.0.1:$(PREFECT_PORT)) and MLflow (127.0.0.1:5000) servers and the cpu and infer pools' workers (logs in .stack/logs)
+up: env  ## start Prefect (127.0.0.1:$(PREFECT_PORT)) and MLflow (127.0.0.1:MLFLOW_PORT, default 5000) servers and the cpu and infer pools' workers (logs in .stack/logs)
 	scripts/stack.sh up
 
 down:  ## stop what `make up` started

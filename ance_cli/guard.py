@@ -262,6 +262,7 @@ def guard(fn, resumes: bool = False):
         typer.secho(f"error: Prefect's temporary API server did not answer within "
                     f"{os.environ.get(EPHEMERAL_TIMEOUT)} s (a busy machine starts it slowly). Set "
                     f"{EPHEMERAL_TIMEOUT} higher, or start a server once (`make up`, or `prefect server start`) and "
-                    f"set PREFECT_API_URL=http://127.0.0.1:4200/api. Prefect said: {str(e)[:300]}",
+                    f"set PREFECT_API_URL=http://127.0.0.1:{os.environ.get('PREFECT_PORT', '4200')}/api. Prefect said: "
+                    f"{str(e)[:300]}",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None

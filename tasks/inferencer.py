@@ -56,7 +56,8 @@ def check_deployment(cfg: InferencerConfig, logger: logging.Logger | logging.Log
         if pool and not any(w.status == WorkerStatus.ONLINE for w in client.read_workers_for_work_pool(pool)):
             (logger or logging.getLogger(__name__)).warning(
                 f"no worker of pool '{pool}' is online: the refreshes of '{cfg.deployment}' wait in the pool until one "
-                f"starts (prefect worker start --pool {pool}; make up starts one for 'infer')")
+                f"starts (ANCE_PROJECT_DIR=<this checkout> prefect worker start --pool {pool}; make up starts one "
+                "for 'infer')")
 
 
 class DeploymentInferencer:

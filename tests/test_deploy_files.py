@@ -233,6 +233,10 @@ def test_the_gpu_pool_runs_keep_their_work_and_log_to_the_stack(monkeypatch):
     assert environment["MLFLOW_TRACKING_URI"] == env["ANCE_GPU_MLFLOW_URI"] == "http://mlflow:5000"
     assert settings["network"] == env["ANCE_GPU_NETWORK"] == "ance"
     assert settings["device_requests"] == [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]
+    assert settings["shm_size"] == "8g" and settings["auto_remove"] is True  # (64 MiB /dev/shm; a container a run)
+    # the links between the UIs name the host's addresses, not the network's (which no browser resolves)
+    assert environment["PREFECT_UI_URL"] == env["ANCE_GPU_PREFECT_UI_URL"] == "http://127.0.0.1:4200"
+    assert environment["ANCE_MLFLOW_UI_URL"] == env["ANCE_GPU_MLFLOW_UI_URL"] == "http://127.0.0.1:5000"
     assert "{{" not in str(settings)  # every placeholder resolved
     # the stack's cpu worker shares that volume at the same path, on that network, with the same result storage
     proc = subprocess.run(["docker-compose", "-f", str(REPO / "docker" / "compose.yaml"), "config"],
@@ -243,6 +247,8 @@ def test_the_gpu_pool_runs_keep_their_work_and_log_to_the_stack(monkeypatch):
     mounts = {(v["source"], v["target"]) if isinstance(v, dict) else tuple(v.split(":")[:2]) for v in cpu["volumes"]}
     assert (env["ANCE_GPU_WORK"], "/app/work") in mounts
     assert cpu["environment"]["PREFECT_LOCAL_STORAGE_PATH"] == environment["PREFECT_LOCAL_STORAGE_PATH"]
+    assert (cpu["environment"]["PREFECT_UI_URL"], cpu["environment"]["ANCE_MLFLOW_UI_URL"]) == (
+        "http://127.0.0.1:4200", "http://127.0.0.1:5000")
     assert compose["volumes"]["ance-work"]["name"] == env["ANCE_GPU_WORK"]
     assert compose["networks"]["default"]["name"] == env["ANCE_GPU_NETWORK"]
     # the gpu launcher (uid 1000) may use the host's Docker socket: it joins the socket's group

@@ -6,6 +6,7 @@ champion alias).
 import contextlib
 import gzip
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -31,13 +32,17 @@ from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
 from tracking.registry import dataset_source, log_checkpoint, model_name, register_models
 
+MLFLOW_UI_URL = "ANCE_MLFLOW_UI_URL"  # the tracking server's address as a browser reaches it, where the flow runs
+# reach it by another (a compose network's http://mlflow:5000, which no browser on the host resolves)
+
 
 def run_url(tracker: Tracker, run_id: str | None) -> str | None:
     """The run's page in the MLflow UI of a tracking server (None for the embedded store, which has no UI of its
-    own)."""
+    own), at `ANCE_MLFLOW_UI_URL` when set."""
     if run_id is None or not tracker.uri.startswith("http"):
         return None
-    return f"{tracker.uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{run_id}"
+    base = os.environ.get(MLFLOW_UI_URL) or tracker.uri
+    return f"{base.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{run_id}"
 
 
 def _git_commit() -> str:

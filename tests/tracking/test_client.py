@@ -38,6 +38,21 @@ def test_configure_mlflow_keeps_what_the_environment_sets(monkeypatch):
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3" and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
 
 
+def test_a_runs_link_names_the_ui_as_a_browser_reaches_it(monkeypatch):
+    """In the compose stack the flow runs reach MLflow as http://mlflow:5000, which no browser on the host resolves:
+    ANCE_MLFLOW_UI_URL names the UI for the links (the flow run's MLflow-run artifact, the closing lines)."""
+    from types import SimpleNamespace
+
+    from tracking.run import MLFLOW_UI_URL, run_url
+
+    tracker = SimpleNamespace(uri="http://mlflow:5000", experiment_id="3")
+    monkeypatch.delenv(MLFLOW_UI_URL, raising=False)
+    assert run_url(tracker, "abc") == "http://mlflow:5000/#/experiments/3/runs/abc"
+    monkeypatch.setenv(MLFLOW_UI_URL, "http://127.0.0.1:5000/")
+    assert run_url(tracker, "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert run_url(SimpleNamespace(uri="sqlite:///w/mlflow.db", experiment_id="1"), "abc") is None  # (no UI)
+
+
 def test_flatten_and_metric_names():
     params = flatten(PipelineConfig())
     assert params["ance.learning_rate"] == "2e-05" and params["rounds"] == "1" and params["data.dataset"] == "scifact"
