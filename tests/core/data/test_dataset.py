@@ -265,22 +265,25 @@ def test_lines_ending_with_cr_alone_are_read_as_lines_in_every_file(beir, tmp_pa
         mac = load_dataset(beir)
     for name in ("corpus", "queries", "qrels"):
         pd.testing.assert_frame_equal(getattr(mac, name), getattr(clean, name))
-    folder = tmp_path / "marco"
-    folder.mkdir()
-    (folder / "collection.tsv").write_bytes(b"0\tfirst passage\r1\tt\tsecond passage\r")
-    (folder / "queries.train.tsv").write_bytes(b"10\twhat first\r")
-    (folder / "qrels.train.tsv").write_bytes(b"10 0 0 1\r")
-    marco = load_dataset(folder)
+    marco = load_dataset(_marco(tmp_path, {"collection.tsv": b"0\tfirst passage\r1\tt\tsecond passage\r",
+                                           "queries.train.tsv": b"10\twhat first\r",
+                                           "qrels.train.tsv": b"10 0 0 1\r"}))
     assert marco.corpus["text"].tolist() == ["first passage", "second passage"]
     assert marco.positives("train") == {"10": {"0"}}
 
 
-def test_a_collection_tsv_header_line_is_skipped_with_a_warning(tmp_path):
+def _marco(tmp_path, files: dict[str, bytes]) -> Path:
+    """An MS MARCO folder of these files' bytes."""
     folder = tmp_path / "marco"
-    folder.mkdir()
-    (folder / "collection.tsv").write_text("pid\tpassage\n0\tfirst passage\n1\tsecond passage\n")
-    (folder / "queries.train.tsv").write_text("10\twhat first\n")
-    (folder / "qrels.train.tsv").write_text("10 0 0 1\n")
+    folder.mkdir(exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_a_collection_tsv_header_line_is_skipped_with_a_warning(tmp_path):
+    folder = _marco(tmp_path, {"collection.tsv": b"pid\tpassage\n0\tfirst passage\n1\tsecond passage\n",
+                               "queries.train.tsv": b"10\twhat first\n", "qrels.train.tsv": b"10 0 0 1\n"})
     with pytest.warns(AnceWarning, match=r"collection.tsv:1: read as a header line \(pid passage\) and skipped"):
         ds = load_dataset(folder)
     assert ds.corpus["doc_id"].tolist() == ["0", "1"]
