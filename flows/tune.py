@@ -1,15 +1,14 @@
 """`ance-tune`: the recipe chosen on the user's own dev split (ance_core/pipeline/tune.py: candidates, rungs,
 decision). Every trial is a pipeline run of one candidate under one seed (under `selection: cv`, one per dev fold,
-scored pooled over them), a cached Prefect task (`trial`), run where `execution` says (one after another in the
-flow's process, or as Ray tasks), with its MLflow run nested under the search's; the search's report (tune/<key>/:
-tune.md, tune.json, and recipe.yaml, the winner's whole config for `ance run --config`) is a stage folder of its
-own.
+scored pooled over them), a cached Prefect task (`trial`, flows/trial.py), run where `execution` says (one after
+another in the flow's process, or as Ray tasks), with its MLflow run nested under the search's; the search's report
+(tune/<key>/: tune.md, tune.json, and recipe.yaml, the winner's whole config for `ance run --config`) is a stage
+folder of its own.
 
 `recipe: auto` (`ance run --recipe auto`) is this search followed by the pipeline with the winner's config: when the
 winner ran whole under the first seed, that run is one of its trials (every stage cached), else it trains now.
 """
 
-import json
 import os
 import tempfile
 import time
@@ -24,7 +23,6 @@ from ance_core.data.dataset import read_tables
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.loading import apply_sets
 from ance_core.pipeline.recipes import recipe_config, recipe_drift
 from ance_core.pipeline.report import markdown_table
 from ance_core.pipeline.tune import (
@@ -40,69 +38,20 @@ from ance_core.pipeline.tune import (
     rungs,
     survivors,
     training_pairs,
-    trial_score,
     whole_reserve,
 )
 from ance_core.retention import live_run
-from ance_core.retrieval.config import ExecutionConfig
-from flows.ance_pipeline import check_dev_folds, check_pipeline, train_and_evaluate
-from flows.book import Trial
+from flows.ance_pipeline import check_dev_folds, check_pipeline
 from flows.publish import artifact_key, flow_tags, publish
-from tasks.common import run_task, stage_task
+from flows.trial import EXPERIMENT, SEED_FIELDS, read_trial, trial, trial_config
+from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.execution import run_mapped
 from tracking.client import Tracker, flatten
 
-EXPERIMENT = "ance-tune"
-TRIAL_JSON, TUNE_JSON, TUNE_MD, RECIPE_YAML = "trial.json", "tune.json", "tune.md", "recipe.yaml"
-SEED_FIELDS = ("warmup", "ance", "mining", "bm25_negatives")
+TUNE_JSON, TUNE_MD, RECIPE_YAML = "tune.json", "tune.md", "recipe.yaml"
 KINDS = ("warm-up", "whole", "new seed")  # trials timed apart: a warm-up (rung 0), a whole recipe under the first
 # seed (its warm-up reused from rung 0), a whole recipe under a later seed (its warm-up trained too)
-
-
-def trial_config(base: PipelineConfig, candidate: Candidate, seed: int, full: bool, local: bool = False
-                 ) -> PipelineConfig:
-    """The pipeline config of a trial: the base with the candidate's overrides and the seed of every stage; the
-    warm-up rung (not `full`) trains the warm-up only, planned as in the whole recipe (`warmup_only`: the same
-    warm-up, which the whole recipe's trial then reuses). `local`: the trial's own stages in its process (a trial
-    that is itself a Ray task)."""
-    raw = apply_sets(base.model_dump(mode="json"), [*candidate.sets(), *(f"{f}.seed={seed}" for f in SEED_FIELDS)],
-                     PipelineConfig)
-    raw["warmup_only"] = not full  # (a base config's own warmup_only would make every whole trial a warm-up)
-    if local:
-        raw["execution"] = {"task_runner": "local"}
-    return PipelineConfig.model_validate(raw)
-
-
-@stage_task("trial", ignore=("parent_run", "name"))
-def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = None, name: str = "trial"
-          ) -> ArtifactRef:
-    """One pipeline run of a search (`config`: a candidate under a seed; under `selection: cv` a run per dev fold,
-    nested under it), its result kept as trial.json: every model's
-    dev and evaluation metrics, and the trial's score (`trial_score`) with its model."""
-
-    def build(out):
-        started = time.time()
-        result = train_and_evaluate(config, Trial(EXPERIMENT, parent_run, name))
-        model, score = trial_score(result, full=not config.warmup_only)
-        record = {"score": score, "model": model, "selected": result["selected"], "results": result["results"],
-                  "started_from": result.get("started_from"), "seconds": round(time.time() - started, 1),
-                  "mlflow_run_id": result.get("mlflow_run_id"),
-                  "stages": [{k: s[k] for k in ("for", "stage", "path", "seconds", "cached")}
-                             for s in result["stages"]]}
-        write_json(out / TRIAL_JSON, record)
-        return {"score": score, "model": model}
-
-    # (a trial under one-se scores the model that rule delivers since session 9; before, the best dense one: a new
-    # key for those only, so trials under `best`, whose scores did not change, stay cached; under cv, pooled)
-    scored = {"best": {}, "cv": {"scores": "the delivered dense model, pooled over the dev folds"}}.get(
-        getattr(config, "selection", "best"), {"scores": "the delivered dense model"})
-    keyed = config.model_copy(update={"execution": ExecutionConfig()})  # where its shards ran changes no result
-    return run_stage(config.work_dir, "trial", {"pipeline": keyed} | scored, {"data": data_digest}, build)
-
-
-def read_trial(ref: ArtifactRef) -> dict:
-    return json.loads(Path(ref.path, TRIAL_JSON).read_text())
 
 
 class Search:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import flows.trial as trials
 import flows.tune as tune
 from ance_core.data.dataset import Dataset
 from ance_core.errors import AnceError, AnceWarning
@@ -22,6 +23,7 @@ from ance_core.pipeline.tune import (
     candidate_metrics,
     earlier_budget,
     trial_cost,
+    trial_score,
 )
 
 
@@ -298,11 +300,11 @@ def test_a_trial_scores_the_dense_model_its_run_delivers():
     simplest within one standard error (here the warm-up's hybrid row: the warm-up), not the best dense model."""
     results = [_row("BM25", 0.40), _row("zero-shot", 0.50), _row("warmup", 0.58), _row("ANCE round 1", 0.60),
                _row("ANCE round 1 + BM25", 0.62)]
-    assert tune.trial_score({"results": results, "selected": "ANCE round 1 + BM25"}, full=True) == (
+    assert trial_score({"results": results, "selected": "ANCE round 1 + BM25"}, full=True) == (
         "ANCE round 1", 0.60)
-    assert tune.trial_score({"results": results, "selected": "warmup + BM25"}, full=True) == ("warmup", 0.58)
-    assert tune.trial_score({"results": results, "selected": "zero-shot"}, full=True) == ("zero-shot", 0.50)
-    assert tune.trial_score({"results": results[:3], "selected": "zero-shot"}, full=False) == ("warmup", 0.58)
+    assert trial_score({"results": results, "selected": "warmup + BM25"}, full=True) == ("warmup", 0.58)
+    assert trial_score({"results": results, "selected": "zero-shot"}, full=True) == ("zero-shot", 0.50)
+    assert trial_score({"results": results[:3], "selected": "zero-shot"}, full=False) == ("warmup", 0.58)
 
 
 def test_a_trial_under_cv_scores_its_model_pooled_over_the_dev_folds():
@@ -311,13 +313,13 @@ def test_a_trial_under_cv_scores_its_model_pooled_over_the_dev_folds():
     results = [_row("BM25", 0.40), _row("zero-shot", 0.50) | {"cv_ndcg_at_10": 0.55},
                _row("warmup", 0.58) | {"cv_ndcg_at_10": 0.61}, _row("ANCE round 1", 0.60) | {"cv_ndcg_at_10": 0.57}]
     cv = {"selection": "cv"}
-    assert tune.trial_score(cv | {"results": results, "selected": "warmup"}, full=True) == ("warmup", 0.61)
-    assert tune.trial_score(cv | {"results": results[:3], "selected": "warmup"}, full=False) == ("warmup", 0.61)
-    assert tune.trial_score(cv | {"results": results, "selected": None}, full=True) == ("warmup", 0.61)
+    assert trial_score(cv | {"results": results, "selected": "warmup"}, full=True) == ("warmup", 0.61)
+    assert trial_score(cv | {"results": results[:3], "selected": "warmup"}, full=False) == ("warmup", 0.61)
+    assert trial_score(cv | {"results": results, "selected": None}, full=True) == ("warmup", 0.61)
     # a model without a pooled score is refused, never scored on its own fold beside pooled trials
     lone = [*results[:3], _row("ANCE round 1", 0.60)]
     with pytest.raises(AnceError, match="no score of ANCE round 1 pooled over the dev folds"):
-        tune.trial_score(cv | {"results": lone, "selected": "ANCE round 1 + BM25"}, full=True)
+        trial_score(cv | {"results": lone, "selected": "ANCE round 1 + BM25"}, full=True)
 
 
 def test_a_whole_trial_trains_the_whole_recipe_whatever_the_base_says():
@@ -446,13 +448,13 @@ def test_a_trials_key_is_unchanged_under_best_and_new_under_one_se(tmp_path, mon
     from ance_core.artifacts import stage_key
 
     results = [_row("zero-shot", 0.5), _row("warmup", 0.58)]
-    monkeypatch.setattr(tune, "train_and_evaluate", lambda config, trial: {"results": results, "selected": "warmup",
+    monkeypatch.setattr(trials, "train_and_evaluate", lambda config, trial: {"results": results, "selected": "warmup",
                                                                            "stages": []})
     best = PipelineConfig(work_dir=str(tmp_path))
-    ref = tune.trial.fn(best, "d" * 16)
+    ref = trials.trial.fn(best, "d" * 16)
     assert Path(ref.path).name == stage_key("trial", {"pipeline": best}, {"data": "d" * 16})
     config = best.model_copy(update={"selection": "one-se"})
-    one_se = tune.trial.fn(config, "d" * 16)
+    one_se = trials.trial.fn(config, "d" * 16)
     assert Path(one_se.path).name not in (Path(ref.path).name,  # (nor the key its folders had before)
                                           stage_key("trial", {"pipeline": config}, {"data": "d" * 16}))
 
@@ -463,13 +465,13 @@ def test_a_trials_key_does_not_depend_on_where_its_shards_run(tmp_path, monkeypa
     from ance_core.artifacts import stage_key
 
     keys = []
-    monkeypatch.setattr(tune, "run_stage", lambda work_dir, stage, config, inputs, build: keys.append(
+    monkeypatch.setattr(trials, "run_stage", lambda work_dir, stage, config, inputs, build: keys.append(
         stage_key(stage, config, inputs)))
     for execution in ({}, {"workers": 4}, {"task_runner": "ray", "workers": 3, "threads_per_worker": 2}):
         config = PipelineConfig.model_validate({"work_dir": str(tmp_path), "execution": execution})
-        tune.trial.fn(config, "digest")
+        trials.trial.fn(config, "digest")
     assert len(keys) == 3 and len(set(keys)) == 1
-    tune.trial.fn(PipelineConfig.model_validate({"work_dir": str(tmp_path), "rounds": 2}), "digest")
+    trials.trial.fn(PipelineConfig.model_validate({"work_dir": str(tmp_path), "rounds": 2}), "digest")
     assert keys[-1] != keys[0]
 
 
