@@ -17,7 +17,9 @@ import typer
 EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_TIMEOUT_DEFAULT = "180"
 
-FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # the machine refused: one line
+_FULL = "free space there or write elsewhere"
+REFUSED = {errno.ENOSPC: _FULL, errno.EDQUOT: _FULL, errno.EROFS: "write elsewhere",  # what the machine refused,
+           errno.EACCES: "check its permissions"}  # as one line: the remedy
 DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their tracebacks too
 
 
@@ -245,17 +247,15 @@ def guard(fn, resumes: bool = False):
     except ValidationError as e:
         fail(f"invalid config:\n{format_validation_error(e)}")
     except OSError as e:
-        if e.errno not in FULL_OR_READ_ONLY:
+        if e.errno not in REFUSED:
             raise
         if os.environ.get(DEBUG):
             import traceback
 
             traceback.print_exc()
         where = e.filename2 or e.filename  # (a copy's destination: where it was written)
-        remedy = {errno.ENOSPC: "free space there or write elsewhere", errno.EDQUOT: "free space there or write "
-                  "elsewhere", errno.EROFS: "write elsewhere"}.get(e.errno, "check its permissions")
-        fail(f"{where or 'a file being written'}: {e.strerror} ({errno.errorcode[e.errno]}); {remedy}, and run the "
-             "command again")
+        fail(f"{where or 'a file being written'}: {e.strerror} ({errno.errorcode[e.errno]}); {REFUSED[e.errno]}, and "
+             "run the command again")
     except RuntimeError as e:
         if "ephemeral Prefect API server" not in str(e):
             raise

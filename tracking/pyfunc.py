@@ -86,15 +86,13 @@ def _texts(model_input: Any) -> list[str]:
     """The texts of a request: a list of strings, a one-column DataFrame, a Series or array, or one string."""
     import pandas as pd
 
-    if isinstance(model_input, str):
-        return [model_input]
     if isinstance(model_input, pd.DataFrame):
         if model_input.shape[1] != 1:
             raise AnceError(f"the input has {model_input.shape[1]} columns ({', '.join(map(str, model_input))}); "
                             "send one column of texts")
         model_input = model_input.iloc[:, 0]
     if isinstance(model_input, (pd.Series, np.ndarray)):
-        model_input = model_input.tolist()  # (a 0-d array, `"inputs": "one text"` served: its string)
+        model_input = model_input.tolist()  # (a 0-d array, `"inputs": "one text"` served, gives its string)
     if isinstance(model_input, str):
         return [model_input]
     if not isinstance(model_input, list):
