@@ -131,13 +131,14 @@ def search(
         if trec is not None:
             writable_folder(trec.parent, f"--trec {trec}")  # (before the search, not a traceback after it)
         if hybrid:
-            from ance_core.artifacts import writable_work_dir
+            from ance_core.artifacts import read_only, writable_work_dir
 
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
             fusion_weight(fusion)  # (checked before the work folder is made: a typo leaves no empty folder)
             work = work_dir or model_work_dir(model)
-            writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
+            if not read_only(work):  # (a read-only one is read: its data and BM25 stages as a run left them)
+                writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
             how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
             hits = hybrid_search(model, searched := index_of(model, index), query, top_k, dataset, work, how,
                                  bm25_cfg, depth)

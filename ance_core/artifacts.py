@@ -190,6 +190,13 @@ def run_stage(
     """
     key = stage_key(stage, config, inputs)
     final = Path(work_dir) / stage / key
+    if read_only(work_dir):  # (a read-only mount or shared copy: no run builds or collects there, so no lock)
+        if is_complete(final):
+            return _reused(final, stage, key)
+        from ance_core.errors import AnceError
+
+        raise AnceError(f"work_dir {work_dir}: read-only, and it holds no {stage} stage {key} to reuse; give a work "
+                        "folder you can write to")
     locks = Path(work_dir) / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     lock = FileLock(locks / f"{stage}-{key}.lock")
@@ -199,9 +206,7 @@ def run_stage(
         # is built again below
         with lock:
             if is_complete(final):
-                ref = ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
-                _observe(stage, ref)
-                return ref
+                return _reused(final, stage, key)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -213,6 +218,17 @@ def run_stage(
         _observe(stage, ref)
     finally:
         lock.release()
+    return ref
+
+
+def read_only(work_dir: str | Path) -> bool:
+    """A work folder that exists and cannot be written: its complete stages are read as they are."""
+    return Path(work_dir).is_dir() and not os.access(work_dir, os.W_OK)
+
+
+def _reused(final: Path, stage: str, key: str) -> ArtifactRef:
+    ref = ArtifactRef(str(final), key, read_manifest(final).get("seconds", 0.0), cached=True)
+    _observe(stage, ref)
     return ref
 
 

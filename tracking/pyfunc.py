@@ -18,7 +18,6 @@ model). The loader imports this project, so the serving environment is one where
 local` from its virtual environment).
 """
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +48,20 @@ class EmbeddingModel:
     and parameters, not outputs. `k` is an integer.)"""
 
     def __init__(self, checkpoint: str | Path):
+        from ance_core.export.hybrid import RETRIEVAL, HybridSearch
+
         self.checkpoint = Path(checkpoint)
         self.encoder = Encoder(checkpoint)
-        self.searcher = None
-        self._building = threading.Lock()  # (the scoring server predicts in threads: the first searches at once
-        # built a searcher each, its embeddings and BM25 index loaded as many times)
+        self.searcher, self.cannot_search = None, "this version has no retrieval package " + (
+            f"({RETRIEVAL}/): only a version whose run's result was a hybrid row can search; kind query or passage "
+            "encodes")
+        if (self.checkpoint / RETRIEVAL).is_dir():  # loaded now, not at the first search: `mlflow models serve`
+            # loads the model from a download folder in /tmp, which a cleaner may empty before a long-lived server's
+            # first search (the embeddings and the BM25 index are memory-mapped: their files stay readable)
+            try:
+                self.searcher = HybridSearch(self.checkpoint, self.encoder)
+            except AnceError as e:  # (a damaged package: the model still encodes; a search says why it cannot)
+                self.cannot_search = str(e).replace(str(self.checkpoint), "this version")
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None):
         from mlflow.exceptions import MlflowException
@@ -62,11 +70,8 @@ class EmbeddingModel:
         kind = params.get("kind", "passage")
         try:
             if kind == "search":
-                with self._building:
-                    if self.searcher is None:
-                        from ance_core.export.hybrid import HybridSearch
-
-                        self.searcher = HybridSearch(self.checkpoint, self.encoder)
+                if self.searcher is None:
+                    raise AnceError(self.cannot_search)
                 return self.searcher.search(_texts(model_input), _hits(params.get("k")), params.get("mode", "hybrid"))
             return self.encoder.encode(_texts(model_input), kind=kind)
         except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message
@@ -119,7 +124,7 @@ def mlflow_model_files(checkpoint: str | Path, models_dir: str | Path) -> list[P
     onnx = served_file(checkpoint) is not None  # an ONNX export folder: served by onnxruntime
     folder = Path(models_dir) / f"{checkpoint_digest(checkpoint)}-{SIGNATURE}{'-onnx' if onnx else ''}"
     if not (folder / "MLmodel").is_file():
-        dim = EmbeddingModel(checkpoint).encoder.dim
+        dim = Encoder(checkpoint).dim
         signature = ModelSignature(
             # no input schema: given a string column, MLflow's schema step turned what a REST request sent into
             # strings before the model saw it (`["a", null]` encoded as "a" and "None", `[["a", "b"]]` as "a", a

@@ -128,7 +128,7 @@ class HybridSearch:
         if queries.empty:
             return pd.DataFrame(columns=["query", "rank", "doc_id", "score"])
         dense = self._dense(queries, self.depth) if mode != "bm25" else None
-        sparse = self.bm25.search(queries, self.bm25_depth) if mode != "dense" else None
+        sparse = self.bm25.search(queries, self.bm25_depth, progress=False) if mode != "dense" else None
         if mode == "hybrid":
             run = fuse(dense, sparse, self.fusion, self.depth)
         else:

@@ -105,8 +105,9 @@ class BM25:
         bm25.doc_ids = pd.read_parquet(folder / DOC_IDS)["doc_id"].astype(str).to_numpy(dtype=object)
         return bm25
 
-    def search(self, queries: pd.DataFrame, top_k: int) -> pd.DataFrame:
-        """Run (query_id, doc_id, rank, score) with min(top_k, corpus size) hits per query."""
+    def search(self, queries: pd.DataFrame, top_k: int, progress: bool = True) -> pd.DataFrame:
+        """Run (query_id, doc_id, rank, score) with min(top_k, corpus size) hits per query (a progress bar over more
+        than 100 queries unless `progress` is False: a served model's requests, whose bars would fill its log)."""
         k = min(top_k, len(self.doc_ids))
         tokens = bm25s.tokenize(queries["text"].tolist(), stopwords=self.cfg.stopwords, stemmer=self.stemmer,
                                 return_ids=False, show_progress=False)
@@ -121,7 +122,7 @@ class BM25:
         with ThreadPoolExecutor(workers) as pool:  # numpy's calls release the GIL: a thread per core
             hits = pool.map(lambda q: best_of(self.retriever.get_scores_from_ids(q), k), (ids[i] for i in keep))
             hits = list(tqdm(hits, total=len(keep), desc="bm25", unit="query", dynamic_ncols=True,
-                             disable=len(keep) <= 100 or bool(os.environ.get("TQDM_DISABLE"))))
+                             disable=not progress or len(keep) <= 100 or bool(os.environ.get("TQDM_DISABLE"))))
         return run_frame(query_ids, self.doc_ids[np.stack([rows for _, rows in hits])],
                          np.stack([scores for scores, _ in hits]).astype(np.float32))
 

@@ -129,7 +129,7 @@ def test_identical_rerun_reuses_every_stage(pipeline):
 
 
 @PIPELINE
-def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_scifact, tmp_path):
+def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_scifact, tmp_path, monkeypatch):
     work, result, _ = pipeline
     from typer.testing import CliRunner
 
@@ -186,6 +186,27 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                                        str(tiny_scifact), "--hybrid"])
     assert own.exit_code == 0 and not [w for w in caught if "--fusion auto" in str(w.message)], own.output
     assert f"fused with BM25's by {Fusion.of(latest['fusion']).label()}" in own.output
+    # the work folder read-only (a mounted or shared copy): its data and BM25 stages are read as they are, unlocked;
+    # a stage it lacks is one line (the stage locks refused the search of a read-only folder)
+    import ance_core.artifacts
+
+    writable = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *args, **kwargs: (
+        mode != os.W_OK or not Path(path).resolve().is_relative_to(work.resolve())) and writable(path, mode))
+
+    def refused_lock(path, *args, **kwargs):
+        raise PermissionError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(ance_core.artifacts, "FileLock", refused_lock)
+    files = sorted(work.rglob("*"))
+    mounted = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "-k", "3", "--dataset",
+                                       str(tiny_scifact), "--hybrid"])
+    assert mounted.exit_code == 0 and mounted.output.splitlines()[-3:] == own.output.splitlines()[-3:], mounted.output
+    lacking = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "-k", "3", "--dataset",
+                                       str(corpus_only), "--hybrid"])
+    assert lacking.exit_code == 2 and "read-only, and it holds no corpus stage" in lacking.output, lacking.output
+    assert sorted(work.rglob("*")) == files
+    monkeypatch.undo()
     # another corpus than the one the model's index holds: refused, not two collections interleaved
     other = write_beir(tmp_path / "other", [{"_id": "x1", "title": "", "text": "cancer cells divide"}],
                        [{"_id": "q1", "text": "cancer"}], {"test": [("q1", "x1", 1)]})

@@ -130,8 +130,41 @@ def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_ca
         with pytest.raises(MlflowException, match=r"k .*: give the number of hits as a whole number"):
             EmbeddingModel(registry["searchable"]).predict(QUERIES, params={"kind": "search", "k": k})
     plain = mlflow.pyfunc.load_model("models:/ance-scifact/1")
-    with pytest.raises(MlflowException, match="no retrieval package"):
+    with pytest.raises(MlflowException, match="this version has no retrieval package") as refused:
         plain.predict(QUERIES, params={"kind": "search"})
+    assert "/" not in str(refused.value).split("(")[0], refused.value  # (not MLflow's download folder: a client
+    # cannot read it)
+
+
+def test_a_served_version_searches_after_its_download_folder_is_emptied(registry, tmp_path, capfd):
+    """`mlflow models serve` loads a version from a download folder in /tmp: the retrieval package loaded at the first
+    search failed once a cleaner had emptied it. A search of many queries prints no progress bar into the server's
+    log."""
+    from tracking.pyfunc import EmbeddingModel
+
+    downloaded = tmp_path / "model"
+    shutil.copytree(registry["searchable"], downloaded)
+    model = EmbeddingModel(downloaded)
+    shutil.rmtree(downloaded / "retrieval")
+    many = [f"{QUERIES[0]} {i}" for i in range(150)]
+    capfd.readouterr()
+    hits = model.predict(many, params={"kind": "search", "k": 2})
+    pd.testing.assert_frame_equal(hits, HybridSearch(registry["searchable"]).search(many, 2), check_exact=False,
+                                  atol=1e-5)
+    assert "bm25" not in capfd.readouterr().err
+
+
+def test_a_version_with_a_damaged_package_still_encodes_and_says_why_it_cannot_search(registry, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    from tracking.pyfunc import EmbeddingModel
+
+    shutil.copytree(registry["searchable"], damaged := tmp_path / "model")
+    (damaged / "retrieval" / "package.json").write_text("{")
+    model = EmbeddingModel(damaged)
+    assert model.predict(QUERIES, params={"kind": "query"}).shape[0] == 2
+    with pytest.raises(MlflowException, match=r"^this version/retrieval: a damaged retrieval package \(JSONDecode"):
+        model.predict(QUERIES, params={"kind": "search"})
 
 
 def test_mlflows_scoring_app_hands_the_request_to_the_model_as_sent(registry, tracking_uri):
@@ -168,9 +201,9 @@ def test_mlflows_scoring_app_hands_the_request_to_the_model_as_sent(registry, tr
     assert post(one_column).status_code == 200
 
 
-def test_the_first_searches_at_once_build_one_searcher(registry, monkeypatch):
+def test_searches_at_once_share_one_searcher(registry, monkeypatch):
     """MLflow's scoring server predicts in threads: six first search requests at once built six searchers (the
-    corpus's embeddings and the BM25 index loaded six times)."""
+    corpus's embeddings and the BM25 index loaded six times). The searcher is built once, with the model."""
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
