@@ -111,12 +111,17 @@ def index_of(model: Path, index: Path | None) -> Path:
     return index
 
 
-def corpus_titles(dataset: str) -> dict[str, str]:
-    from ance_core.data.dataset import load_corpus, passage_texts
+def corpus_titles(dataset: str, doc_ids: list[str]) -> dict[str, str]:
+    """The passages (title and text) of `doc_ids` in `dataset`'s corpus, read a row at a time: memory holds those
+    documents, not the corpus (the whole of it, to print ten hits: ~3 GB of text at MS MARCO's size)."""
+    from ance_core.data.dataset import corpus_rows
     from ance_core.data.sources import resolve_dataset
 
-    corpus = load_corpus(resolve_dataset(dataset, download=False))  # (a corpus to search needs no queries or qrels)
-    return dict(zip(corpus["doc_id"], passage_texts(corpus), strict=True))
+    wanted, found = set(doc_ids), {}
+    for doc_id, title, text in corpus_rows(resolve_dataset(dataset, download=False))[1]:
+        if doc_id in wanted:  # (as `passage_texts` joins them)
+            found[doc_id] = f"{title} {text}".strip() if title else text
+    return found
 
 
 def model_work_dir(model: Path) -> str:

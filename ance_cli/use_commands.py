@@ -145,9 +145,9 @@ def search(
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, searched := index_of(model, index), query, top_k)
-        texts = corpus_titles(dataset) if dataset else {}
+        shown = [h.doc_id for h in hits]
+        texts = corpus_titles(dataset, shown) if dataset else {}
         if dataset:  # the passages printed must be the ones the index holds
-            shown = [h.doc_id for h in hits]
             if missing := [d for d in shown if d not in texts]:
                 raise AnceError(f"--dataset {dataset}: {len(missing)} of the {len(shown)} hits are not in its corpus "
                                 f"(e.g. '{missing[0]}'): give the dataset the model's index was encoded from")

@@ -215,22 +215,29 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
     return pd.concat(frames, ignore_index=True)
 
 
-def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = None) -> pd.DataFrame:
-    path = folder / "corpus.jsonl"
+def _beir_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
     # a missing or null text is empty, as a missing title is (BEIR's loader reads both so): a title-only document is
     # kept, and one with neither is said (`_read_corpus`)
-    rows = ((d, title, text) for d, text, title in jsonl_rows(path, (), ("text", "title"), seen))
-    return _read_corpus(path, rows, corpus_to)
+    return ((d, title, text) for d, text, title in jsonl_rows(path, (), ("text", "title"), seen))
+
+
+def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = None) -> pd.DataFrame:
+    return _read_corpus(folder / "corpus.jsonl", _beir_rows(folder / "corpus.jsonl", seen), corpus_to)
+
+
+def corpus_rows(folder: str | Path, fmt: str = "auto") -> tuple[Path, Iterator[tuple[str, str, str]]]:
+    """A corpus folder's file and its (doc_id, title, text) rows, validated as they are read, one at a time."""
+    folder = Path(folder)
+    if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
+        return folder / "corpus.jsonl", _beir_rows(folder / "corpus.jsonl", {})
+    return folder / "collection.tsv", _collection_rows(folder / "collection.tsv", {})
 
 
 def load_corpus(folder: str | Path, fmt: str = "auto", corpus_to: Path | None = None) -> pd.DataFrame:
     """The corpus alone (doc_id, title, text), validated as `load_dataset` validates it: for a folder that holds a
     corpus to search and no queries or qrels (`ance search --dataset`). With `corpus_to`, written there as it is read
     and only the doc ids returned (`_read_corpus`)."""
-    folder = Path(folder)
-    if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
-        return _beir_corpus(folder, {}, corpus_to)
-    return _read_corpus(folder / "collection.tsv", _collection_rows(folder / "collection.tsv", {}), corpus_to)
+    return _read_corpus(*corpus_rows(folder, fmt), corpus_to)
 
 
 def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:

@@ -964,3 +964,16 @@ def test_a_config_file_that_replaces_a_recipes_setting_is_said(tmp_path):
         code, out = _invoke(["run", "--recipe", "demo", "--config", str(tmp_path / "f.yaml"), "--set", "nosuch=1",
                              "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and "nosuch: Extra inputs are not permitted" in out, out  # (stopped before any work)
+
+
+def test_search_reads_the_texts_of_its_hits_alone_from_the_corpus(tmp_path):
+    """`ance search --dataset` printed ten hits' texts from the whole corpus loaded as a table (~3 GB of text at MS
+    MARCO's size); it keeps the hits' documents only, joined as the encoder saw them, from either layout."""
+    from ance_cli.lookups import corpus_titles
+
+    corpus = [{"_id": f"d{i}", "title": "T" * (i % 2), "text": f"text {i}"} for i in range(50)]
+    beir = write_beir(tmp_path / "beir", corpus, [{"_id": "q1", "text": "q"}], {"test": [("q1", "d1", 1)]})
+    assert corpus_titles(str(beir), ["d3", "d4", "d99"]) == {"d3": "T text 3", "d4": "text 4"}
+    (marco := tmp_path / "marco").mkdir()
+    (marco / "collection.tsv").write_text("".join(f"{i}\tpassage {i}\n" for i in range(50)))
+    assert corpus_titles(str(marco), ["7"]) == {"7": "passage 7"}
