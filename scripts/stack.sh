@@ -51,12 +51,24 @@ wait_healthy() {  # name, health url
   echo "$1 did not answer on $2 within 120 s" >&2; exit 1
 }
 
+taken() {  # name, port: something this stack did not start listens on the port (the compose stack's server, ...)
+  ! running "$1" && (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null
+}
+
 pool() {  # name, type
   "$BIN/prefect" work-pool inspect "$1" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$1" --type "$2" >/dev/null
 }
 
 case "${1:-}" in
   up)
+    for server in "prefect-server $PORT PREFECT_PORT" "mlflow-server $MLFLOW_PORT MLFLOW_PORT"; do
+      read -r name port variable <<<"$server"
+      if taken "$name" "$port"; then  # (else its server fails to bind, and the health check may ask the other one)
+        echo "port $port (127.0.0.1) is in use by a server this stack did not start (the compose stack's? \`docker" \
+          "compose -f docker/compose.yaml down\` stops it): stop it, or set $variable to a free port" >&2
+        exit 1
+      fi
+    done
     start mlflow-server "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
       --backend-store-uri "sqlite:///$MLFLOW_STORE_DIR/mlflow.db" --artifacts-destination "$MLFLOW_STORE_DIR/mlartifacts"
     running prefect-server || echo "$PORT" > "$STACK_DIR/prefect.port"  # (a running one keeps the port it has)
