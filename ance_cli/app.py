@@ -87,7 +87,7 @@ def print_pipeline(result: dict, as_json: bool) -> None:
         summary = {k: v for k, v in chosen.items() if k != "model"}
         keys = ("selected", "best_on_dev", "selection", "results", "warnings", "stages", "final_checkpoint",
                 "last_checkpoint", "report_dir", "plots_dir", "async_refresh", "negatives", "tracking", "mlflow_run_id",
-                "mlflow_uri", "compression", "retention", "started_from", "fusion")
+                "mlflow_uri", "compression", "retention", "started_from", "fusion", "recipe_search")
         typer.echo(json.dumps(summary | {k: result[k] for k in keys if k in result}))
 
 
@@ -162,14 +162,15 @@ def _check_split_files(data, splits: tuple[str, ...]) -> None:
                             f"qrels are read from {where(split)}")
 
 
-def run_pipeline(config, as_json: bool) -> None:
+def run_pipeline(config, as_json: bool, extra: dict | None = None) -> None:
+    """The pipeline run and printed; `extra` joins its result (`--recipe auto`: the search that chose the config)."""
     from ance_core.pipeline.config import negatives_needed
     from flows.ance_pipeline import ance_pipeline, check_pipeline
 
     check_pipeline(config)
     preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True,
                negatives=negatives_needed(config))
-    print_pipeline(ance_pipeline(config), as_json)
+    print_pipeline(ance_pipeline(config) | (extra or {}), as_json)
 
 
 

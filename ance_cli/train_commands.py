@@ -73,8 +73,10 @@ def run(
         if not shown_by_the_log():
             typer.echo(tuned["markdown"])
         from ance_core.pipeline.config import PipelineConfig
+        from flows.auto import SEARCH_KEYS
 
-        run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json)
+        run_pipeline(PipelineConfig.model_validate(tuned["config"]), as_json,
+                     {"recipe_search": {k: tuned[k] for k in SEARCH_KEYS}})
 
     guard(body, resumes=True)
 
@@ -82,23 +84,35 @@ def run(
 def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
           recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
     """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
+    from ance_core.errors import warn
     from ance_core.pipeline.config import negatives_needed
     from ance_core.pipeline.loading import load_config
-    from ance_core.pipeline.recipes import recipe_config
-    from ance_core.pipeline.tune import TuneConfig, earlier_budget
+    from ance_core.pipeline.recipes import RECIPES, recipe_config
+    from ance_core.pipeline.tune import MAX_BUDGET, TuneConfig, earlier_budget
     from flows.ance_pipeline import check_pipeline
     from flows.tune import tune_recipe
 
-    if budget_minutes is not None and not 0 < budget_minutes < float("inf"):  # (named as the option, not as the
-        fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be a number above 0")  # field)
+    # (each named as its option, not as the search's field)
+    if budget_minutes is not None and not 0 < budget_minutes <= MAX_BUDGET:
+        fail(f"--budget-minutes {budget_minutes:g}: the search's wall minutes must be a number above 0 and at most "
+             f"{MAX_BUDGET:g} (a year)")
+    if recipe is not None and recipe not in RECIPES:
+        fail(f"--recipe {recipe}: the search varies one of {', '.join(RECIPES)}")
+    if seeds is not None and (bad := [s for s in seeds if s < 0]):
+        fail(f"--seed {bad[0]}: a seed is a whole number of 0 or more")
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
     base = recipe_config(tune.recipe, sets or (), config)
+    for setting, value, why in (("start_checkpoint", base.start_checkpoint, "a run from a checkpoint has no warm-up"),
+                                ("warmup_only", base.warmup_only, "its trials train whole recipes")):
+        if value:  # (else refused inside the search, after its data stage, as a candidate's pydantic error)
+            fail(f"{setting} {value}: the search compares warm-ups and whole recipes, and {why}; unset it, or train "
+                 "this config with `ance run`")
     if "budget_minutes" not in tune.model_fields_set and (earlier := earlier_budget(base, tune)):
         tune = tune.model_copy(update={"budget_minutes": earlier[0]})  # its reused trials budgeted as they were
-        typer.echo(f"recipe search: the budget of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
-                   "trials this one reuses (--budget-minutes to give another)")
+        warn(f"recipe search: the budget is the one of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
+             "trials this one reuses (--budget-minutes to give another)")
     check_pipeline(base)
     preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
                negatives=negatives_needed(base))

@@ -52,6 +52,8 @@ from tracking.client import Tracker, flatten
 TUNE_JSON, TUNE_MD, RECIPE_YAML = "tune.json", "tune.md", "recipe.yaml"
 KINDS = ("warm-up", "whole", "new seed")  # trials timed apart: a warm-up (rung 0), a whole recipe under the first
 # seed (its warm-up reused from rung 0), a whole recipe under a later seed (its warm-up trained too)
+FEW_DEV = 13  # dev queries below which the search says its comparisons are noise (RESULTS.md: leads of ~0.01 on
+# 5-13 dev queries that the test split did not hold)
 
 
 class Search:
@@ -71,6 +73,9 @@ class Search:
         self.seen: set[str] = set()  # the stage folders of the trials run so far (`trial_cost`)
         self.stopped: str | None = None  # the budget ended the search
         self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
+        self.few: str | None = None  # the dev split is too small to tell candidates apart
+        self.owners: dict[str, tuple[str, int, str, float]] = {}  # stage folder -> the batch whose estimate counts
+        # its seconds (kind, index), its trial's candidate, those seconds (`_share`)
 
     def seconds_left(self) -> float:
         """The budget less this search's wall time and the time its reused trials took when they ran: a search
@@ -160,6 +165,8 @@ class Search:
             self.reused += max(took - wall, 0.0)
             if any(ref is not None for ref in refs):
                 self.batches[kind if rung.full else "warm-up"].append(max(wall, took))
+                self._share([(c.name, r) for (c, _), r in zip(part, records, strict=True) if r is not None],
+                            kind if rung.full else "warm-up")
             for (c, seed), ref, record, call in zip(part, refs, records, kwargs, strict=True):
                 if ref is None:
                     continue
@@ -173,6 +180,23 @@ class Search:
                 print(f"trial {c.name} · seed {seed}{'' if rung.full else ' · warm-up only'}: dev nDCG@10"
                       f"{' pooled over the dev folds' if self.base.selection == 'cv' else ''} "
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
+
+    def _share(self, done: list[tuple[str, dict]], kind: str) -> None:
+        """A stage that another candidate's trial reuses is work every trial shares (BM25's and the zero-shot model's
+        rankings): its seconds leave the estimate of the batch that paid them (`owners`), so that the trials after it
+        are not estimated as if each paid them again (the budget still counts them). A search after `ance run` had its
+        first warm-up's estimate hold the zero-shot encoding, reserved two whole recipes at twice that, and compared
+        none."""
+        index = len(self.batches[kind]) - 1
+        for name, record in done:
+            for stage in record.get("stages", ()):
+                if stage.get("for") == "data":  # (built before any trial: in no batch's seconds)
+                    continue
+                owner = self.owners.setdefault(stage["path"], (kind, index, name, stage["seconds"]))
+                if owner[2] != name and owner[3] > 0:
+                    batches = self.batches[owner[0]]
+                    batches[owner[1]] = max(batches[owner[1]] - owner[3], 0.0)
+                    self.owners[stage["path"]] = (*owner[:3], 0.0)  # (taken out once)
 
     def _pair(self, names: list[str]) -> bool:
         """Whether these trials' candidates are the baseline and at least one challenger beside it."""
@@ -232,12 +256,25 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     train = tables.split_qrels(base.data.train_split)
     grades = sorted(int(g) for g in set(train.loc[train["relevance"] > 0, "relevance"]))
     rate = base.warmup.learning_rate if base.ance.learning_rate == base.warmup.learning_rate else None
-    pool = candidates(cfg, rate, base.data.train_min_relevance, base.warmup.epochs, grades,
+    varied = cfg
+    if base.warmup.max_steps is not None and set(cfg.warmup_epochs) - {base.warmup.epochs}:
+        warn(f"recipe search: warmup.max_steps {base.warmup.max_steps} is set, and it overrides the warm-up's epochs: "
+             f"the candidates of warmup_epochs {cfg.warmup_epochs} would train the baseline's warm-up again, so they "
+             "are left out (unset warmup.max_steps to search the epochs)")
+        varied = cfg.model_copy(update={"warmup_epochs": [base.warmup.epochs]})
+    pool = candidates(varied, rate, base.data.train_min_relevance, base.warmup.epochs, grades,
                       pairs=lambda rule: training_pairs(tables, base.data.train_split, rule))
     check_candidates(base, pool, cfg.seeds)
     baseline = pool[0]
     scores, state = Scores([c.name for c in pool]), Search(base, cfg, data.digest, tracker, parent)
     state.baseline = baseline.name
+    qrels = tables.qrels  # (the dev queries a trial is scored on: those with a relevant document)
+    dev = qrels.loc[(qrels["split"] == base.data.dev_split) & (qrels["relevance"] > 0), "query_id"].nunique()
+    if base.selection != "cv" and dev < FEW_DEV and len(pool) > 1:
+        state.few = (f"the dev split holds {dev} queries, on which differences between candidates under ~0.01 "
+                     f"nDCG@10 are noise; --set selection=cv scores each trial on every fold's dev queries "
+                     f"({fold_count(base.data.dev_fraction)} folds, as many times the cost)")
+        warn(f"recipe search: {state.few}")
     print(f"recipe search: {len(pool)} candidates, rungs over seeds {cfg.seeds}, eta {cfg.eta}, margin "
           f"{cfg.margin}, budget {cfg.budget_minutes:g} minutes")
     alive = pool[1:]  # the challengers; the baseline runs every rung beside them
@@ -250,6 +287,10 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
         if not alive:  # every challenger failed: the baseline's further seeds would compare with nothing
             break
     winner, evidence = decide(scores, baseline.name, cfg.margin, state.failed)
+    if not evidence["compared"] and len(pool) > 1:
+        warn(f"recipe search: no whole recipe was compared ({evidence['reason']}), so {baseline.name} is kept "
+             f"untried against the others; a larger budget (--budget-minutes, {cfg.budget_minutes:g} now) compares "
+             "them")
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
 
@@ -275,10 +316,10 @@ def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: di
     return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers{pooled})\n\n"
             f"{markdown_table(header, rows)}"
             f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
-            + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped) if note)
+            + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped, state.few) if note)
             + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s"
-            + (f"; the work they reused took {state.reused:.0f} s when it ran, counted in the budget" if state.reused
-               else "") + ".\n")
+            + (f"; the work they reused took {state.reused:.0f} s when it ran, counted in the budget"
+               if state.reused >= 0.5 else "") + ".\n")
 
 
 @flow(name="ance-tune", log_prints=True)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ance_core.data.dataset import Dataset
     from ance_core.pipeline.config import PipelineConfig
 
+MAX_BUDGET = 525_600.0  # minutes: a year (a larger budget's seconds overflowed the search's arithmetic)
 PositivesRule = Literal["query-top", "collection-top", "all"]
 RecipeName = Literal["demo", "full", "full-maxp"]  # the recipes module's RECIPES (a test holds them equal): a choice
 # in the UI's run form, where any text was taken and a misspelt recipe ran as the form's config
@@ -67,7 +68,8 @@ class TuneConfig(StageConfig):
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")
-    budget_minutes: float = Field(90.0, gt=0, description="Wall minutes of trials; the search stops before a trial "
+    budget_minutes: float = Field(90.0, gt=0, le=MAX_BUDGET, description="Wall minutes of trials (at most a year); "
+                                  "the search stops before a trial "
                                   "(or a batch of Ray trials) that the time of those before it says would not fit, "
                                   "and decides on the trials run. Trials reused from an earlier search, and stages "
                                   "reused from runs outside it, count at the minutes they took then: a search resumed "
@@ -253,13 +255,14 @@ def decide(scores: Scores, baseline: str, margin: float, failed: Sequence[str] =
     finalists = [n for n in rivals if len(table[n]["seeds"]) == most]
     best = max(finalists, key=lambda n: (round(table[n]["paired_diff"], 10), -scores.order.index(n)), default=None)
     if best is not None and round(table[best]["paired_diff"], 10) > margin:  # (a difference of margin ties)
-        return best, {"table": table, "reason": f"{best} beat {baseline} by {table[best]['paired_diff']:+.4f} dev "
-                      f"nDCG@10 (mean over seeds {table[best]['seeds']}; margin {margin})"}
+        return best, {"table": table, "compared": True, "reason": f"{best} beat {baseline} by "
+                      f"{table[best]['paired_diff']:+.4f} dev nDCG@10 (mean over seeds {table[best]['seeds']}; margin "
+                      f"{margin})"}
     crashed = f" ({', '.join(dict.fromkeys(failed))} failed)" if failed else ""
     reason = (f"no candidate beat {baseline} by more than {margin} (the best, {best}: "
               f"{table[best]['paired_diff']:+.4f} over seeds {table[best]['seeds']})" if best is not None
               else f"no candidate ran the whole recipe beside {baseline}{crashed}")
-    return baseline, {"table": table, "reason": reason}
+    return baseline, {"table": table, "reason": reason, "compared": best is not None}
 
 
 BUDGET = re.compile(r"budget_minutes=([0-9.e+-]+)")

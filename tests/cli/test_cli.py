@@ -284,8 +284,8 @@ def test_bad_data_leaves_no_work_folder_and_a_run_scored_on_a_missing_split_name
 
 
 @pytest.mark.parametrize("command", [["tune"], ["run", "--recipe", "auto"]])
-@pytest.mark.parametrize("minutes", ["0", "inf"])  # (inf: once ValueError: cannot convert float NaN to integer, after
-def test_a_budget_of_no_minutes_names_its_option(tmp_path, command, minutes):  # every warm-up trial)
+@pytest.mark.parametrize("minutes", ["0", "inf", "1e+307"])  # (inf, 1e307: once ValueError: cannot convert float NaN
+def test_a_budget_of_no_minutes_names_its_option(tmp_path, command, minutes):  # to integer, after every warm-up trial)
     code, out = _invoke([*command, "--budget-minutes", minutes, "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and f"--budget-minutes {minutes}: the search's wall minutes must be a number above 0" in out, out
     assert "invalid config" not in out and not (tmp_path / "w").exists()
@@ -977,3 +977,17 @@ def test_search_reads_the_texts_of_its_hits_alone_from_the_corpus(tmp_path):
     (marco := tmp_path / "marco").mkdir()
     (marco / "collection.tsv").write_text("".join(f"{i}\tpassage {i}\n" for i in range(50)))
     assert corpus_titles(str(marco), ["7"]) == {"7": "passage 7"}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--recipe", "dmeo"], "--recipe dmeo: the search varies one of demo, full, full-maxp"),
+    (["--seed", "-1"], "--seed -1: a seed is a whole number of 0 or more"),
+    (["--set", "warmup_only=true"], "warmup_only True: the search compares warm-ups and whole recipes"),
+    (["--set", "start_checkpoint=/some/model"], "start_checkpoint /some/model: the search compares warm-ups"),
+])
+def test_tune_refuses_what_it_cannot_search_naming_the_flag_before_any_work(tmp_path, args, says):
+    """Found by a review: a base config with start_checkpoint failed inside the search, after its data stage, with a
+    pydantic dump; warmup_only was silently dropped; --recipe and --seed were named as the search's fields."""
+    code, out = _invoke(["tune", *args, "--set", f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and says in out and "invalid config" not in out, out
+    assert not (tmp_path / "w").exists()

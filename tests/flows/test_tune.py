@@ -100,3 +100,4 @@ def test_a_search_runs_its_rungs_decides_against_the_baseline_and_auto_trains_th
     run = json.loads(again.stdout.strip().splitlines()[-1])
     assert (tmp_path / "work" / "latest.json").is_file() and client.search_registered_models()
     assert "ANCE round 1" in {r["model"] for r in run["results"]}
+    assert run["recipe_search"]["winner"] == result["winner"] and run["recipe_search"]["reason"] == result["reason"]

@@ -105,17 +105,16 @@ def test_stages_an_earlier_run_built_count_at_their_seconds_and_the_search_budge
     build). It costs the search the 60 s it would have taken, so the rung stops where a search without that run
     stops (six of eight warm-ups, above); counted at its 5 s, it made the warm-ups look cheap and let a seventh in."""
     stage = {"stage": "train", "seconds": 55.0, "cached": True}
-    records = {"outside": {"score": 0.5, "model": "m", "seconds": 5.0, "stages": [stage | {"path": "w/train/a"}]},
-               "fresh": {"score": 0.5, "model": "m", "seconds": 60.0,
-                         "stages": [stage | {"path": "w/train/b", "cached": False}]}}
-    monkeypatch.setattr(tune, "read_trial", lambda ref: records[ref.path])
+    monkeypatch.setattr(tune, "read_trial", lambda ref: {  # (each candidate's warm-up a stage of its own)
+        "score": 0.5, "model": "m", "seconds": 5.0 if ref.path == "outside" else 60.0,
+        "stages": [stage | {"path": f"w/train/{ref.path}", "cached": ref.path == "outside"}]})
     pool = [Candidate("base", {})] + [Candidate(f"c{i}", {"x": i}, 1) for i in range(7)]
     state = tune.Search(PipelineConfig(), TuneConfig(budget_minutes=10), "digest", None, None)
 
     def mapped(kwargs, part):
         first = not state.trials
         clock["t"] += 5.0 if first else 60.0
-        return [Ref(path="outside" if first else "fresh")]
+        return [Ref(path="outside" if first else f"fresh{len(state.trials)}")]
 
     state._mapped = mapped
     state.run(Scores([c.name for c in pool]), pool, Rung(0, [42], False))
@@ -479,3 +478,66 @@ def test_candidates_alike_in_their_first_60_characters_log_two_metrics():
     a = "lr 1.5e-05, positives collection-top (train_min_relevance 3)"
     metrics = candidate_metrics({a: {"mean": 0.5}, f"{a}, warm-up 2 epochs": {"mean": 0.6}, "demo": {"mean": 0.4}})
     assert sorted(metrics.values()) == [0.4, 0.5, 0.6] and all(len(k) <= 80 for k in metrics)
+
+
+def _quick_trials(clock, monkeypatch) -> None:
+    _train_qrels(monkeypatch, ["q"], ["d"], [1])
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+    monkeypatch.setattr(tune, "read_trial", lambda ref: {"score": 0.5, "model": "m", "seconds": 60.0})
+
+    def mapped(self, kwargs, part):
+        clock["t"] += 60
+        return [Ref() for _ in part]
+
+    monkeypatch.setattr(tune.Search, "_mapped", mapped)
+
+
+def test_a_budget_that_compares_no_whole_recipe_says_so(clock, monkeypatch):
+    """A budget that ran one warm-up kept the baseline, untried against the others, with exit 0 and no warning (a
+    review found `ance run --recipe auto` promoting it after a smoke test's budget). On a dev split of a few queries
+    the report says its comparisons are noise."""
+    _quick_trials(clock, monkeypatch)
+    with pytest.warns(AnceWarning) as said:
+        winner, evidence, pool, state = tune.search(PipelineConfig(), TuneConfig(budget_minutes=0.5), Ref(), None,
+                                                    None)
+    messages = [str(w.message) for w in said]
+    assert winner == pool[0] and not evidence["compared"] and len(state.trials) == 1
+    assert any("no whole recipe was compared" in m and "--budget-minutes, 0.5 now" in m for m in messages), messages
+    assert any("the dev split holds 0 queries" in m and "selection=cv" in m for m in messages), messages
+    assert "The dev split holds 0 queries" in tune.report(pool, state, winner, evidence)
+
+
+def test_warm_up_epochs_are_not_searched_when_max_steps_fixes_the_warm_up(clock, monkeypatch):
+    """`warmup.max_steps` overrides the epochs: each 'warm-up 2 epochs' candidate trained the baseline's warm-up
+    again (half the trials of a search, a review found)."""
+    _quick_trials(clock, monkeypatch)
+    with pytest.warns(AnceWarning, match="warmup.max_steps 2 is set"):
+        _, _, pool, _ = tune.search(PipelineConfig.model_validate({"warmup": {"max_steps": 2}}),
+                                    TuneConfig(budget_minutes=0.5), Ref(), None, None)
+    assert [c.name for c in pool] == ["demo (baseline)", "lr 4e-05"]
+    _, _, pool, _ = tune.search(PipelineConfig(), TuneConfig(budget_minutes=0.5), Ref(), None, None)
+    assert len(pool) == 4  # (without max_steps: the epochs are searched)
+
+
+def test_work_every_trial_shares_leaves_the_estimate_of_the_trial_that_paid_it(clock, monkeypatch):
+    """The first warm-up pays for what every trial reuses (the zero-shot model's encoding: 400 s here, built in its
+    trial, or reused from `ance run` and counted at its seconds). Estimated as every warm-up's cost, it made the
+    warm-up rung reserve two whole recipes at 2 x 260 s and the first whole rung fit none: on a DL19 pool a 60-minute
+    search after `ance run` compared no whole recipe. Taken out of the estimate, 20 minutes run 9 warm-ups and compare
+    two whole recipes."""
+    _train_qrels(monkeypatch, ["q", "q", "r"], ["d", "e", "f"], [1, 2, 1])
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+    monkeypatch.setattr(tune, "read_trial", lambda ref: ref.path)
+
+    def mapped(self, kwargs, part):
+        first = not self.trials
+        clock["t"] += (460 if first else 60) if kwargs[0]["name"].endswith("warm-up only") else 120
+        shared = {"for": "zero-shot", "stage": "encode", "path": "zs", "cached": not first, "seconds": 400.0}
+        return [Ref(path={"score": 0.5 + len(self.trials) / 100, "model": "m", "seconds": 60.0,
+                          "stages": [shared]}) for _ in part]
+
+    monkeypatch.setattr(tune.Search, "_mapped", mapped)
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}})
+    winner, evidence, pool, state = tune.search(base, TuneConfig(budget_minutes=20), Ref(), None, None)
+    assert sum(not t["full"] for t in state.trials) == 9 and sum(t["full"] for t in state.trials) == 2
+    assert evidence["compared"] and state.estimate("warm-up") == 60.0
