@@ -8,6 +8,7 @@ is appended to `<work_dir>/mlflow-undelivered.jsonl` (one JSON object per call, 
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 import warnings
@@ -19,6 +20,7 @@ from filelock import FileLock
 from pydantic import BaseModel
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
+HOST_TAG, PID_TAG = "ance.host", "ance.pid"  # a top-level run's process (`Tracker._end_orphans`)
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
 PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
@@ -108,6 +110,7 @@ class Tracker:
         self._warned = False
         self._refusals: set[str] = set()  # the refusals warned of (each once)
         self._lock = threading.Lock()
+        self._reaped = False  # runs of dead processes ended (`_end_orphans`, at the first top-level run)
         self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
         with store_lock(self.uri):
             self.client = mlflow_client(self.uri)
@@ -182,6 +185,11 @@ class Tracker:
         tags = dict(tags or {}) | {"mlflow.runName": name}
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
+        else:  # a top-level run says which process holds it, so that a later run can end it if that process died
+            tags |= {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+            if not self._reaped:
+                self._reaped = True
+                self.attempt(self._end_orphans)
         run = self._safe("create_run", self.client.create_run, self.experiment_id, tags=tags,
                          payload={"name": name, "tags": tags})
         return run.info.run_id if run is not None else None
@@ -260,6 +268,27 @@ class Tracker:
                     self.end_run(run_id, status)
             raise
 
+    def _end_orphans(self) -> None:
+        """Runs left RUNNING by a process of this host that is gone (killed with SIGKILL, or the machine lost power:
+        nothing in it could end them), with their nested runs, ended KILLED when the next run starts, so that MLflow's
+        table does not show them running forever. A process that is alive (or a pid reused since) is left alone."""
+        host = socket.gethostname()
+        running = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=5000)
+        children: dict[str, list[str]] = {}
+        for run in running:
+            children.setdefault(run.data.tags.get("mlflow.parentRunId", ""), []).append(run.info.run_id)
+        for run in running:
+            pid = run.data.tags.get(PID_TAG, "")
+            if run.data.tags.get(HOST_TAG) != host or not pid.isdigit() or _alive(int(pid)):
+                continue
+            ended, todo = [], [run.info.run_id]
+            while todo:
+                ended.append(todo.pop())
+                todo += children.get(ended[-1], [])
+            for run_id in ended:
+                self.client.set_terminated(run_id, "KILLED")
+                self.client.set_tag(run_id, "ance.ended_by", f"a later run: process {pid} on {host} had died")
+
     def _running(self, run_id: str) -> bool:
         try:
             return self.client.get_run(run_id).info.status == "RUNNING"
@@ -271,3 +300,13 @@ class Tracker:
         return {"tracking_uri": self.uri, "undelivered": dict(self.undelivered),
                 "undelivered_calls": sum(self.undelivered.values()), "delivered_late": self.delivered_late,
                 "kept_in": str(self.spool) if self.undelivered else None}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True

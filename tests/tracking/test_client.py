@@ -289,3 +289,25 @@ def test_an_evaluation_with_no_mlflow_run_keeps_no_pending_copy(tmp_path):
     (stage / "metrics.json").write_text("{}")
     log_evaluation(tracker, None, stage, "evaluation")
     assert not (tmp_path / "work" / PENDING).exists() or not any((tmp_path / "work" / PENDING).iterdir())
+
+
+def test_runs_a_killed_process_left_running_are_ended_when_the_next_run_starts(tmp_path):
+    """A search or pipeline killed with SIGKILL left its run and its nested runs RUNNING in MLflow forever (a review
+    found them after `kill -9` of `ance tune`). The next top-level run of the experiment on this host ends them
+    KILLED; a run whose process is alive is left alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tracker = Tracker(tmp_path / "work", "ance-tune")
+    orphan = tracker.start_run("search")
+    trial = tracker.start_run("trial", parent_id=orphan)
+    fold = tracker.start_run("fold", parent_id=trial)
+    tracker.client.set_tag(orphan, "ance.pid", str(dead.pid))  # (as the killed process had tagged it)
+    alive = tracker.start_run("another search, running")  # (this process's: alive)
+    client = MlflowClient(tracker.uri)
+    assert client.get_run(orphan).data.tags["ance.host"] and client.get_run(alive).data.tags["ance.pid"] == str(
+        os.getpid())
+    Tracker(tmp_path / "work", "ance-tune").start_run("the next search")
+    for run_id in (orphan, trial, fold):
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and f"process {dead.pid}" in run.data.tags["ance.ended_by"]
+    assert client.get_run(alive).info.status == "RUNNING"
