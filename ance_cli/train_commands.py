@@ -150,8 +150,8 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Print the choice as JSON last")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help=SETS_HELP)] = None,
     tune_sets: Annotated[list[str] | None, typer.Option("--tune-set", help="Override a search setting: "
-                                                        "learning_rates, positives, warmup_epochs, seeds, eta, "
-                                                        "margin, budget_minutes (e.g. --tune-set "
+                                                        "recipe, learning_rates, positives, warmup_epochs, seeds, "
+                                                        "eta, margin, budget_minutes (e.g. --tune-set "
                                                         "learning_rates=[4e-5,1e-5])")] = None,
 ):
     """Choose a recipe on the dataset's dev split: variants of --recipe (learning rate, which graded positives train,
