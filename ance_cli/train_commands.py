@@ -164,6 +164,10 @@ def tune(
             fail(f"--out {out}: a folder; give the file to write the winner's config to, e.g. {out / 'recipe.yaml'}")
         if out is not None and not out.parent.is_dir():
             fail(f"--out {out}: no folder {out.parent} to write it in")
+        if out is not None:  # (a folder it cannot write in: a traceback after the whole search)
+            from ance_core.artifacts import writable_folder
+
+            writable_folder(out.parent, f"--out {out}")
         refuse_twice(tune_sets, [("--budget-minutes", budget_minutes, "budget_minutes"), ("--seed", seeds, "seeds"),
                                  ("--recipe", recipe, "recipe")], "--tune-set")
         result = _tune(config, sets, budget_minutes, seeds, recipe, tune_sets)

@@ -984,10 +984,12 @@ def test_search_reads_the_texts_of_its_hits_alone_from_the_corpus(tmp_path):
     (["--seed", "-1"], "--seed -1: a seed is a whole number of 0 or more"),
     (["--set", "warmup_only=true"], "warmup_only True: the search compares warm-ups and whole recipes"),
     (["--set", "start_checkpoint=/some/model"], "start_checkpoint /some/model: the search compares warm-ups"),
+    (["--out", "/proc/recipe.yaml"], "--out /proc/recipe.yaml: cannot write in /proc"),
 ])
 def test_tune_refuses_what_it_cannot_search_naming_the_flag_before_any_work(tmp_path, args, says):
     """Found by a review: a base config with start_checkpoint failed inside the search, after its data stage, with a
-    pydantic dump; warmup_only was silently dropped; --recipe and --seed were named as the search's fields."""
+    pydantic dump; warmup_only was silently dropped; --recipe and --seed were named as the search's fields; an --out
+    in a folder it cannot write in failed after the whole search."""
     code, out = _invoke(["tune", *args, "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and says in out and "invalid config" not in out, out
     assert not (tmp_path / "w").exists()
