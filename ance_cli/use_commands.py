@@ -242,8 +242,9 @@ def asks() -> bool:
 @app.command()
 def gc(
     work_dir: Annotated[str, typer.Option(help="The work folder to clean")] = "work",
-    keep_runs: Annotated[int, typer.Option(min=1, help="Keep the stages of the last N runs (and what they were "
-                                           "built from)")] = 3,
+    keep_runs: Annotated[int, typer.Option(min=1, help="Keep the stages of the last N runs to finish (and what "
+                                           "they were built from); ance bm25 and ance evaluate --checkpoint are runs "
+                                           "too")] = 3,
     keep_refreshes: Annotated[int, typer.Option(min=1, help="Of each kept run, keep the encodings and indexes of "
                                                 "its last N refreshes")] = 2,
     keep_rankings: Annotated[bool, typer.Option("--keep-rankings/--drop-rankings", help="Keep the kept refreshes' "

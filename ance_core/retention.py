@@ -43,6 +43,7 @@ from filelock import FileLock, Timeout
 from pydantic import Field
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_json
+from ance_core.errors import warn
 from ance_core.stage_config import StageConfig
 
 RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
@@ -156,9 +157,16 @@ def _record(path: Path) -> dict | None:
     return record if ok else None
 
 
+def _mtime(path: Path, default: float) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # (removed since it was read)
+        return default
+
+
 def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
     """(ended runs, the one that finished last last; live runs): a `.live` record whose lock is free belongs to a run
-    that was killed (ordered by its start)."""
+    that was killed (ordered by when it last recorded a stage)."""
     live_paths = sorted((work_dir / LIVE).glob("*.json"))  # before runs/: a run ending meanwhile is in one of them
     ended = [r for p in sorted((work_dir / RUNS).glob("*.json")) if (r := _record(p)) is not None]
     finished, live = {r["id"] for r in ended}, []
@@ -176,6 +184,8 @@ def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
         if record is None and not path.exists():  # it ended since runs/ was read: its record is there now (none
             record, held = _record(work_dir / RUNS / path.name), False  # for a part of another run: it removes it)
         if record is not None and (held or not record.get("part")):  # (a killed part of another run is no run)
+            if not held and "finished" not in record:  # killed: it ended when it last recorded a stage (its re-run
+                record["finished"] = _mtime(path, record["started"])  # resumes from them), not when it started
             (live if held else ended).append(record)
     # "the last N runs" are the last to finish: a long run that started before shorter ones keeps its place
     ended.sort(key=lambda r: (r.get("finished") or r["started"], r["started"]))
@@ -207,17 +217,25 @@ class GcPlan:
 
 def stage_folders(work_dir: str | Path) -> dict[str, StageFolder]:
     """Every complete stage folder of a work folder, by key (its manifest names its stage and inputs)."""
-    out = {}
+    out, linked = {}, set()
     for manifest in Path(work_dir).glob(f"*/*/{MANIFEST}"):
         folder = manifest.parent
         if folder.name.startswith(".") or folder.is_symlink() or folder.parent.is_symlink():
-            continue  # (a link someone made is not the work folder's to remove, nor is what it points to)
+            # (a link someone made is not the work folder's to remove, nor is what it points to: another work
+            # folder's stages may be there too)
+            linked |= {folder.parent.name} if folder.parent.is_symlink() else set()
+            continue
         try:
             m = json.loads(manifest.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if m.get("key") == folder.name and m.get("stage") == folder.parent.name:
             out[folder.name] = StageFolder(m["stage"], folder.name, folder, dict(m.get("inputs") or {}))
+    if linked:
+        warn(f"{work_dir}: {', '.join(f'{name}/' for name in sorted(linked))} "
+             f"{'is a link' if len(linked) == 1 else 'are links'} (to another disk?): the stage folders in "
+             f"{'it' if len(linked) == 1 else 'them'} are neither collected nor counted (another work folder's may be "
+             "there too); link the whole work folder instead to have them collected")
     return out
 
 

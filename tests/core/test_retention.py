@@ -384,3 +384,34 @@ def test_a_young_unrecorded_folder_is_kept_even_when_it_matches_an_old_refresh(t
     _stage(work, "encode-shard", "a new shard of A", {"checkpoint": "A", "data": data.digest})  # no run's yet
     plan = plan_gc(work, RetentionConfig(keep_runs=1, keep_refreshes=1))
     assert _names(plan.remove) == ["old refresh"] and "a new shard of A" in _names(plan.keep)
+
+
+def test_a_killed_long_run_keeps_its_place_by_the_last_stage_it_recorded(tmp_path):
+    """A retrain that started first, went on recording stages while shorter runs ended, then was killed (its re-run
+    resumes from those stages): ordered by its start, gc with keep_runs 1 removed them."""
+    work = tmp_path / "work"
+    long, short = _stage(work, "train", "long", {}), _stage(work, "train", "short", {})
+    _run_record(work, "b-short", started=200.0, finished=300.0, keys=[short.digest])
+    (work / LIVE).mkdir(parents=True, exist_ok=True)
+    killed = work / LIVE / "a-long.json"
+    killed.write_text(json.dumps({"id": "a-long", "name": "retrain", "pid": 0, "started": 100.0,
+                                  "stages": [{"stage": "train", "key": long.digest}]}))
+    os.utime(killed, (900.0, 900.0))  # (its last stage recorded after the short run ended)
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    assert _names(plan.keep) == ["long"] and _names(plan.remove) == ["short"]
+
+
+def test_a_linked_stage_folder_is_said_not_to_be_collected(tmp_path):
+    """`work/encode` linked to a bigger disk: its stage folders are left alone (another work folder's may be there),
+    and gc says so instead of leaving the largest files uncounted without a word."""
+    import pytest
+
+    from ance_core.errors import AnceWarning
+
+    work, disk = tmp_path / "work", tmp_path / "disk"
+    _stage(disk, "encode", "e", {})
+    work.mkdir()
+    (work / "encode").symlink_to(disk / "encode")
+    with pytest.warns(AnceWarning, match=r"encode/ is a link \(to another disk\?\): the stage folders in it are "
+                      "neither collected nor counted"):
+        assert stage_folders(work) == {}
