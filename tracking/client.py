@@ -20,7 +20,7 @@ from filelock import FileLock
 from pydantic import BaseModel
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
-HOST_TAG, PID_TAG = "ance.host", "ance.pid"  # a top-level run's process (`Tracker._end_orphans`)
+HOST_TAG, PID_TAG = "process_host", "process_pid"  # a top-level run's process (`Tracker._end_orphans`)
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 BATCH = 1000  # MLflow accepts at most 1000 metrics per log_batch call
 PROBE_SECONDS = 20.0  # after a failure, how long calls go straight to the spool before MLflow is tried again
@@ -287,7 +287,7 @@ class Tracker:
                 todo += children.get(ended[-1], [])
             for run_id in ended:
                 self.client.set_terminated(run_id, "KILLED")
-                self.client.set_tag(run_id, "ance.ended_by", f"a later run: process {pid} on {host} had died")
+                self.client.set_tag(run_id, "ended_by", f"a later run: process {pid} on {host} had died")
 
     def _running(self, run_id: str) -> bool:
         try:

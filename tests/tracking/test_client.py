@@ -301,13 +301,13 @@ def test_runs_a_killed_process_left_running_are_ended_when_the_next_run_starts(t
     orphan = tracker.start_run("search")
     trial = tracker.start_run("trial", parent_id=orphan)
     fold = tracker.start_run("fold", parent_id=trial)
-    tracker.client.set_tag(orphan, "ance.pid", str(dead.pid))  # (as the killed process had tagged it)
+    tracker.client.set_tag(orphan, "process_pid", str(dead.pid))  # (as the killed process had tagged it)
     alive = tracker.start_run("another search, running")  # (this process's: alive)
     client = MlflowClient(tracker.uri)
-    assert client.get_run(orphan).data.tags["ance.host"] and client.get_run(alive).data.tags["ance.pid"] == str(
+    assert client.get_run(orphan).data.tags["process_host"] and client.get_run(alive).data.tags["process_pid"] == str(
         os.getpid())
     Tracker(tmp_path / "work", "ance-tune").start_run("the next search")
     for run_id in (orphan, trial, fold):
         run = client.get_run(run_id)
-        assert run.info.status == "KILLED" and f"process {dead.pid}" in run.data.tags["ance.ended_by"]
+        assert run.info.status == "KILLED" and f"process {dead.pid}" in run.data.tags["ended_by"]
     assert client.get_run(alive).info.status == "RUNNING"
