@@ -123,7 +123,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
             tables = read_tables(ref.path, corpus_columns=columns)
         for split in splits:
             try:
-                tables.split_qrels(split)
+                qrels = tables.split_qrels(split)
             except AnceError as e:  # which folder, and the file it would be in
                 folder = resolve_dataset(data.dataset, data.data_home, download=False)
                 where = qrels_file(folder, split, data.format)
@@ -132,6 +132,9 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                           "train split): a pipeline run on it trains on every query and its result is its last model"
                           if split == data.dev_split and data.dev_fraction else "")
                 raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}{carved}") from None
+            if not (qrels["relevance"] > 0).any() and not (trains and split == data.train_split):  # (said below)
+                raise AnceError(f"{data.dataset}: split '{split}' judges no document relevant (its {len(qrels)} qrels "
+                                "rows are all of grade 0 or below): every metric on it would be 0")
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives, data.format)

@@ -993,3 +993,15 @@ def test_tune_refuses_what_it_cannot_search_naming_the_flag_before_any_work(tmp_
     code, out = _invoke(["tune", *args, "--set", f"work_dir={tmp_path / 'w'}"])
     assert code == 2 and says in out and "invalid config" not in out, out
     assert not (tmp_path / "w").exists()
+
+
+def test_a_split_that_judges_nothing_relevant_is_refused_before_any_work(tmp_path):
+    """`ance bm25` / `ance evaluate` on a split whose qrels are all grade 0 printed every metric as 0, exit 0, nothing
+    said (`--checkpoint` after encoding the whole corpus)."""
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}, {"_id": "d2", "text": "y"}],
+                    [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "x"}],
+                    {"train": [("q1", "d1", 1)], "test": [("q2", "d1", 0), ("q2", "d2", 0)]})
+    (tmp_path / "run.trec").write_text("q2 Q0 d1 1 2.0 x\n")
+    for args in (["bm25"], ["evaluate", "--run", str(tmp_path / "run.trec")]):
+        code, out = _invoke([*args, "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
+        assert code == 2 and "split 'test' judges no document relevant (its 2 qrels rows are all of grade 0" in out, out
