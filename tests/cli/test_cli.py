@@ -1005,3 +1005,19 @@ def test_a_split_that_judges_nothing_relevant_is_refused_before_any_work(tmp_pat
     for args in (["bm25"], ["evaluate", "--run", str(tmp_path / "run.trec")]):
         code, out = _invoke([*args, "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
         assert code == 2 and "split 'test' judges no document relevant (its 2 qrels rows are all of grade 0" in out, out
+
+
+def test_evaluate_refuses_a_checkpoint_without_its_model_files_before_any_work(tmp_path, tiny_model):
+    """A checkpoint folder holding its ance_model.json only: refused inside the flow, after the data stage was built
+    and Prefect's server started."""
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), ckpt := tmp_path / "ckpt")
+    (ckpt / "model.safetensors").unlink()
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    code, out = _invoke(["evaluate", "--checkpoint", str(ckpt), "--dataset", str(ds),
+                         "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "a damaged checkpoint (no model.safetensors)" in out, out
+    assert not (tmp_path / "w").exists()
