@@ -218,10 +218,10 @@ def read_trec(path: str | Path) -> pd.DataFrame:
     if not rows:
         raise DataError(path, "empty run file")
     run = pd.DataFrame(rows, columns=["query_id", "doc_id", "score"])
-    twice = run.duplicated(["query_id", "doc_id"])
-    if twice.any():
-        warn(f"{path}: {int(twice.sum())} lines repeat a (query, document) pair already listed; the first is kept: "
-             f"{preview([f'{q}/{d}' for q, d in run.loc[twice, ['query_id', 'doc_id']].values])}")
-        run = run[~twice]
     run = run.sort_values(["query_id", "score"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    twice = run.duplicated(["query_id", "doc_id"])
+    if twice.any():  # (kept where it scored best, as the pipeline's evaluation ranks a document listed twice)
+        warn(f"{path}: {int(twice.sum())} lines repeat a (query, document) pair already listed; the best-scoring "
+             f"line is kept: {preview([f'{q}/{d}' for q, d in run.loc[twice, ['query_id', 'doc_id']].values])}")
+        run = run[~twice].reset_index(drop=True)
     return run.assign(rank=run.groupby("query_id").cumcount() + 1)[RUN_COLUMNS]

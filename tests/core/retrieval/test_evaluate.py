@@ -159,3 +159,16 @@ def test_ids_that_are_not_strings_are_scored_as_their_text():
     metrics, per_query = evaluate_run(run, qrels)
     assert per_query["query_id"].tolist() == ["1", "2"] and per_query["ndcg_at_10"].tolist() == [1.0, 0.0]
     assert metrics["ndcg_at_10"] == 0.5
+
+
+def test_a_run_file_listing_a_document_twice_keeps_it_where_it_scored_best(tmp_path):
+    """`ance evaluate --run` kept the first line of a repeated (query, document) pair, the pipeline's own evaluation
+    the best-scoring one: the same rows ranked two ways."""
+    from ance_core.errors import AnceWarning
+    from ance_core.retrieval.search import read_trec
+
+    (path := tmp_path / "dup.trec").write_text("q Q0 d1 1 1.0 x\nq Q0 d2 2 5.0 x\nq Q0 d1 3 9.0 x\n")
+    with pytest.warns(AnceWarning, match="the best-scoring line is kept: q/d1"):
+        run = read_trec(path)
+    assert run["doc_id"].tolist() == ["d1", "d2"] and run["score"].tolist() == [9.0, 5.0]
+    assert run["rank"].tolist() == [1, 2]
