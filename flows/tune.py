@@ -24,14 +24,13 @@ from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.recipes import recipe_config, recipe_drift
-from ance_core.pipeline.report import markdown_table
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
     Candidate,
     Rung,
     Scores,
     TuneConfig,
-    batch_cost,
+    batch_costs,
     candidate_metrics,
     candidates,
     decide,
@@ -44,6 +43,7 @@ from ance_core.retention import live_run
 from flows.ance_pipeline import check_dev_folds, check_pipeline
 from flows.publish import artifact_key, flow_tags, publish
 from flows.trial import EXPERIMENT, SEED_FIELDS, read_trial, trial, trial_config
+from flows.tune_report import report
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.execution import run_mapped
@@ -74,8 +74,11 @@ class Search:
         self.stopped: str | None = None  # the budget ended the search
         self.cut: str | None = None  # the warm-up rung stopped early, leaving the budget to whole recipes
         self.few: str | None = None  # the dev split is too small to tell candidates apart
-        self.owners: dict[str, tuple[str, int, str, float]] = {}  # stage folder -> the batch whose estimate counts
-        # its seconds (kind, index), its trial's candidate, those seconds (`_share`)
+        self.owners: dict[str, tuple] = {}  # stage folder -> where its seconds are counted: the batch (kind, index),
+        # its trial's candidate, those seconds, built in that batch (`_share`)
+        self.parts: dict[str, list[list]] = {}  # kind -> per batch [wall, {candidate: cost}] (`_share`)
+        self.shared: dict[str, float] = {}  # candidate -> seconds of its trial's work others reused (`_share`)
+        self.positives_run: set = set()  # the positives rules trials have trained on (`_positives`)
 
     def seconds_left(self) -> float:
         """The budget less this search's wall time and the time its reused trials took when they ran: a search
@@ -142,12 +145,16 @@ class Search:
                             "whole recipes (the baseline and the best challengers first): the next did not fit")
                 return
             warmups = sum(not t["full"] for t in self.trials)
-            if not rung.full and warmups >= 2 and self.seconds_left() < self.estimate("warm-up") + whole_reserve(
+            # a warm-up of positives no trial trained on yet builds its own data, BM25 and zero-shot stages: the
+            # shared work `_share` took out of the estimate, paid again
+            fresh = any(self._positives(c) not in self.positives_run for c, _ in part)
+            warm = self.estimate("warm-up") + max(self.shared.values(), default=0.0) * fresh
+            if not rung.full and warmups >= 2 and self.seconds_left() < warm + whole_reserve(
                     self.estimate("warm-up"), self.estimate("whole")):
                 self.cut = (f"the warm-up rung stopped after {warmups} of its {warmups + left} trials, to leave the "
                             "budget to whole recipes")
                 return
-            if not rung.full and self.seconds_left() < self.estimate("warm-up"):
+            if not rung.full and self.seconds_left() < warm:
                 self.stopped = (f"the budget of {self.cfg.budget_minutes:g} minutes stopped the search at rung "
                                 f"{rung.number} ({left} of its trials not run)")
                 return
@@ -161,12 +168,15 @@ class Search:
             wall = time.time() - began
             # what the batch's trials cost (`trial_cost`: a reused trial's seconds when it ran, and the stages reused
             # from outside the search; side by side on Ray: the longest), beyond what the batch took now
-            took = batch_cost([r for r in records if r is not None], self.seen)
+            done = [(c.name, r) for (c, _), r in zip(part, records, strict=True) if r is not None]
+            costs = batch_costs(done, self.seen)
+            took = max(costs.values(), default=0.0)
             self.reused += max(took - wall, 0.0)
-            if any(ref is not None for ref in refs):
+            self.positives_run |= {self._positives(c) for (c, _), r in zip(part, records, strict=True) if r}
+            if done:
                 self.batches[kind if rung.full else "warm-up"].append(max(wall, took))
-                self._share([(c.name, r) for (c, _), r in zip(part, records, strict=True) if r is not None],
-                            kind if rung.full else "warm-up")
+                self.parts.setdefault(kind if rung.full else "warm-up", []).append([wall, costs])
+                self._share(done, kind if rung.full else "warm-up")
             for (c, seed), ref, record, call in zip(part, refs, records, kwargs, strict=True):
                 if ref is None:
                     continue
@@ -182,21 +192,32 @@ class Search:
                       f"{record['score']:.4f} ({record['model']}){' (cached)' if ref.cached else ''}")
 
     def _share(self, done: list[tuple[str, dict]], kind: str) -> None:
-        """A stage that another candidate's trial reuses is work every trial shares (BM25's and the zero-shot model's
-        rankings): its seconds leave the estimate of the batch that paid them (`owners`), so that the trials after it
-        are not estimated as if each paid them again (the budget still counts them). A search after `ance run` had its
-        first warm-up's estimate hold the zero-shot encoding, reserved two whole recipes at twice that, and compared
-        none."""
+        """A stage that another candidate's trial reuses is work the trials share (BM25's and the zero-shot model's
+        rankings of one data stage): its seconds leave the cost of the trial that paid them (`owners`; and its batch's
+        wall when it was built there), so that the trials after it are not estimated as if each paid them again (the
+        budget still counts them; a warm-up of new positives adds them back, `shared`). A search after `ance run` had
+        its first warm-up's estimate hold the zero-shot encoding, reserved two whole recipes at twice that, and
+        compared none."""
         index = len(self.batches[kind]) - 1
         for name, record in done:
             for stage in record.get("stages", ()):
                 if stage.get("for") == "data":  # (built before any trial: in no batch's seconds)
                     continue
-                owner = self.owners.setdefault(stage["path"], (kind, index, name, stage["seconds"]))
-                if owner[2] != name and owner[3] > 0:
-                    batches = self.batches[owner[0]]
-                    batches[owner[1]] = max(batches[owner[1]] - owner[3], 0.0)
-                    self.owners[stage["path"]] = (*owner[:3], 0.0)  # (taken out once)
+                owner = self.owners.setdefault(stage["path"], (kind, index, name, stage["seconds"],
+                                                               not stage["cached"]))
+                if owner[2] == name or owner[3] <= 0:
+                    continue
+                wall, costs = self.parts[owner[0]][owner[1]]
+                costs[owner[2]] = max(costs[owner[2]] - owner[3], 0.0)
+                wall = max(wall - owner[3], 0.0) if owner[4] else wall  # (built in that batch: in its wall too)
+                self.parts[owner[0]][owner[1]] = [wall, costs]
+                self.batches[owner[0]][owner[1]] = max(wall, *costs.values())
+                self.shared[owner[2]] = self.shared.get(owner[2], 0.0) + owner[3]
+                self.owners[stage["path"]] = (*owner[:3], 0.0, owner[4])  # (taken out once)
+
+    def _positives(self, candidate: Candidate):
+        """The training positives a candidate's trials read (its data stage): the base's, or its own rule's."""
+        return candidate.overrides.get("data.train_min_relevance", "base")
 
     def _pair(self, names: list[str]) -> bool:
         """Whether these trials' candidates are the baseline and at least one challenger beside it."""
@@ -292,34 +313,6 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
              f"untried against the others; a larger budget (--budget-minutes, {cfg.budget_minutes:g} now) compares "
              "them")
     return next(c for c in pool if c.name == winner), evidence, pool, state
-
-
-def report(pool: list[Candidate], state: Search, winner: Candidate, evidence: dict) -> str:
-    """tune.md: every candidate's scores by seed (warm-up rung, then the whole recipe), mean, paired difference."""
-    table = evidence["table"]
-    rows = []
-    for c in pool:
-        runs = {(t["seed"], t["full"]): t["score"] for t in state.trials if t["candidate"] == c.name}
-        warm = runs.get((state.cfg.seeds[0], False))
-        full = [f"{runs[(s, True)]:.4f}" if (s, True) in runs else "—" for s in state.cfg.seeds]
-        row = table.get(c.name, {})
-        diff = row.get("paired_diff")
-        label = f"**{c.name}** (chosen)" if c == winner else c.name + " (failed)" * (c.name in state.failed)
-        rows.append([label, ", ".join(c.sets()) or "—",
-                     f"{warm:.4f}" if warm is not None else "—", *full,
-                     f"{row['mean']:.4f}" if row else "—", f"{diff:+.4f}" if diff is not None else "—"])
-    header = ["candidate", "overrides", f"warm-up only, seed {state.cfg.seeds[0]}",
-              *(f"seed {s}" for s in state.cfg.seeds), "mean", "paired diff to baseline"]
-    spent = sum(t["seconds"] for t in state.trials)
-    pooled = (f", pooled over the {fold_count(state.base.data.dev_fraction)} dev folds: selection cv"
-              if state.base.selection == "cv" else "")
-    return (f"## Recipe search (dev nDCG@10 of the dense model each trial delivers{pooled})\n\n"
-            f"{markdown_table(header, rows)}"
-            f"\n\n**Chosen: {winner.name}** — {evidence['reason']}."
-            + "".join(f" {note[0].upper()}{note[1:]}." for note in (state.cut, state.stopped, state.few) if note)
-            + f"\n\n{len(state.trials)} trials ({sum(t['cached'] for t in state.trials)} cached), {spent:.0f} s"
-            + (f"; the work they reused took {state.reused:.0f} s when it ran, counted in the budget"
-               if state.reused >= 0.5 else "") + ".\n")
 
 
 @flow(name="ance-tune", log_prints=True)

@@ -218,12 +218,17 @@ def trial_cost(record: dict, seen: set[str]) -> float:
     return record["seconds"] + outside
 
 
+def batch_costs(named: list[tuple[str, dict]], seen: set[str]) -> dict[str, float]:
+    """What each trial of a batch (one, or side by side on Ray; by candidate) costs the search: its `trial_cost`, once
+    every stage that one of them built is `seen` (a stage one trial built while its batch-mate waited for it is the
+    batch's own work, already in its wall time)."""
+    seen.update(stage["path"] for _, record in named for stage in record.get("stages", ()) if not stage["cached"])
+    return {name: trial_cost(record, seen) for name, record in named}
+
+
 def batch_cost(records: list[dict], seen: set[str]) -> float:
-    """What a batch of trials (one, or side by side on Ray) costs the search: its longest `trial_cost`, once every
-    stage that one of them built is `seen` (a stage one trial built while its batch-mate waited for it is the batch's
-    own work, already in its wall time)."""
-    seen.update(stage["path"] for record in records for stage in record.get("stages", ()) if not stage["cached"])
-    return max((trial_cost(record, seen) for record in records), default=0.0)
+    """A batch's cost: its longest trial's (`batch_costs`)."""
+    return max(batch_costs(list(enumerate(records)), seen).values(), default=0.0)
 
 
 def rungs(cfg: TuneConfig) -> list[Rung]:

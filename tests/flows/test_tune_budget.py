@@ -523,9 +523,9 @@ def test_work_every_trial_shares_leaves_the_estimate_of_the_trial_that_paid_it(c
     """The first warm-up pays for what every trial reuses (the zero-shot model's encoding: 400 s here, built in its
     trial, or reused from `ance run` and counted at its seconds). Estimated as every warm-up's cost, it made the
     warm-up rung reserve two whole recipes at 2 x 260 s and the first whole rung fit none: on a DL19 pool a 60-minute
-    search after `ance run` compared no whole recipe. Taken out of the estimate, 20 minutes run 9 warm-ups and compare
-    two whole recipes."""
-    _train_qrels(monkeypatch, ["q", "q", "r"], ["d", "e", "f"], [1, 2, 1])
+    search after `ance run` compared no whole recipe. Taken out of the estimate, 20 minutes run the 4 warm-ups and
+    compare two whole recipes."""
+    _train_qrels(monkeypatch, ["q"], ["d"], [1])
     monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
     monkeypatch.setattr(tune, "read_trial", lambda ref: ref.path)
 
@@ -539,5 +539,31 @@ def test_work_every_trial_shares_leaves_the_estimate_of_the_trial_that_paid_it(c
     monkeypatch.setattr(tune.Search, "_mapped", mapped)
     base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}})
     winner, evidence, pool, state = tune.search(base, TuneConfig(budget_minutes=20), Ref(), None, None)
-    assert sum(not t["full"] for t in state.trials) == 9 and sum(t["full"] for t in state.trials) == 2
+    assert sum(not t["full"] for t in state.trials) == 4 and sum(t["full"] for t in state.trials) == 2
     assert evidence["compared"] and state.estimate("warm-up") == 60.0
+
+
+def test_a_warm_up_of_new_positives_is_estimated_with_the_shared_work_it_builds_again(clock, monkeypatch):
+    """Graded qrels: a positives candidate's trials read a data stage of their own, so its first warm-up builds its
+    own BM25 and zero-shot stages (400 s here) instead of reusing the baseline's: estimated at the others' 60 s, it
+    started with too little time left and ate the whole recipes' reserve."""
+    _train_qrels(monkeypatch, ["q", "q", "r"], ["d", "e", "f"], [1, 2, 1])
+    monkeypatch.setattr(tune, "check_candidates", lambda *a: None)
+    monkeypatch.setattr(tune, "read_trial", lambda ref: ref.path)
+    started = []
+
+    def mapped(self, kwargs, part):
+        rule = part[0][0].overrides.get("data.train_min_relevance", "base")
+        built = rule not in self.positives_run  # (its data's zero-shot encoding: built by this trial)
+        warm_up = kwargs[0]["name"].endswith("warm-up only")
+        started.append((kwargs[0]["name"], self.seconds_left(), built and warm_up))
+        clock["t"] += (460 if built else 60) if warm_up else 120
+        shared = {"for": "zero-shot", "stage": "encode", "path": f"zs-{rule}", "cached": not built, "seconds": 400.0}
+        return [Ref(path={"score": 0.5, "model": "m", "seconds": 60.0, "stages": [shared]}) for _ in part]
+
+    monkeypatch.setattr(tune.Search, "_mapped", mapped)
+    base = PipelineConfig.model_validate({"warmup": {"learning_rate": 4e-5}, "ance": {"learning_rate": 4e-5}})
+    winner, evidence, pool, state = tune.search(base, TuneConfig(budget_minutes=16), Ref(), None, None)
+    assert evidence["compared"], state.stopped
+    late = [(name, left) for name, left, builds in started[1:] if builds and left < 460 + 240]
+    assert not late, started  # each warm-up of new positives started with its 460 s and two whole recipes' left
