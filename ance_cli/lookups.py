@@ -112,16 +112,18 @@ def index_of(model: Path, index: Path | None) -> Path:
 
 
 def corpus_titles(dataset: str, doc_ids: list[str]) -> dict[str, str]:
-    """The passages (title and text) of `doc_ids` in `dataset`'s corpus, read a row at a time: memory holds those
-    documents, not the corpus (the whole of it, to print ten hits: ~3 GB of text at MS MARCO's size)."""
-    from ance_core.data.dataset import corpus_rows
+    """The passages (title and text, joined as the encoder reads them) of `doc_ids` in `dataset`'s corpus, read a row
+    at a time: memory holds those documents' texts and the corpus's ids, not its texts (the whole corpus as a table, to
+    print ten hits, was ~3 GB of text at MS MARCO's size)."""
+    import pandas as pd
+
+    from ance_core.data.dataset import corpus_rows, passage_texts
     from ance_core.data.sources import resolve_dataset
 
-    wanted, found = set(doc_ids), {}
-    for doc_id, title, text in corpus_rows(resolve_dataset(dataset, download=False))[1]:
-        if doc_id in wanted:  # (as `passage_texts` joins them)
-            found[doc_id] = f"{title} {text}".strip() if title else text
-    return found
+    wanted = set(doc_ids)
+    found = pd.DataFrame([row for row in corpus_rows(resolve_dataset(dataset, download=False))[1] if row[0] in wanted],
+                         columns=["doc_id", "title", "text"])
+    return dict(zip(found["doc_id"], passage_texts(found), strict=True))
 
 
 def model_work_dir(model: Path) -> str:

@@ -95,6 +95,7 @@ class LiveRun:
             entry = {"stage": stage, "key": ref.digest}
             if entry not in self.record["stages"]:
                 self.record["stages"].append(entry)
+                self.record["updated"] = time.time()  # (a killed run's end: when it last recorded a stage)
                 write_json(self.path, self.record)
 
     def finish(self) -> Path:
@@ -185,7 +186,8 @@ def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
             record, held = _record(work_dir / RUNS / path.name), False  # for a part of another run: it removes it)
         if record is not None and (held or not record.get("part")):  # (a killed part of another run is no run)
             if not held and "finished" not in record:  # killed: it ended when it last recorded a stage (its re-run
-                record["finished"] = _mtime(path, record["started"])  # resumes from them), not when it started
+                # resumes from them), not when it started (a record of before `updated`: its file's time)
+                record["finished"] = record.get("updated") or _mtime(path, record["started"])
             (live if held else ended).append(record)
     # "the last N runs" are the last to finish: a long run that started before shorter ones keeps its place
     ended.sort(key=lambda r: (r.get("finished") or r["started"], r["started"]))

@@ -292,9 +292,10 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     qrels = tables.qrels  # (the dev queries a trial is scored on: those with a relevant document)
     dev = qrels.loc[(qrels["split"] == base.data.dev_split) & (qrels["relevance"] > 0), "query_id"].nunique()
     if base.selection != "cv" and dev < FEW_DEV and len(pool) > 1:
+        folds = fold_count(base.data.dev_fraction)
         state.few = (f"the dev split holds {dev} queries, on which differences between candidates under ~0.01 "
-                     f"nDCG@10 are noise; --set selection=cv scores each trial on every fold's dev queries "
-                     f"({fold_count(base.data.dev_fraction)} folds, as many times the cost)")
+                     "nDCG@10 are noise" + (f"; --set selection=cv scores each trial on every fold's dev queries "
+                                            f"({folds} folds, as many times the cost)" if folds >= 2 else ""))
         warn(f"recipe search: {state.few}")
     print(f"recipe search: {len(pool)} candidates, rungs over seeds {cfg.seeds}, eta {cfg.eta}, margin "
           f"{cfg.margin}, budget {cfg.budget_minutes:g} minutes")

@@ -186,10 +186,13 @@ class Tracker:
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         else:  # a top-level run says which process holds it, so that a later run can end it if that process died
-            tags |= {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+            tags |= {HOST_TAG: _host(), PID_TAG: str(os.getpid())}
             if not self._reaped:
                 self._reaped = True
-                self.attempt(self._end_orphans)
+                try:  # (not through `attempt`: a failure here must not send the run's own calls to the spool)
+                    self._end_orphans()
+                except Exception:  # tidying only: the next run tries again
+                    pass
         run = self._safe("create_run", self.client.create_run, self.experiment_id, tags=tags,
                          payload={"name": name, "tags": tags})
         return run.info.run_id if run is not None else None
@@ -269,10 +272,11 @@ class Tracker:
             raise
 
     def _end_orphans(self) -> None:
-        """Runs left RUNNING by a process of this host that is gone (killed with SIGKILL, or the machine lost power:
-        nothing in it could end them), with their nested runs, ended KILLED when the next run starts, so that MLflow's
-        table does not show them running forever. A process that is alive (or a pid reused since) is left alone."""
-        host = socket.gethostname()
+        """Runs left RUNNING by a process of this host and pid namespace that is gone (killed with SIGKILL, or the
+        machine lost power: nothing in it could end them), with their nested runs, ended KILLED when the next run
+        starts, so that MLflow's table does not show them running forever. A process that is alive (or a pid reused
+        since) is left alone."""
+        host = _host()
         running = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=5000)
         children: dict[str, list[str]] = {}
         for run in running:
@@ -300,6 +304,16 @@ class Tracker:
         return {"tracking_uri": self.uri, "undelivered": dict(self.undelivered),
                 "undelivered_calls": sum(self.undelivered.values()), "delivered_late": self.delivered_late,
                 "kept_in": str(self.spool) if self.undelivered else None}
+
+
+def _host() -> str:
+    """This machine and process-id namespace (a container on the host's network has the host's name and pids of its
+    own): where a run's pid means one process."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{socket.gethostname()}/pid-ns-{namespace}"
 
 
 def _alive(pid: int) -> bool:

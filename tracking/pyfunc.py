@@ -60,8 +60,9 @@ class EmbeddingModel:
             # first search (the embeddings and the BM25 index are memory-mapped: their files stay readable)
             try:
                 self.searcher = HybridSearch(self.checkpoint, self.encoder)
-            except AnceError as e:  # (a damaged package: the model still encodes; a search says why it cannot)
-                self.cannot_search = str(e).replace(str(self.checkpoint), "this version")
+            except Exception as e:  # (a damaged package: the model still encodes; a search says why it cannot)
+                said = str(e) if isinstance(e, AnceError) else f"a damaged retrieval package ({type(e).__name__}: {e})"
+                self.cannot_search = said.replace(str(self.checkpoint), "this version")
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None):
         from mlflow.exceptions import MlflowException

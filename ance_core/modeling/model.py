@@ -262,14 +262,20 @@ def save_checkpoint(model: BiEncoder, tokenizer: PreTrainedTokenizerBase, meta: 
     (out / META_FILE).write_text(json.dumps(meta.to_json(), indent=2))
 
 
-def checkpoint_digest(path: str | Path) -> str:
-    """Content digest of what a checkpoint computes with: weights, head and encoding settings."""
+def checkpoint_files(path: str | Path) -> tuple[str, ...]:
+    """The files a checkpoint computes with (weights, head, encoding settings; a projector), refused when one is
+    missing."""
     path = Path(path)
     names = ("model.safetensors", HEAD_FILE, META_FILE)
     names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
     if missing := [name for name in names if not (path / name).is_file()]:
         raise AnceError(f"{path}: a damaged checkpoint (no {', '.join(missing)}); train or export it again")
-    return digest_of({name: file_digest(path / name) for name in names})
+    return names
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """Content digest of what a checkpoint computes with: weights, head and encoding settings."""
+    return digest_of({name: file_digest(Path(path) / name) for name in checkpoint_files(path)})
 
 
 def checkpoint_ref(path: str | Path) -> ArtifactRef:

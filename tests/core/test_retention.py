@@ -394,11 +394,15 @@ def test_a_killed_long_run_keeps_its_place_by_the_last_stage_it_recorded(tmp_pat
     _run_record(work, "b-short", started=200.0, finished=300.0, keys=[short.digest])
     (work / LIVE).mkdir(parents=True, exist_ok=True)
     killed = work / LIVE / "a-long.json"
-    killed.write_text(json.dumps({"id": "a-long", "name": "retrain", "pid": 0, "started": 100.0,
-                                  "stages": [{"stage": "train", "key": long.digest}]}))
+    record = {"id": "a-long", "name": "retrain", "pid": 0, "started": 100.0,
+              "stages": [{"stage": "train", "key": long.digest}]}
+    killed.write_text(json.dumps(record))  # (a record of before `updated`: its file's time)
     os.utime(killed, (900.0, 900.0))  # (its last stage recorded after the short run ended)
     plan = plan_gc(work, RetentionConfig(keep_runs=1))
     assert _names(plan.keep) == ["long"] and _names(plan.remove) == ["short"]
+    killed.write_text(json.dumps(record | {"updated": 250.0}))  # copied since (its file's time is now): the record's
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))  # own time says it ended before the short run
+    assert _names(plan.keep) == ["short"] and _names(plan.remove) == ["long"]
 
 
 def test_a_linked_stage_folder_is_said_not_to_be_collected(tmp_path):

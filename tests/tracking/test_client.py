@@ -311,3 +311,17 @@ def test_runs_a_killed_process_left_running_are_ended_when_the_next_run_starts(t
         run = client.get_run(run_id)
         assert run.info.status == "KILLED" and f"process {dead.pid}" in run.data.tags["ended_by"]
     assert client.get_run(alive).info.status == "RUNNING"
+
+
+def test_a_failed_tidy_up_of_dead_runs_does_not_lose_the_new_run(tmp_path):
+    """Ending a dead process's runs went through the Tracker's failure state: a 'database is locked' there sent the new
+    run's own create_run to the spool, and the whole run's MLflow record was lost."""
+    tracker = Tracker(tmp_path / "work", "ance-train")
+
+    def locked(*args, **kwargs):
+        raise RuntimeError("database is locked")
+
+    tracker.client.search_runs = locked
+    run_id = tracker.start_run("run")
+    assert run_id is not None and not tracker.undelivered
+    assert MlflowClient(tracker.uri).get_run(run_id).info.status == "RUNNING"

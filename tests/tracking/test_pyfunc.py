@@ -220,9 +220,10 @@ def test_searches_at_once_share_one_searcher(registry, monkeypatch):
 
     monkeypatch.setattr(hybrid, "HybridSearch", counted)
     model = EmbeddingModel(registry["searchable"])
+    assert len(built) == 1  # (with the model)
     with ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda _: model.predict(QUERIES[:1], params={"kind": "search", "k": 2}), range(6)))
-    assert len(built) == 1 and all(a.equals(answers[0]) for a in answers)
+    assert len(built) == 1 and all(a.equals(answers[0]) for a in answers)  # (no search builds one)
 
 
 def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, tracking_uri):
