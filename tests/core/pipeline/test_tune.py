@@ -74,7 +74,8 @@ def test_a_candidate_wins_only_by_more_than_the_margin_over_the_seeds_it_shares_
     assert winner == "base" and "no candidate beat" in evidence["reason"]
     assert decide(_scores({"base": {(1, True): 0.5}}), "base", 0.0) == ("base", {
         "table": {"base": {"seeds": [1], "mean": 0.5, "paired_diff": None, "paired_diffs": [], "failed": False}},
-        "reason": "no candidate ran the whole recipe beside base"})
+        "reason": "no candidate ran the whole recipe beside base", "compared": False})
+    assert evidence["compared"]  # (the tie: a whole recipe was compared)
 
 
 def test_a_setting_listed_twice_is_refused():
