@@ -65,8 +65,9 @@ class Search:
         self.baseline: str | None = None  # the baseline candidate's name (set by `search`)
         self.started = time.time()
         self.trials: list[dict] = []
-        self.batches: dict[str, list[float]] = {kind: [] for kind in KINDS}  # wall seconds of the batches run (a
-        # reused trial's: the time it took when it ran)
+        self.parts: dict[str, list[list]] = {kind: [] for kind in KINDS}  # per batch run: [its wall seconds,
+        # {candidate: its trial's cost}] (a reused trial's: the time it took when it ran; less the work others shared,
+        # `_share`)
         self.failed: list[str] = []
         self.reused = 0.0  # seconds that trials reused from an earlier search (or stages from a run outside it) took
         # when they ran: budgeted too
@@ -76,7 +77,6 @@ class Search:
         self.few: str | None = None  # the dev split is too small to tell candidates apart
         self.owners: dict[str, tuple] = {}  # stage folder -> where its seconds are counted: the batch (kind, index),
         # its trial's candidate, those seconds, built in that batch (`_share`)
-        self.parts: dict[str, list[list]] = {}  # kind -> per batch [wall, {candidate: cost}] (`_share`)
         self.shared: dict[str, float] = {}  # candidate -> seconds of its trial's work others reused (`_share`)
         self.positives_run: set = set()  # the positives rules trials have trained on (`_positives`)
 
@@ -84,6 +84,11 @@ class Search:
         """The budget less this search's wall time and the time its reused trials took when they ran: a search
         resumed after an interruption (or extended with a larger budget) decides as an uninterrupted one would."""
         return self.cfg.budget_minutes * 60 - (time.time() - self.started) - self.reused
+
+    @property
+    def batches(self) -> dict[str, list[float]]:
+        """Each kind's batches' seconds: a batch's wall time, or its longest trial's cost where that is longer."""
+        return {kind: [max(wall, *costs.values()) for wall, costs in parts] for kind, parts in self.parts.items()}
 
     def estimate(self, kind: str) -> float:
         """A batch of trials' expected wall seconds: the mean of the batches of its kind (`KINDS`) run so far (a
@@ -174,8 +179,7 @@ class Search:
             self.reused += max(took - wall, 0.0)
             self.positives_run |= {self._positives(c) for (c, _), r in zip(part, records, strict=True) if r}
             if done:
-                self.batches[kind if rung.full else "warm-up"].append(max(wall, took))
-                self.parts.setdefault(kind if rung.full else "warm-up", []).append([wall, costs])
+                self.parts[kind if rung.full else "warm-up"].append([wall, costs])
                 self._share(done, kind if rung.full else "warm-up")
             for (c, seed), ref, record, call in zip(part, refs, records, kwargs, strict=True):
                 if ref is None:
@@ -198,7 +202,7 @@ class Search:
         budget still counts them; a warm-up of new positives adds them back, `shared`). A search after `ance run` had
         its first warm-up's estimate hold the zero-shot encoding, reserved two whole recipes at twice that, and
         compared none."""
-        index = len(self.batches[kind]) - 1
+        index = len(self.parts[kind]) - 1
         for name, record in done:
             for stage in record.get("stages", ()):
                 if stage.get("for") == "data":  # (built before any trial: in no batch's seconds)
@@ -207,11 +211,10 @@ class Search:
                                                                not stage["cached"]))
                 if owner[2] == name or owner[3] <= 0:
                     continue
-                wall, costs = self.parts[owner[0]][owner[1]]
-                costs[owner[2]] = max(costs[owner[2]] - owner[3], 0.0)
-                wall = max(wall - owner[3], 0.0) if owner[4] else wall  # (built in that batch: in its wall too)
-                self.parts[owner[0]][owner[1]] = [wall, costs]
-                self.batches[owner[0]][owner[1]] = max(wall, *costs.values())
+                batch = self.parts[owner[0]][owner[1]]
+                batch[1][owner[2]] = max(batch[1][owner[2]] - owner[3], 0.0)
+                if owner[4]:  # (built in that batch: in its wall too)
+                    batch[0] = max(batch[0] - owner[3], 0.0)
                 self.shared[owner[2]] = self.shared.get(owner[2], 0.0) + owner[3]
                 self.owners[stage["path"]] = (*owner[:3], 0.0, owner[4])  # (taken out once)
 
