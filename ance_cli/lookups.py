@@ -202,15 +202,16 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
     from ance_core.data.sources import resolve_dataset
     from ance_core.retrieval.bm25 import BM25
     from ance_core.retrieval.fusion import fuse
+    from ance_core.retrieval.provenance import encoded_corpus
     from ance_core.retrieval.search import Hit, search_text
     from tasks.bm25 import bm25_index
     from tasks.common import faults_off
-    from tasks.data import prepare_corpus, prepare_data
+    from tasks.data import prepare_corpus, prepare_data, stage_data_config
 
     with faults_off():
         folder = resolve_dataset(dataset, download=False)
         if has_labels(folder):  # the data stage: a run's BM25 index is reused
-            data = prepare_data.fn(index_data_config(index, dataset), work_dir)
+            data = prepare_data.fn(stage_data_config(encoded_corpus(index), dataset), work_dir)
         else:  # a corpus to search, with no queries or qrels
             data = prepare_corpus(folder, work_dir)
         check_same_corpus(index, data, dataset)
@@ -221,25 +222,6 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
                          columns=["query_id", "doc_id", "score"])
     run = fuse(dense, sparse, fusion, depth).head(top_k)
     return [Hit(d, float(s)) for d, s in zip(run["doc_id"], run["score"], strict=True)]
-
-
-def index_data_config(index: Path, dataset: str):
-    """`dataset`'s DataConfig under the split settings of the data stage the index's encoding read, so that --hybrid
-    reuses that stage and its BM25 index (under the defaults, a model trained with dev_fraction 0.3 got a second copy
-    of the collection and a second BM25 index, which no run records and gc removed an hour later); the defaults when
-    the manifests do not say (a corpus stage, a moved index)."""
-    from ance_core.artifacts import read_manifest
-    from ance_core.data.config import DataConfig
-    from ance_core.retrieval.provenance import encoded_corpus
-
-    try:
-        config = read_manifest(encoded_corpus(index))["config"]
-        train, dev, fraction, seed = config["dev"]
-        return DataConfig(dataset=dataset, download=False, format=config["format"], train_split=train, dev_split=dev,
-                          dev_fraction=fraction, dev_seed=seed, dev_fold=config.get("dev_fold", 0),
-                          train_min_relevance=config["train_min_relevance"])
-    except (OSError, KeyError, TypeError, ValueError):  # (encoded_corpus None: a TypeError)
-        return DataConfig(dataset=dataset, download=False)
 
 
 def check_same_corpus(index: Path, data, dataset: str) -> None:

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from ance_core.artifacts import ArtifactRef, run_stage
+from ance_core.artifacts import ArtifactRef, read_manifest, run_stage
 from ance_core.data.config import DataConfig
 from ance_core.data.dataset import load_corpus, load_dataset, positive_grades, save_tables
 from ance_core.data.sources import dataset_digest, resolve_dataset
@@ -38,6 +38,22 @@ def prepare_data(cfg: DataConfig, work_dir: str) -> ArtifactRef:
                            corpus_written=True)
 
     return run_stage(work_dir, "data", key_cfg, inputs, build)
+
+
+def stage_data_config(stage: str | Path | None, dataset: str) -> DataConfig:
+    """`dataset`'s DataConfig under the settings a data stage folder's key holds (`prepare_data`'s key, read back), so
+    that preparing it again reuses that stage (`ance search --hybrid` reads the data stage its index was encoded from:
+    under the defaults, a model trained with dev_fraction 0.3 got a second copy of the collection and a second BM25
+    index, which no run records and gc removed an hour later); the defaults when the stage does not say (None, a corpus
+    stage, a folder gone)."""
+    try:
+        config = read_manifest(stage)["config"]
+        train, dev, fraction, seed = config["dev"]
+        return DataConfig(dataset=dataset, download=False, format=config["format"], train_split=train, dev_split=dev,
+                          dev_fraction=fraction, dev_seed=seed, dev_fold=config.get("dev_fold", 0),
+                          train_min_relevance=config["train_min_relevance"])
+    except (OSError, KeyError, TypeError, ValueError):  # (no stage: Path(None), a TypeError)
+        return DataConfig(dataset=dataset, download=False)
 
 
 def prepare_corpus(folder: Path, work_dir: str, fmt: str = "auto") -> ArtifactRef:

@@ -1027,10 +1027,10 @@ def test_hybrid_search_reuses_the_data_stage_its_index_was_encoded_from(tmp_path
     """A model trained with dev_fraction 0.5: `ance search --hybrid` read the dataset under the default split settings,
     so it built a second copy of the collection and a second BM25 index, which no run records (gc removed them an hour
     later, and the next search built them again)."""
-    from ance_cli.lookups import index_data_config
     from ance_core.artifacts import write_json
     from ance_core.data.config import DataConfig
-    from tasks.data import prepare_data
+    from ance_core.retrieval.provenance import encoded_corpus
+    from tasks.data import prepare_data, stage_data_config
 
     ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"text {i}"} for i in range(4)],
                     [{"_id": f"q{i}", "text": f"query {i}"} for i in range(4)],
@@ -1041,6 +1041,7 @@ def test_hybrid_search_reuses_the_data_stage_its_index_was_encoded_from(tmp_path
     write_json(encode / "manifest.json", {"key": "e1", "inputs": {"checkpoint": "k", "data": data.digest}})
     (index := work / "index" / "i1").mkdir(parents=True)
     write_json(index / "manifest.json", {"key": "i1", "inputs": {"embeddings": "e1"}})
-    again = prepare_data.fn(index_data_config(index, str(ds)), str(work))
+    again = prepare_data.fn(stage_data_config(encoded_corpus(index), str(ds)), str(work))
     assert again.path == data.path and again.cached
-    assert index_data_config(tmp_path / "elsewhere", str(ds)) == DataConfig(dataset=str(ds), download=False)
+    assert stage_data_config(encoded_corpus(tmp_path / "elsewhere"), str(ds)) == DataConfig(dataset=str(ds),
+                                                                                           download=False)
