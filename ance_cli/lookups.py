@@ -19,20 +19,52 @@ def training_free(body):
     return quiet
 
 
-def evaluation_data(dataset: str, split: str, work_dir: str):
+def evaluation_data(dataset: str, split: str, work_dir: str, checkpoint: Path | None = None):
     """The data of a command that only evaluates `split`: the pipeline's (its data stage reused). The split a
     pipeline chooses its result on (`dev`) is the dataset's own where it has one (MS MARCO's), and otherwise the one
-    a pipeline carves from the training queries (data.dev_fraction, dev_seed: the same queries as its runs')."""
+    a pipeline carves from the training queries: carved as the run that trained `checkpoint` carved it (its
+    data.dev_fraction, dev_seed, dev_fold), else with the defaults (the same queries as a run with the defaults).
+    `train` is likewise the queries that run trained on."""
+    import typer
+
     from ance_cli.app import preflight
     from ance_core.data.config import DataConfig
 
-    if split != DataConfig.model_fields["dev_split"].default:
-        return DataConfig(dataset=dataset, eval_split=split)
+    defaults = DataConfig.model_fields
+    traced = trained_data(checkpoint, dataset) if split in (defaults["dev_split"].default,
+                                                          defaults["train_split"].default) else None
+    if split != defaults["dev_split"].default:
+        return DataConfig(**(traced.model_dump() if traced else {"dataset": dataset}) | {"eval_split": split})
     native = DataConfig(dataset=dataset, eval_split=split, dev_split=None)
     tables = preflight(native, work_dir, ())  # (bad data: one line, and no empty work folder left behind)
     if (tables.qrels["split"] == split).any():
         return native
-    return DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
+    data = traced or DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
+    typer.echo(f"split '{split}': carved from the '{data.train_split}' queries "
+               + ("as the run that trained the checkpoint carved it" if traced else "with the defaults")
+               + f" (data.dev_fraction {data.dev_fraction}, dev_seed {data.dev_seed}"
+               + (f", dev_fold {data.dev_fold}" if data.dev_fold else "") + ")")
+    return data
+
+
+def trained_data(checkpoint: Path | None, dataset: str):
+    """The data settings of the run that trained `checkpoint` (the data stage its training read, in the checkpoint's
+    own work folder), when that stage holds `dataset` as it is now; None otherwise (no checkpoint; a pretrained,
+    initial or exported model; a stage moved or collected; another dataset, or this one edited since)."""
+    from ance_core.artifacts import read_manifest
+    from ance_core.data.sources import dataset_digest, resolve_dataset
+    from ance_core.errors import AnceError
+    from tasks.data import stage_data_config
+
+    if checkpoint is None:
+        return None
+    try:
+        stage = Path(checkpoint).resolve().parent.parent / "data" / read_manifest(checkpoint)["inputs"]["data"]
+        held = read_manifest(stage)["inputs"]["content"]
+        now = dataset_digest(resolve_dataset(dataset, download=False))
+    except (OSError, KeyError, TypeError, ValueError, AnceError):
+        return None
+    return stage_data_config(stage, dataset) if held == now else None
 
 
 def say_training_split(data, tables, split: str) -> None:

@@ -70,7 +70,7 @@ def evaluate(
             return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
-        data = evaluation_data(dataset, split, work_dir)
+        data = evaluation_data(dataset, split, work_dir, checkpoint)
         say_training_split(data, preflight(data, work_dir, (split,)), split)
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)

@@ -1045,3 +1045,49 @@ def test_hybrid_search_reuses_the_data_stage_its_index_was_encoded_from(tmp_path
     assert again.path == data.path and again.cached
     assert stage_data_config(encoded_corpus(tmp_path / "elsewhere"), str(ds)) == DataConfig(dataset=str(ds),
                                                                                            download=False)
+
+
+def test_evaluate_a_checkpoint_on_dev_carves_the_dev_split_as_its_run_did(tmp_path):
+    """A model trained with dev_fraction 0.5: `ance evaluate --checkpoint ... --split dev` scored it on the default
+    carve (dev_fraction 0.2), other queries than those its run chose on, without a word (found by a review). Its
+    run's carve is read from the data stage its training read; a checkpoint that cannot be traced keeps the defaults,
+    and the command says which carve it used."""
+    from ance_cli.lookups import evaluation_data, trained_data
+    from ance_core.artifacts import write_json
+    from ance_core.data.config import DataConfig
+    from tasks.data import prepare_data
+
+    ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"text {i}"} for i in range(10)],
+                    [{"_id": f"q{i}", "text": f"query {i}"} for i in range(10)],
+                    {"train": [(f"q{i}", f"d{i}", 1) for i in range(10)]})
+    work = tmp_path / "work"
+    ran = DataConfig(dataset=str(ds), dev_fraction=0.5, dev_seed=3)
+    data = prepare_data.fn(ran, str(work))
+    (trained := work / "train" / "t1").mkdir(parents=True)
+    write_json(trained / "manifest.json", {"key": "t1", "inputs": {"checkpoint": "k", "negatives": "n",
+                                                                   "data": data.digest}})
+    (init := work / "model" / "m1").mkdir(parents=True)
+    write_json(init / "manifest.json", {"key": "m1", "inputs": {}})
+
+    got = trained_data(trained, str(ds))
+    assert (got.dev_fraction, got.dev_seed, got.dev_fold) == (0.5, 3, 0)
+    assert trained_data(init, str(ds)) is None and trained_data(None, str(ds)) is None
+    other = write_beir(tmp_path / "other", [{"_id": "d0", "text": "x"}], [{"_id": "q0", "text": "y"}],
+                       {"train": [("q0", "d0", 1)]})
+    assert trained_data(trained, str(other)) is None  # the stage holds another dataset's content
+
+    dev = evaluation_data(str(ds), "dev", str(work), trained)
+    assert prepare_data.fn(dev, str(work)).path == data.path  # the run's own data stage, reused
+    assert evaluation_data(str(ds), "train", str(work), trained).dev_fraction == 0.5
+    assert evaluation_data(str(ds), "test", str(work), trained).eval_split == "test"
+    assert evaluation_data(str(ds), "dev", str(work), init).dev_fraction == DataConfig().dev_fraction
+
+    import contextlib
+    import io
+
+    for ckpt, expected in ((trained, "as the run that trained the checkpoint carved it (data.dev_fraction 0.5, "
+                            "dev_seed 3)"), (init, "with the defaults (data.dev_fraction 0.2, dev_seed 0)")):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            evaluation_data(str(ds), "dev", str(work), ckpt)
+        assert f"split 'dev': carved from the 'train' queries {expected}" in buffer.getvalue(), buffer.getvalue()
