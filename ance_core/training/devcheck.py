@@ -113,12 +113,14 @@ class BestStep:
     def resume(cls, out: Path, records: list[dict], start_score: float) -> "BestStep":
         """From the stage folder and its kept train_log records (a fresh stage: none, the start is step 0)."""
         history = [(r["step"], r[DEV_METRIC]) for r in records if DEV_METRIC in r]
+        partial, old = out / f".{BEST}-partial", out / f".{BEST}-old"
         if not (out / BEST).exists():  # stopped between save's two renames: the newer best if it was whole
-            partial, old = out / f".{BEST}-partial", out / f".{BEST}-old"
             if (partial / BEST_JSON).is_file():
                 os.replace(partial, out / BEST)
             elif old.exists():
                 os.replace(old, out / BEST)
+        for left in (partial, old):  # what a stop mid-save left beside the best (a later save renames onto them)
+            shutil.rmtree(left, ignore_errors=True)
         saved = out / BEST / BEST_JSON
         if saved.is_file():
             best = json.loads(saved.read_text())
@@ -152,6 +154,7 @@ class BestStep:
         write_state(partial)
         (partial / BEST_JSON).write_text(json.dumps({"step": self.step, "score": self.score}))
         old = out / f".{BEST}-old"
+        shutil.rmtree(old, ignore_errors=True)  # (a stop after the last save's renames left it: renaming onto it fails)
         if (out / BEST).exists():
             os.replace(out / BEST, old)
         os.replace(partial, out / BEST)

@@ -216,3 +216,49 @@ def test_a_shorter_check_scores_the_starting_model_itself():
 
     assert DevCheckConfig().start_score(0.70) == 0.70  # a check scores as the evaluation does
     assert DevCheckConfig(passage_max_length=128).start_score(0.70) is None  # step 0 is checked (test above)
+
+
+@pytest.mark.parametrize("stopped_in", ["rmtree-old", "between-renames"])
+def test_a_stop_in_the_middle_of_a_best_save_does_not_break_the_next_save(tmp_path, monkeypatch, stopped_in):
+    """Stopped while a new best was being saved, after its checkpoint (in the removal of the previous best, or between
+    the two renames): the resumed stage took the saved best, but its next new best failed to save ("Directory not
+    empty" renaming the best onto the leftover `.best-old`), a traceback on every retry (found by a review)."""
+    import os
+    import shutil
+
+    from ance_core.training import devcheck
+    from ance_core.training.devcheck import BestStep
+
+    def write(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.safetensors").write_text(f"{best.step}")
+
+    best = BestStep(0, 0.3)
+    best.save(tmp_path, write)
+    best.checked(10, 0.35)
+    real_rmtree, real_replace = shutil.rmtree, os.replace
+
+    def stop_rmtree(path, *args, **kwargs):
+        if str(path).endswith(".best-old") and (path / "model.safetensors").exists():
+            raise Crash
+        return real_rmtree(path, *args, **kwargs)
+
+    def stop_replace(src, dst):
+        if str(src).endswith(".best-partial"):
+            raise Crash
+        return real_replace(src, dst)
+
+    if stopped_in == "rmtree-old":
+        monkeypatch.setattr(devcheck.shutil, "rmtree", stop_rmtree)
+    else:
+        monkeypatch.setattr(devcheck.os, "replace", stop_replace)
+    with pytest.raises(Crash):
+        best.save(tmp_path, write)
+    monkeypatch.undo()
+
+    best = BestStep.resume(tmp_path, [{"step": 10, DEV_METRIC: 0.35}], 0.3)
+    assert best.step == 10 and json.loads((tmp_path / BEST / "dev_best.json").read_text())["step"] == 10
+    assert best.checked(20, 0.4)
+    best.save(tmp_path, write)
+    assert (tmp_path / BEST / "model.safetensors").read_text() == "20"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [BEST]
