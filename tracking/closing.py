@@ -31,7 +31,8 @@ def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable
                          f"{c['shared_with']}, another collection in a folder of the same name: their versions and "
                          "champion are mixed; give this collection a name of its own (--set data.name=...)")
     if (c := summary.get("champion")) and "promoted" in c:
-        lines.append(f"MLflow: champion is version {c['champion_version']} "
+        lines.append(f"MLflow: no champion ({c['reason']})" if c["champion_version"] is None else
+                     f"MLflow: champion is version {c['champion_version']} "
                      f"({'promoted now' if c['promoted'] else 'kept'}: {c['reason']})")
     elif c and c.get("versions"):
         lines.append(f"MLflow: registered versions {', '.join(map(str, c['versions']))}; the champion alias did not "

@@ -10,9 +10,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
+
 from ance_core.artifacts import write_json
 from ance_core.errors import AnceError
-from ance_core.modeling.model import model_files
+from ance_core.modeling.model import checkpoint_files, model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
 from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_lock
 
@@ -106,14 +108,19 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     elsewhere = current is not None and not comparable and DEV_KEY in current.tags
     # compared at the precision the tags keep: an equal model (an identical re-run) does not take the alias
     promote = not elsewhere and (current_score is None or round(chosen[1][DEV_KEY], 6) > current_score)
+    failed = None
     if promote:
-        tracker._safe("set_alias", client.set_registered_model_alias, name, "champion", chosen[0],
-                      payload={"name": name, "version": chosen[0]})
+        moved, error = tracker.attempt(client.set_registered_model_alias, name, "champion", chosen[0])
+        if not moved:  # (not spooled to be sent later: a better model may take the alias meanwhile)
+            promote = False
+            failed = error if isinstance(error, str) else f"{type(error).__name__}: {str(error)[:120]}"
     return shared | {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
             "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
-            "champion_version": chosen[0] if promote else current.version,
+            "champion_version": chosen[0] if promote else current.version if current is not None else None,
             "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
-            "reason": (f"the champion (version {current.version}) was chosen on another dev split "
+            "reason": (f"higher dev nDCG@10, but moving the alias failed ({failed}): the champion is unchanged"
+                       if failed else
+                       f"the champion (version {current.version}) was chosen on another dev split "
                        f"({current.tags.get('dev_split')!r}, this run's {dev_setting!r}): not comparable, the alias "
                        "stays (move it in MLflow's UI to change it)" if elsewhere else
                        "no champion with a dev score" if current_score is None else
@@ -162,7 +169,8 @@ def model_name(collection: str) -> str:
 
 def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str | None = None
                         ) -> tuple[str | None, str]:
-    """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>/ (once; atomically).
+    """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>-<run id>/ (once,
+    atomically, under a lock: two runs starting from it get one whole copy).
 
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
     store = resolve_tracking_uri(work_dir, tracking_uri)
@@ -171,22 +179,36 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
         client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
     except AnceError as e:
         return None, str(e)
-    final = Path(work_dir).resolve() / "champion" / f"{name}-v{version.version}"
-    if not (final / "ance_model.json").is_file():
-        tmp = final.parent / f".partial-{final.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        folder = _download(client, version, f"models:/{name}@champion", tmp)
-        if not (Path(folder) / "ance_model.json").is_file():  # registered while its files were still spooled
-            shutil.rmtree(tmp, ignore_errors=True)
-            return None, (f"models:/{name}@champion (version {version.version}) holds no checkpoint files (run "
-                          f"{version.run_id} logged none: the tracking server was unreachable then)")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(folder, final)
-        shutil.rmtree(tmp, ignore_errors=True)
-    if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
-        write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
+    root = Path(work_dir).resolve() / "champion"
+    # a version's number names another model once the registry is made anew (mlflow.db removed, another tracking
+    # store on this work folder): its run names it too
+    final = root / f"{name}-v{version.version}-{version.run_id[:8]}"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / f".{final.name}.lock"):  # two runs starting from one champion: one downloads it
+        if not _whole_checkpoint(final):
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{final.name}-"))  # (each download its own)
+            try:
+                folder = _download(client, version, f"models:/{name}@champion", tmp)
+                if not _whole_checkpoint(folder):  # registered while its files were spooled, or removed since
+                    return None, (f"models:/{name}@champion (version {version.version}) holds no whole checkpoint "
+                                  f"(run {version.run_id} logged none, the tracking server unreachable then, or its "
+                                  "files were removed since)")
+                shutil.rmtree(final, ignore_errors=True)  # (an incomplete copy: no run started from it)
+                os.replace(folder, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
+            write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
     return str(final), f"models:/{name}@champion (version {version.version})"
+
+
+def _whole_checkpoint(folder: str | Path) -> bool:
+    """Whether `folder` holds every file a checkpoint computes with."""
+    try:
+        checkpoint_files(folder)  # (ance_model.json among them)
+    except AnceError:
+        return False
+    return True
 
 
 MODEL_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))")

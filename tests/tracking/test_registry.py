@@ -147,3 +147,87 @@ def test_a_dev_score_kept_identical_ids_is_another_setting():
 
     assert dev_setting("dev", "0123456789abcdef", EvalConfig()) == "dev 0123456789abcdef"  # the tags runs have
     assert dev_setting("dev", "0123456789abcdef", EvalConfig(ignore_identical_ids=False)) != "dev 0123456789abcdef"
+
+
+def _registered_champion(tmp_path, tiny_model, dev: float = 0.5, store: str = "work"):
+    """A tracker of an embedded store (in tmp_path / `store`) whose `ance-corpus` champion is a logged checkpoint;
+    (tracker, checkpoint)."""
+    from tests.tiny import random_head_checkpoint
+    from tracking.client import Tracker
+    from tracking.registry import log_checkpoint, register_models
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / f"checkpoint-{dev}")
+    tracker = Tracker(tmp_path / store, "ance-train")
+    run = tracker.start_run("ANCE round 1")
+    assert log_checkpoint(tracker, run, checkpoint)
+    tracker.end_run(run)
+    decision = register_models(tracker, "ance-corpus", [("ANCE round 1", run, {DEV_KEY: dev})], "corpus", "test",
+                               "ANCE round 1", "dev 0123456789abcdef")
+    assert decision["promoted"]
+    return tracker, checkpoint
+
+
+def test_two_runs_starting_from_the_champion_at_once_get_one_whole_copy(tmp_path, tiny_model, monkeypatch):
+    """Two retrains (or a retrain and `ance compress`) downloading the champion at once shared one temporary folder:
+    one removed the other's download in flight, so a run failed, started from latest.json on a false "the tracking
+    server was unreachable", or started from a copy missing files (a review reproduced all three)."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from tracking import registry
+
+    tracker, checkpoint = _registered_champion(tmp_path, tiny_model)
+    real, downloads = registry._download, []
+
+    def slow(*args):
+        downloads.append(args)
+        time.sleep(0.5)  # both runs inside the download at once, were it not for the lock
+        return real(*args)
+
+    monkeypatch.setattr(registry, "_download", slow)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(registry.champion_checkpoint(tmp_path / "work", "corpus")))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(downloads) == 1 and len({folder for folder, _ in got}) == 1, got
+    folder = Path(got[0][0])
+    for name in ("model.safetensors", "head.safetensors", "ance_model.json"):
+        assert (folder / name).read_bytes() == (checkpoint / name).read_bytes()
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".partial-")]
+
+
+def test_a_registry_made_anew_does_not_start_from_the_old_registrys_copy_of_its_version(tmp_path, tiny_model):
+    """The champion's copy was named by its version number alone: a registry made anew (mlflow.db removed, or another
+    tracking store on the same work folder) has a version 1 of another model, answered with the old one's copy."""
+    from pathlib import Path
+
+    from tracking.registry import champion_checkpoint
+
+    first, _ = _registered_champion(tmp_path, tiny_model, 0.5, store="a")
+    old, _ = champion_checkpoint(tmp_path / "work", "corpus", first.uri)
+    second, checkpoint = _registered_champion(tmp_path, tiny_model, 0.6, store="b")
+    new, source = champion_checkpoint(tmp_path / "work", "corpus", second.uri)
+    assert "(version 1)" in source and new != old
+    assert Path(new, "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+
+
+def test_a_failed_alias_move_is_not_reported_as_a_promotion(tmp_path, tiny_model, monkeypatch):
+    """The alias call's failure was spooled and the run said "champion is version N (promoted now)": the next retrain
+    started from the old champion."""
+    from tracking.registry import register_models
+
+    tracker, _ = _registered_champion(tmp_path, tiny_model, 0.5)
+    run = tracker.start_run("ANCE round 1")
+    tracker.end_run(run)
+    monkeypatch.setattr(tracker.client, "set_registered_model_alias",
+                        lambda *a, **k: (_ for _ in ()).throw(ConnectionError("connection reset")))
+    decision = register_models(tracker, "ance-corpus", [("ANCE round 1", run, {DEV_KEY: 0.9})], "corpus", "test",
+                               "ANCE round 1", "dev 0123456789abcdef")
+    assert not decision["promoted"] and str(decision["champion_version"]) == "1"
+    assert "moving the alias failed (ConnectionError: connection reset)" in decision["reason"]
+    monkeypatch.undo()
+    assert str(tracker.client.get_model_version_by_alias("ance-corpus", "champion").version) == "1"
