@@ -54,12 +54,13 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
                     split: str, candidate: str | None = None, dev_setting: str | None = None,
-                    source: dict[str, str] | None = None) -> dict:
+                    source: dict[str, str] | None = None, start: tuple[str, float] | None = None) -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
     split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
     split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
-    if the current champion has no such score. Without a candidate (no dev split, a comparison run) no alias moves:
-    the evaluation split never decides.
+    if the current champion has no such score; a run that started from the champion (`start`: its checkpoint folder
+    and its dev nDCG@10 in this run) compares with the champion's score in this run instead. Without a candidate (no
+    dev split, a comparison run) no alias moves: the evaluation split never decides.
 
     `source` (`dataset_source`: the dataset's folder and content digest) becomes the registered model's tags the
     first time one is given; a later run whose dataset differs in both, folder and content, is told (`shared_with`):
@@ -103,6 +104,12 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     # machine's worker, `scifact` against `data/scifact`) for the same collection, under the same registered model
     comparable = current is not None and current.tags.get("dev_split") == dev_setting and DEV_KEY in current.tags
     current_score = float(current.tags[DEV_KEY]) if comparable else None
+    # a run that started from the champion scored it again on this run's corpus and dev split (its `start` row): the
+    # candidate is compared with that score, not with the tag, measured on the data of its own day (a corpus grown
+    # since, or training queries added, some of them carved into the dev split)
+    rescored = current is not None and start is not None and Path(start[0]).name == champion_folder(name, current)
+    if rescored:
+        comparable, current_score = True, round(start[1], 6)
     # a champion scored on other dev queries (another dev_fraction, dev_seed or dataset version) is not compared: two
     # configs would take the alias from each other in turn, each unseen by the other's dev split
     elsewhere = current is not None and not comparable and DEV_KEY in current.tags
@@ -124,7 +131,9 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
                        f"({current.tags.get('dev_split')!r}, this run's {dev_setting!r}): not comparable, the alias "
                        "stays (move it in MLflow's UI to change it)" if elsewhere else
                        "no champion with a dev score" if current_score is None else
-                       "higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")}
+                       ("higher dev nDCG@10" if promote else "the current champion's dev nDCG@10 is not lower")
+                       + (" (the champion scored again on this run's dev split, as its starting model)"
+                          if rescored else ""))}
 
 
 def _not_found(error: Exception) -> bool:
@@ -182,7 +191,7 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
     root = Path(work_dir).resolve() / "champion"
     # a version's number names another model once the registry is made anew (mlflow.db removed, another tracking
     # store on this work folder): its run names it too
-    final = root / f"{name}-v{version.version}-{version.run_id[:8]}"
+    final = root / champion_folder(name, version)
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(root / f".{final.name}.lock"):  # two runs starting from one champion: one downloads it
         if not _whole_checkpoint(final):
@@ -200,6 +209,11 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
         if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
             write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
     return str(final), f"models:/{name}@champion (version {version.version})"
+
+
+def champion_folder(name: str, version) -> str:
+    """The name of a registered version's copy in <work_dir>/champion/ (`champion_checkpoint`)."""
+    return f"{name}-v{version.version}-{version.run_id[:8]}"
 
 
 def _whole_checkpoint(folder: str | Path) -> bool:

@@ -26,7 +26,7 @@ from ance_core.data.dataset import read_tables
 from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs, read_stats
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
-from ance_core.pipeline.report import last_dense
+from ance_core.pipeline.report import DEV_KEY, last_dense
 from ance_core.system_metrics import read_system_metrics
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
@@ -284,10 +284,12 @@ class PipelineTracking:
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
             for name in ("results.md", "results.csv"):
                 tracker.log_artifact(parent, tmp / name, "report")
+        start = self.config.start_checkpoint  # (a retrain's: its `start` row scores that model on this dev split)
+        rescored = (start, results["start"][DEV_KEY]) if start and DEV_KEY in results.get("start", {}) else None
         decision = {} if self.trial else register_models(
             tracker, model_name(self.config.data.collection), versions, report["dataset"], report["split"],
             selected[0] if selected is not None and dev_setting else None, dev_setting,
-            dataset_source(self.config.data))
+            dataset_source(self.config.data), rescored)
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:

@@ -231,3 +231,31 @@ def test_a_failed_alias_move_is_not_reported_as_a_promotion(tmp_path, tiny_model
     assert "moving the alias failed (ConnectionError: connection reset)" in decision["reason"]
     monkeypatch.undo()
     assert str(tracker.client.get_model_version_by_alias("ance-corpus", "champion").version) == "1"
+
+
+def test_a_retrain_from_the_champion_compares_with_the_champion_scored_again_on_its_own_dev_split(tmp_path,
+                                                                                                 tiny_model):
+    """The champion's dev score is a tag measured on the data of its day. A retrain from it after the corpus grew (the
+    same dev queries, more distractors: every score lower) could never beat the tag; after training queries were added
+    (some carved into the dev split: another dev setting) the alias was frozen for good. A run that started from the
+    champion scores it again (its `start` row) and is compared with that."""
+    from tracking.registry import champion_checkpoint, champion_folder, register_models
+
+    tracker, _ = _registered_champion(tmp_path, tiny_model, 0.70)
+    start, _ = champion_checkpoint(tmp_path / "work", "corpus")
+
+    def retrain(candidate: float, start_score: float, setting: str = "dev 0123456789abcdef", from_: str = start):
+        run = tracker.start_run("ANCE round 1")
+        tracker.end_run(run)
+        return register_models(tracker, "ance-corpus", [("ANCE round 1", run, {DEV_KEY: candidate})], "corpus",
+                               "test", "ANCE round 1", setting, start=(from_, start_score))
+
+    assert not retrain(0.58, 0.60)["promoted"]  # below the champion as it scores now
+    grown = retrain(0.65, 0.60)  # above it now, below its tag (0.70)
+    assert grown["promoted"] and grown["champion_dev_ndcg_at_10_before"] == 0.60
+    assert "scored again on this run's dev split" in grown["reason"]
+    champion = tracker.client.get_model_version_by_alias("ance-corpus", "champion")  # (version 2, no files logged)
+    start = str(tmp_path / "work" / "champion" / champion_folder("ance-corpus", champion))
+    assert retrain(0.62, 0.61, "dev fedcba9876543210", start)["promoted"]  # another dev split: compared all the same
+    other = retrain(0.99, 0.50, "dev 0123456789abcdef", str(tmp_path / "checkpoint-0.7"))  # not from the champion
+    assert not other["promoted"] and "chosen on another dev split" in other["reason"]
