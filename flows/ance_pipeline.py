@@ -17,9 +17,9 @@ from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, collect_warnings
 from ance_core.modeling.devices import pick_device
-from ance_core.modeling.model import check_lengths, checkpoint_digest, resolve_model_name
+from ance_core.modeling.model import check_lengths, checkpoint_digest, read_meta, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
-from ance_core.pipeline.config import PipelineConfig, start_checkpoint_refusal
+from ance_core.pipeline.config import PipelineConfig, maxp_refusal, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
 from ance_core.retention import RetentionConfig, collect, live_run
 from ance_core.training.plan import check_precision
@@ -61,6 +61,10 @@ def check_pipeline(c: PipelineConfig) -> None:
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
+    if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
+        # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
+        if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):
+            raise AnceError(f"start_checkpoint {c.start_checkpoint} is a MaxP model: {refusal}")
     check_model_name(c.data)  # (its models are registered at the end)
     used = {"bm25_negatives": not c.start_checkpoint, "mining": c.rounds > 0}  # (a warm-up, rounds at all)
     for name in ("bm25_negatives", "mining"):  # a teacher that cannot be loaded, or reads more tokens than it takes

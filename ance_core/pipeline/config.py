@@ -158,19 +158,8 @@ class PipelineConfig(StageConfig):
     def _maxp_trains_on_whole_windows(self) -> "PipelineConfig":
         if self.model.document_mode != "maxp":
             return self
-        for name in ("warmup", "ance"):
-            length = getattr(self, name).passage_max_length
-            if length is not None and length < self.model.passage_max_length:
-                raise ValueError(f"document_mode maxp trains on whole windows of model.passage_max_length "
-                                 f"({self.model.passage_max_length}) tokens, but {name}.passage_max_length is "
-                                 f"{length}; set {name}.passage_max_length: null")
-        if self.rounds and self.mining.spec.rankings != ("dense",):
-            raise ValueError(f"document_mode maxp: the rounds' sampler '{self.mining.sampler}' mines candidates the "
-                             "model did not rank, so it cannot tell each document's best window; use "
-                             f"{ranking_with('dense', only=True)}")
-        if self.compression is not None:
-            raise ValueError("compression of a maxp model (one vector per window) is not supported; unset "
-                             "compression or use document_mode firstp")
+        if refusal := maxp_refusal(self, self.model.passage_max_length, warmup=True):
+            raise ValueError(refusal)
         return self
 
     @model_validator(mode="after")
@@ -289,3 +278,20 @@ def negatives_needed(config: PipelineConfig | CompareConfig) -> int:
 def validation_message(err: dict) -> str:
     """One error of a ValidationError, without pydantic's prefix to a validator's own message."""
     return err["msg"].removeprefix("Value error, ")
+
+
+def maxp_refusal(c: PipelineConfig, window: int, warmup: bool) -> str | None:
+    """What a config cannot do with a MaxP model (one vector per window of `window` tokens; `warmup`: the run trains
+    a warm-up too), or None: train on cut windows, mine with a sampler that does not rank with the model, compress."""
+    for name in ("warmup", "ance")[0 if warmup else 1:]:
+        length = getattr(c, name).passage_max_length
+        if length is not None and length < window:
+            return (f"document_mode maxp trains on whole windows of model.passage_max_length ({window}) tokens, but "
+                    f"{name}.passage_max_length is {length}; set {name}.passage_max_length: null")
+    if c.rounds and c.mining.spec.rankings != ("dense",):
+        return (f"document_mode maxp: the rounds' sampler '{c.mining.sampler}' mines candidates the model did not "
+                f"rank, so it cannot tell each document's best window; use {ranking_with('dense', only=True)}")
+    if c.compression is not None:
+        return "compression of a maxp model (one vector per window) is not supported; unset compression or use " \
+               "document_mode firstp"
+    return None
