@@ -287,8 +287,7 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
             retention too).
     """
     start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint)
-    if not Path(start, "ance_model.json").is_file():
-        raise AnceError(f"{start}: not an ANCE checkpoint (no ance_model.json)")
+    read_meta(start)  # a folder removed since it was recorded, or not a checkpoint: said before any work
     print(f"retraining from {source}: {start}")
     return ance_pipeline(config.model_copy(update={"start_checkpoint": start}))
 

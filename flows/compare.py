@@ -1,7 +1,9 @@
 """Side-by-side comparison of negative samplers (ANCE Table 1, SimANS Tables 2 and 5) behind the deployment
 `compare-negatives`: the same model, data, seed and training budget for each sampler, all starting from one BM25
-warm-up checkpoint ("BM25 -> *"). Every stage is a cached task shared with the pipeline (the warm-up, the warm-up
-model's corpus encoding and ranking of the training queries are computed once for all samplers)."""
+warm-up checkpoint ("BM25 -> *"). Every stage is a cached task (the warm-up, the warm-up model's corpus encoding and
+ranking of the training queries are computed once for all samplers). The data, BM25 and zero-shot stages are shared
+with the pipeline; the warm-up is not: it trains on its own learning-rate schedule, where the pipeline's
+`schedule: continuous` spans the warm-up and the rounds."""
 
 from pathlib import Path
 

@@ -43,3 +43,17 @@ def test_a_retrain_of_a_maxp_model_under_a_firstp_config_is_refused_before_any_w
     whole = config.model_copy(update={"start_checkpoint": str(checkpoint),
                                       "ance": config.ance.model_copy(update={"passage_max_length": None})})
     check_pipeline(whole)  # whole windows: taken
+
+
+def test_a_retrain_from_a_newest_model_removed_since_says_so(tmp_path, monkeypatch):
+    """latest.json names a model whose folder was removed by hand: the retrain said "not an ANCE checkpoint (no
+    ance_model.json)" (found by a review)."""
+    from ance_core.pipeline.config import PipelineConfig
+    from flows.ance_pipeline import retrain
+
+    monkeypatch.setattr(start, "champion_checkpoint", lambda work_dir, collection: (None, "no champion"))
+    gone = tmp_path / "work" / "train" / "abc"
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / start.LATEST).write_text(json.dumps({"checkpoint": str(gone), "collection": "scifact"}))
+    with pytest.raises(AnceError, match=f"{gone}: no such checkpoint folder"):
+        retrain.fn(PipelineConfig(work_dir=str(tmp_path / "work")))
