@@ -92,13 +92,24 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
                 chosen = (version.version, metrics)
     if chosen is None or DEV_KEY not in chosen[1] or not dev_setting:
         return shared | ({"versions": registered} if registered else {})
+    # runs of one work folder ending at once: each reads the champion and moves the alias in turn (else the last to
+    # write would win, better or not)
+    with FileLock(Path(tracker.work_dir) / ".locks" / f"champion-{name}.lock"):
+        return _move_champion(tracker, name, chosen, candidate, dev_setting, start, shared | {"versions": registered})
+
+
+def _move_champion(tracker: Tracker, name: str, chosen: tuple, candidate: str, dev_setting: str,
+                   start: tuple[str, float] | None, said: dict) -> dict:
+    """`register_models`' decision: the alias moved to the `chosen` (version, metrics) or not, and why; `said`: what
+    the answer holds already."""
+    client = tracker.client
     try:
         current = client.get_model_version_by_alias(name, "champion")
     except Exception as e:
         if not _not_found(e):  # (a timeout, a 5xx: the champion may be better; it is not replaced unseen)
-            return shared | {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
-                             "promoted": False, "reason": f"the current champion could not be read "
-                             f"({type(e).__name__}: {str(e)[:120]}); the alias was not moved"}
+            return said | {"candidate": candidate, "candidate_version": chosen[0], "promoted": False,
+                           "reason": f"the current champion could not be read ({type(e).__name__}: {str(e)[:120]}); "
+                           "the alias was not moved"}
         current = None
     # the same dev queries and labels (dev_setting holds the split's digest): the dataset's path may differ (another
     # machine's worker, `scifact` against `data/scifact`) for the same collection, under the same registered model
@@ -121,8 +132,8 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
         if not moved:  # (not spooled to be sent later: a better model may take the alias meanwhile)
             promote = False
             failed = error if isinstance(error, str) else f"{type(error).__name__}: {str(error)[:120]}"
-    return shared | {"versions": registered, "candidate": candidate, "candidate_version": chosen[0],
-            "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
+    return said | {
+            "candidate": candidate, "candidate_version": chosen[0], "candidate_dev_ndcg_at_10": chosen[1][DEV_KEY],
             "champion_version": chosen[0] if promote else current.version if current is not None else None,
             "champion_dev_ndcg_at_10_before": current_score, "promoted": promote,
             "reason": (f"higher dev nDCG@10, but moving the alias failed ({failed}): the champion is unchanged"

@@ -259,3 +259,40 @@ def test_a_retrain_from_the_champion_compares_with_the_champion_scored_again_on_
     assert retrain(0.62, 0.61, "dev fedcba9876543210", start)["promoted"]  # another dev split: compared all the same
     other = retrain(0.99, 0.50, "dev 0123456789abcdef", str(tmp_path / "checkpoint-0.7"))  # not from the champion
     assert not other["promoted"] and "chosen on another dev split" in other["reason"]
+
+
+def test_two_runs_ending_at_once_leave_the_better_one_champion(tmp_path, tiny_model, monkeypatch):
+    """Each run read the champion, then moved the alias: two runs of one work folder ending at once both beat the
+    champion they read, and the last to write won, the worse of the two here (0.7 over 0.9)."""
+    import threading
+    import time
+
+    from tracking.registry import register_models
+
+    tracker, _ = _registered_champion(tmp_path, tiny_model, 0.5)
+    client = tracker.client
+    real = client.get_model_version_by_alias
+
+    def stale(*args, **kwargs):
+        read = real(*args, **kwargs)
+        time.sleep(0.5)  # what it read is what it decides on
+        return read
+
+    monkeypatch.setattr(client, "get_model_version_by_alias", stale)
+    runs = {}
+    for dev in (0.9, 0.7):
+        runs[dev] = tracker.start_run("ANCE round 1")
+        tracker.end_run(runs[dev])
+
+    def end(dev):
+        register_models(tracker, "ance-corpus", [("ANCE round 1", runs[dev], {DEV_KEY: dev})], "corpus", "test",
+                        "ANCE round 1", "dev 0123456789abcdef")
+
+    threads = [threading.Thread(target=end, args=(dev,)) for dev in (0.9, 0.7)]
+    threads[0].start()
+    time.sleep(0.1)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert client.get_model_version_by_alias("ance-corpus", "champion").tags[DEV_KEY] == "0.900000"
