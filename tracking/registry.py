@@ -94,7 +94,9 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
         return shared | ({"versions": registered} if registered else {})
     # runs of one work folder ending at once: each reads the champion and moves the alias in turn (else the last to
     # write would win, better or not)
-    with FileLock(Path(tracker.work_dir) / ".locks" / f"champion-{name}.lock"):
+    locks = Path(tracker.work_dir) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(locks / f"champion-{name}.lock"):
         return _move_champion(tracker, name, chosen, candidate, dev_setting, start, shared | {"versions": registered})
 
 
