@@ -87,6 +87,8 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
         config["margin_rule"] = "relative-to-abs"
         if cfg.sampler == "simans":  # SimANS under a margin changed its draws without a key change (issue 41)
             config["margin_rule"] += ", simans 2"
+    if cfg.spec.needs_positive_score:  # SimANS centres each pair on its own positive since session 29 (on a positive
+        config["centre"] = "own positive"  # of the query drawn at random before: other negatives, a new key)
     if draws > 1:
         config["epoch_draws"] = draws
     # the first ranking keeps the key "run" (a one-ranking sampler's stage folder is the same as before the registry)

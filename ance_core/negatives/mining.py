@@ -72,21 +72,16 @@ def own_positive_scores(query_ids: list[str], pair_query: np.ndarray, positive_i
 
 
 def pair_positive_scores(sampler: Sampler, query_ids: list[str], pair_query: np.ndarray, positive_ids: list[str],
-                         positive_scores: dict[tuple[str, str], float] | None, keys: np.ndarray) -> np.ndarray:
-    """(P,) s(q, d⁺) of each pair (NaN: unknown): its own positive's, or for SimANS a positive of the query drawn at
-    random per pair (SimANS §4.1), which must have a score."""
-    scores = positive_scores or {}
-    if not sampler.needs_positive_score:
-        return own_positive_scores(query_ids, pair_query, positive_ids, scores)
-    starts = np.searchsorted(pair_query, np.arange(len(query_ids) + 1))  # a query's pairs are contiguous
-    sizes = (starts[1:] - starts[:-1])[pair_query]
-    picks = starts[pair_query] + (uniforms(keys, "positive", np.zeros(len(keys))) * sizes).astype(np.int64)
-    out = np.empty(len(pair_query), dtype=np.float64)
-    for i, (q, pick) in enumerate(zip(pair_query, picks, strict=True)):
-        drawn = positive_ids[pick]
-        if (score := scores.get((query_ids[q], drawn))) is None:
-            raise AnceError(f"no score for positive '{drawn}' of query '{query_ids[q]}'")
-        out[i] = score
+                         positive_scores: dict[tuple[str, str], float] | None) -> np.ndarray:
+    """(P,) s(q, d⁺) of each pair's own positive (NaN: unknown), which a sampler that centres on it (SimANS) must
+    have. SimANS eq. 4 centres on "a randomly sampled positive" of the query; its authors' code draws the positive a
+    query trains on and centres on that one. Here every (query, positive) pair is a training instance, so each centres
+    on its own: centring on another positive of the query gave a pair whose positive scores low negatives around a
+    higher-scoring one (too hard, likely unlabelled positives), and one whose positive scores high easy ones."""
+    out = own_positive_scores(query_ids, pair_query, positive_ids, positive_scores or {})
+    if sampler.needs_positive_score and len(missing := np.flatnonzero(np.isnan(out))):
+        i = int(missing[0])
+        raise AnceError(f"no score for positive '{positive_ids[i]}' of query '{query_ids[pair_query[i]]}'")
     return out
 
 
@@ -163,10 +158,7 @@ def sample_negatives(
     check_inputs(sampler, rankings, corpus_ids, positive_scores)
     docs = corpus_ids if isinstance(corpus_ids, SortedIds) else sorted_ids(corpus_ids)
     keys = pair_keys(cfg.seed, round_, query_ids, pair_query, ordinals)  # (P,)
-    s_pos = pair_positive_scores(sampler, query_ids, pair_query, positive_ids, positive_scores, keys)
-    # the margin is each pair's own positive's (SimANS's s_pos may be another positive of the query, drawn)
-    own = s_pos if not sampler.needs_positive_score or cfg.margin is None else \
-        own_positive_scores(query_ids, pair_query, positive_ids, positive_scores or {})
+    own = s_pos = pair_positive_scores(sampler, query_ids, pair_query, positive_ids, positive_scores)
     if cfg.margin is not None and sampler.rankings and np.isnan(own).any():
         i = int(np.flatnonzero(np.isnan(own))[0])
         raise AnceError(f"mining.margin needs the positives' scores, which this ranking does not have (none for "

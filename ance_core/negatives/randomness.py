@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment, 2^64 / golden ratio
-STREAMS = {"dense": 1, "bm25": 2, "coin": 3, "positive": 4, "fallback": 5, "sample": 6}
+STREAMS = {"dense": 1, "bm25": 2, "coin": 3, "fallback": 5, "sample": 6}  # (4: a positive drawn, until session 29)
 _U64 = 2**64
 
 

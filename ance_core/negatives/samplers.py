@@ -14,8 +14,9 @@ one function here and its test.
 
 - `ance`: uniform from the retrieval top-k (default 200) minus all positives (ANCE eq. 10; the paper's sampler).
 - `simans`: from the top-k (default 100) ranked negatives, without replacement, with
-  p_i ∝ exp(-a (s(q, d_i) - s(q, d⁺) - b)²) (SimANS eq. 4), s(q, d⁺) the exact dense score of a positive drawn at
-  random per pair (the retrieval stage scores every labelled positive, also one the top-k did not retrieve).
+  p_i ∝ exp(-a (s(q, d_i) - s(q, d⁺) - b)²) (SimANS eq. 4), s(q, d⁺) the exact dense score of the pair's own
+  positive, as the authors' code centres on the positive a query trains on (the retrieval stage scores every
+  labelled positive, also one the top-k did not retrieve).
 - `bm25`: uniform from the BM25 top-k (default 100); `random`: uniform from the corpus; `bm25+random`: half of each
   (an odd one from either, with probability 1/2), ANCE's "BM25 + Rand Neg".
 - `ance+bm25`: half from the model's ANN top-k, half from BM25's top-k (default 200 both; an odd one from either, with
@@ -102,7 +103,7 @@ class Sampler:
     rankings: tuple[str, ...] = ()
     default_depth: int | None = None
     draw: Draw | None = None  # None: an in-batch sampler, nothing mined
-    needs_positive_score: bool = False  # draws s(q, d⁺) of a random positive of the query first (SimANS §4.1)
+    needs_positive_score: bool = False  # centres on s(q, d⁺), the pair's positive's score (SimANS eq. 4)
     training: Callable[[Any, Any], dict] | None = None  # (train config, mining config) -> fields training must take
 
     @property
