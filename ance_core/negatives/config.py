@@ -59,7 +59,9 @@ class MiningConfig(StageConfig):
                                "nce: the in-batch negatives kept per query")
     seed: int = Field(42, ge=0, description="The draws of the negatives (each round derives its own from it)")
     simans_a: float = Field(0.5, gt=0, description="SimANS density a (the paper: 0.5)")
-    simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b (the paper: 0)")
+    simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b, as in the paper's "
+                            "eq. 4 (the paper: 0; its authors' code subtracts b, so their b 1.0 for NQ is -1.0 here). "
+                            "a and b are on this model's score scale (inner products of a temperature-0.05 head)")
     skip_top: int = Field(0, ge=0, description="False-negative control: never sample the top r ranks")
     margin: float | None = Field(
         None, ge=0, lt=1, description="False-negative control: drop candidates scoring above s(q,d+) - m·|s(q,d+)|. "
