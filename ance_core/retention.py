@@ -43,7 +43,7 @@ from filelock import FileLock, Timeout
 from pydantic import Field
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_json
-from ance_core.errors import warn
+from ance_core.errors import AnceError, warn
 from ance_core.stage_config import StageConfig
 
 RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
@@ -111,7 +111,10 @@ class LiveRun:
 
 @contextmanager
 def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[LiveRun]:
-    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails.
+    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails (a
+    crash, a kill: its re-run resumes from the stages it protects), not if it is refused (an AnceError: bad input, said
+    in one line; a record left would count as the newest ended run, and `gc --keep-runs` would take the place of the
+    last good one).
     `keep=False`: a part of another run (an asynchronous trainer's refresh, started on its own worker), protected
     while it works and never an ended run of its own afterwards, whether it succeeds or fails (the trainer's run
     records what it used; a leftover record would count as an ended run and take a `keep_runs` place). Killed, its
@@ -130,6 +133,9 @@ def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[Liv
         yield run
         if keep:
             run.finish()
+    except AnceError:
+        run.path.unlink(missing_ok=True)
+        raise
     finally:
         if not keep:
             run.path.unlink(missing_ok=True)

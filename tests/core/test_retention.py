@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ance_core.artifacts import link_or_copy, run_stage
 from ance_core.retention import GRACE_SECONDS, LIVE, RUNS, RetentionConfig, collect, live_run, plan_gc, stage_folders
@@ -419,3 +420,23 @@ def test_a_linked_stage_folder_is_said_not_to_be_collected(tmp_path):
     with pytest.warns(AnceWarning, match=r"encode/ is a link \(to another disk\?\): the stage folders in it are "
                       "neither collected nor counted"):
         assert stage_folders(work) == {}
+
+
+def test_a_refused_run_is_no_ended_run_and_a_crashed_one_is(tmp_path):
+    """A command refused with one line (an AnceError: a damaged checkpoint found by the encoding) left its run record,
+    which counted as the newest ended run: `gc --keep-runs 1` then planned to remove the last good run's stages
+    (found by a review). A crash keeps its record: its re-run resumes from the stages it protects."""
+    from ance_core.errors import AnceError
+
+    work = tmp_path / "work"
+    with live_run(work, "good"):
+        _stage(work, "train", "good", {})
+    with pytest.raises(AnceError), live_run(work, "refused"):
+        _stage(work, "train", "refused", {})
+        raise AnceError("a damaged checkpoint")
+    assert "good" in _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep)
+    with pytest.raises(RuntimeError), live_run(work, "crashed"):
+        _stage(work, "train", "crashed", {})
+        raise RuntimeError("killed")
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    assert "crashed" in _names(plan.keep) and "good" in _names(plan.remove)
