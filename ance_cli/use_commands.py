@@ -59,7 +59,7 @@ def evaluate(
 ):
     """Encode the corpus with a checkpoint, index it and evaluate it on a split; or score a TREC run file."""
     from ance_core.errors import AnceError
-    from ance_core.modeling.model import checkpoint_files, read_meta
+    from ance_core.modeling.model import checkpoint_files, load_checkpoint, read_meta
     from flows.evaluate import evaluate_checkpoint
 
     def body():
@@ -70,6 +70,7 @@ def evaluate(
             return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
+        load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)
         data = evaluation_data(dataset, split, work_dir, checkpoint)
         say_training_split(data, preflight(data, work_dir, (split,)), split)
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)

@@ -55,9 +55,7 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
                    train_split: str, eval_split: str, encode: EncodeConfig, index: IndexConfig, work_dir: str,
                    evaluation: EvalConfig = EvalConfig()) -> dict:
     """The compression table of one checkpoint: a row per (method, L, index type), the teacher's own first."""
-    if read_meta(checkpoint.path).document_mode == "maxp":
-        raise AnceError(f"{checkpoint.path}: compression of a maxp checkpoint (one vector per window) is not "
-                        "supported; compress a firstp model")
+    check_firstp(checkpoint.path)
     h = read_manifest(embeddings.path)["summary"]["dim"]
     dims = compressible_dims(c, h)
     if skipped := [d for d in c.dims if d >= h]:
@@ -102,9 +100,16 @@ def compressible_dims(c: CompressConfig, h: int) -> list[int]:
     return sorted((d for d in c.dims if d < h), reverse=True)
 
 
+def check_firstp(checkpoint: str) -> None:
+    if read_meta(checkpoint).document_mode == "maxp":
+        raise AnceError(f"{checkpoint}: compression of a maxp checkpoint (one vector per window) is not supported; "
+                        "compress a firstp model")
+
+
 def check_compression(checkpoint: str, c: CompressConfig, documents: int) -> None:
-    """What a compression would refuse late, refused before any work: no `dims` below the model's dimension (nothing
-    to compress), and approximate-index options the corpus cannot take (`check_ann_options`)."""
+    """What a compression would refuse late, refused before any work: a maxp checkpoint, no `dims` below the model's
+    dimension (nothing to compress), and approximate-index options the corpus cannot take (`check_ann_options`)."""
+    check_firstp(checkpoint)
     config = Path(checkpoint, "config.json")
     try:
         h = int(json.loads(config.read_text())["hidden_size"])  # (the head keeps it: Linear(h, h))

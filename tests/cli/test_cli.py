@@ -1021,6 +1021,16 @@ def test_evaluate_refuses_a_checkpoint_without_its_model_files_before_any_work(t
                          "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "a damaged checkpoint (no model.safetensors)" in out, out
     assert not (tmp_path / "w").exists()
+    # weights cut short, or no tokenizer: refused by the encoding, its stages begun and the run recorded (a review)
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), ckpt := tmp_path / "cut")
+    (ckpt / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes()[:1000])
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), bare := tmp_path / "bare")
+    (bare / "tokenizer.json").unlink()
+    for folder, said in ((ckpt, "a damaged checkpoint (SafetensorError"), (bare, "its tokenizer knows")):
+        code, out = _invoke(["evaluate", "--checkpoint", str(folder), "--dataset", str(ds),
+                             "--work-dir", str(tmp_path / "w")])
+        assert code == 2 and said in out and "Traceback" not in out, out
+        assert not (tmp_path / "w").exists()
 
 
 def test_hybrid_search_reuses_the_data_stage_its_index_was_encoded_from(tmp_path):

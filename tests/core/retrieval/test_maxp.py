@@ -110,8 +110,11 @@ def test_the_pipeline_runs_in_maxp_mode(tiny_scifact, tiny_model, tmp_path):
     from ance_core.compression.config import CompressConfig
     from ance_core.errors import AnceError
     from ance_core.retrieval.config import IndexConfig
-    from flows.compress import compress_model
+    from flows.compress import check_compression, compress_model
 
+    # refused before any work too (`ance compress` encoded the whole corpus first; found by a review)
+    with pytest.raises(AnceError, match="compression of a maxp checkpoint .* is not supported"):
+        check_compression(result["final_checkpoint"], CompressConfig(dims=[8]), 200)
     with pytest.raises(AnceError, match="compression of a maxp checkpoint .* is not supported"):
         compress_model(ArtifactRef(result["final_checkpoint"], "x"), ArtifactRef(str(encode), "y"), None,
                        CompressConfig(), "train", "test", EncodeConfig(), IndexConfig(), str(tmp_path / "work"))
