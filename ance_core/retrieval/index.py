@@ -195,6 +195,15 @@ class SearchIndex:
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
+        try:
+            self._load(folder, cfg)
+        except AnceError:
+            raise
+        except (OSError, ValueError) as e:  # a file missing, cut short, or not what it should be
+            raise AnceError(f"{folder}: a damaged index ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                            "build it again (delete the folder)") from None
+
+    def _load(self, folder: Path, cfg: IndexConfig) -> None:
         self._rows: ShardRows | None = None
         self.batch_size = cfg.search_batch_size
         if (folder / FLAT).is_file():

@@ -394,3 +394,23 @@ def test_a_tokenizer_error_in_the_producer_thread_is_raised_by_the_encoding():
     model.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
     with pytest.raises(RuntimeError, match="tokenizer broke"):
         _encode_pipelined(model, Broken(), ["a", "b"], 8, 64, None, None)
+
+
+def test_a_damaged_index_folder_is_one_line_not_a_traceback(tmp_path):
+    """`ance search --index` of a folder whose docid file is missing, or whose vectors are not a float array: a
+    FileNotFoundError's or numpy's traceback (found by a review)."""
+    import shutil
+
+    from ance_core.errors import AnceError
+
+    _random_encoding(tmp_path / "emb")
+    (good := tmp_path / "flat").mkdir()
+    build_index(tmp_path / "emb", good, IndexConfig(type="flat", device="cpu"))
+    no_ids, junk = shutil.copytree(good, tmp_path / "no-ids"), shutil.copytree(good, tmp_path / "junk")
+    (no_ids / "docid").unlink()
+    (junk / "emb_00000.npy").unlink()
+    (junk / "emb_00000.npy").write_text("junk\n")
+    for folder in (no_ids, junk):
+        with pytest.raises(AnceError, match=f"{folder}: a damaged index .*build it again"):
+            SearchIndex(folder, IndexConfig(device="cpu"))
+    assert len(SearchIndex(good, IndexConfig(device="cpu"))) == 600
