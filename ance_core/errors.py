@@ -23,6 +23,19 @@ class DataError(AnceError):
         super().__init__(f"{where}: {problem}")
 
 
+@contextlib.contextmanager
+def damaged_stage(folder: str | Path) -> Iterator[None]:
+    """A read of a stage folder's files whose failure (a file missing, cut short, or not what it should be: a disk
+    that filled, a copy interrupted) is one line naming the folder and what to do, not a reader's traceback."""
+    try:
+        yield
+    except (OSError, ValueError) as e:  # (pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors)
+        if isinstance(e, AnceError):
+            raise
+        raise AnceError(f"{folder}: a damaged stage folder ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                        "remove it and run again (it is built anew)") from None
+
+
 class OutOfMemory(AnceError):
     """The accelerator ran out of memory. The same batch runs out of memory the same way again, so it is not retried;
     the message names the batch and what to change."""

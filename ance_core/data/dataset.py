@@ -33,7 +33,7 @@ from ance_core.data.lines import (
     read_tsv,
     warn_repeats,
 )
-from ance_core.errors import AnceError, DataError, preview, warn
+from ance_core.errors import AnceError, DataError, damaged_stage, preview, warn
 from ance_core.faults import fault_point
 
 QUERY_TOP_GRADE = "query-top"  # a split's training positives: each query's documents of its own highest grade
@@ -381,14 +381,12 @@ def save_tables(dataset: Dataset, out: Path, corpus_written: bool = False) -> di
 def read_tables(folder: str | Path, corpus_columns: list[str] | None = None) -> Dataset:
     """The stored tables; `corpus_columns` reads only those of the corpus (["doc_id"]: not its text; []: none of it,
     for a stage that reads passages by row: data/corpus.py)."""
-    folder = Path(folder)
-    grades = folder / TRAINING_GRADES
-    return Dataset(
-        corpus=pd.read_parquet(folder / "corpus.parquet", columns=corpus_columns),
-        queries=pd.read_parquet(folder / "queries.parquet"),
-        qrels=pd.read_parquet(folder / "qrels.parquet"),
-        min_relevance=json.loads(grades.read_text()) if grades.is_file() else {},
-    )
+    folder, grades = Path(folder), Path(folder) / TRAINING_GRADES
+    with damaged_stage(folder):
+        return Dataset(corpus=pd.read_parquet(folder / "corpus.parquet", columns=corpus_columns),
+                       queries=pd.read_parquet(folder / "queries.parquet"),
+                       qrels=pd.read_parquet(folder / "qrels.parquet"),
+                       min_relevance=json.loads(grades.read_text()) if grades.is_file() else {})
 
 
 def passage_texts(corpus: pd.DataFrame) -> list[str]:

@@ -1101,3 +1101,19 @@ def test_evaluate_a_checkpoint_on_dev_carves_the_dev_split_as_its_run_did(tmp_pa
         with contextlib.redirect_stdout(buffer):
             evaluation_data(str(ds), "dev", str(work), ckpt)
         assert f"split 'dev': carved from the 'train' queries {expected}" in buffer.getvalue(), buffer.getvalue()
+
+
+def test_a_damaged_data_stage_is_one_line_naming_its_folder(tmp_path):
+    """A cached data stage whose corpus.parquet was cut short (a disk that filled, a copy interrupted): every command
+    reading it ended in pyarrow's traceback (found by a review)."""
+    from ance_core.data.config import DataConfig
+    from tasks.data import prepare_data
+
+    ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"text {i}"} for i in range(4)],
+                    [{"_id": f"q{i}", "text": f"query {i}"} for i in range(4)],
+                    {"train": [(f"q{i}", f"d{i}", 1) for i in range(3)], "test": [("q3", "d3", 1)]})
+    stage = prepare_data.fn(DataConfig(dataset=str(ds)), str(tmp_path / "w")).path
+    (tmp_path / "w" / "data").joinpath(stage, "corpus.parquet").write_text("junk")
+    code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and f"{stage}: a damaged stage folder (ArrowInvalid" in out and "Traceback" not in out, out
+    assert "remove it and run again" in out
