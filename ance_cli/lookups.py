@@ -40,6 +40,8 @@ def evaluation_data(dataset: str, split: str, work_dir: str, checkpoint: Path | 
     if (tables.qrels["split"] == split).any():
         return native
     data = traced or DataConfig(dataset=dataset)  # (evaluated on `split`, the carved one: not its eval_split)
+    if not (preflight(data, work_dir, ()).qrels["split"] == split).any():
+        return data  # none carved (no training queries to carve it from): the caller's pre-flight says why
     typer.echo(f"split '{split}': carved from the '{data.train_split}' queries "
                + ("as the run that trained the checkpoint carved it" if traced else "with the defaults")
                + f" (data.dev_fraction {data.dev_fraction}, dev_seed {data.dev_seed}"

@@ -1117,3 +1117,12 @@ def test_a_damaged_data_stage_is_one_line_naming_its_folder(tmp_path):
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and f"{stage}: a damaged stage folder (ArrowInvalid" in out and "Traceback" not in out, out
     assert "remove it and run again" in out
+
+
+def test_a_dev_split_that_cannot_be_carved_is_not_said_to_be_carved(tmp_path):
+    """A dataset without training queries: `--split dev` printed "split 'dev': carved from the 'train' queries with the
+    defaults", then an error saying none is carved (found by a review)."""
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "dev", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "split 'dev' has no qrels" in out and "split 'dev': carved" not in out, out
