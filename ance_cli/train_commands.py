@@ -90,7 +90,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from ance_core.pipeline.recipes import RECIPES, recipe_config
     from ance_core.pipeline.tune import MAX_BUDGET, TuneConfig, earlier_budget
     from flows.ance_pipeline import check_pipeline
-    from flows.tune import tune_recipe
+    from flows.tune import no_dev_split, tune_recipe
 
     # (each named as its option, not as the search's field)
     if budget_minutes is not None and not 0 < budget_minutes <= MAX_BUDGET:
@@ -114,8 +114,12 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
         warn(f"recipe search: the budget is the one of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
              "trials this one reuses (--budget-minutes to give another)")
     check_pipeline(base)
-    preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
-               negatives=negatives_needed(base))
+    if base.data.dev_split is None:
+        fail(no_dev_split(base))
+    tables = preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
+                       negatives=negatives_needed(base))
+    if not (tables.qrels["split"] == base.data.dev_split).any():  # (else refused inside the search's flow)
+        fail(no_dev_split(base))
     return tune_recipe(base, tune)
 
 

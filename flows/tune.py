@@ -319,6 +319,16 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
 
+def no_dev_split(config: PipelineConfig) -> str:
+    """Why a search of `config` has no dev split to choose on."""
+    d = config.data
+    if d.dev_split is None:
+        return "the recipe search (ance tune, --recipe auto) chooses on the dev split, and data.dev_split is null"
+    return (f"the recipe search (ance tune, --recipe auto) chooses on the dev split, and {d.dataset} has none: no "
+            f"split '{d.dev_split}', and data.dev_fraction {d.dev_fraction} carved none from the training queries "
+            "(raise it, e.g. 0.2, or add the split)")
+
+
 @flow(name="ance-tune", log_prints=True)
 def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tune: TuneConfig = TuneConfig()) -> dict:
     """Choose the recipe on the dev split of `config`'s dataset (module docstring). Returns the winner's name,
@@ -329,7 +339,7 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
         tune: What the search varies (learning rates, graded positives, warm-up epochs), its seeds and its budget.
     """
     if config.data.dev_split is None:
-        raise AnceError("ance tune chooses on the dev split, and data.dev_split is null")
+        raise AnceError(no_dev_split(config))
     if drift := recipe_drift(config, tune.recipe):  # (a run form opens with the default recipe's values)
         warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
              f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")
@@ -338,9 +348,7 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
         if config.selection == "cv":  # every fold's split, before any trial (each trial runs them all)
             check_dev_folds(config)
         if config.data.dev_split not in read_manifest(data.path)["summary"].get("splits", []):
-            raise AnceError(f"ance tune chooses on the dev split, and {config.data.dataset} has none: no split "
-                            f"'{config.data.dev_split}', and data.dev_fraction {config.data.dev_fraction} carved "
-                            "none from the training queries (raise it, or add the split)")
+            raise AnceError(no_dev_split(config))
         if ignored := unused_seeds(config, tune.seeds):
             warn(f"ance tune runs every trial under its own seeds {tune.seeds} (tune.seeds), so the config's "
                  f"{', '.join(f'{k} {v}' for k, v in ignored.items())} {'is' if len(ignored) == 1 else 'are'} not used "

@@ -1126,3 +1126,20 @@ def test_a_dev_split_that_cannot_be_carved_is_not_said_to_be_carved(tmp_path):
                     {"test": [("q1", "d1", 1)]})
     code, out = _invoke(["bm25", "--dataset", str(ds), "--split", "dev", "--work-dir", str(tmp_path / "w")])
     assert code == 2 and "split 'dev' has no qrels" in out and "split 'dev': carved" not in out, out
+
+
+def test_a_search_without_a_dev_split_is_refused_before_its_flow(tmp_path, tiny_model):
+    """`ance tune` and `ance run --recipe auto` with data.dev_fraction 0 (or dev_split null) were refused inside the
+    search's flow, after Prefect's server started and the data stage was built, with a run record left (found by a
+    review); `--recipe auto`'s message named `ance tune`, a command the user never ran."""
+    ds = write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"text {i}"} for i in range(8)],
+                    [{"_id": f"q{i}", "text": f"query {i}"} for i in range(8)],
+                    {"train": [(f"q{i}", f"d{i}", 1) for i in range(6)], "test": [("q6", "d6", 1)]})
+    base = ["--set", f"data.dataset={ds}", "--set", f"model.name={tiny_model}", "--set",
+            "model.passage_max_length=32"]
+    for command, dev in ((["tune"], "data.dev_fraction=0"), (["run", "--recipe", "auto"], "data.dev_fraction=0"),
+                         (["tune"], "data.dev_split=null")):
+        work = tmp_path / f"w-{command[0]}-{dev.split('=')[0]}"
+        code, out = _invoke([*command, *base, "--set", dev, "--set", f"work_dir={work}"])
+        assert code == 2 and "the recipe search (ance tune, --recipe auto) chooses on the dev split" in out, out
+        assert "Traceback" not in out and not ((work / ".live").exists() and any((work / ".live").iterdir()))
