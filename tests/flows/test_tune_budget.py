@@ -385,7 +385,12 @@ def test_a_search_run_again_without_a_budget_takes_the_earlier_searchs(tmp_path,
     assert earlier_budget(PipelineConfig(work_dir=str(tmp_path / "w"), rounds=2), TuneConfig()) is None
     seen = []
     monkeypatch.setattr(tune, "tune_recipe", lambda base, cfg: seen.append(cfg.budget_minutes))
-    monkeypatch.setattr(commands, "preflight", lambda *a, **k: None)
+    import types
+
+    import pandas as pd
+
+    with_dev = types.SimpleNamespace(qrels=pd.DataFrame({"split": ["dev"]}))  # (the tables of a data stage)
+    monkeypatch.setattr(commands, "preflight", lambda *a, **k: with_dev)
     monkeypatch.setattr(flows.ance_pipeline, "check_pipeline", lambda *a, **k: None)
     import ance_core.pipeline.recipes as recipes
 
