@@ -123,12 +123,18 @@ def index_of(model: Path, index: Path | None) -> Path:
     """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
     encoding (its scores would mean nothing); without one, the newest exact index of the model's encoding in the work
     folder the model is a stage of."""
-    from ance_core.errors import AnceError
+    from ance_core.errors import AnceError, warn
+    from ance_core.modeling.model import checkpoint_files
     from ance_core.retrieval.index import is_index_folder
     from ance_core.retrieval.provenance import CheckpointMatch, index_checkpoint, indexes_of
 
     if index is None:
+        checkpoint_files(model)  # (a damaged one said first)
         work = model.resolve().parent.parent  # <work>/<stage>/<key>
+        if not (work / "index").is_dir():
+            raise AnceError(f"--index: {model} is no stage of a work folder, so its index cannot be found; give one "
+                            "with --index (an index folder of its encoding, e.g. work/index/<digest> after ance "
+                            "evaluate --checkpoint)")
         if not (found := indexes_of(model, work)):
             raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'} (a compressed model's index "
                             "is in its compress folder); give one with --index")
@@ -137,7 +143,10 @@ def index_of(model: Path, index: Path | None) -> Path:
         raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                         "'flat.json' with its emb_*.npy shards)")
     work = index.resolve().parent.parent
-    if (built := index_checkpoint(index)) is not None and CheckpointMatch(model, work)(built) is False:
+    if (built := index_checkpoint(index)) is None:
+        warn(f"--index {index}: which checkpoint encoded it is not recorded (no manifest): if not --model, its "
+             "scores mean nothing")
+    elif CheckpointMatch(model, work)(built) is False:
         ours = indexes_of(model, work)
         raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
                         "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
@@ -180,8 +189,8 @@ def fusion_weight(text: str) -> float | None:
     except ValueError:
         weight = -1.0
     if not 0 < weight < 1:
-        raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight between 0 and 1 "
-                        "(e.g. 0.7)")
+        raise AnceError(f"--fusion {text}: expected auto, rrf, or the dense ranking's weight strictly between 0 and 1 "
+                        "(e.g. 0.7; 0 would be BM25 alone, 1 the model alone)")
     return weight
 
 

@@ -87,9 +87,11 @@ def check_target(out: str | Path, force: bool, checkpoint: str | Path | None = N
             raise AnceError(f"{out}: the export would replace the checkpoint {source}; choose another --out")
     if out.exists() and not out.is_dir():
         raise AnceError(f"{out}: exists and is not a folder")
+    export = out.is_dir() and any((out / name).is_file() for name in EXPORT_MARKERS)
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise AnceError(f"{out}: exists and is not empty; pass --force to replace it")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in EXPORT_MARKERS):
+        raise AnceError(f"{out}: exists and is not empty; " + ("an earlier export: pass --force to replace it" if export
+                        else "not an earlier export either: choose a new or empty --out"))
+    if out.is_dir() and any(out.iterdir()) and not export:
         raise AnceError(f"{out}: not an earlier export (no {' or '.join(EXPORT_MARKERS)}); --force replaces only an "
                         "export folder: choose a new or empty --out")  # (--out ~/project --force deleted the project)
     if force and (kept := [n for n in ("manifest.json", "trainer_state.json") if (out / n).is_file()]):

@@ -1143,3 +1143,36 @@ def test_a_search_without_a_dev_split_is_refused_before_its_flow(tmp_path, tiny_
         code, out = _invoke([*command, *base, "--set", dev, "--set", f"work_dir={work}"])
         assert code == 2 and "the recipe search (ance tune, --recipe auto) chooses on the dev split" in out, out
         assert "Traceback" not in out and not ((work / ".live").exists() and any((work / ".live").iterdir()))
+
+
+def test_search_messages_name_what_the_user_gave(tmp_path, tiny_model):
+    """--fusion 0 and 1 were refused as not "between 0 and 1"; a model outside a work folder was told there is "no
+    index of its encoding in /tmp/index", a folder the user never named (found by a review)."""
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+
+    init_model(ModelConfig(name=str(tiny_model), passage_max_length=32), ckpt := tmp_path / "ckpt")
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    for weight in ("0", "1"):
+        code, out = _invoke(["search", "cells", "--model", str(ckpt), "--hybrid", "--dataset", str(ds), "--fusion",
+                             weight])
+        assert code == 2 and "weight strictly between 0 and 1" in out, out
+    code, out = _invoke(["search", "cells", "--model", str(ckpt)])
+    assert code == 2 and f"{ckpt} is no stage of a work folder, so its index cannot be found; give one with --index" \
+        in out, out
+
+
+def test_an_index_that_does_not_say_which_checkpoint_encoded_it_is_searched_with_a_warning(tmp_path):
+    """An index folder without its manifest (copied without it) was searched with any model silently, its scores
+    meaningless when another checkpoint encoded it (found by a review)."""
+    from ance_cli.lookups import index_of
+    from ance_core.retrieval.config import IndexConfig
+    from ance_core.retrieval.index import build_index
+    from tests.core.retrieval.test_encode_index import _random_encoding
+
+    _random_encoding(tmp_path / "emb", n=20)
+    (index := tmp_path / "index").mkdir()
+    build_index(tmp_path / "emb", index, IndexConfig(type="flat", device="cpu"))
+    with pytest.warns(AnceWarning, match="which checkpoint encoded it is not recorded"):
+        assert index_of(tmp_path / "model", index) == index

@@ -164,7 +164,8 @@ def test_bad_input_is_one_clear_line(tiny_model, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
-    assert code == 2 and "exists and is not empty; pass --force" in out
+    assert code == 2 and "exists and is not empty; not an earlier export either: choose a new or empty --out" in out
+    # (it said "pass --force to replace it", which --force then refused: a review)
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out"), "--force"])
     assert code == 2 and "not an earlier export" in out and (tmp_path / "out" / "keep.txt").is_file()  # (a review:
     # `--out ~/project --force` would have replaced the project)
