@@ -134,7 +134,7 @@ def index_of(model: Path, index: Path | None) -> Path:
         if not (work / "index").is_dir():
             raise AnceError(f"--index: {model} is no stage of a work folder, so its index cannot be found; give one "
                             "with --index (an index folder of its encoding, e.g. work/index/<digest> after ance "
-                            "evaluate --checkpoint)")
+                            "evaluate --checkpoint; a compressed model's index is in its compress folder)")
         if not (found := indexes_of(model, work)):
             raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'} (a compressed model's index "
                             "is in its compress folder); give one with --index")

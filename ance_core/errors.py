@@ -29,9 +29,8 @@ def damaged_stage(folder: str | Path) -> Iterator[None]:
     that filled, a copy interrupted) is one line naming the folder and what to do, not a reader's traceback."""
     try:
         yield
-    except (OSError, ValueError) as e:  # (pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors)
-        if isinstance(e, AnceError):
-            raise
+    except (FileNotFoundError, ValueError) as e:  # (pyarrow's ArrowInvalid is a ValueError; other OSErrors, such as
+        # no permission or no memory, are no damage: the CLI says what they are)
         raise AnceError(f"{folder}: a damaged stage folder ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
                         "remove it and run again (it is built anew)") from None
 

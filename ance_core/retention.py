@@ -112,9 +112,9 @@ class LiveRun:
 @contextmanager
 def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[LiveRun]:
     """Record the stages of the block's run (see the module docstring); the record is kept if the block fails (a
-    crash, a kill: its re-run resumes from the stages it protects), not if it is refused (an AnceError: bad input, said
-    in one line; a record left would count as the newest ended run, and `gc --keep-runs` would take the place of the
-    last good one).
+    crash, a kill, an error after some stages: its re-run resumes from the stages it protects), not if it is refused
+    before using any stage (an AnceError: bad input, said in one line; its record would count as the newest ended run,
+    and `gc --keep-runs 1` would keep nothing of the last good one).
     `keep=False`: a part of another run (an asynchronous trainer's refresh, started on its own worker), protected
     while it works and never an ended run of its own afterwards, whether it succeeds or fails (the trainer's run
     records what it used; a leftover record would count as an ended run and take a `keep_runs` place). Killed, its
@@ -134,7 +134,8 @@ def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[Liv
         if keep:
             run.finish()
     except AnceError:
-        run.path.unlink(missing_ok=True)
+        if not run.record["stages"]:  # refused before it used any stage (else its re-run resumes from them)
+            run.path.unlink(missing_ok=True)
         raise
     finally:
         if not keep:

@@ -28,7 +28,7 @@ from ance_core.compression.conae import PROJECTOR_FILE
 from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
-from ance_core.modeling.model import read_meta
+from ance_core.modeling.model import META_FILE, read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retention import live_run
 from ance_core.retrieval.ann import check_ann_options
@@ -101,7 +101,8 @@ def compressible_dims(c: CompressConfig, h: int) -> list[int]:
 
 
 def check_firstp(checkpoint: str) -> None:
-    if read_meta(checkpoint).document_mode == "maxp":
+    """A maxp checkpoint refused (a pretrained model, no ANCE checkpoint yet, is one a run trains: its config says)."""
+    if Path(checkpoint, META_FILE).is_file() and read_meta(checkpoint).document_mode == "maxp":
         raise AnceError(f"{checkpoint}: compression of a maxp checkpoint (one vector per window) is not supported; "
                         "compress a firstp model")
 

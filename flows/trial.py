@@ -57,6 +57,10 @@ def trial(config: PipelineConfig, data_digest: str, parent_run: str | None = Non
     scored = {"best": {}, "cv": {"scores": "the delivered dense model, pooled over the dev folds"}}.get(
         getattr(config, "selection", "best"), {"scores": "the delivered dense model"})
     keyed = config.model_copy(update={"execution": ExecutionConfig()})  # where its shards ran changes no result
+    # (SimANS centres each pair on its own positive since session 29: a trial of a recipe that mines with it trained
+    # on other negatives, a new key for those only)
+    if config.mining.sampler == "simans" and config.rounds and not config.warmup_only:
+        scored |= {"simans_centre": "own positive"}
     return run_stage(config.work_dir, "trial", {"pipeline": keyed} | scored, {"data": data_digest}, build)
 
 

@@ -207,6 +207,8 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
     final = root / champion_folder(name, version)
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(root / f".{final.name}.lock"):  # two runs starting from one champion: one downloads it
+        for left in root.glob(f".partial-{final.name}-*"):  # a download killed outright (none runs: the lock)
+            shutil.rmtree(left, ignore_errors=True)
         if not _whole_checkpoint(final):
             tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{final.name}-"))  # (each download its own)
             try:
@@ -226,7 +228,7 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
 
 def champion_folder(name: str, version) -> str:
     """The name of a registered version's copy in <work_dir>/champion/ (`champion_checkpoint`)."""
-    return f"{name}-v{version.version}-{version.run_id[:8]}"
+    return f"{name}-v{version.version}-{(version.run_id or 'norun')[:8]}"
 
 
 def _whole_checkpoint(folder: str | Path) -> bool:

@@ -199,7 +199,8 @@ class SearchIndex:
             self._load(folder, cfg)
         except AnceError:
             raise
-        except (OSError, ValueError) as e:  # a file missing, cut short, or not what it should be
+        except (FileNotFoundError, ValueError) as e:  # a file missing, cut short, or not what it should be (other
+            # OSErrors, such as no permission or no memory for a memory map, are no damage: the CLI says what they are)
             raise AnceError(f"{folder}: a damaged index ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
                             "build it again (delete the folder)") from None
 

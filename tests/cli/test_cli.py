@@ -1128,7 +1128,7 @@ def test_a_dev_split_that_cannot_be_carved_is_not_said_to_be_carved(tmp_path):
     assert code == 2 and "split 'dev' has no qrels" in out and "split 'dev': carved" not in out, out
 
 
-def test_a_search_without_a_dev_split_is_refused_before_its_flow(tmp_path, tiny_model):
+def test_a_search_without_a_dev_split_is_refused_before_its_flow(tmp_path, tiny_model, monkeypatch):
     """`ance tune` and `ance run --recipe auto` with data.dev_fraction 0 (or dev_split null) were refused inside the
     search's flow, after Prefect's server started and the data stage was built, with a run record left (found by a
     review); `--recipe auto`'s message named `ance tune`, a command the user never ran."""
@@ -1137,6 +1137,12 @@ def test_a_search_without_a_dev_split_is_refused_before_its_flow(tmp_path, tiny_
                     {"train": [(f"q{i}", f"d{i}", 1) for i in range(6)], "test": [("q6", "d6", 1)]})
     base = ["--set", f"data.dataset={ds}", "--set", f"model.name={tiny_model}", "--set",
             "model.passage_max_length=32"]
+    import flows.tune
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the search's flow started")
+
+    monkeypatch.setattr(flows.tune, "tune_recipe", searched)
     for command, dev in ((["tune"], "data.dev_fraction=0"), (["run", "--recipe", "auto"], "data.dev_fraction=0"),
                          (["tune"], "data.dev_split=null")):
         work = tmp_path / f"w-{command[0]}-{dev.split('=')[0]}"

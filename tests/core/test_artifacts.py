@@ -120,3 +120,19 @@ def test_atomic_folder_onto_a_link_replaces_the_folder_it_names_and_keeps_the_li
     assert (tmp_path / "current").is_symlink() and os.readlink(tmp_path / "current") == "v3"
     assert sorted(p.name for p in (tmp_path / "v3").iterdir()) == ["new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "v3"]  # (no .partial- or .old- folder left)
+
+
+def test_only_a_damaged_file_is_said_to_be_a_damaged_stage(tmp_path):
+    """A stage file missing or cut short is one line naming its folder; no permission or no memory is no damage, and
+    is not said to be (its advice, to remove the folder, would delete good data; a review)."""
+    import pytest
+
+    from ance_core.errors import AnceError, damaged_stage
+
+    for error in (FileNotFoundError("corpus.parquet"), ValueError("Parquet file size is 5 bytes")):
+        with pytest.raises(AnceError, match=f"{tmp_path}: a damaged stage folder .*remove it and run again"):
+            with damaged_stage(tmp_path):
+                raise error
+    for error in (PermissionError(13, "Permission denied"), OSError(12, "Cannot allocate memory")):
+        with pytest.raises(type(error)), damaged_stage(tmp_path):
+            raise error

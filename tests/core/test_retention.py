@@ -422,21 +422,22 @@ def test_a_linked_stage_folder_is_said_not_to_be_collected(tmp_path):
         assert stage_folders(work) == {}
 
 
-def test_a_refused_run_is_no_ended_run_and_a_crashed_one_is(tmp_path):
-    """A command refused with one line (an AnceError: a damaged checkpoint found by the encoding) left its run record,
-    which counted as the newest ended run: `gc --keep-runs 1` then planned to remove the last good run's stages
-    (found by a review). A crash keeps its record: its re-run resumes from the stages it protects."""
+def test_a_run_refused_before_any_stage_is_no_ended_run_and_a_failed_one_is(tmp_path):
+    """A command refused with one line before it used any stage (an AnceError: bad input) left its run record, which
+    counted as the newest ended run: `gc --keep-runs 1` then planned to remove the last good run's stages (found by a
+    review). A run that fails after using stages (a crash, or an AnceError such as running out of memory in round 2)
+    keeps its record: its re-run resumes from the stages it protects."""
     from ance_core.errors import AnceError
 
     work = tmp_path / "work"
     with live_run(work, "good"):
         _stage(work, "train", "good", {})
     with pytest.raises(AnceError), live_run(work, "refused"):
-        _stage(work, "train", "refused", {})
         raise AnceError("a damaged checkpoint")
-    assert "good" in _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep)
-    with pytest.raises(RuntimeError), live_run(work, "crashed"):
-        _stage(work, "train", "crashed", {})
-        raise RuntimeError("killed")
-    plan = plan_gc(work, RetentionConfig(keep_runs=1))
-    assert "crashed" in _names(plan.keep) and "good" in _names(plan.remove)
+    assert _names(plan_gc(work, RetentionConfig(keep_runs=1)).keep) == ["good"]
+    for k, error in enumerate((AnceError("out of memory in round 2"), RuntimeError("killed"))):
+        with pytest.raises(type(error)), live_run(work, f"failed{k}"):
+            _stage(work, "train", f"failed{k}", {})
+            raise error
+        plan = plan_gc(work, RetentionConfig(keep_runs=1))
+        assert f"failed{k}" in _names(plan.keep) and "good" in _names(plan.remove)

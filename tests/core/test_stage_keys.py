@@ -150,3 +150,19 @@ def test_the_registrys_name_for_a_collection_is_in_no_key():
         assert stage_key(stage, {"pipeline": named}, {"data": "d" * 16}) == stage_key(stage, {"pipeline": cfg},
                                                                                        {"data": "d" * 16})
     assert digest_of(named) == digest_of(cfg) and digest_of(named.data) == digest_of(cfg.data)
+
+
+def test_a_whole_simans_trial_has_a_key_of_its_own_since_simans_centres_on_the_pairs_positive(monkeypatch):
+    """SimANS centres each pair on its own positive since session 29 (the mine stage's key says so): a recipe search's
+    cached trial of a recipe whose rounds mine with it trained on the old negatives, and was reused as if it were the
+    new code's (found by a review). Warm-up trials and other samplers keep their keys."""
+    import flows.trial as trial
+
+    seen = []
+    monkeypatch.setattr(trial, "run_stage", lambda work_dir, stage, config, inputs, build: seen.append(config))
+    demo = recipe_config("demo")
+    assert demo.mining.sampler == "simans"
+    for config in (demo, demo.model_copy(update={"warmup_only": True}),
+                   demo.model_copy(update={"mining": demo.mining.model_copy(update={"sampler": "ance"})})):
+        trial.trial.fn(config, "d" * 16)
+    assert [c.get("simans_centre") for c in seen] == ["own positive", None, None]

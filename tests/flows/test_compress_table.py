@@ -80,3 +80,13 @@ def test_an_interrupted_compression_record_ends_its_runs_killed(logged, monkeypa
     runs = tracker.client.search_runs([tracker.experiment_id])
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED", "KILLED"}
     assert {r.info.run_name for r in runs if r.info.status == "KILLED"} == {"compression", "conae-64 flat"}
+
+
+def test_a_run_that_compresses_the_model_it_will_train_is_not_refused_up_front(tiny_model):
+    """The check that refuses a maxp checkpoint before any work read the meta of whatever it was given: a pipeline run
+    with compression, which checks its pretrained model (no ance_model.json yet), was refused before it started (found
+    by a review of the change that added it)."""
+    from ance_core.compression.config import CompressConfig
+    from flows.compress import check_compression
+
+    check_compression(str(tiny_model), CompressConfig(dims=[8]), 200)
