@@ -45,8 +45,21 @@ def evaluation_data(dataset: str, split: str, work_dir: str, checkpoint: Path | 
     typer.echo(f"split '{split}': carved from the '{data.train_split}' queries "
                + ("as the run that trained the checkpoint carved it" if traced else "with the defaults")
                + f" (data.dev_fraction {data.dev_fraction}, dev_seed {data.dev_seed}"
-               + (f", dev_fold {data.dev_fold}" if data.dev_fold else "") + ")")
+               + (f", dev_fold {data.dev_fold}" if data.dev_fold else "") + ")"
+               + ("" if traced or not trained_on_data(checkpoint) else ": the data stage the checkpoint's run read is "
+                  "gone from its work folder or holds another version of the dataset, so that run's carve is not "
+                  "known"))
     return data
+
+
+def trained_on_data(checkpoint: Path | None) -> bool:
+    """Whether `checkpoint` is a training stage's (its manifest names the data stage it read)."""
+    from ance_core.artifacts import read_manifest
+
+    try:
+        return checkpoint is not None and bool(read_manifest(checkpoint)["inputs"]["data"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
 
 
 def trained_data(checkpoint: Path | None, dataset: str):

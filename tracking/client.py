@@ -132,9 +132,10 @@ class Tracker:
             self.client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
         return experiment_id
 
-    def attempt(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    def attempt(self, fn: Callable, *args: Any, kept: bool = True, **kwargs: Any) -> tuple[bool, Any]:
         """Call MLflow; (False, error) instead of raising. After a failure, calls are not tried (they fail at once)
-        until PROBE_SECONDS have passed, so a dead server costs one timeout, not one per call."""
+        until PROBE_SECONDS have passed, so a dead server costs one timeout, not one per call. `kept`: a refused call
+        is said to be kept in the spool (the caller keeps it; not the champion alias's move)."""
         if self.failed_since is not None and time.time() < self._next_probe:
             return False, "tracking server unreachable (not retried yet)"
         try:
@@ -146,8 +147,8 @@ class Tracker:
                 with self._lock:
                     if (said := f"{type(e).__name__}: {str(e)[:200]}") not in self._refusals:
                         self._refusals.add(said)
-                        warnings.warn(f"MLflow at {self.uri} did not take a call ({said}); it is kept in {self.spool}",
-                                      stacklevel=3)
+                        warnings.warn(f"MLflow at {self.uri} did not take a call ({said})"
+                                      + (f"; it is kept in {self.spool}" if kept else ""), stacklevel=3)
                 return False, e
             with self._lock:
                 if self.failed_since is None:

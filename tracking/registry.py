@@ -130,7 +130,7 @@ def _move_champion(tracker: Tracker, name: str, chosen: tuple, candidate: str, d
     promote = not elsewhere and (current_score is None or round(chosen[1][DEV_KEY], 6) > current_score)
     failed = None
     if promote:
-        moved, error = tracker.attempt(client.set_registered_model_alias, name, "champion", chosen[0])
+        moved, error = tracker.attempt(client.set_registered_model_alias, name, "champion", chosen[0], kept=False)
         if not moved:  # (not spooled to be sent later: a better model may take the alias meanwhile)
             promote = False
             failed = error if isinstance(error, str) else f"{type(error).__name__}: {str(error)[:120]}"

@@ -1101,6 +1101,15 @@ def test_evaluate_a_checkpoint_on_dev_carves_the_dev_split_as_its_run_did(tmp_pa
         with contextlib.redirect_stdout(buffer):
             evaluation_data(str(ds), "dev", str(work), ckpt)
         assert f"split 'dev': carved from the 'train' queries {expected}" in buffer.getvalue(), buffer.getvalue()
+        assert "so that run's carve is not known" not in buffer.getvalue()
+    import shutil
+
+    shutil.rmtree(data.path)  # the run's data stage collected: the defaults, and why
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert evaluation_data(str(ds), "dev", str(work), trained).dev_fraction == DataConfig().dev_fraction
+    assert "with the defaults (data.dev_fraction 0.2, dev_seed 0): the data stage the checkpoint's run read is gone" \
+        in buffer.getvalue(), buffer.getvalue()
 
 
 def test_a_damaged_data_stage_is_one_line_naming_its_folder(tmp_path):
