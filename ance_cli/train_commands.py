@@ -118,7 +118,9 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
         fail(no_dev_split(base))
     tables = preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
                        negatives=negatives_needed(base))
-    if not (tables.qrels["split"] == base.data.dev_split).any():  # (else refused inside the search's flow)
+    # (else refused inside the search's flow; under cv, which names the fold without dev queries, it is, before any
+    # training)
+    if base.selection != "cv" and not (tables.qrels["split"] == base.data.dev_split).any():
         fail(no_dev_split(base))
     return tune_recipe(base, tune)
 
