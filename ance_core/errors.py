@@ -24,15 +24,17 @@ class DataError(AnceError):
 
 
 @contextlib.contextmanager
-def damaged_stage(folder: str | Path) -> Iterator[None]:
-    """A read of a stage folder's files whose failure (a file missing, cut short, or not what it should be: a disk
-    that filled, a copy interrupted) is one line naming the folder and what to do, not a reader's traceback."""
+def damaged_stage(folder: str | Path, what: str = "stage folder",
+                  then: str = "remove it and run again (it is built anew)") -> Iterator[None]:
+    """A read of a stage folder's files (`what` it is) whose failure (a file missing, cut short, or not what it should
+    be: a disk that filled, a copy interrupted) is one line naming the folder and what to do (`then`), not a reader's
+    traceback."""
     try:
         yield
     except (FileNotFoundError, ValueError) as e:  # (pyarrow's ArrowInvalid is a ValueError; other OSErrors, such as
         # no permission or no memory, are no damage: the CLI says what they are)
-        raise AnceError(f"{folder}: a damaged stage folder ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                        "remove it and run again (it is built anew)") from None
+        raise AnceError(f"{folder}: a damaged {what} ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                        f"{then}") from None
 
 
 class OutOfMemory(AnceError):

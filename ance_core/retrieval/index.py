@@ -36,7 +36,7 @@ from ance_core.artifacts import (
     link_or_copy,
     shard_paths,
 )
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, damaged_stage
 from ance_core.faults import fault_point
 from ance_core.retrieval.approximate import empty_index, ivf_storage
 from ance_core.retrieval.config import IndexConfig
@@ -195,14 +195,8 @@ class SearchIndex:
 
     def __init__(self, folder: str | Path, cfg: IndexConfig = IndexConfig()):
         folder = Path(folder)
-        try:
+        with damaged_stage(folder, "index", "build it again (delete the folder)"):
             self._load(folder, cfg)
-        except AnceError:
-            raise
-        except (FileNotFoundError, ValueError) as e:  # a file missing, cut short, or not what it should be (other
-            # OSErrors, such as no permission or no memory for a memory map, are no damage: the CLI says what they are)
-            raise AnceError(f"{folder}: a damaged index ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                            "build it again (delete the folder)") from None
 
     def _load(self, folder: Path, cfg: IndexConfig) -> None:
         self._rows: ShardRows | None = None
