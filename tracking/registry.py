@@ -197,6 +197,9 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
     store = resolve_tracking_uri(work_dir, tracking_uri)
     name = model_name(collection)
+    embedded = Path(store.removeprefix("sqlite:///")) if store.startswith("sqlite:///") else None
+    if embedded is not None and not embedded.is_file():  # opening it would create it (and the work folder)
+        return None, f"models:/{name}@champion: not found ({embedded} does not exist: no run tracked to it yet)"
     try:
         client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
     except AnceError as e:

@@ -66,6 +66,7 @@ def test_compress_refuses_what_it_would_refuse_late_before_the_corpus_is_encoded
         assert not (work / "encode").exists()
     code, out = _invoke(["compress", "--dataset", str(tiny_scifact), "--work-dir", str(tmp_path / "empty")])
     assert code == 2 and "no trained model yet; train one first (ance run" in out and "Traceback" not in out, out
+    assert not (tmp_path / "empty").exists()  # (looking for a champion created the folder and an empty registry)
 
 
 def test_a_folder_name_mlflow_refuses_as_a_model_name_is_refused_where_models_are_registered(tiny_model, tiny_scifact,
