@@ -3,9 +3,7 @@ the printing of results (tables, metrics, the JSON line)."""
 
 import json
 import os
-import shutil
 import signal
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -101,7 +99,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.artifacts import stage_warnings, writable_work_dir
+    from ance_core.artifacts import made_work_dir, stage_warnings
     from ance_core.data.checks import check_trainable
     from ance_core.data.dataset import qrels_file, read_tables
     from ance_core.data.sources import resolve_dataset
@@ -109,9 +107,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     from tasks.common import faults_off
     from tasks.data import prepare_data
 
-    fresh = not Path(work_dir).expanduser().exists()
-    writable_work_dir(work_dir)
-    try:
+    with made_work_dir(work_dir):  # (one this command made is removed again when the data is refused)
         _check_split_files(data, splits)
         with faults_off():  # a drill's injected faults are for the flow's tasks, which retry them
             columns = ["doc_id"] if trains or doc_ids else []
@@ -138,12 +134,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives, data.format)
-        return tables
-    except Exception:
-        folder = Path(work_dir).expanduser()
-        if fresh and not any(folder.rglob("manifest.json")):  # the folder this command made, with no stage built
-            shutil.rmtree(folder, ignore_errors=True)  # in it (its locks, empty stage folders): not left behind
-        raise  # (a validated data stage is kept: it is whole, and the next run reuses it)
+        return tables  # (a validated data stage is kept on a refusal after it: it is whole, and reused)
 
 
 def _check_split_files(data, splits: tuple[str, ...]) -> None:

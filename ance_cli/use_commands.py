@@ -1,5 +1,6 @@
 """`ance` commands that use what was trained: bm25, evaluate, search, export, gc."""
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -133,17 +134,18 @@ def search(
         if trec is not None:
             writable_folder(trec.parent, f"--trec {trec}")  # (before the search, not a traceback after it)
         if hybrid:
-            from ance_core.artifacts import read_only, writable_work_dir
+            from ance_core.artifacts import made_work_dir, read_only
 
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
             fusion_weight(fusion)  # (checked before the work folder is made: a typo leaves no empty folder)
+            searched = index_of(model, index)  # (likewise: no index to fuse, no folder made)
             work = work_dir or model_work_dir(model)
-            if not read_only(work):  # (a read-only one is read: its data and BM25 stages as a run left them)
-                writable_work_dir(work)  # (a file, or a folder that cannot be written: one line, before any work)
-            how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
-            hits = hybrid_search(model, searched := index_of(model, index), query, top_k, dataset, work, how,
-                                 bm25_cfg, depth)
+            # (a read-only one is read: its data and BM25 stages as a run left them; one this command made is
+            # removed again when the corpus is refused)
+            with contextlib.nullcontext() if read_only(work) else made_work_dir(work):
+                how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
+                hits = hybrid_search(model, searched, query, top_k, dataset, work, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
             hits = search_text(model, searched := index_of(model, index), query, top_k)

@@ -136,6 +136,20 @@ def writable_work_dir(work_dir: str | Path) -> Path:
     return folder
 
 
+@contextmanager
+def made_work_dir(work_dir: str | Path) -> Iterator[Path]:
+    """`writable_work_dir`, and, when the body fails, the folder removed again if this call made it and no stage was
+    built in it (its locks and empty stage folders are not left behind; a stage built whole is kept for reuse)."""
+    fresh = not Path(work_dir).expanduser().exists()
+    folder = writable_work_dir(work_dir)
+    try:
+        yield folder
+    except BaseException:
+        if fresh and not any(folder.rglob(MANIFEST)):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
 def writable_folder(folder: str | Path, what: str) -> None:
     """An existing folder checked writable (a file made and removed in it) before any work, so that an output that
     cannot be written there is one clear error naming `what` (the option), not a traceback after the work."""

@@ -718,6 +718,8 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
     assert code == 0 and "and more words" in out, out
     code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "emb")])
     assert code == 2 and "not an index folder" in out and "Traceback" not in out
+    (empty := tmp_path / "empty-corpus").mkdir()
+    (empty / "corpus.jsonl").write_text("")
     # what a review found failing after the search, with a traceback, or writing lines `ance evaluate --run` refuses
     flat = ["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / "flat")]
     for args, message in ((["--trec", str(tmp_path)], "a folder; give the run file's path"),
@@ -729,6 +731,8 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
                           # the search, with a traceback)
                           (["--hybrid", "--dataset", str(tmp_path / "corpus"), "--fusion", "bogus", "--work-dir",
                             str(tmp_path / "new-work")], "--fusion bogus: expected auto, rrf"),
+                          (["--hybrid", "--dataset", str(empty), "--work-dir", str(tmp_path / "new-work")],
+                           "corpus.jsonl: empty corpus"),  # (its locks and empty data folder were left behind)
                           (["--trec", str(ckpt / "model.safetensors")], "inside the model's or the index's folder"),
                           (["--trec", str(tmp_path / "flat" / "hits.trec")], "inside the model's or the index's")):
         code, out = _invoke([*flat, *args])
