@@ -50,18 +50,35 @@ def configure_mlflow() -> None:
 def mlflow_client(uri: str, registry_uri: str | None = None):
     """An MlflowClient for `uri`, MLflow configured first (see MLFLOW_DEFAULTS); a URI MLflow cannot use (a typo in
     its scheme, `localhost:5000` without one) is an AnceError naming where it came from."""
+    from ance_core.errors import AnceError
+
     configure_mlflow()
     from mlflow.tracking import MlflowClient
 
+    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "the tracking URI"
+    for store in {uri, registry_uri} - {None}:
+        check_sqlite_store(store, where)
     try:
         return MlflowClient(uri, registry_uri=registry_uri)
     except Exception as e:  # (an unsupported scheme: MLflow's registry store lookup raises)
-        from ance_core.errors import AnceError
-
-        where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "the tracking URI"
-        raise AnceError(f"{where} '{uri}' cannot be used by MLflow ({type(e).__name__}: {str(e)[:150]}); give a "
+        said = str(e).splitlines()[0][:150] if str(e) else ""  # (SQLAlchemy's errors go on with the SQL)
+        raise AnceError(f"{where} '{uri}' cannot be used by MLflow ({type(e).__name__}: {said}); give a "
                         "tracking server as http(s)://host:port, or sqlite:///<path>.db (unset: the work folder's "
                         "own store)") from None
+
+
+def check_sqlite_store(uri: str, where: str = "the tracking URI") -> None:
+    """An AnceError when `uri` names an SQLite store whose file is something else (MLflow's error is a page of SQL)."""
+    from ance_core.errors import AnceError
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not db.is_file() or not db.stat().st_size:  # (empty: a new database)
+        return
+    with open(db, "rb") as f:
+        if f.read(16) != b"SQLite format 3\x00":
+            raise AnceError(f"{where} '{uri}': {db} is not an SQLite database (a damaged MLflow store, or another "
+                            "file of that name): move it aside (a new store is made in its place), or give a tracking "
+                            "server as http(s)://host:port (MLFLOW_TRACKING_URI)")
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, str]:

@@ -16,7 +16,7 @@ from ance_core.artifacts import write_json
 from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_files, model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
-from tracking.client import Tracker, mlflow_client, resolve_tracking_uri, store_lock
+from tracking.client import Tracker, check_sqlite_store, mlflow_client, resolve_tracking_uri, store_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -200,6 +200,7 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
     embedded = Path(store.removeprefix("sqlite:///")) if store.startswith("sqlite:///") else None
     if embedded is not None and not embedded.is_file():  # opening it would create it (and the work folder)
         return None, f"models:/{name}@champion: not found ({embedded} does not exist: no run tracked to it yet)"
+    check_sqlite_store(store)  # (a damaged store is said as such, not as "no champion")
     try:
         client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
     except AnceError as e:

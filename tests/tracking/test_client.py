@@ -268,6 +268,23 @@ def test_a_tracking_uri_mlflow_cannot_use_is_one_clear_error(tmp_path, monkeypat
         Tracker(tmp_path / "work", "ance-train")
 
 
+def test_a_work_folder_store_that_is_not_a_database_is_one_line_naming_it(tmp_path):
+    """A damaged mlflow.db (or another file of that name) was MLflow's SQLAlchemy error, SQL included, and `ance
+    compress` / retrain said it as "no champion"."""
+    from ance_core.errors import AnceError
+    from tracking.registry import champion_checkpoint
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "mlflow.db").write_text("not a database\n")
+    for call in (lambda: Tracker(tmp_path / "work", "ance-train"),
+                 lambda: champion_checkpoint(tmp_path / "work", "corpus")):
+        with pytest.raises(AnceError, match=r"work/mlflow.db is not an SQLite database .* move it aside") as said:
+            call()
+        assert "\n" not in str(said.value) and "SQL" not in str(said.value).replace("SQLite", "")
+    (tmp_path / "work" / "mlflow.db").write_text("")  # (an empty file: SQLite makes a new database in it)
+    assert Tracker(tmp_path / "work", "ance-train").experiment_id
+
+
 def test_an_experiment_deleted_in_the_ui_is_restored_and_logged_to(tmp_path):
     """MLflow refuses runs in a deleted experiment: every call went to the spool with "server unreachable"."""
     first = Tracker(tmp_path / "work", "ance-train")
