@@ -257,8 +257,9 @@ def gc(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove without asking (in a terminal it asks first; a "
                                       "script's gc does not ask)")] = False,
 ):
-    """Remove the stage folders the retention policy does not keep. Never removed: what a running run uses, the model
-    latest.json names, partial folders, the MLflow store (registered versions) and the champion (docs/scaling.md)."""
+    """Remove the stage folders the retention policy does not keep, and the champion copies of earlier promotions.
+    Never removed: what a running run uses, the model latest.json names, partial folders, the MLflow store (registered
+    versions) and the newest champion copy (docs/scaling.md)."""
     from ance_core.errors import AnceError
     from ance_core.retention import RetentionConfig, collect
 

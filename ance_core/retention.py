@@ -19,8 +19,10 @@ lock nobody holds (the run was killed) counts as an ended run.
   run recorded that is less than an hour old (built by another process for a live run: an inferencer deployment's
   refresh), stage folders no run recorded at all when `keep_runs` is unset, partial folders (a stage being built,
   or a killed training that resumes from them), and everything that is not a stage folder: the MLflow store
-  (`mlflow.db`, `mlartifacts/`: registered model versions are copies there), the champion downloaded for
-  retraining, plots, locks.
+  (`mlflow.db`, `mlartifacts/`: registered model versions are copies there), plots, locks;
+- **champion copies** (`champion/`, one downloaded per promotion for the retrains that start from it): with
+  `keep_runs` set, only the newest (the one a retrain used last), one used in the last hour, one a kept or live run
+  started from, and the model latest.json names stay (a removed one is downloaded again if a retrain needs it).
 
 `collect` removes what the plan names, each folder under its stage's lock (a stage being built is skipped; one a run
 took since the plan, or latest.json names since, is kept) and moved aside before it is deleted, so no reader sees half
@@ -311,8 +313,45 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     keep |= live_keys | {k for key in live_keys if folders[key].stage == "encode" for k in _refresh_of(folders, key)}
     plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),
                   keep=[f for k, f in folders.items() if k in keep])
+    if cfg.keep_runs is not None:  # (unset, every run's inputs stay: the champions they started from too)
+        used = {s["key"] for r in [*kept_runs, *live] for s in r["stages"] if s["stage"] == CHAMPION}
+        for k, copy in enumerate(_champion_copies(work_dir)):  # the newest first: the next retrain's, most likely
+            kept = k == 0 or copy.key in used or _champion_in_use(copy, work_dir, now)
+            (plan.keep if kept else plan.remove).append(copy)
     plan.freed_bytes = _freed_bytes([f.path for f in plan.remove])
     return plan
+
+
+CHAMPION = "champion"  # <work_dir>/champion/<name>-v<N>-<run id>/: the registry's champion, downloaded to retrain from
+
+
+def _champion_copies(work_dir: Path) -> list[StageFolder]:
+    """The champion copies a retrain downloaded (tracking/registry.py `champion_checkpoint`), newest first, each keyed
+    by its content digest, the key a run records it by (`checkpoint_ref`); an incomplete copy by its name."""
+    from ance_core.modeling.model import checkpoint_digest  # (torch: only where there are copies)
+
+    root = work_dir / CHAMPION
+    copies = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                    key=lambda p: _mtime(p, 0.0), reverse=True) if root.is_dir() else []
+    out = []
+    for copy in copies:
+        try:
+            key = checkpoint_digest(copy)
+        except (OSError, AnceError):  # (files missing: a copy a run cannot start from)
+            key = copy.name
+        out.append(StageFolder(CHAMPION, key, copy, {}))
+    return out
+
+
+def _champion_in_use(copy: StageFolder, work_dir: Path, now: float) -> bool:
+    """A champion copy downloaded or reused in the last hour (a retrain about to record it: `champion_checkpoint`
+    touches the copy it answers with), or the model latest.json names (a retrain whose result was its start)."""
+    latest = None
+    try:
+        latest = Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).resolve()
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+    return now - _mtime(copy.path, now) < GRACE_SECONDS or copy.path.resolve() == latest
 
 
 def _built_at(folder: StageFolder) -> float:
@@ -349,15 +388,17 @@ def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
     locks = work_dir / ".locks"
     removed: dict[Path, StageFolder] = {}  # moved aside -> the folder it was
     for folder in plan.remove:
-        lock_file = locks / f"{folder.stage}-{folder.key}.lock"
-        lock = FileLock(lock_file)
+        champion = folder.stage == CHAMPION  # (under the lock its download and reuse take)
+        lock = FileLock(folder.path.parent / f".{folder.path.name}.lock" if champion
+                        else locks / f"{folder.stage}-{folder.key}.lock")
         try:
             lock.acquire(timeout=0)
         except Timeout:
             continue
         try:  # what the plan did not know: a live run took it since (artifacts.run_stage), or a run that took it
-            # ended meanwhile, or latest.json names it now
-            if folder.key in _protected_keys(work_dir, since) | _latest_search(folders, work_dir):
+            # ended meanwhile, or latest.json names it now (a champion copy: or a retrain was answered with it since)
+            if folder.key in _protected_keys(work_dir, since) | _latest_search(folders, work_dir) or (
+                    champion and _champion_in_use(folder, work_dir, time.time())):
                 continue
             aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
             try:
@@ -365,6 +406,8 @@ def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
             except FileNotFoundError:
                 continue
             removed[aside] = folder
+            if champion:  # (its registry tags, beside it)
+                folder.path.with_name(f"{folder.path.name}.json").unlink(missing_ok=True)
         finally:
             lock.release()  # (the lock file stays: a run waiting on it holds its inode)
     plan.keep += [f for f in plan.remove if f not in removed.values()]

@@ -227,6 +227,7 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
                 shutil.rmtree(tmp, ignore_errors=True)
         if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
             write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
+        os.utime(final)  # used now: `ance gc` keeps a copy used in the last hour (ance_core/retention.py)
     return str(final), f"models:/{name}@champion (version {version.version})"
 
 

@@ -41,7 +41,7 @@ def _retrain(work, k, start):
 
 
 def _names(folders):
-    return sorted((f.path / "name.txt").read_text() for f in folders)
+    return sorted((f.path / "name.txt").read_text() for f in folders if f.stage != "champion")
 
 
 def _retrained(work: Path, times: int) -> Path:
@@ -441,3 +441,45 @@ def test_a_run_refused_before_any_stage_is_no_ended_run_and_a_failed_one_is(tmp_
             raise error
         plan = plan_gc(work, RetentionConfig(keep_runs=1))
         assert f"failed{k}" in _names(plan.keep) and "good" in _names(plan.remove)
+
+
+def test_old_champion_copies_go_unless_the_newest_or_a_kept_run_started_from_one(tmp_path, tiny_model, monkeypatch):
+    """Every retrain after a promotion downloads the new champion into champion/ (~90 MB for MiniLM, ~440 MB for
+    BERT-base), and gc never removed a copy: a weekly retrain's work folder grew by one each week."""
+    import shutil
+
+    from ance_core import retention
+    from ance_core.modeling.model import checkpoint_digest
+    from tests.tiny import random_head_checkpoint
+
+    work = tmp_path / "work"
+    first = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    hours = time.time() - 3600 * np.arange(6, 1, -1)  # v1 six hours old ... v5 two hours old (the newest)
+    copies = {}
+    for version, when in enumerate(hours, 1):
+        copy = work / "champion" / f"ance-c-v{version}-0000000{version}"
+        shutil.copytree(first, copy)
+        meta = json.loads((copy / "ance_model.json").read_text())
+        (copy / "ance_model.json").write_text(json.dumps(meta | {"note": version}))  # (its own digest)
+        (copy.parent / f"{copy.name}.json").write_text("{}")
+        os.utime(copy, (when, when))
+        copies[version] = copy
+    digest = {v: checkpoint_digest(c) for v, c in copies.items()}
+    (work / RUNS).mkdir(parents=True)
+    for k, version in enumerate((1, 2)):  # two retrains, from v1 then v2; keep_runs 1 keeps the second's inputs
+        (work / RUNS / f"r{k}.json").write_text(json.dumps({
+            "id": f"r{k}", "name": "retrain", "pid": 0, "started": 100.0 + k, "finished": 200.0 + k,
+            "stages": [{"stage": "champion", "key": digest[version]}]}))
+    (work / "latest.json").write_text(json.dumps({"checkpoint": str(copies[3]), "digest": digest[3]}))
+
+    assert not plan_gc(work, RetentionConfig()).remove  # (unset: every run's inputs stay)
+    plan = plan_gc(work, RetentionConfig(keep_runs=1))
+    # v2: the kept run started from it; v3: latest.json names it; v5: the newest
+    assert sorted(f.path.name for f in plan.remove) == [copies[1].name, copies[4].name]
+    assert plan.summary()["removed_by_stage"] == {"champion": 2} and plan.freed_bytes > 0
+    os.utime(copies[4])  # a retrain answered with it after the plan (champion_checkpoint touches it): kept
+    monkeypatch.setattr(retention, "plan_gc", lambda *args: plan)
+    done = collect(work, RetentionConfig(keep_runs=1))
+    assert [f.path.name for f in done.remove] == [copies[1].name]
+    assert not copies[1].exists() and not (work / "champion" / f"{copies[1].name}.json").exists()
+    assert all(copies[v].is_dir() for v in (2, 3, 4, 5)) and not list((work / "champion").glob(".gc-*"))
