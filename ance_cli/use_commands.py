@@ -285,8 +285,8 @@ def gc(
                 return
         plan = collect(work_dir, policy, dry_run)
         verb = "would remove" if dry_run else "removed"
-        for folder in plan.remove:
-            typer.echo(f"{verb}  {folder.stage}/{folder.key}")
+        for folder in plan.remove:  # (a stage folder: <stage>/<key>; a champion copy: champion/<name>)
+            typer.echo(f"{verb}  {folder.path.parent.name}/{folder.path.name}")
         typer.echo(f"{verb} {len(plan.remove)} stage folders ({plan.freed_bytes / 2**30:.2f} GiB); kept "
                    f"{len(plan.keep)}")
 

@@ -139,15 +139,26 @@ def writable_work_dir(work_dir: str | Path) -> Path:
 @contextmanager
 def made_work_dir(work_dir: str | Path) -> Iterator[Path]:
     """`writable_work_dir`, and, when the body fails, the folder removed again if this call made it and no stage was
-    built in it (its locks and empty stage folders are not left behind; a stage built whole is kept for reuse)."""
+    built in it (its locks and empty stage folders are not left behind; a stage built whole is kept for reuse), unless
+    another process holds one of its stage locks (a command started beside this one, building in it)."""
     fresh = not Path(work_dir).expanduser().exists()
     folder = writable_work_dir(work_dir)
     try:
         yield folder
     except BaseException:
-        if fresh and not any(folder.rglob(MANIFEST)):
+        if fresh and not any(folder.rglob(MANIFEST)) and not any(map(_held, (folder / ".locks").glob("*.lock"))):
             shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _held(lock_file: Path) -> bool:
+    lock = FileLock(lock_file)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
 
 
 def writable_folder(folder: str | Path, what: str) -> None:

@@ -31,6 +31,7 @@ a folder; what a killed gc left aside (`.gc-*`) the next one deletes. One gc run
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -315,43 +316,50 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
                   keep=[f for k, f in folders.items() if k in keep])
     if cfg.keep_runs is not None:  # (unset, every run's inputs stay: the champions they started from too)
         used = {s["key"] for r in [*kept_runs, *live] for s in r["stages"] if s["stage"] == CHAMPION}
-        for k, copy in enumerate(_champion_copies(work_dir)):  # the newest first: the next retrain's, most likely
-            kept = k == 0 or copy.key in used or _champion_in_use(copy, work_dir, now)
+        newest: set[str] = set()  # a model name whose newest copy was seen (the copies come newest first)
+        for copy in _champion_copies(work_dir):
+            model = CHAMPION_COPY.match(copy.key)["model"]
+            kept = (model not in newest or _champion_in_use(copy, work_dir, now)
+                    or bool(used) and _champion_digest(copy) in used)
+            newest.add(model)
             (plan.keep if kept else plan.remove).append(copy)
     plan.freed_bytes = _freed_bytes([f.path for f in plan.remove])
     return plan
 
 
 CHAMPION = "champion"  # <work_dir>/champion/<name>-v<N>-<run id>/: the registry's champion, downloaded to retrain from
+CHAMPION_COPY = re.compile(r"^(?P<model>.+)-v\d+-[0-9a-z]{1,8}$")  # (tracking/registry.py `champion_folder`)
 
 
 def _champion_copies(work_dir: Path) -> list[StageFolder]:
-    """The champion copies a retrain downloaded (tracking/registry.py `champion_checkpoint`), newest first, each keyed
-    by its content digest, the key a run records it by (`checkpoint_ref`); an incomplete copy by its name."""
-    from ance_core.modeling.model import checkpoint_digest  # (torch: only where there are copies)
-
+    """The champion copies a retrain downloaded (tracking/registry.py `champion_checkpoint`), newest first (it touches
+    the copy it answers with), each keyed by its folder's name; not a link, nor a folder of another name."""
     root = work_dir / CHAMPION
-    copies = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                    key=lambda p: _mtime(p, 0.0), reverse=True) if root.is_dir() else []
-    out = []
-    for copy in copies:
-        try:
-            key = checkpoint_digest(copy)
-        except (OSError, AnceError):  # (files missing: a copy a run cannot start from)
-            key = copy.name
-        out.append(StageFolder(CHAMPION, key, copy, {}))
-    return out
+    if not root.is_dir():
+        return []
+    copies = [p for p in root.iterdir() if CHAMPION_COPY.match(p.name) and p.is_dir() and not p.is_symlink()]
+    return [StageFolder(CHAMPION, p.name, p, {}) for p in sorted(copies, key=lambda p: _mtime(p, 0.0), reverse=True)]
+
+
+def _champion_digest(copy: StageFolder) -> str | None:
+    """A champion copy's content digest, the key a run records it by (`checkpoint_ref`); None for an incomplete one."""
+    from ance_core.modeling.model import checkpoint_digest  # (torch: only for a copy gc may remove)
+
+    try:
+        return checkpoint_digest(copy.path)
+    except (OSError, AnceError):  # (files missing: a copy no run can start from)
+        return None
 
 
 def _champion_in_use(copy: StageFolder, work_dir: Path, now: float) -> bool:
     """A champion copy downloaded or reused in the last hour (a retrain about to record it: `champion_checkpoint`
-    touches the copy it answers with), or the model latest.json names (a retrain whose result was its start)."""
-    latest = None
+    touches the copy it answers with), or the model latest.json names (a retrain whose result was its start; by the
+    folder's name: a work folder moved since keeps the path it was written with)."""
     try:
-        latest = Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).resolve()
+        latest = Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).name
     except (OSError, KeyError, TypeError, ValueError):
-        pass
-    return now - _mtime(copy.path, now) < GRACE_SECONDS or copy.path.resolve() == latest
+        latest = None
+    return now - _mtime(copy.path, now) < GRACE_SECONDS or copy.path.name == latest
 
 
 def _built_at(folder: StageFolder) -> float:
@@ -397,8 +405,9 @@ def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
             continue
         try:  # what the plan did not know: a live run took it since (artifacts.run_stage), or a run that took it
             # ended meanwhile, or latest.json names it now (a champion copy: or a retrain was answered with it since)
-            if folder.key in _protected_keys(work_dir, since) | _latest_search(folders, work_dir) or (
-                    champion and _champion_in_use(folder, work_dir, time.time())):
+            protected = _protected_keys(work_dir, since)
+            if folder.key in protected | _latest_search(folders, work_dir) or champion and (
+                    _champion_in_use(folder, work_dir, time.time()) or _champion_digest(folder) in protected):
                 continue
             aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
             try:

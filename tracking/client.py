@@ -56,8 +56,9 @@ def mlflow_client(uri: str, registry_uri: str | None = None):
     from mlflow.tracking import MlflowClient
 
     where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "the tracking URI"
-    for store in {uri, registry_uri} - {None}:
-        check_sqlite_store(store, where)
+    check_sqlite_store(uri, where)
+    if registry_uri and registry_uri != uri:
+        check_sqlite_store(registry_uri, "the registry URI")
     try:
         return MlflowClient(uri, registry_uri=registry_uri)
     except Exception as e:  # (an unsupported scheme: MLflow's registry store lookup raises)
@@ -74,11 +75,16 @@ def check_sqlite_store(uri: str, where: str = "the tracking URI") -> None:
     db = Path(uri.removeprefix("sqlite:///"))
     if not uri.startswith("sqlite:///") or not db.is_file() or not db.stat().st_size:  # (empty: a new database)
         return
-    with open(db, "rb") as f:
-        if f.read(16) != b"SQLite format 3\x00":
-            raise AnceError(f"{where} '{uri}': {db} is not an SQLite database (a damaged MLflow store, or another "
-                            "file of that name): move it aside (a new store is made in its place), or give a tracking "
-                            "server as http(s)://host:port (MLFLOW_TRACKING_URI)")
+    try:
+        with open(db, "rb") as f:
+            header = f.read(16)
+    except OSError as e:
+        raise AnceError(f"{where} '{uri}': {db} cannot be read ({e.strerror or type(e).__name__}): run as a user "
+                        "who can read the work folder, or give a tracking server (MLFLOW_TRACKING_URI)") from None
+    if header != b"SQLite format 3\x00":
+        raise AnceError(f"{where} '{uri}': {db} is not an SQLite database (a damaged MLflow store, or another file "
+                        "of that name): move it aside (a new store is made in its place), or give a tracking server as "
+                        "http(s)://host:port (MLFLOW_TRACKING_URI)")
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, str]:

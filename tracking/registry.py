@@ -2,6 +2,7 @@
 only on the dev split, the champion downloaded for `retrain`, and any version downloaded for `ance export`.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -227,7 +228,8 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
                 shutil.rmtree(tmp, ignore_errors=True)
         if setting := (version.tags or {}).get("dev_split"):  # beside the checkpoint, not in it (its digest stays)
             write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
-        os.utime(final)  # used now: `ance gc` keeps a copy used in the last hour (ance_core/retention.py)
+        with contextlib.suppress(OSError):  # (another user's copy in a shared work folder: read, not touched)
+            os.utime(final)  # used now: `ance gc` keeps a copy used in the last hour (ance_core/retention.py)
     return str(final), f"models:/{name}@champion (version {version.version})"
 
 

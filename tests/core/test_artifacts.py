@@ -136,3 +136,24 @@ def test_only_a_damaged_file_is_said_to_be_a_damaged_stage(tmp_path):
     for error in (PermissionError(13, "Permission denied"), OSError(12, "Cannot allocate memory")):
         with pytest.raises(type(error)), damaged_stage(tmp_path):
             raise error
+
+
+def test_a_work_folder_made_by_a_refused_command_goes_unless_another_builds_in_it(tmp_path):
+    """A refused command removes the work folder it made (its locks, empty stage folders), but not while another
+    command started beside it holds a stage lock there: that one's build would lose its folder."""
+    from filelock import FileLock
+
+    from ance_core.artifacts import made_work_dir
+
+    with pytest.raises(ValueError), made_work_dir(tmp_path / "alone") as folder:
+        (folder / ".locks").mkdir()
+        (folder / ".locks" / "data-abc.lock").touch()
+        raise ValueError("refused")
+    assert not (tmp_path / "alone").exists()
+    building = FileLock(tmp_path / "busy" / ".locks" / "data-abc.lock")  # (another command's, building there)
+    with pytest.raises(ValueError), made_work_dir(tmp_path / "busy") as folder:
+        (folder / ".locks").mkdir()
+        building.acquire()
+        raise ValueError("refused")
+    assert (tmp_path / "busy" / ".locks").is_dir()
+    building.release()

@@ -470,12 +470,20 @@ def test_old_champion_copies_go_unless_the_newest_or_a_kept_run_started_from_one
         (work / RUNS / f"r{k}.json").write_text(json.dumps({
             "id": f"r{k}", "name": "retrain", "pid": 0, "started": 100.0 + k, "finished": 200.0 + k,
             "stages": [{"stage": "champion", "key": digest[version]}]}))
-    (work / "latest.json").write_text(json.dumps({"checkpoint": str(copies[3]), "digest": digest[3]}))
+    # latest.json names v3 as the run wrote it, in a work folder since moved
+    (work / "latest.json").write_text(json.dumps({"checkpoint": f"/moved/work/champion/{copies[3].name}",
+                                                  "digest": digest[3]}))
+    other = work / "champion" / "ance-other-v7-abcdef12"  # another collection's champion, old: its newest
+    shutil.copytree(first, other)
+    os.utime(other, (hours[0] - 3600,) * 2)
+    (work / "champion" / "backup").mkdir()  # not a copy gc made, nor a link to one: never gc's
+    (work / "champion" / "ance-c-v9-00000009").symlink_to(copies[1])
 
     assert not plan_gc(work, RetentionConfig()).remove  # (unset: every run's inputs stay)
     plan = plan_gc(work, RetentionConfig(keep_runs=1))
-    # v2: the kept run started from it; v3: latest.json names it; v5: the newest
+    # v2: the kept run started from it; v3: latest.json names it; v5: the newest (and the other model's newest)
     assert sorted(f.path.name for f in plan.remove) == [copies[1].name, copies[4].name]
+    assert {f.path.name for f in plan.keep} >= {copies[2].name, copies[3].name, copies[5].name, other.name}
     assert plan.summary()["removed_by_stage"] == {"champion": 2} and plan.freed_bytes > 0
     os.utime(copies[4])  # a retrain answered with it after the plan (champion_checkpoint touches it): kept
     monkeypatch.setattr(retention, "plan_gc", lambda *args: plan)
@@ -483,3 +491,5 @@ def test_old_champion_copies_go_unless_the_newest_or_a_kept_run_started_from_one
     assert [f.path.name for f in done.remove] == [copies[1].name]
     assert not copies[1].exists() and not (work / "champion" / f"{copies[1].name}.json").exists()
     assert all(copies[v].is_dir() for v in (2, 3, 4, 5)) and not list((work / "champion").glob(".gc-*"))
+    assert other.is_dir() and (work / "champion" / "backup").is_dir()
+    assert (work / "champion" / "ance-c-v9-00000009").is_symlink()
