@@ -95,8 +95,9 @@ def say_training_split(data, tables, split: str) -> None:
                f"'{data.dev_split}', {n_dev:,} queries, left out)")
 
 
-def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
-    """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR)."""
+def score_run(path: Path, dataset: str, split: str, work_dir: str, relevant_grade: int = 1) -> dict:
+    """A TREC run's metrics on a split, as the pipeline computes them (identical ids dropped, as in BEIR;
+    `relevant_grade`: EvalConfig's)."""
     from ance_cli.app import preflight
     from ance_core.errors import AnceError, warn
     from ance_core.retrieval.config import EvalConfig
@@ -129,7 +130,7 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str) -> dict:
              f"count as not relevant (e.g. {unknown[:3]})")
     if identical_ids_rule(EvalConfig(), tables.qrels).ignore_identical_ids:
         run = without_identical_ids(run)
-    return evaluate_run(run, qrels)[0]
+    return evaluate_run(run, qrels, relevant_grade)[0]
 
 
 def index_of(model: Path, index: Path | None) -> Path:

@@ -56,11 +56,15 @@ def evaluate(
     dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
     split: Annotated[str, typer.Option()] = "test",
     work_dir: Annotated[str, typer.Option()] = "work",
+    relevant_grade: Annotated[int, typer.Option(min=1, help="The lowest qrels grade MRR@10 and recall count as "
+                                                "relevant (eval.relevant_grade; TREC Deep Learning's passage "
+                                                "collections: 2)")] = 1,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
     """Encode the corpus with a checkpoint, index it and evaluate it on a split; or score a TREC run file."""
     from ance_core.errors import AnceError
     from ance_core.modeling.model import checkpoint_files, load_checkpoint, read_meta
+    from ance_core.retrieval.config import EvalConfig
     from flows.evaluate import evaluate_checkpoint
 
     def body():
@@ -68,13 +72,15 @@ def evaluate(
             raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
                             "to score), one of them")
         if run is not None:
-            return print_metrics(score_run(run, dataset, split, work_dir), f"{run} on {dataset} {split}", as_json)
+            return print_metrics(score_run(run, dataset, split, work_dir, relevant_grade), f"{run} on {dataset} "
+                                 f"{split}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
         load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)
         data = evaluation_data(dataset, split, work_dir, checkpoint)
         say_training_split(data, preflight(data, work_dir, (split,)), split)
-        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split)
+        metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split,
+                                      evaluation=EvalConfig(relevant_grade=relevant_grade))
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
 
     guard(training_free(body))

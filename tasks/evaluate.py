@@ -22,7 +22,8 @@ def evaluate(run: ArtifactRef, data: ArtifactRef, split: str, work_dir: str, cfg
         ranked = pd.read_parquet(Path(run.path, RUN))
         if Path(run.path).parent.name == "bm25":  # (the bm25 stage's folder)
             ranked = ranked[ranked["score"] > 0]
-        return write_evaluation(ranked, qrels, out, tag=run.digest, ignore_identical_ids=cfg.ignore_identical_ids)
+        return write_evaluation(ranked, qrels, out, tag=run.digest, ignore_identical_ids=cfg.ignore_identical_ids,
+                                relevant_grade=cfg.relevant_grade)
 
     return run_stage(work_dir, "evaluate", evaluate_key(split, cfg), {"run": run.digest, "data": data.digest}, build)
 
@@ -34,5 +35,7 @@ def evaluation_for(cfg: EvalConfig, data: ArtifactRef) -> EvalConfig:
 
 
 def evaluate_key(split: str, cfg: EvalConfig) -> dict:
-    """The evaluate stage's config: identical ids dropped (the default) is a new key; kept, the key from before."""
-    return {"split": split} | ({"ignore_identical_ids": True} if cfg.ignore_identical_ids else {})
+    """The evaluate stage's config: identical ids dropped (the default) is a new key; kept, the key from before; a
+    relevant grade other than 1 a key of its own."""
+    return ({"split": split} | ({"ignore_identical_ids": True} if cfg.ignore_identical_ids else {})
+            | ({"relevant_grade": cfg.relevant_grade} if cfg.relevant_grade != 1 else {}))

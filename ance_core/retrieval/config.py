@@ -135,4 +135,11 @@ class EvalConfig(StageConfig):
         "(ArguAna and Quora put each query in the corpus: kept, it ranks first and counts as non-relevant). Applied "
         "to every model's run and to BM25's; not where the collection's qrels judge a document relevant to the query "
         "of its id (its queries and documents are numbered apart, as in classic collections: said in the log)")
+    relevant_grade: int = Field(
+        1, ge=1, description="The lowest qrels grade MRR@10 and recall count as relevant (trec_eval -l). 1: every "
+        "document judged relevant; 2: TREC Deep Learning's convention on its graded passage collections (grades 2 "
+        "and 3; its grade 1 is 'related'), for figures comparable with published ones. nDCG@10 gains by the grades "
+        "themselves either way, and is what chooses the run's result")
+
+    UNSAID = {"relevant_grade": 1}  # (added after the whole config's digest existed)
 

@@ -1,4 +1,5 @@
-"""Retrieval metrics with ir_measures (trec_eval): nDCG@10, RR@10 (MRR@10), R@100, R@1000.
+"""Retrieval metrics with ir_measures (trec_eval): nDCG@10, RR@10 (MRR@10), R@100, R@1000 (the last three count a
+document relevant from grade 1, or from `eval.relevant_grade`: TREC Deep Learning's passage collections use 2).
 
 Metric keys avoid '@' (MLflow refuses it): ndcg_at_10, mrr_at_10, recall_at_100, recall_at_1000.
 Queries of the split that the run does not cover count as zero, not as missing. Hits of equal score are ranked as
@@ -15,12 +16,16 @@ from ir_measures import RR, R, nDCG
 from ance_core.artifacts import METRICS, PER_QUERY, RUN_TREC, write_json
 from ance_core.retrieval.search import write_trec
 
-MEASURES = {
-    "ndcg_at_10": nDCG @ 10,
-    "mrr_at_10": RR @ 10,
-    "recall_at_100": R @ 100,
-    "recall_at_1000": R @ 1000,
-}
+
+def measures(relevant_grade: int = 1) -> dict:
+    """The metrics by key; `relevant_grade`: the lowest grade RR@10 and R@k count as relevant (trec_eval's -l; nDCG@10
+    gains by the grades themselves)."""
+    rel = {} if relevant_grade == 1 else {"rel": relevant_grade}
+    return {"ndcg_at_10": nDCG @ 10, "mrr_at_10": RR(**rel) @ 10, "recall_at_100": R(**rel) @ 100,
+            "recall_at_1000": R(**rel) @ 1000}
+
+
+MEASURES = measures()
 _NAMES = {str(m): k for k, m in MEASURES.items()}
 
 
@@ -54,19 +59,21 @@ def trec_ranked(run: pd.DataFrame) -> pd.DataFrame:
     return run.loc[keys.index].assign(rank=keys.groupby("q", sort=False).cumcount() + 1)
 
 
-def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
+def per_query_metrics(run: pd.DataFrame, qrels: pd.DataFrame, relevant_grade: int = 1) -> pd.DataFrame:
     """One row per query of the qrels: query_id and one column per metric (every metric on the one ranking:
-    `trec_order`'s, given as strictly decreasing scores)."""
-    return _per_query(trec_ranked(run), qrels)
+    `trec_order`'s, given as strictly decreasing scores; `relevant_grade`: see `measures`)."""
+    return _per_query(trec_ranked(run), qrels, relevant_grade)
 
 
-def _per_query(ranked: pd.DataFrame, qrels: pd.DataFrame) -> pd.DataFrame:
+def _per_query(ranked: pd.DataFrame, qrels: pd.DataFrame, relevant_grade: int = 1) -> pd.DataFrame:
     """`per_query_metrics` of a run `trec_ranked` already."""
     judged = nested(qrels["query_id"], qrels["doc_id"], qrels["relevance"].astype(int).tolist())
     scores = nested(ranked["query_id"], ranked["doc_id"], (-ranked["rank"].astype(float)).tolist())
+    chosen = measures(relevant_grade)
+    names = {str(m): k for k, m in chosen.items()}
     values = [
-        (m.query_id, _NAMES[str(m.measure)], float(m.value))
-        for m in ir_measures.iter_calc(list(MEASURES.values()), judged, scores)
+        (m.query_id, names[str(m.measure)], float(m.value))
+        for m in ir_measures.iter_calc(list(chosen.values()), judged, scores)
     ]
     table = pd.DataFrame(values, columns=["query_id", "metric", "value"])
     table = table.pivot(index="query_id", columns="metric", values="value")
@@ -78,8 +85,9 @@ def aggregate(per_query: pd.DataFrame) -> dict[str, float]:
     return {k: float(per_query[k].mean()) for k in MEASURES}
 
 
-def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame) -> tuple[dict[str, float], pd.DataFrame]:
-    per_query = per_query_metrics(run, qrels)
+def evaluate_run(run: pd.DataFrame, qrels: pd.DataFrame, relevant_grade: int = 1
+                 ) -> tuple[dict[str, float], pd.DataFrame]:
+    per_query = per_query_metrics(run, qrels, relevant_grade)
     return aggregate(per_query), per_query
 
 
@@ -119,12 +127,12 @@ def without_identical_ids(run: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_evaluation(run: pd.DataFrame, qrels: pd.DataFrame, out: Path, tag: str,
-                     ignore_identical_ids: bool = False) -> dict[str, float]:
+                     ignore_identical_ids: bool = False, relevant_grade: int = 1) -> dict[str, float]:
     """metrics.json, per_query.parquet and the TREC run file (the run evaluated) of one evaluation, into `out`."""
     if ignore_identical_ids:
         run = without_identical_ids(run)
     run = trec_ranked(run)  # the TREC file lists the ranking evaluated, in its order (sorted once)
-    per_query = _per_query(run, qrels)
+    per_query = _per_query(run, qrels, relevant_grade)
     metrics = aggregate(per_query)
     per_query.to_parquet(out / PER_QUERY, index=False)
     write_trec(run, out / RUN_TREC, tag)

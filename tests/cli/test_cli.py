@@ -427,6 +427,25 @@ def test_a_collection_numbering_queries_and_documents_alike_is_scored_with_its_o
     assert "4 qrels judge a document relevant to the query of the same id" in out
 
 
+def test_evaluate_counts_relevance_from_the_grade_given(tmp_path):
+    """`--relevant-grade 2`: MRR@10 and recall as TREC Deep Learning counts them on its graded passage collections."""
+    docs = [{"_id": f"d{i}", "text": f"passage {i}"} for i in range(4)]
+    ds = write_beir(tmp_path / "ds", docs, [{"_id": "q1", "text": "passage"}],
+                    {"test": [("q1", "d1", 1), ("q1", "d2", 3)]})
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 3.0 x\nq1 Q0 d0 2 2.0 x\nq1 Q0 d2 3 1.0 x\n")
+    args = ["evaluate", "--run", str(tmp_path / "run.trec"), "--dataset", str(ds), "--work-dir", str(tmp_path / "w"),
+            "--json"]
+    scores = {}
+    for grade in ("1", "2"):
+        code, out = _invoke([*args, "--relevant-grade", grade])
+        assert code == 0, out
+        scores[grade] = json.loads(out.strip().splitlines()[-1])
+    assert scores["1"]["mrr_at_10"] == 1.0 and scores["2"]["mrr_at_10"] == pytest.approx(1 / 3)
+    assert scores["1"]["ndcg_at_10"] == scores["2"]["ndcg_at_10"]
+    code, out = _invoke([*args, "--relevant-grade", "0"])
+    assert code == 2 and "--relevant-grade" in out
+
+
 def test_a_reused_data_stage_says_again_what_its_reading_left_out(tmp_path, monkeypatch):
     """Found by a review: the second `ance bm25` or `evaluate` on a dataset reused its data stage and said nothing of
     the rows the first left out (their qrels with them), though its scores were still without them."""

@@ -7,7 +7,7 @@ from ance_core.artifacts import RUN, read_manifest
 from ance_core.data.config import DataConfig
 from ance_core.data.dataset import read_tables
 from ance_core.retrieval.bm25 import BM25
-from ance_core.retrieval.config import BM25Config
+from ance_core.retrieval.config import BM25Config, EvalConfig
 from tasks.bm25 import bm25_run
 from tasks.data import prepare_data
 
@@ -89,3 +89,8 @@ def test_bm25_is_evaluated_on_its_matches_not_its_filler(tiny_scifact, tmp_path)
     qrels = read_tables(data.path, corpus_columns=[]).split_qrels("test")
     with_filler = evaluate_run(rows, qrels)[0]
     assert read_manifest(scored.path)["summary"]["recall_at_1000"] < with_filler["recall_at_1000"]
+    # eval.relevant_grade: an evaluation of its own (SciFact grades every relevant document 1: none counts at 2)
+    graded = evaluate.fn(run, data, "test", work, EvalConfig(relevant_grade=2))
+    binary, strict = read_manifest(scored.path)["summary"], read_manifest(graded.path)["summary"]
+    assert graded.path != scored.path and strict["mrr_at_10"] == strict["recall_at_1000"] == 0.0
+    assert strict["ndcg_at_10"] == binary["ndcg_at_10"] > 0

@@ -172,3 +172,22 @@ def test_a_run_file_listing_a_document_twice_keeps_it_where_it_scored_best(tmp_p
         run = read_trec(path)
     assert run["doc_id"].tolist() == ["d1", "d2"] and run["score"].tolist() == [9.0, 5.0]
     assert run["rank"].tolist() == [1, 2]
+
+
+def test_a_relevant_grade_of_2_counts_grade_1_documents_as_not_relevant_in_mrr_and_recall_only(tmp_path):
+    """TREC Deep Learning's passage collections grade 0-3 and count 2 and 3 as relevant for the binary metrics
+    (trec_eval -l 2): MRR@10 and recall counted its 'related' grade 1 too, above the published figures."""
+    from ance_core.retrieval.config import EvalConfig
+    from tasks.evaluate import evaluate_key
+
+    qrels = pd.DataFrame({"query_id": ["1", "1", "1"], "doc_id": ["a", "b", "c"], "relevance": [1, 2, 1]})
+    run = pd.DataFrame({"query_id": ["1", "1", "1"], "doc_id": ["a", "x", "b"], "score": [3.0, 2.0, 1.0]})
+    any_grade, _ = evaluate_run(run, qrels)
+    graded, _ = evaluate_run(run, qrels, relevant_grade=2)
+    assert any_grade["mrr_at_10"] == pytest.approx(1.0) and graded["mrr_at_10"] == pytest.approx(1 / 3)
+    assert any_grade["recall_at_100"] == pytest.approx(2 / 3) and graded["recall_at_100"] == pytest.approx(1.0)
+    assert any_grade["ndcg_at_10"] == graded["ndcg_at_10"] < 1.0  # (gains by the grades either way)
+    # the default keeps every key and digest it had; another grade is an evaluation of its own
+    assert "relevant_grade" not in EvalConfig().model_dump() and "relevant_grade" not in repr(EvalConfig())
+    assert evaluate_key("test", EvalConfig()) == {"split": "test", "ignore_identical_ids": True}
+    assert evaluate_key("test", EvalConfig(relevant_grade=2))["relevant_grade"] == 2
