@@ -50,6 +50,7 @@ from ance_core.errors import AnceError, warn
 from ance_core.stage_config import StageConfig
 
 RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
+CHAMPION = "champion"  # <work_dir>/champion/<name>-v<N>-<run id>/: the registry's champion, downloaded to retrain from
 
 
 class RetentionConfig(StageConfig):
@@ -94,8 +95,8 @@ class LiveRun:
     def add(self, stage: str, ref: ArtifactRef) -> None:
         if not Path(ref.path).resolve().is_relative_to(self.work_dir):
             return
-        with self._mutex:
-            entry = {"stage": stage, "key": ref.digest}
+        with self._mutex:  # (a champion copy is found by its folder's name: gc reads no checkpoint to match it)
+            entry = {"stage": stage, "key": ref.digest} | ({"folder": Path(ref.path).name} if stage == CHAMPION else {})
             if entry not in self.record["stages"]:
                 self.record["stages"].append(entry)
                 self.record["updated"] = time.time()  # (a killed run's end: when it last recorded a stage)
@@ -150,9 +151,11 @@ def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[Liv
 
 def _protected_keys(work_dir: Path, since: float) -> set[str]:
     """The stage keys live runs have recorded so far, and those of runs that ended at or after `since` (a run that
-    started after a gc's plan, reused a folder it planned to remove, and ended meanwhile)."""
+    started after a gc's plan, reused a folder it planned to remove, and ended meanwhile); a champion copy's folder
+    name too."""
     ended, live = _runs(work_dir)
-    return {s["key"] for r in [*live, *(r for r in ended if r.get("finished", 0) >= since)] for s in r["stages"]}
+    return {s.get("folder") or s["key"] for r in [*live, *(r for r in ended if r.get("finished", 0) >= since)]
+            for s in r["stages"]}
 
 
 def _record(path: Path) -> dict | None:
@@ -315,40 +318,29 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     plan = GcPlan(remove=sorted((f for k, f in folders.items() if k not in keep), key=lambda f: (f.stage, f.key)),
                   keep=[f for k, f in folders.items() if k in keep])
     if cfg.keep_runs is not None:  # (unset, every run's inputs stay: the champions they started from too)
-        used = {s["key"] for r in [*kept_runs, *live] for s in r["stages"] if s["stage"] == CHAMPION}
+        used = {s.get("folder") for r in [*kept_runs, *live] for s in r["stages"] if s["stage"] == CHAMPION}
         newest: set[str] = set()  # a model name whose newest copy was seen (the copies come newest first)
         for copy in _champion_copies(work_dir):
             model = CHAMPION_COPY.match(copy.key)["model"]
-            kept = (model not in newest or _champion_in_use(copy, work_dir, now)
-                    or bool(used) and _champion_digest(copy) in used)
+            kept = model not in newest or copy.key in used or _champion_in_use(copy, work_dir, now)
             newest.add(model)
             (plan.keep if kept else plan.remove).append(copy)
     plan.freed_bytes = _freed_bytes([f.path for f in plan.remove])
     return plan
 
 
-CHAMPION = "champion"  # <work_dir>/champion/<name>-v<N>-<run id>/: the registry's champion, downloaded to retrain from
 CHAMPION_COPY = re.compile(r"^(?P<model>.+)-v\d+-[0-9a-z]{1,8}$")  # (tracking/registry.py `champion_folder`)
 
 
 def _champion_copies(work_dir: Path) -> list[StageFolder]:
     """The champion copies a retrain downloaded (tracking/registry.py `champion_checkpoint`), newest first (it touches
-    the copy it answers with), each keyed by its folder's name; not a link, nor a folder of another name."""
+    the copy it answers with), each keyed by its folder's name (a run records the copy it started from by that name
+    too: `LiveRun.add`); not a link, nor a folder of another name."""
     root = work_dir / CHAMPION
     if not root.is_dir():
         return []
     copies = [p for p in root.iterdir() if CHAMPION_COPY.match(p.name) and p.is_dir() and not p.is_symlink()]
     return [StageFolder(CHAMPION, p.name, p, {}) for p in sorted(copies, key=lambda p: _mtime(p, 0.0), reverse=True)]
-
-
-def _champion_digest(copy: StageFolder) -> str | None:
-    """A champion copy's content digest, the key a run records it by (`checkpoint_ref`); None for an incomplete one."""
-    from ance_core.modeling.model import checkpoint_digest  # (torch: only for a copy gc may remove)
-
-    try:
-        return checkpoint_digest(copy.path)
-    except (OSError, AnceError):  # (files missing: a copy no run can start from)
-        return None
 
 
 def _champion_in_use(copy: StageFolder, work_dir: Path, now: float) -> bool:
@@ -407,7 +399,7 @@ def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
             # ended meanwhile, or latest.json names it now (a champion copy: or a retrain was answered with it since)
             protected = _protected_keys(work_dir, since)
             if folder.key in protected | _latest_search(folders, work_dir) or champion and (
-                    _champion_in_use(folder, work_dir, time.time()) or _champion_digest(folder) in protected):
+                    _champion_in_use(folder, work_dir, time.time())):
                 continue
             aside = folder.path.parent / f".gc-{folder.key}-{uuid.uuid4().hex[:8]}"
             try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_core.artifacts import link_or_copy, run_stage
+from ance_core.artifacts import ArtifactRef, link_or_copy, run_stage
 from ance_core.retention import GRACE_SECONDS, LIVE, RUNS, RetentionConfig, collect, live_run, plan_gc, stage_folders
 
 
@@ -465,11 +465,9 @@ def test_old_champion_copies_go_unless_the_newest_or_a_kept_run_started_from_one
         os.utime(copy, (when, when))
         copies[version] = copy
     digest = {v: checkpoint_digest(c) for v, c in copies.items()}
-    (work / RUNS).mkdir(parents=True)
-    for k, version in enumerate((1, 2)):  # two retrains, from v1 then v2; keep_runs 1 keeps the second's inputs
-        (work / RUNS / f"r{k}.json").write_text(json.dumps({
-            "id": f"r{k}", "name": "retrain", "pid": 0, "started": 100.0 + k, "finished": 200.0 + k,
-            "stages": [{"stage": "champion", "key": digest[version]}]}))
+    for version in (1, 2):  # two retrains, from v1 then v2; keep_runs 1 keeps the second's inputs
+        with live_run(work, "retrain") as run:  # (as a retrain records it: flows/start.py held_checkpoint)
+            run.add("champion", ArtifactRef(str(copies[version]), digest[version]))
     # latest.json names v3 as the run wrote it, in a work folder since moved
     (work / "latest.json").write_text(json.dumps({"checkpoint": f"/moved/work/champion/{copies[3].name}",
                                                   "digest": digest[3]}))
