@@ -93,10 +93,11 @@ _said: set[str] = set()  # a reused data stage's warnings said again by this pro
 
 
 def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0,
-              doc_ids: bool = False):
+              doc_ids: bool = False, learns: str = ""):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
     train split must have positives, and each of its queries `negatives` documents not relevant to it). Returns its
-    tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`).
+    tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`). `learns`: what learns from
+    the train split's positives otherwise (said when it has none).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import made_work_dir, stage_warnings
@@ -129,8 +130,10 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                           if split == data.dev_split and data.dev_fraction else "")
                 raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}{carved}") from None
             if not (qrels["relevance"] > 0).any() and not (trains and split == data.train_split):  # (said below)
+                why = (f"nothing to learn from ({learns})" if learns and split == data.train_split
+                       else "every metric on it would be 0")
                 raise AnceError(f"{data.dataset}: split '{split}' judges no document relevant (its {len(qrels)} qrels "
-                                "rows are all of grade 0 or below): every metric on it would be 0")
+                                f"rows are all of grade 0 or below): {why}")
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives, data.format)

@@ -258,7 +258,8 @@ def compress_command(
         check_model_name(data, "--name")
         teacher, _ = trained_checkpoint(work_dir, data.collection, str(checkpoint) if checkpoint else None)
         read_meta(teacher)
-        preflight(data, work_dir, (data.train_split, data.eval_split))
+        preflight(data, work_dir, (data.train_split, data.eval_split),
+                  learns="ConAE's compression trains on its queries' positives")
         with faults_off():  # (the pre-flight's data stage, reused)
             documents = read_manifest(prepare_data.fn(data, work_dir).path)["summary"]["documents"]
         check_compression(teacher, c, documents)  # before the corpus is encoded

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from ance_cli.main import app
 from ance_core.errors import AnceWarning
-from tests.tiny import write_beir
+from tests.tiny import random_head_checkpoint, write_beir
 
 runner = CliRunner()
 
@@ -1019,9 +1019,10 @@ def test_tune_refuses_what_it_cannot_search_naming_the_flag_before_any_work(tmp_
     assert not (tmp_path / "w").exists()
 
 
-def test_a_split_that_judges_nothing_relevant_is_refused_before_any_work(tmp_path):
+def test_a_split_that_judges_nothing_relevant_is_refused_before_any_work(tmp_path, tiny_model):
     """`ance bm25` / `ance evaluate` on a split whose qrels are all grade 0 printed every metric as 0, exit 0, nothing
-    said (`--checkpoint` after encoding the whole corpus)."""
+    said (`--checkpoint` after encoding the whole corpus). `ance compress` said "every metric would be 0" of its train
+    split, whose positives ConAE learns from."""
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}, {"_id": "d2", "text": "y"}],
                     [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "x"}],
                     {"train": [("q1", "d1", 1)], "test": [("q2", "d1", 0), ("q2", "d2", 0)]})
@@ -1029,6 +1030,14 @@ def test_a_split_that_judges_nothing_relevant_is_refused_before_any_work(tmp_pat
     for args in (["bm25"], ["evaluate", "--run", str(tmp_path / "run.trec")]):
         code, out = _invoke([*args, "--dataset", str(ds), "--split", "test", "--work-dir", str(tmp_path / "w")])
         assert code == 2 and "split 'test' judges no document relevant (its 2 qrels rows are all of grade 0" in out, out
+    unlabelled = write_beir(tmp_path / "unlabelled", [{"_id": "d1", "text": "x"}, {"_id": "d2", "text": "y"}],
+                            [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "x"}],
+                            {"train": [("q1", "d1", 0)], "test": [("q2", "d1", 1)]})
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    code, out = _invoke(["compress", "--checkpoint", str(checkpoint), "--dataset", str(unlabelled), "--work-dir",
+                         str(tmp_path / "w")])
+    assert code == 2 and "split 'train' judges no document relevant" in out, out
+    assert "nothing to learn from (ConAE's compression trains on its queries' positives)" in out, out
 
 
 def test_evaluate_refuses_a_checkpoint_without_its_model_files_before_any_work(tmp_path, tiny_model):
