@@ -100,11 +100,12 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
     the train split's positives otherwise (said when it has none).
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
-    from ance_core.artifacts import made_work_dir, stage_warnings
+    from ance_core.artifacts import stage_warnings
     from ance_core.data.checks import check_trainable
     from ance_core.data.dataset import qrels_file, read_tables
     from ance_core.data.sources import resolve_dataset
     from ance_core.errors import AnceError, warn
+    from ance_core.work_folder import made_work_dir
     from tasks.common import faults_off
     from tasks.data import prepare_data
 

@@ -171,7 +171,7 @@ def tune(
         if out is not None and not out.parent.is_dir():
             fail(f"--out {out}: no folder {out.parent} to write it in")
         if out is not None:  # (a folder it cannot write in: a traceback after the whole search)
-            from ance_core.artifacts import writable_folder
+            from ance_core.work_folder import writable_folder
 
             writable_folder(out.parent, f"--out {out}")
         refuse_twice(tune_sets, [("--budget-minutes", budget_minutes, "budget_minutes"), ("--seed", seeds, "seeds"),

@@ -109,10 +109,10 @@ def search(
 ):
     """Print the top hits of a query (and write them as a TREC run file with --trec); --hybrid fuses them with
     BM25's."""
-    from ance_core.artifacts import writable_folder
     from ance_core.errors import AnceError
     from ance_core.modeling.model import read_meta
     from ance_core.retrieval.search import search_text
+    from ance_core.work_folder import writable_folder
 
     def body():
         if not query.strip():
@@ -140,7 +140,8 @@ def search(
         if trec is not None:
             writable_folder(trec.parent, f"--trec {trec}")  # (before the search, not a traceback after it)
         if hybrid:
-            from ance_core.artifacts import made_work_dir, read_only
+            from ance_core.artifacts import read_only
+            from ance_core.work_folder import made_work_dir
 
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")

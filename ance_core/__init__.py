@@ -3,6 +3,7 @@
 Its rooms, each a subpackage that imports only the foundation and rooms below it (tests/test_layering.py):
 
   foundation    errors.py, faults.py, artifacts.py (stage folders), stage_config.py (the base of every config),
+                work_folder.py (the folders a command writes to), run_records.py (the stages each run uses),
                 retention.py (what a work folder keeps), allocator.py (the `ance` command's malloc), system_metrics.py
   data/         the collection, validated; the dev split
   compression/  ConAE, PCA and truncation projectors

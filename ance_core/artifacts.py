@@ -112,67 +112,6 @@ def stage_key(stage: str, config: Any, inputs: Mapping[str, str]) -> str:
     return digest_of(key | ({"rule": rule} if (rule := STAGE_RULES.get(stage, 0)) else {}))
 
 
-WHERE_WORK_DIR = "ance run, tune, compare: --set work_dir=...; the other commands: --work-dir"
-
-
-def writable_work_dir(work_dir: str | Path) -> Path:
-    """`work_dir` created if it is missing and checked writable (a file made and removed in it): before any work, so
-    that a folder that cannot hold the stages is one clear error, not a traceback from the first stage."""
-    from ance_core.errors import AnceError
-
-    if not str(work_dir).strip():  # (Path("") is the current folder: `--set work_dir=$UNSET`)
-        raise AnceError(f"work_dir is empty: the stages would be written into the current folder; set work_dir to a "
-                        f"folder ({WHERE_WORK_DIR})")
-    folder = Path(work_dir).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise AnceError(f"work_dir {folder}: a file, not a folder; set work_dir to a folder ({WHERE_WORK_DIR})")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
-            pass
-    except OSError as e:
-        raise AnceError(f"work_dir {folder}: cannot be created or written ({e.strerror or type(e).__name__}); set "
-                        f"work_dir to a folder you can write to ({WHERE_WORK_DIR})") from None
-    return folder
-
-
-@contextmanager
-def made_work_dir(work_dir: str | Path) -> Iterator[Path]:
-    """`writable_work_dir`, and, when the body fails, the folder removed again if this call made it and no stage was
-    built in it (its locks and empty stage folders are not left behind; a stage built whole is kept for reuse), unless
-    another process holds one of its stage locks (a command started beside this one, building in it)."""
-    fresh = not Path(work_dir).expanduser().exists()
-    folder = writable_work_dir(work_dir)
-    try:
-        yield folder
-    except BaseException:
-        if fresh and not any(folder.rglob(MANIFEST)) and not any(map(_held, (folder / ".locks").glob("*.lock"))):
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-
-
-def _held(lock_file: Path) -> bool:
-    lock = FileLock(lock_file)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return True
-    lock.release()
-    return False
-
-
-def writable_folder(folder: str | Path, what: str) -> None:
-    """An existing folder checked writable (a file made and removed in it) before any work, so that an output that
-    cannot be written there is one clear error naming `what` (the option), not a traceback after the work."""
-    from ance_core.errors import AnceError
-
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
-            pass
-    except OSError as e:
-        raise AnceError(f"{what}: cannot write in {folder} ({e.strerror or type(e).__name__})") from None
-
-
 def shard_paths(folder: str | Path) -> list[Path]:
     """An encode folder's emb_<k>.npy shards in their order: by k (emb_100000 after emb_99999; by name it would sort
     before emb_10001, and its rows would meet another shard's ids)."""
@@ -196,7 +135,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 
 
 # called with (stage, ref) for every stage folder `run_stage` hands out, built or reused: the live runs' records of the
-# stages they use (ance_core/retention.py), which garbage collection never removes
+# stages they use (ance_core/run_records.py), which garbage collection never removes
 stage_observers: list[Callable[[str, "ArtifactRef"], None]] = []
 
 

@@ -1,10 +1,7 @@
-"""What a work folder keeps: the record of each run's stages, and the garbage collection that removes the rest.
+"""What a work folder keeps: the garbage collection that removes the rest.
 
-Every stage folder a run uses (built or reused) is recorded as the run goes, in `<work_dir>/.live/<id>.json`, beside
-a lock the run holds (`live_run`); at its end the record moves to `<work_dir>/runs/<time>-<id>.json`. A record whose
-lock nobody holds (the run was killed) counts as an ended run.
-
-`plan_gc` decides, from the records and the stage manifests (each names its inputs' digests), what may go:
+`plan_gc` decides, from the run records (ance_core/run_records.py) and the stage manifests (each names its inputs'
+digests), what may go:
 
 - **kept runs**: the stage folders the last `keep_runs` runs to finish used (every run's when unset): what a re-run
   of them reuses from the cache (a run records every stage it uses, built or reused, so their inputs are among them);
@@ -33,24 +30,21 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 from pydantic import Field
 
-from ance_core.artifacts import MANIFEST, ArtifactRef, stage_observers, write_json
-from ance_core.errors import AnceError, warn
+from ance_core.artifacts import MANIFEST
+from ance_core.errors import warn
+from ance_core.run_records import CHAMPION, mtime, protected_keys, run_records
 from ance_core.stage_config import StageConfig
 
-RUNS, LIVE, LATEST = "runs", ".live", "latest.json"
-CHAMPION = "champion"  # <work_dir>/champion/<name>-v<N>-<run id>/: the registry's champion, downloaded to retrain from
+LATEST = "latest.json"
 
 
 class RetentionConfig(StageConfig):
@@ -75,136 +69,6 @@ class RetentionConfig(StageConfig):
     @property
     def active(self) -> bool:
         return self.keep_runs is not None or self.keep_refreshes is not None or not self.keep_rankings
-
-
-# ---------------------------------------------------------------- the record of a run's stages
-
-
-class LiveRun:
-    """The stages a run uses, recorded as it goes (`artifacts.run_stage` tells every live run of its work folder)."""
-
-    def __init__(self, work_dir: str | Path, name: str):
-        self.work_dir = Path(work_dir).resolve()
-        self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        (self.work_dir / LIVE).mkdir(parents=True, exist_ok=True)
-        self.path = self.work_dir / LIVE / f"{self.id}.json"
-        self.lock = FileLock(self.work_dir / LIVE / f"{self.id}.lock")
-        self.record = {"id": self.id, "name": name, "pid": os.getpid(), "started": time.time(), "stages": []}
-        self._mutex = threading.Lock()  # stage tasks run in threads of the flow's process
-
-    def add(self, stage: str, ref: ArtifactRef) -> None:
-        if not Path(ref.path).resolve().is_relative_to(self.work_dir):
-            return
-        with self._mutex:  # (a champion copy is found by its folder's name: gc reads no checkpoint to match it)
-            entry = {"stage": stage, "key": ref.digest} | ({"folder": Path(ref.path).name} if stage == CHAMPION else {})
-            if entry not in self.record["stages"]:
-                self.record["stages"].append(entry)
-                self.record["updated"] = time.time()  # (a killed run's end: when it last recorded a stage)
-                write_json(self.path, self.record)
-
-    def finish(self) -> Path:
-        """Move the record to runs/ (an ended run's)."""
-        with self._mutex:
-            self.record["finished"] = time.time()
-            final = self.work_dir / RUNS / f"{self.id}.json"
-            final.parent.mkdir(exist_ok=True)
-            write_json(final, self.record)
-            self.path.unlink(missing_ok=True)
-        return final
-
-
-@contextmanager
-def live_run(work_dir: str | Path, name: str, keep: bool = True) -> Iterator[LiveRun]:
-    """Record the stages of the block's run (see the module docstring); the record is kept if the block fails (a
-    crash, a kill, an error after some stages: its re-run resumes from the stages it protects), not if it is refused
-    before using any stage (an AnceError: bad input, said in one line; its record would count as the newest ended run,
-    and `gc --keep-runs 1` would keep nothing of the last good one).
-    `keep=False`: a part of another run (an asynchronous trainer's refresh, started on its own worker), protected
-    while it works and never an ended run of its own afterwards, whether it succeeds or fails (the trainer's run
-    records what it used; a leftover record would count as an ended run and take a `keep_runs` place). Killed, its
-    record (marked `part`) is not counted as an ended run either (`_runs`)."""
-    run = LiveRun(work_dir, name)
-    if not keep:
-        run.record["part"] = True
-    run.lock.acquire()
-    write_json(run.path, run.record)
-
-    def observe(stage: str, ref: ArtifactRef) -> None:
-        run.add(stage, ref)
-
-    stage_observers.append(observe)
-    try:
-        yield run
-        if keep:
-            run.finish()
-    except AnceError:
-        if not run.record["stages"]:  # refused before it used any stage (else its re-run resumes from them)
-            run.path.unlink(missing_ok=True)
-        raise
-    finally:
-        if not keep:
-            run.path.unlink(missing_ok=True)
-        stage_observers.remove(observe)
-        run.lock.release()
-        Path(run.lock.lock_file).unlink(missing_ok=True)
-
-
-def _protected_keys(work_dir: Path, since: float) -> set[str]:
-    """The stage keys live runs have recorded so far, and those of runs that ended at or after `since` (a run that
-    started after a gc's plan, reused a folder it planned to remove, and ended meanwhile); a champion copy's folder
-    name too."""
-    ended, live = _runs(work_dir)
-    return {s.get("folder") or s["key"] for r in [*live, *(r for r in ended if r.get("finished", 0) >= since)]
-            for s in r["stages"]}
-
-
-def _record(path: Path) -> dict | None:
-    """A run record, or None when it is gone (a part of another run removes its own) or is no run record (a file
-    someone put there, or one cut short): such a file is passed over, never a reason for gc to fail."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = (isinstance(record, dict) and isinstance(record.get("id"), str)
-          and isinstance(record.get("started"), (int, float)) and isinstance(record.get("stages"), list)
-          and all(isinstance(s, dict) and {"stage", "key"} <= s.keys() for s in record["stages"]))
-    return record if ok else None
-
-
-def _mtime(path: Path, default: float) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:  # (removed since it was read)
-        return default
-
-
-def _runs(work_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(ended runs, the one that finished last last; live runs): a `.live` record whose lock is free belongs to a run
-    that was killed (ordered by when it last recorded a stage)."""
-    live_paths = sorted((work_dir / LIVE).glob("*.json"))  # before runs/: a run ending meanwhile is in one of them
-    ended = [r for p in sorted((work_dir / RUNS).glob("*.json")) if (r := _record(p)) is not None]
-    finished, live = {r["id"] for r in ended}, []
-    for path in live_paths:
-        if path.stem in finished:
-            continue
-        lock = FileLock(path.with_suffix(".lock"))
-        try:
-            lock.acquire(timeout=0)
-            lock.release()
-            held = False
-        except Timeout:
-            held = True
-        record = _record(path)
-        if record is None and not path.exists():  # it ended since runs/ was read: its record is there now (none
-            record, held = _record(work_dir / RUNS / path.name), False  # for a part of another run: it removes it)
-        if record is not None and (held or not record.get("part")):  # (a killed part of another run is no run)
-            if not held and "finished" not in record:  # killed: it ended when it last recorded a stage (its re-run
-                # resumes from them), not when it started (a record of before `updated`: its file's time)
-                record["finished"] = record.get("updated") or _mtime(path, record["started"])
-            (live if held else ended).append(record)
-    # "the last N runs" are the last to finish: a long run that started before shorter ones keeps its place
-    ended.sort(key=lambda r: (r.get("finished") or r["started"], r["started"]))
-    return ended, live
 
 
 # ---------------------------------------------------------------- garbage collection
@@ -293,7 +157,7 @@ def plan_gc(work_dir: str | Path, cfg: RetentionConfig, now: float | None = None
     """What `collect` would remove under `cfg` (see the module docstring), and what it frees."""
     work_dir = Path(work_dir).resolve()
     folders = stage_folders(work_dir)
-    ended, live = _runs(work_dir)
+    ended, live = run_records(work_dir)
     kept_runs = ended if cfg.keep_runs is None else ended[-cfg.keep_runs:]
     recorded = {s["key"] for r in [*ended, *live] for s in r["stages"]}
     now = time.time() if now is None else now
@@ -340,7 +204,7 @@ def _champion_copies(work_dir: Path) -> list[StageFolder]:
     if not root.is_dir():
         return []
     copies = [p for p in root.iterdir() if CHAMPION_COPY.match(p.name) and p.is_dir() and not p.is_symlink()]
-    return [StageFolder(CHAMPION, p.name, p, {}) for p in sorted(copies, key=lambda p: _mtime(p, 0.0), reverse=True)]
+    return [StageFolder(CHAMPION, p.name, p, {}) for p in sorted(copies, key=lambda p: mtime(p, 0.0), reverse=True)]
 
 
 def _champion_in_use(copy: StageFolder, work_dir: Path, now: float) -> bool:
@@ -351,7 +215,7 @@ def _champion_in_use(copy: StageFolder, work_dir: Path, now: float) -> bool:
         latest = Path(json.loads((work_dir / LATEST).read_text())["checkpoint"]).name
     except (OSError, KeyError, TypeError, ValueError):
         latest = None
-    return now - _mtime(copy.path, now) < GRACE_SECONDS or copy.path.name == latest
+    return now - mtime(copy.path, now) < GRACE_SECONDS or copy.path.name == latest
 
 
 def _built_at(folder: StageFolder) -> float:
@@ -397,7 +261,7 @@ def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:
             continue
         try:  # what the plan did not know: a live run took it since (artifacts.run_stage), or a run that took it
             # ended meanwhile, or latest.json names it now (a champion copy: or a retrain was answered with it since)
-            protected = _protected_keys(work_dir, since)
+            protected = protected_keys(work_dir, since)
             if folder.key in protected | _latest_search(folders, work_dir) or champion and (
                     _champion_in_use(folder, work_dir, time.time())):
                 continue

@@ -21,7 +21,8 @@ from ance_core.modeling.model import check_lengths, checkpoint_digest, read_meta
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, maxp_refusal, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
-from ance_core.retention import RetentionConfig, collect, live_run
+from ance_core.retention import RetentionConfig, collect
+from ance_core.run_records import live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import check_compression, compress_model, log_compression, public_rows

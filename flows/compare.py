@@ -17,7 +17,7 @@ from ance_core.negatives.analysis import ranks_relative_to_positive, read_stats
 from ance_core.negatives.samplers import get_sampler, train_config_for
 from ance_core.pipeline.config import CompareConfig
 from ance_core.pipeline.report import COLUMNS, StageTiming, markdown_table
-from ance_core.retention import live_run
+from ance_core.run_records import live_run
 from flows.book import RunBook
 from tasks.analysis import score_profile_task
 from tasks.common import run_task

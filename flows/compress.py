@@ -30,9 +30,9 @@ from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.modeling.model import META_FILE, read_meta
 from ance_core.pipeline.report import markdown_table, read_metrics
-from ance_core.retention import live_run
 from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from ance_core.run_records import live_run
 from flows.publish import flow_tags
 from flows.start import held_checkpoint, trained_checkpoint
 from tasks.common import run_task

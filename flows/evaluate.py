@@ -7,8 +7,8 @@ from prefect.artifacts import create_table_artifact
 
 from ance_core.data.config import DataConfig
 from ance_core.pipeline.report import COLUMNS, read_metrics
-from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from ance_core.run_records import live_run
 from flows.publish import artifact_key, publish
 from flows.start import held_checkpoint
 from tasks.bm25 import bm25_run

@@ -9,8 +9,8 @@ from ance_core.data.config import DataConfig
 from ance_core.modeling.model import checkpoint_ref
 from ance_core.negatives.config import MiningConfig
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.retention import live_run
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
+from ance_core.run_records import live_run
 from ance_core.training.config import TrainConfig
 from tasks.common import run_task
 from tasks.data import prepare_data

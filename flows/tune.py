@@ -39,7 +39,7 @@ from ance_core.pipeline.tune import (
     training_pairs,
     whole_reserve,
 )
-from ance_core.retention import live_run
+from ance_core.run_records import live_run
 from flows.ance_pipeline import check_dev_folds, check_pipeline
 from flows.publish import artifact_key, flow_tags, publish
 from flows.trial import EXPERIMENT, SEED_FIELDS, read_trial, trial, trial_config

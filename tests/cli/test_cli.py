@@ -294,7 +294,7 @@ def test_a_budget_of_no_minutes_names_its_option(tmp_path, command, minutes):  #
 
 def test_gc_dry_run_lists_what_it_would_remove_and_removes_nothing(tmp_path, monkeypatch):
     from ance_core.artifacts import run_stage
-    from ance_core.retention import live_run
+    from ance_core.run_records import live_run
 
     def shard(out):
         (out / "emb_00000.npy").write_bytes(b"x" * 4096)

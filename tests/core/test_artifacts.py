@@ -143,7 +143,7 @@ def test_a_work_folder_made_by_a_refused_command_goes_unless_another_builds_in_i
     command started beside it holds a stage lock there: that one's build would lose its folder."""
     from filelock import FileLock
 
-    from ance_core.artifacts import made_work_dir
+    from ance_core.work_folder import made_work_dir
 
     with pytest.raises(ValueError), made_work_dir(tmp_path / "alone") as folder:
         (folder / ".locks").mkdir()

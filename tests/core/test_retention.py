@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ance_core.artifacts import ArtifactRef, link_or_copy, run_stage
-from ance_core.retention import GRACE_SECONDS, LIVE, RUNS, RetentionConfig, collect, live_run, plan_gc, stage_folders
+from ance_core.retention import GRACE_SECONDS, RetentionConfig, collect, plan_gc, stage_folders
+from ance_core.run_records import LIVE, RUNS, live_run
 
 
 def _stage(work, stage, name, inputs, size=1000, link_from=None):
@@ -209,19 +210,19 @@ def test_a_part_of_another_run_is_never_an_ended_run_whether_it_fails_or_is_kill
     ended run afterwards, so it never takes a `keep_runs` place: not when it completes, fails or is killed."""
     import pytest
 
-    from ance_core.retention import _runs
+    from ance_core.run_records import run_records
 
     work = tmp_path / "work"
     with live_run(work, "refresh", keep=False) as part:
-        assert part.record["part"] and _runs(work)[1][0]["id"] == part.id  # live while it runs
+        assert part.record["part"] and run_records(work)[1][0]["id"] == part.id  # live while it runs
     with pytest.raises(RuntimeError), live_run(work, "refresh", keep=False):
         raise RuntimeError("the refresh failed")
-    assert _runs(work) == ([], [])
+    assert run_records(work) == ([], [])
     killed = {"id": "killed", "name": "refresh", "pid": 0, "started": time.time(), "stages": [], "part": True}
     (work / LIVE / "killed.json").write_text(json.dumps(killed))  # its lock free: the process is gone
     with live_run(work, "pipeline"):
         pass
-    ended, live = _runs(work)
+    ended, live = run_records(work)
     assert [r["name"] for r in ended] == ["pipeline"] and live == []
 
 
@@ -321,7 +322,7 @@ def test_records_that_vanish_or_are_no_run_records_do_not_stop_gc(tmp_path, monk
     """A part of another run (an inferencer's refresh) deletes its record when it ends: read between the two, gc
     failed on runs/<id>.json (FileNotFoundError), and a pipeline's retention with it; a foreign JSON file in runs/ or
     .live/ failed it with a KeyError."""
-    from ance_core import retention
+    from ance_core import run_records as records
 
     work = tmp_path / "work"
     with live_run(work, "first"):
@@ -330,15 +331,15 @@ def test_records_that_vanish_or_are_no_run_records_do_not_stop_gc(tmp_path, monk
     (work / LIVE / "half.json").write_text('{"id": "half", "sta')
     gone = work / LIVE / "gone.json"
     gone.write_text("{}")
-    real_record = retention._record
+    real_record = records.read_record
 
     def vanishing(path):  # the part ends between the listing and the read
         if path == gone:
             gone.unlink(missing_ok=True)
         return real_record(path)
 
-    monkeypatch.setattr(retention, "_record", vanishing)
-    ended, live = retention._runs(work)
+    monkeypatch.setattr(records, "read_record", vanishing)
+    ended, live = records.run_records(work)
     assert [r["name"] for r in ended] == ["first"] and live == []
     assert collect(work, RetentionConfig(keep_runs=1)).remove == []
 

@@ -120,7 +120,7 @@ def test_a_start_checkpoint_inside_the_work_folder_is_recorded_by_the_run_that_s
     one it uses, so a garbage collection meanwhile keeps it; one that gc took (half there) stops the run with a line
     naming it, before any training (issue 41, item 4)."""
     from ance_core.artifacts import read_manifest
-    from ance_core.retention import RUNS
+    from ance_core.run_records import RUNS
 
     _, config, first = base
     tiny_pipeline.copy_stages(tmp_path / "work")

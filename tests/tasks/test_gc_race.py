@@ -9,7 +9,8 @@ import pytest
 from prefect import flow
 
 from ance_core.artifacts import ArtifactRef, is_complete, run_stage
-from ance_core.retention import LIVE, RUNS, RetentionConfig, collect, live_run
+from ance_core.retention import RetentionConfig, collect
+from ance_core.run_records import LIVE, RUNS, live_run
 from tasks.common import held_result, run_task, stage_task
 
 
