@@ -68,12 +68,17 @@ def mlflow_client(uri: str, registry_uri: str | None = None):
                         "own store)") from None
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store's URI (`sqlite:///<path>`); None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def check_sqlite_store(uri: str, where: str = "the tracking URI") -> None:
     """An AnceError when `uri` names an SQLite store whose file is something else (MLflow's error is a page of SQL)."""
     from ance_core.errors import AnceError
 
-    db = Path(uri.removeprefix("sqlite:///"))
-    if not uri.startswith("sqlite:///") or not db.is_file() or not db.stat().st_size:  # (empty: a new database)
+    db = sqlite_file(uri)
+    if db is None or not db.is_file() or not db.stat().st_size:  # (empty: a new database)
         return
     try:
         with open(db, "rb") as f:
@@ -113,9 +118,8 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
     """A file lock beside an embedded SQLite store while it is opened. Concurrent runs on one work folder would
     otherwise race to create its tables (MLflow's schema migrations fail when two run at once: "table ... already
     exists") and its experiment; a tracking server needs none."""
-    if not uri.startswith("sqlite:///"):
+    if (db := sqlite_file(uri)) is None:
         return contextlib.nullcontext()
-    db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(db.parent / f".{db.name}.lock")
 

@@ -17,7 +17,14 @@ from ance_core.artifacts import write_json
 from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_files, model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
-from tracking.client import Tracker, check_sqlite_store, mlflow_client, resolve_tracking_uri, store_lock
+from tracking.client import (
+    Tracker,
+    check_sqlite_store,
+    mlflow_client,
+    resolve_tracking_uri,
+    sqlite_file,
+    store_lock,
+)
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -198,8 +205,8 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
     Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
     store = resolve_tracking_uri(work_dir, tracking_uri)
     name = model_name(collection)
-    embedded = Path(store.removeprefix("sqlite:///")) if store.startswith("sqlite:///") else None
-    if embedded is not None and not embedded.is_file():  # opening it would create it (and the work folder)
+    # (a store that does not exist: opening it would create it, and the work folder)
+    if (embedded := sqlite_file(store)) is not None and not embedded.is_file():
         return None, f"models:/{name}@champion: not found ({embedded} does not exist: no run tracked to it yet)"
     check_sqlite_store(store)  # (a damaged store is said as such, not as "no champion")
     try:
@@ -262,8 +269,7 @@ def download_registered_model(uri: str, dest: str | Path, work_dir: str | Path =
     if match is None:
         raise AnceError(f"{uri}: not a registered model URI; use models:/<name>@<alias> or models:/<name>/<version>")
     store = resolve_tracking_uri(work_dir, tracking_uri)
-    db = Path(store.removeprefix("sqlite:///"))
-    if store.startswith("sqlite:///") and not db.is_file():
+    if (db := sqlite_file(store)) is not None and not db.is_file():
         raise AnceError(f"{uri}: no MLflow store at {db}; pass the --work-dir of the run that registered it, or set "
                         "MLFLOW_TRACKING_URI to its tracking server")
     client, version = _find_version(uri, store, match["name"], match["alias"], match["version"])
