@@ -199,7 +199,7 @@ CHAMPION_COPY = re.compile(r"^(?P<model>.+)-v\d+-[0-9a-z]{1,8}$")  # (tracking/r
 def _champion_copies(work_dir: Path) -> list[StageFolder]:
     """The champion copies a retrain downloaded (tracking/registry.py `champion_checkpoint`), newest first (it touches
     the copy it answers with), each keyed by its folder's name (a run records the copy it started from by that name
-    too: `LiveRun.add`); not a link, nor a folder of another name."""
+    too: ance_core/run_records.py `LiveRun.add`); not a link, nor a folder of another name."""
     root = work_dir / CHAMPION
     if not root.is_dir():
         return []
