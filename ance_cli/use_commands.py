@@ -67,13 +67,15 @@ def evaluate(
     from ance_core.retrieval.config import EvalConfig
     from flows.evaluate import evaluate_checkpoint
 
+    graded = f" (MRR@10 and recall: grade {relevant_grade} or above relevant)" if relevant_grade != 1 else ""
+
     def body():
         if (checkpoint is None) == (run is None):
             raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
                             "to score), one of them")
         if run is not None:
             return print_metrics(score_run(run, dataset, split, work_dir, relevant_grade), f"{run} on {dataset} "
-                                 f"{split}", as_json)
+                                 f"{split}{graded}", as_json)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
         load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)
@@ -81,7 +83,7 @@ def evaluate(
         say_training_split(data, preflight(data, work_dir, (split,)), split)
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split,
                                       evaluation=EvalConfig(relevant_grade=relevant_grade))
-        print_metrics(metrics, f"{checkpoint} on {dataset} {split}", as_json)
+        print_metrics(metrics, f"{checkpoint} on {dataset} {split}{graded}", as_json)
 
     guard(training_free(body))
 

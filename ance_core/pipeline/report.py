@@ -26,7 +26,7 @@ from typing import Literal
 
 import pandas as pd
 
-from ance_core.artifacts import METRICS, PER_QUERY, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
+from ance_core.artifacts import MANIFEST, METRICS, PER_QUERY, RESULTS_JSON, RESULTS_MD, ArtifactRef, write_json
 from ance_core.errors import AnceError
 
 COLUMNS = {"ndcg_at_10": "nDCG@10", "mrr_at_10": "MRR@10", "recall_at_100": "R@100", "recall_at_1000": "R@1000"}
@@ -60,6 +60,13 @@ class StageTiming:
 
 def read_metrics(evaluation: ArtifactRef) -> dict[str, float]:
     return json.loads((Path(evaluation.path) / METRICS).read_text())
+
+
+def relevant_grade(evaluation: ArtifactRef) -> int:
+    """The lowest qrels grade an evaluation's MRR@10 and R@k counted as relevant (its stage config's, 1 unsaid)."""
+    manifest = Path(evaluation.path) / MANIFEST
+    config = json.loads(manifest.read_text()).get("config") or {} if manifest.is_file() else {}
+    return config.get("relevant_grade", 1)
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -248,8 +255,12 @@ def build_report(evaluations: list[tuple[str, ArtifactRef]], timings: list[Stage
         chosen_md = (f"The run's result is **{chosen}**: the best {dev_split} nDCG@10 of its models, the starting one "
                      f"included ({split} is never used to choose).\n\n")
     warnings_md = "".join(f"**Warning:** {w}.\n\n" for w in warnings)
+    grades = sorted({relevant_grade(ref) for _, ref in evaluations} - {1})
+    grade_md = (f"MRR@10 and R@k count a document of qrels grade {' or '.join(map(str, grades))} or above as relevant "
+                "(eval.relevant_grade); nDCG@10 gains by every grade.\n\n" if grades else "")
     skipped_md = "".join(f"{line}.\n\n" for line in skipped)
-    markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{chosen_md}{skipped_md}{warnings_md}"
+    markdown = (f"## {dataset} {split}\n\n{markdown_table(header, rows)}\n\n{grade_md}{chosen_md}{skipped_md}"
+                f"{warnings_md}"
                 f"Stage time: wall seconds of the builds that produced and evaluated each model (a reused stage counts "
                 f"the time it took when it was built).\n\n"
                 f"### Wall time per stage (total {total:.0f} s)\n\n{stages_md}\n")

@@ -440,6 +440,7 @@ def test_evaluate_counts_relevance_from_the_grade_given(tmp_path):
         code, out = _invoke([*args, "--relevant-grade", grade])
         assert code == 0, out
         scores[grade] = json.loads(out.strip().splitlines()[-1])
+        assert ("grade 2 or above relevant" in out) == (grade == "2"), out  # the title says which grade counts
     assert scores["1"]["mrr_at_10"] == 1.0 and scores["2"]["mrr_at_10"] == pytest.approx(1 / 3)
     assert scores["1"]["ndcg_at_10"] == scores["2"]["ndcg_at_10"]
     code, out = _invoke([*args, "--relevant-grade", "0"])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ance_core.artifacts import METRICS, PER_QUERY, ArtifactRef
+from ance_core.artifacts import MANIFEST, METRICS, PER_QUERY, ArtifactRef
 from ance_core.errors import AnceError
 from ance_core.pipeline.report import build_report, read_report
 
@@ -174,3 +174,18 @@ def test_selection_cv_chooses_on_every_folds_dev_queries_pooled(tmp_path):
     with pytest.raises(AnceError, match=r"the dev folds share queries \(q0, q1, q2, q3, q4\)"):
         build_report(evaluations, [], "test", "toy", dev_refs, "dev", candidates, {}, "cv",
                      [_fold(tmp_path / "f3", other, 0)])
+
+
+
+def test_a_relevant_grade_above_1_is_said_under_the_table(tmp_path):
+    """MRR@10 and R@k of evaluations at eval.relevant_grade 2 count grade 2 and above: the table says so under it (its
+    column names are those of grade 1); at grade 1 nothing is added."""
+    def report(folder, config):
+        evaluations = [(label, _evaluation(folder / label, 0.5)) for label in ("BM25", "zero-shot")]
+        for _, ref in evaluations:  # as the evaluate stage's manifest records its key
+            (Path(ref.path) / MANIFEST).write_text(json.dumps({"stage": "evaluate", "config": config}))
+        return build_report(evaluations, [], "test", "toy")["markdown"]
+
+    said = "MRR@10 and R@k count a document of qrels grade 2 or above as relevant (eval.relevant_grade)"
+    assert said in report(tmp_path / "graded", {"split": "test", "relevant_grade": 2})
+    assert "relevant" not in report(tmp_path / "plain", {"split": "test"})
