@@ -93,11 +93,12 @@ _said: set[str] = set()  # a reused data stage's warnings said again by this pro
 
 
 def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0,
-              doc_ids: bool = False, learns: str = ""):
+              doc_ids: bool = False, learns: str = "", relevant_grade: int = 1):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
     train split must have positives, and each of its queries `negatives` documents not relevant to it). Returns its
     tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`). `learns`: what learns from
-    the train split's positives otherwise (said when it has none).
+    the train split's positives otherwise (said when it has none). `relevant_grade`: the evaluation's
+    (eval.relevant_grade), which a split it evaluates must reach.
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import stage_warnings
@@ -135,6 +136,10 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                        else "every metric on it would be 0")
                 raise AnceError(f"{data.dataset}: split '{split}' judges no document relevant (its {len(qrels)} qrels "
                                 f"rows are all of grade 0 or below): {why}")
+            if (top := qrels["relevance"].max()) < relevant_grade and not (trains and split == data.train_split):
+                raise AnceError(f"relevant grade {relevant_grade} (eval.relevant_grade): no qrels row of split "
+                                f"'{split}' of {data.dataset} reaches it (its top grade is {top}), so MRR@10 and "
+                                f"recall would be 0 for every model; set at most {top}")
         if trains:
             check_trainable(tables, resolve_dataset(data.dataset, data.data_home, download=False), data.train_split,
                             negatives, data.format)
@@ -167,7 +172,7 @@ def run_pipeline(config, as_json: bool, extra: dict | None = None) -> None:
 
     check_pipeline(config)
     preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True,
-               negatives=negatives_needed(config))
+               negatives=negatives_needed(config), relevant_grade=config.eval.relevant_grade)
     print_pipeline(ance_pipeline(config) | (extra or {}), as_json)
 
 

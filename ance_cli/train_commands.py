@@ -117,7 +117,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     if base.data.dev_split is None:
         fail(no_dev_split(base))
     tables = preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,
-                       negatives=negatives_needed(base))
+                       negatives=negatives_needed(base), relevant_grade=base.eval.relevant_grade)
     # (else refused inside the search's flow; under cv, which names the fold without dev queries, it is, before any
     # training)
     if base.selection != "cv" and not (tables.qrels["split"] == base.data.dev_split).any():
@@ -209,7 +209,7 @@ def compare(
 
         c = load_config(config, CompareConfig, sets or ())
         preflight(c.data, c.work_dir, (c.data.train_split, c.data.eval_split), trains=True,
-                   negatives=negatives_needed(c))
+                   negatives=negatives_needed(c), relevant_grade=c.eval.relevant_grade)
         result = compare_negatives(c)
         print_table(result, f"report: {result['report_dir']}/results.md; table and plots: {result['files']}",
                      ("results", "train_seconds", "tracking", "table") if as_json else ())
@@ -236,6 +236,7 @@ def compress_command(
 
     from ance_core.compression.config import CompressConfig
     from ance_core.data.config import DataConfig
+    from ance_core.modeling.checks import check_loadable
     from ance_core.modeling.model import read_meta
     from ance_core.pipeline.config import validation_message
     from ance_core.pipeline.loading import load_config
@@ -257,7 +258,7 @@ def compress_command(
             fail(f"--name {name!r}: {validation_message(e.errors()[0])}")
         check_model_name(data, "--name")
         teacher, _ = trained_checkpoint(work_dir, data.collection, str(checkpoint) if checkpoint else None)
-        read_meta(teacher)
+        check_loadable(teacher)  # (its meta, weights and tokenizer: before the data and the corpus encoding)
         preflight(data, work_dir, (data.train_split, data.eval_split),
                   learns="ConAE's compression trains on its queries' positives")
         with faults_off():  # (the pre-flight's data stage, reused)

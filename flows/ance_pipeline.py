@@ -16,12 +16,14 @@ from prefect import flow, get_run_logger
 from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, collect_warnings
+from ance_core.modeling.checks import check_lengths, check_loadable
 from ance_core.modeling.devices import pick_device
-from ance_core.modeling.model import check_lengths, checkpoint_digest, read_meta, resolve_model_name
+from ance_core.modeling.model import checkpoint_digest, read_meta, resolve_model_name
 from ance_core.negatives.samplers import train_config_for
 from ance_core.pipeline.config import PipelineConfig, maxp_refusal, start_checkpoint_refusal
 from ance_core.pipeline.report import HYBRID, StageTiming, dense_of, dev_evaluations, fold_kind, is_hybrid
 from ance_core.retention import RetentionConfig, collect
+from ance_core.retrieval.index import check_index_device
 from ance_core.run_records import live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
@@ -54,7 +56,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
 def check_pipeline(c: PipelineConfig) -> None:
     """What the config asks of this machine and model, refused before any work (not in the first stage that needs
     it): fp16 training without CUDA, token lengths above the model's (or a teacher's) positions, a model or teacher
-    that cannot be loaded."""
+    that cannot be loaded, an index on a GPU where there is none."""
     for name in ("warmup", "ance"):
         check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
     lengths = {"model.query_max_length": c.model.query_max_length,
@@ -62,6 +64,8 @@ def check_pipeline(c: PipelineConfig) -> None:
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
+    check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
+    check_index_device(c.index)
     if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
         # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
         if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):

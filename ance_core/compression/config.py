@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ance_core.stage_config import StageConfig
+from ance_core.stage_config import SEED_MAX, StageConfig
 
 CompressMethod = Literal["conae", "pca", "truncate"]
 
@@ -37,7 +37,7 @@ class CompressConfig(StageConfig):
     only_kl: bool = Field(False, description="Ablation 'ConAE w/o Decoder' (Table 3): train with L_KL only; no "
                           "decoder is built")
     no_kl: bool = Field(False, description="Ablation 'ConAE w/o KL' (Table 3): train with L_q + L_d only")
-    seed: int = Field(42, ge=0, description="ConAE's initialisation and batch order")
+    seed: int = Field(42, ge=0, le=SEED_MAX, description="ConAE's initialisation and batch order")
     hnsw_m: int = Field(32, ge=2, description="HNSW: links per node")
     hnsw_ef_search: int = Field(128, ge=1, description="HNSW: candidate list size at search time")
     ivf_nlist: int | None = Field(None, ge=1, description="IVF-PQ: inverted lists; default 4 sqrt(n), at most n/39")

@@ -64,6 +64,18 @@ class ModelMeta:
     query_prefix: str = ""  # put before every query / passage (model/config.py); not written when empty
     passage_prefix: str = ""
 
+    def __post_init__(self):  # (read_meta's: a hand-edited meta file is refused, not used for a wrong model)
+        kinds = {"pooling": ("mean", "cls"), "document_mode": ("firstp", "maxp")}
+        for name, allowed in kinds.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("query_max_length", "passage_max_length", "max_passages"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} {value!r} is not a whole number of at least 1")
+        if not all(isinstance(getattr(self, name), str) for name in ("base", "query_prefix", "passage_prefix")):
+            raise ValueError("base, query_prefix and passage_prefix must be text")
+
     def queries(self, texts: Sequence[str]) -> list[str]:
         """The texts the model encodes for these queries: each after `query_prefix`."""
         return [self.query_prefix + t for t in texts] if self.query_prefix else list(texts)
@@ -87,74 +99,6 @@ def resolve_model_name(name: str) -> str:
         except ImportError:
             return MODEL_ALIASES["minilm"]
     return name
-
-
-def max_positions(source: str | Path) -> int | None:
-    """The most tokens a model (a name, a Hugging Face id or a folder, a checkpoint included) takes: its position
-    embeddings (RoBERTa's count 2 it does not use); None when its config does not say. A model whose config cannot be
-    read (an id not downloaded, offline; a folder that is not a model) is an AnceError: before any work."""
-    name = resolve_model_name(str(source))
-    try:
-        config = AutoConfig.from_pretrained(str(Path(name).expanduser()) if name.startswith("~") else name,
-                                            local_files_only=True)  # a folder, or the Hugging Face cache
-    except (OSError, ValueError) as e:
-        if Path(name).expanduser().is_file():
-            raise AnceError(f"cannot load model '{source}': a file, not a model folder (give the folder that holds its "
-                            "config.json, or a Hugging Face id)") from None
-        if Path(name).expanduser().exists():
-            raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
-        if name.startswith(("/", "./", "../", "~")):
-            raise AnceError(f"cannot load model '{source}': no such folder") from None
-        if not hub_reachable():
-            raise AnceError(f"cannot load model '{source}': not a local folder nor in the Hugging Face cache, and "
-                            f"{hub_endpoint()} cannot be reached from here (offline?); download it where there is a "
-                            "network and give its folder as model.name") from None
-        try:
-            config = AutoConfig.from_pretrained(name)
-        except (OSError, ValueError) as e:
-            raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())}") from None
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions is None:
-        return None
-    return positions - 2 if config.model_type in ("roberta", "xlm-roberta", "camembert") else positions
-
-
-def hub_endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection within `timeout` seconds (False with HF_HUB_OFFLINE set).
-    Asked before a model is fetched from it: offline, huggingface_hub retries each request for ~25 s with a warning
-    per try before it fails."""
-    import socket
-    import urllib.request
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    url = urlparse(hub_endpoint())
-    if url.hostname is None or (urllib.request.getproxies() and not urllib.request.proxy_bypass(url.hostname)):
-        return True  # through a proxy (which the hub's client uses, this probe would not): let the hub's client try
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def check_lengths(source: str | Path, lengths: dict[str, int | None]) -> None:
-    """Refuse token lengths (`field name -> value`) above what the model takes, naming the field and the maximum: a
-    longer input would fail at the first long document, deep in a stage (a tensor-size error, retried)."""
-    most = max_positions(source)
-    over = {name: n for name, n in lengths.items() if n is not None and most is not None and n > most}
-    if over:
-        fields = ", ".join(f"{name} {n}" for name, n in over.items())
-        raise AnceError(f"{fields}: above the {most} positions of model '{source}'; set at most {most}")
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -221,14 +165,17 @@ DROPOUT_KEYS = {  # a training override's config key: BERT family first, then Di
 }
 
 
-def _load_encoder(path: str, **config_overrides: float) -> nn.Module:
+def load_encoder(path: str, **config_overrides: float) -> nn.Module:
     try:
-        # BERT-family: skip the unused pooler
-        return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
-    except TypeError:
-        return AutoModel.from_pretrained(path, **config_overrides)
+        try:  # BERT-family: skip the unused pooler
+            return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
+        except TypeError:
+            return AutoModel.from_pretrained(path, **config_overrides)
     except OSError as e:
         raise AnceError(f"cannot load model '{path}': {' '.join(str(e).split())}") from None
+    except RuntimeError as e:  # (weights of other shapes than config.json says: a size mismatch)
+        raise AnceError(f"cannot load model '{path}': its weights do not fit its config.json "
+                        f"({' '.join(str(e).split())[:300]})") from None
 
 
 def init_model(cfg: ModelConfig, out: Path) -> dict:
@@ -238,8 +185,8 @@ def init_model(cfg: ModelConfig, out: Path) -> dict:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        encoder = _load_encoder(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        encoder = load_encoder(source)
+        tokenizer = checkpoint_tokenizer(source, encoder.get_input_embeddings().num_embeddings, "model")
     except OSError as e:
         raise AnceError(f"cannot load model '{cfg.name}' (resolved to {source}): {' '.join(str(e).split())}") from None
     finally:
@@ -332,14 +279,17 @@ def _dropout_overrides(path: Path, **settings: float | None) -> tuple[dict[str, 
     return overrides, {key: getattr(config, key) for key in overrides}
 
 
-def checkpoint_tokenizer(path: Path, embeddings: int) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in a checkpoint (or export) folder whose model has `embeddings` token embeddings. Without
-    its tokenizer.json, transformers still builds one from tokenizer_config.json alone, of a handful of special tokens,
-    and every word becomes [UNK]: refused here, since its embeddings would be meaningless."""
+def checkpoint_tokenizer(path: Path | str, embeddings: int, kind: str = "checkpoint") -> PreTrainedTokenizerBase:
+    """The tokenizer saved in a checkpoint (or export, or pretrained `kind: model`) folder whose model has `embeddings`
+    token embeddings. Without its tokenizer files, transformers still builds one from config files alone, of a
+    handful of special tokens, and every word becomes [UNK]: refused here, since its embeddings would be
+    meaningless (a pretrained model's before its starting checkpoint is written)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     if len(tokenizer) < embeddings // 2:
-        raise AnceError(f"{path}: a damaged checkpoint (its tokenizer knows {len(tokenizer)} tokens, its model "
-                        f"{embeddings}: is tokenizer.json missing?); train or export it again")
+        fix = ("add its tokenizer files (tokenizer.json, or vocab.txt) to the folder" if kind == "model"
+               else "train or export it again")
+        raise AnceError(f"{path}: a damaged {kind} (its tokenizer knows {len(tokenizer)} tokens, its model "
+                        f"{embeddings}: is tokenizer.json missing?); {fix}")
     return tokenizer
 
 
@@ -351,7 +301,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
     path, meta = Path(path), read_meta(path)
     overrides, original = _dropout_overrides(path, attention=attention_dropout, hidden=hidden_dropout)
     try:
-        model = BiEncoder(_load_encoder(str(path), **overrides), meta.pooling)
+        model = BiEncoder(load_encoder(str(path), **overrides), meta.pooling)
         for key, value in original.items():  # the modules were built with the overrides; a later save keeps these
             setattr(model.encoder.config, key, value)
         head = load_file(path / HEAD_FILE)

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
-from ance_core.stage_config import StageConfig
+from ance_core.stage_config import SEED_MAX, StageConfig
 
 SamplerName = Literal[NAMES]  # the registry's (ance_core/negatives/samplers.py)
 
@@ -57,7 +57,8 @@ class MiningConfig(StageConfig):
                                "on its public datasets, 5 on Bing; groups of 3 tied with 1 on SciFact's dev, "
                                "RESULTS.md). "
                                "nce: the in-batch negatives kept per query")
-    seed: int = Field(42, ge=0, description="The draws of the negatives (each round derives its own from it)")
+    seed: int = Field(42, ge=0, le=SEED_MAX,
+                      description="The draws of the negatives (each round derives its own from it)")
     simans_a: float = Field(0.5, gt=0, description="SimANS density a (the paper: 0.5)")
     simans_b: float = Field(0.0, description="SimANS peak offset b: the mode sits at s(q,d+) + b, as in the paper's "
                             "eq. 4 (the paper: 0; its authors' code subtracts b, so their b 1.0 for NQ is -1.0 here). "

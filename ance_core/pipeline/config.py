@@ -76,7 +76,7 @@ class PipelineConfig(StageConfig):
         "dev fold (data.dev_fold 1 .. floor(1 / data.dev_fraction) - 1, each a trial run in MLflow) and chooses on "
         "each model's dev nDCG@10 pooled over every fold's dev queries; about floor(1 / dev_fraction) times the "
         "pipeline's time; not with start_checkpoint")
-    rounds: int = Field(1, ge=0, description="ANCE rounds after the BM25 warm-up")
+    rounds: int = Field(1, ge=0, le=1000, description="ANCE rounds after the BM25 warm-up")
     warmup_only: bool = Field(False, description="Train and evaluate the warm-up only, planned as in the whole run "
                               "(with schedule: continuous its learning-rate schedule spans the rounds it would have: "
                               "the same warm-up, cached for the whole run); the recipe search's first rung")

@@ -33,14 +33,14 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from ance_core.data.dataset import QUERY_TOP_GRADE
 from ance_core.errors import AnceError
 from ance_core.pipeline.report import CV_KEY, DEV_KEY, dense_of, is_hybrid
-from ance_core.stage_config import StageConfig
+from ance_core.stage_config import SEED_MAX, StageConfig
 
 if TYPE_CHECKING:
     from ance_core.data.dataset import Dataset
@@ -63,8 +63,9 @@ class TuneConfig(StageConfig):
         "top grade (train_min_relevance auto), the collection's top grade, every relevant document (grade 1); one "
         "candidate on binary qrels")
     warmup_epochs: list[PositiveInt] = Field([1, 2], min_length=1, description="Epochs of the BM25 warm-up")
-    seeds: list[NonNegativeInt] = Field([42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the "
-                             "warm-ups) and rung 1 (whole recipes) run under the first, each rung after under one more")
+    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
+        [42, 43, 44], min_length=1, description="The seeds of the rungs: rung 0 (the warm-ups) and rung 1 (whole "
+        "recipes) run under the first, each rung after under one more")
     eta: int = Field(3, ge=2, description="Each rung keeps the best 1/eta of the candidates of the rung before")
     margin: float = Field(0.005, ge=0, description="dev nDCG@10 a candidate must beat the baseline by (mean paired "
                           "difference over the seeds both ran)")

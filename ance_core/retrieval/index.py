@@ -58,6 +58,19 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+def check_index_device(cfg: IndexConfig, where: str = "index") -> None:
+    """`device: gpu` where no index of this kind can be on a GPU here, refused before any work (the index stage would
+    build it, and the first search fail, after the corpus is encoded)."""
+    if cfg.device != "gpu":
+        return
+    if cfg.type == "hnsw":
+        raise AnceError(f"{where}.device gpu: an hnsw index has no GPU implementation; use auto or cpu, or type flat")
+    if not gpu_available() and not (torch.cuda.is_available() and cfg.type == "flat" and cfg.backend != "faiss"):
+        raise AnceError(f"{where}.device gpu: no GPU here for a {cfg.type} index (faiss "
+                        + ("has no GPU support" if torch.cuda.is_available() else "and torch see no CUDA GPU")
+                        + "); use auto (a GPU where there is one) or cpu")
+
+
 def torch_backend(cfg: IndexConfig) -> bool:
     """Whether a flat index is searched by torch (`index.backend`; auto: on a CUDA GPU that faiss cannot use)."""
     if cfg.backend == "auto":
@@ -210,7 +223,7 @@ class SearchIndex:
 
             device = "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
             if cfg.device == "gpu" and device != "cuda":
-                raise RuntimeError("index.device is 'gpu' but no CUDA GPU is visible")
+                raise AnceError("index.device is 'gpu' but no CUDA GPU is visible")
             # the shards as stored (float16 by default: half the GPU memory of float32, the same values)
             self.index, self.backend = TorchFlatIndex(iter(self._rows.shards), device), f"torch-{device}"
             self._is_hnsw, self.on_gpu, self._cpu_parts = False, False, None
@@ -246,7 +259,7 @@ class SearchIndex:
         # HNSW has no GPU implementation: it stays on the CPU
         self.on_gpu = cfg.device != "cpu" and gpu_available() and not self._is_hnsw
         if cfg.device == "gpu" and not self.on_gpu:
-            raise RuntimeError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
+            raise AnceError("index.device is 'gpu' but faiss has no GPU support or no GPU is visible")
         self.backend = "faiss-gpu" if self.on_gpu else "faiss"
         self._offsets = np.cumsum([0, *(part.ntotal for part in parts)])
         self._cpu_parts: list[faiss.Index] | None = parts  # faiss's GPU search returns at most GPU_MAX_K per query

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, SerializationInfo, model_serializer, model_validator
 
 from ance_core.modeling.config import Precision
-from ance_core.stage_config import KEY_DUMP, StageConfig
+from ance_core.stage_config import KEY_DUMP, SEED_MAX, StageConfig
 
 # when checkpoints are taken: not what the stage computes (a resumed run ends with the weights of an uninterrupted one)
 CADENCE = ("checkpoint_seconds", "checkpoint_every")
@@ -51,7 +51,8 @@ class TrainConfig(StageConfig):
         "(chosen on the dev split): a CPU training step 1.17x faster")
     precision: Precision = Field("auto", description="auto: bf16 on a CPU with bf16 in hardware (AVX512-BF16, AMX) "
                                  "and on CUDA GPUs that have it (else fp16), fp32 on other CPUs. fp16: CUDA only")
-    seed: int = Field(42, ge=0, description="Batch order and dropout (each ANCE round derives its own from it)")
+    seed: int = Field(42, ge=0, le=SEED_MAX,
+                      description="Batch order and dropout (each ANCE round derives its own from it)")
     checkpoint_seconds: float = Field(
         600, ge=0, repr=False, description="Seconds of training between resumable checkpoints (0: none by time). The "
         "training pauses only to copy the state to CPU memory (BERT-base with its Adam moments: 1.3 GB), which a "

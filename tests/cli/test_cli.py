@@ -581,7 +581,7 @@ def test_lengths_above_the_models_positions_are_refused_before_any_work(tiny_mod
 def test_behind_a_proxy_the_hub_is_left_to_its_client(monkeypatch):
     from huggingface_hub import constants
 
-    from ance_core.modeling.model import hub_reachable
+    from ance_core.modeling.checks import hub_reachable
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "https://127.0.0.1:9")  # nothing answers there

@@ -1,0 +1,131 @@
+"""Bad model folders, checkpoint meta files and settings a new user's probe found failing with a traceback, late (after
+the data, BM25 and encoding stages) or silently: each is one line, exit status 2, before any work."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.cli.test_cli import _invoke
+from tests.tiny import random_head_checkpoint, tiny_pipeline_config, write_beir
+
+
+def _data(tmp_path):
+    return write_beir(tmp_path / "ds", [{"_id": f"d{i}", "text": f"passage {i}"} for i in range(6)],
+                      [{"_id": f"q{i}", "text": f"query {i}"} for i in range(4)],
+                      {"train": [("q0", "d0", 1), ("q1", "d1", 1)], "test": [("q2", "d2", 1), ("q3", "d3", 1)]})
+
+
+def _run(tmp_path, tiny_model, *sets: str, model=None):
+    """`ance run` on a tiny dataset with `sets`; its work folder must stay without any stage."""
+    work = tmp_path / "work"
+    config = tiny_pipeline_config(_data(tmp_path), model or tiny_model, work, rounds=1, steps=2)
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    code, out = _invoke(["run", "--config", str(tmp_path / "c.json"), *(a for s in sets for a in ("--set", s))])
+    assert "Traceback" not in out, out
+    assert not any(p.is_dir() and p.name not in (".locks", "data") for p in work.glob("*")), sorted(work.glob("*"))
+    return code, out
+
+
+def _wider(folder, tmp_path, name="wider"):
+    """A copy of a model folder whose config.json says 64 hidden units over its 32-unit weights."""
+    copy = shutil.copytree(folder, tmp_path / name)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(config | {"hidden_size": 64}))
+    return copy
+
+
+def test_weights_that_do_not_fit_config_json_are_one_line_in_every_command(tmp_path, tiny_model):
+    """Once a RuntimeError's traceback from transformers (`ignore_mismatched_sizes`), and for `run` after the data and
+    BM25 stages and two retries of the model stage."""
+    checkpoint = _wider(random_head_checkpoint(tiny_model, tmp_path / "checkpoint"), tmp_path)
+    said = "its weights do not fit its config.json"
+    ds = _data(tmp_path)
+    for args in (["evaluate", "--checkpoint", str(checkpoint), "--dataset", str(ds), "--work-dir",
+                  str(tmp_path / "w")],
+                 ["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "export")]):
+        code, out = _invoke(args)
+        assert code == 2 and said in out and "Traceback" not in out, (args[0], out)
+    assert not (tmp_path / "export").exists()
+    code, out = _run(tmp_path, tiny_model, model=_wider(tiny_model, tmp_path, "wider-model"))
+    assert code == 2 and said in out, out
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_before_a_starting_checkpoint_is_cached(tmp_path, tiny_model):
+    """transformers builds a tokenizer of 5 special tokens from config files alone: the model stage cached a
+    starting checkpoint with it, the encoding refused it, and the run failed the same way after the files were
+    added (the stage was reused). A folder without weights was refused only after the data and BM25 stages."""
+    from ance_core.errors import AnceError
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+
+    bare = shutil.copytree(tiny_model, tmp_path / "bare")
+    for path in bare.glob("*"):
+        if path.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            path.unlink()
+    code, out = _run(tmp_path, tiny_model, model=bare)
+    assert code == 2 and "its tokenizer knows" in out and "add its tokenizer files" in out, out
+    with pytest.raises(AnceError, match="add its tokenizer files"):
+        init_model(ModelConfig(name=str(bare)), tmp_path / "start")
+    assert not (tmp_path / "start").exists()
+    weightless = shutil.copytree(tiny_model, tmp_path / "weightless")
+    (weightless / "model.safetensors").unlink()
+    code, out = _run(tmp_path, tiny_model, model=weightless)
+    assert code == 2 and f"cannot load model '{weightless}'" in out, out
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("passage_max_length", "abc", "passage_max_length 'abc' is not a whole number of at least 1"),
+    ("pooling", "bogus", "pooling 'bogus' is not one of mean, cls"),
+    ("document_mode", "bogus", "document_mode 'bogus' is not one of firstp, maxp"),
+    ("max_passages", 0, "max_passages 0 is not a whole number of at least 1")])
+def test_a_hand_edited_meta_file_is_refused_not_used(tmp_path, tiny_model, field, value, said):
+    """ance_model.json's passage length "abc" failed late in evaluate (a TypeError in the encoding) and was exported
+    as "passages abc"; an unknown pooling was run as mean pooling."""
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    meta = json.loads((checkpoint / "ance_model.json").read_text())
+    (checkpoint / "ance_model.json").write_text(json.dumps(meta | {field: value}))
+    for args in (["evaluate", "--checkpoint", str(checkpoint), "--dataset", str(_data(tmp_path)), "--work-dir",
+                  str(tmp_path / "w")],
+                 ["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "export")]):
+        code, out = _invoke(args)
+        assert code == 2 and "a damaged checkpoint file" in out and said in out, (args[0], out)
+    assert not (tmp_path / "export").exists()
+
+
+def test_numbers_too_large_for_a_seed_or_a_count_of_rounds_are_refused_by_the_config(tmp_path, tiny_model):
+    """rounds 10^20 was an OverflowError's traceback after the flow started; a seed of 10^20 a ValueError's at the
+    warm-up's first step, after BM25, the zero-shot evaluation and mining."""
+    for setting, field in (("rounds=99999999999999999999", "rounds"),
+                           ("warmup.seed=99999999999999999999", "warmup.seed"),
+                           ("mining.seed=4294967296", "mining.seed")):
+        code, out = _run(tmp_path, tiny_model, setting)
+        assert code == 2 and field in out and "less than or equal" in out, (setting, out)
+    code, out = _invoke(["tune", "--tune-set", "seeds=[42,99999999999999999999]"])
+    assert code == 2 and "seeds" in out and "Traceback" not in out, out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there to use")
+def test_an_index_on_a_gpu_where_there_is_none_is_refused_before_any_work(tmp_path, tiny_model):
+    """index.device gpu failed at the first search, after the corpus was encoded and indexed (in a work folder where
+    those stages were cached, it was ignored)."""
+    code, out = _run(tmp_path, tiny_model, "index.device=gpu")
+    assert code == 2 and "index.device gpu: no GPU here for a flat index" in out, out
+    code, out = _run(tmp_path, tiny_model, "index.device=gpu", "index.type=hnsw")
+    assert code == 2 and "an hnsw index has no GPU implementation" in out, out
+
+
+def test_a_relevant_grade_no_judgement_reaches_is_refused(tmp_path, tiny_model):
+    """eval.relevant_grade 5 on binary qrels: MRR@10 and recall read 0 for every model, run or file, silently."""
+    (tmp_path / "run.trec").write_text("q2 Q0 d2 1 3.0 x\nq3 Q0 d3 1 3.0 x\n")
+    code, out = _invoke(["evaluate", "--run", str(tmp_path / "run.trec"), "--dataset", str(_data(tmp_path)),
+                         "--work-dir", str(tmp_path / "w"), "--relevant-grade", "5"])
+    said = "relevant grade 5 (eval.relevant_grade): no qrels row of split 'test'"
+    assert code == 2 and said in out and "its top grade is 1" in out and "set at most 1" in out, out
+    code, out = _run(tmp_path, tiny_model, "eval.relevant_grade=5")
+    assert code == 2 and said in out, out
+    code, out = _invoke(["evaluate", "--run", str(tmp_path / "run.trec"), "--dataset", str(_data(tmp_path)),
+                         "--work-dir", str(tmp_path / "w"), "--relevant-grade", "1", "--json"])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 1.0, out
+
