@@ -19,6 +19,8 @@ from typing import Any
 from filelock import FileLock
 from pydantic import BaseModel
 
+from ance_core.errors import AnceWarning
+
 UNDELIVERED = "mlflow-undelivered.jsonl"
 HOST_TAG, PID_TAG = "process_host", "process_pid"  # a top-level run's process (`Tracker._end_orphans`)
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -149,7 +151,8 @@ class Tracker:
         if found is not None and found.lifecycle_stage == "deleted":  # deleted in the UI: no run can be logged to it
             self.client.restore_experiment(found.experiment_id)
             warnings.warn(f"the MLflow experiment '{name}' at {self.uri} had been deleted; it is restored to log this "
-                          "run (to remove it for good: `mlflow gc`, then its name is free)", stacklevel=3)
+                          "run (to remove it for good: `mlflow gc`, then its name is free)", AnceWarning,
+                          stacklevel=3)
         if found is not None:
             experiment_id = found.experiment_id
         else:
@@ -175,7 +178,8 @@ class Tracker:
                     if (said := f"{type(e).__name__}: {str(e)[:200]}") not in self._refusals:
                         self._refusals.add(said)
                         warnings.warn(f"MLflow at {self.uri} did not take a call ({said})"
-                                      + (f"; it is kept in {self.spool}" if kept else ""), stacklevel=3)
+                                      + (f"; it is kept in {self.spool}" if kept else ""), AnceWarning,
+                                      stacklevel=3)
                 return False, e
             with self._lock:
                 if self.failed_since is None:
@@ -184,7 +188,8 @@ class Tracker:
                 if not self._warned:
                     self._warned = True
                     warnings.warn(f"MLflow at {self.uri} failed ({type(e).__name__}: {e}); the pipeline goes on, "
-                                  f"retries later and keeps what cannot be delivered in {self.spool}", stacklevel=3)
+                                  f"retries later and keeps what cannot be delivered in {self.spool}", AnceWarning,
+                                  stacklevel=3)
             return False, e
         if self.failed_since is not None:
             with self._lock:

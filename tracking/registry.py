@@ -7,14 +7,13 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
 from ance_core.artifacts import write_json
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, warn
 from ance_core.modeling.model import checkpoint_files, model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
 from tracking.client import (
@@ -51,9 +50,13 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     files = model_files(folder)
     try:
         files += mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
+    except AnceError as e:  # a damaged checkpoint (a cached stage's files cut short): a version of it would not load
+        warn(f"{e}; it is not logged to MLflow nor registered (a cached stage: remove its folder, and the next run "
+             "builds it again)")
+        return False
     except Exception as e:  # tracking never stops the pipeline: the checkpoint is still logged and registered
-        warnings.warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); "
-                      "mlflow.pyfunc cannot load this version", stacklevel=2)
+        warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); mlflow.pyfunc "
+             "cannot load this version")
     delivered = [tracker.log_artifact(run_id, path, "checkpoint") for path in files]
     if retrieval is not None:
         tracker.log_artifacts(run_id, retrieval, f"checkpoint/{RETRIEVAL}")

@@ -23,6 +23,7 @@ from ance_core.allocator import in_use as allocator_in_use
 from ance_core.artifacts import RUN_TREC, ArtifactRef
 from ance_core.data.corpus import read_corpus_rows
 from ance_core.data.dataset import read_tables
+from ance_core.errors import AnceWarning
 from ance_core.negatives.analysis import negatives_sample, negatives_sample_docs, read_stats
 from ance_core.negatives.refresh_state import read_refresh_state
 from ance_core.pipeline.plots import plot_curves, plot_quality_over_time, quality_over_time
@@ -153,7 +154,7 @@ class PipelineTracking:
             tracked = self.finish(*args, **kwargs)
         except Exception as e:
             warnings.warn(f"MLflow logging at the end of the run failed ({type(e).__name__}: {e}); the results are "
-                          "in the run's report folder", stacklevel=2)
+                          "in the run's report folder", AnceWarning, stacklevel=2)
             for run in [*self.children.values(), self.parent]:  # not left RUNNING in the runs table forever
                 if run is not None and self._running(run):
                     self.tracker.end_run(run, "FAILED")

@@ -296,3 +296,22 @@ def test_two_runs_ending_at_once_leave_the_better_one_champion(tmp_path, tiny_mo
         t.join()
     monkeypatch.undo()
     assert client.get_model_version_by_alias("ance-corpus", "champion").tags[DEV_KEY] == "0.900000"
+
+
+def test_a_damaged_checkpoint_is_neither_logged_nor_registered(tmp_path, tiny_model):
+    """Found by a new user's probe: a cached training stage whose weights were cut short (a disk that filled) was
+    logged with a raw UserWarning and registered as a version `mlflow.pyfunc` cannot load. It is one warning line
+    now, and log_checkpoint says the files did not arrive, so the run registers nothing of it."""
+    from ance_core.errors import AnceWarning
+    from tests.tiny import random_head_checkpoint
+    from tracking.client import Tracker
+    from tracking.registry import log_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    tracker = Tracker(tmp_path / "work", "ance-train")
+    run = tracker.start_run("warmup")
+    with pytest.warns(AnceWarning, match="a damaged checkpoint .*not logged to MLflow nor registered"):
+        assert not log_checkpoint(tracker, run, checkpoint)
+    assert not tracker.client.list_artifacts(run, "checkpoint")
