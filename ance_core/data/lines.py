@@ -15,6 +15,8 @@ import pandas as pd
 
 from ance_core.errors import DataError, preview, warn
 
+JSON_LINES = "; a .jsonl file holds one JSON object per line (JSON Lines), not a JSON array"  # (said of one that is)
+
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line) for non-blank lines. Bytes that are not UTF-8 are read as U+FFFD, with one
@@ -192,11 +194,13 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...], optio
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno})", number) from None
+        array = JSON_LINES if line.lstrip('\ufeff \t').startswith("[") else ""
+        raise DataError(path, f"malformed JSON: {e.msg} (column {e.colno}){array}", number) from None
     except (ValueError, RecursionError) as e:  # an integer of thousands of digits, arrays nested thousands deep
         raise DataError(path, f"malformed JSON: {type(e).__name__}: {str(e)[:100]}", number) from None
     if not isinstance(obj, dict):
-        raise DataError(path, f"expected a JSON object, got {type(obj).__name__}", number)
+        raise DataError(path, f"expected a JSON object, got {type(obj).__name__}"
+                        + (JSON_LINES if isinstance(obj, list) else ""), number)
     for name in ("_id", *fields):
         if name not in obj or obj[name] is None:
             raise DataError(path, f"missing field '{name}'", number)

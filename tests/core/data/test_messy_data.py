@@ -194,3 +194,13 @@ def test_a_document_without_text_is_kept_with_its_title(tmp_path):
     assert rows == {"d1": {"title": "apple pie", "text": ""}, "d2": {"title": "cherry tart", "text": ""},
                     "d3": {"title": "", "text": "1001"}, "d4": {"title": "", "text": ""}}
     assert len(ds.qrels) == 2  # (d1's and d2's qrels kept)
+
+
+@pytest.mark.parametrize("text", [json.dumps(CORPUS, indent=2), json.dumps(CORPUS)])
+def test_a_corpus_written_as_a_json_array_is_named_as_such(tmp_path, text):
+    """A .jsonl written by json.dump: its first line '[' read as 'malformed JSON: Expecting value (column 2)', no word
+    of what the file should be."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "corpus.jsonl").write_text(text + "\n")
+    with pytest.raises(DataError, match=r"one JSON object per line \(JSON Lines\), not a JSON array"):
+        load_dataset(folder)
