@@ -12,6 +12,7 @@ queries and passages to the compressed dimension.
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -171,8 +172,10 @@ def load_encoder(path: str, **config_overrides: float) -> nn.Module:
             return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
         except TypeError:
             return AutoModel.from_pretrained(path, **config_overrides)
-    except OSError as e:
-        raise AnceError(f"cannot load model '{path}': {' '.join(str(e).split())}") from None
+    except OSError as e:  # (transformers says a file it may not read is not there: said as it is)
+        unreadable = [p.name for p in Path(path).glob("*") if p.is_file() and not os.access(p, os.R_OK)]
+        why = f"no permission to read {', '.join(unreadable)}" if unreadable else " ".join(str(e).split())
+        raise AnceError(f"cannot load model '{path}': {why}") from None
     except RuntimeError as e:  # (weights of other shapes than config.json says: a size mismatch)
         raise AnceError(f"cannot load model '{path}': its weights do not fit its config.json "
                         f"({' '.join(str(e).split())[:300]})") from None
@@ -299,6 +302,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
     encoder's attention-probability and hidden-state dropout in the loaded modules (for training); its saved config
     keeps the model's own."""
     path, meta = Path(path), read_meta(path)
+    if not (path / "config.json").is_file():  # (transformers: "Should have a `model_type` key in its config.json")
+        raise AnceError(f"{path}: a damaged checkpoint (no config.json); train or export it again")
     overrides, original = _dropout_overrides(path, attention=attention_dropout, hidden=hidden_dropout)
     try:
         model = BiEncoder(load_encoder(str(path), **overrides), meta.pooling)

@@ -129,3 +129,26 @@ def test_a_relevant_grade_no_judgement_reaches_is_refused(tmp_path, tiny_model):
                          "--work-dir", str(tmp_path / "w"), "--relevant-grade", "1", "--json"])
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["mrr_at_10"] == 1.0, out
 
+
+
+
+def test_a_checkpoint_without_config_json_or_with_a_file_it_may_not_read_says_which(tmp_path, tiny_model):
+    """No config.json read as transformers' "Should have a `model_type` key"; weights the user may not read as "No such
+    file or directory" (transformers' words for a file it could not open). Root reads any file: its run drops the
+    capabilities that let it (setpriv)."""
+    import os
+    import subprocess
+    import sys
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    (checkpoint / "model.safetensors").chmod(0)
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    if drop and not shutil.which("setpriv"):
+        pytest.skip("root, and no setpriv to read as a user")
+    proc = subprocess.run([*drop, sys.executable, "-m", "ance_cli", "export", "--checkpoint", str(checkpoint), "--out",
+                           str(tmp_path / "export")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "no permission to read model.safetensors" in proc.stderr, proc.stderr
+    (checkpoint / "model.safetensors").chmod(0o644)
+    (checkpoint / "config.json").unlink()
+    code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "export")])
+    assert code == 2 and "a damaged checkpoint (no config.json)" in out, out
