@@ -55,8 +55,10 @@ def resolve_dataset(dataset: str, home: str | None = None, download: bool = True
                 f"dataset '{dataset}' is not in the data home {root} and downloading it failed ({e}); "
                 f"put it at {root / dataset} or set ANCE_DATA_HOME"
             ) from None
-    if as_path.exists():
-        raise AnceError(f"dataset '{dataset}': a file, not a dataset folder (give the folder that holds it)")
+    for there in (as_path, root / dataset):
+        if there.exists():
+            raise AnceError(f"dataset '{dataset}': {there} is a file, not a dataset folder (give the folder that "
+                            "holds it)")
     known = ", ".join(sorted(BEIR_MD5))
     raise AnceError(
         f"dataset '{dataset}' not found: not a folder, not in the data home {root}"

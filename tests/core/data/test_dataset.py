@@ -360,8 +360,11 @@ def test_missing_files_and_folders_are_named(beir, tmp_path):
         load_dataset(tmp_path / "neither")
     from ance_core.data.sources import resolve_dataset
 
-    with pytest.raises(AnceError, match=r"dataset '.*corpus.jsonl.gz': a file, not a dataset folder"):
+    with pytest.raises(AnceError, match=r"dataset '.*corpus.jsonl.gz': .* is a file, not a dataset folder"):
         resolve_dataset(str(tmp_path / "neither" / "corpus.jsonl.gz"), download=False)
+    # a file of that name in the data home: named as one (it was "not found: not in the data home")
+    with pytest.raises(AnceError, match=r"dataset 'corpus.jsonl.gz': .*neither/corpus.jsonl.gz is a file, not a"):
+        resolve_dataset("corpus.jsonl.gz", str(tmp_path / "neither"), download=False)
     with pytest.raises(AnceError, match=r"the dataset is empty: give a dataset folder, or a name"):  # (--dataset ""
         resolve_dataset(" ", str(tmp_path), download=False)  # was the current folder: "neither a BEIR folder")
 
