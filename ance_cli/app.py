@@ -93,12 +93,13 @@ _said: set[str] = set()  # a reused data stage's warnings said again by this pro
 
 
 def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False, negatives: int = 0,
-              doc_ids: bool = False, learns: str = "", relevant_grade: int = 1):
+              doc_ids: bool = False, learns: str = "", relevant_grade: int = 1,
+              grade_setting: str = "eval.relevant_grade"):
     """Validate the dataset before Prefect starts, so bad data is one clear line, not a failed flow run (`trains`: the
     train split must have positives, and each of its queries `negatives` documents not relevant to it). Returns its
     tables (the corpus's doc ids among them when it `trains` or is asked for `doc_ids`). `learns`: what learns from
     the train split's positives otherwise (said when it has none). `relevant_grade`: the evaluation's
-    (eval.relevant_grade), which a split it evaluates must reach.
+    (`grade_setting`), which a split it evaluates must reach.
 
     This is the data stage itself (keyed by content), so the flow's first task then reuses its output."""
     from ance_core.artifacts import stage_warnings
@@ -137,7 +138,7 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                 raise AnceError(f"{data.dataset}: split '{split}' judges no document relevant (its {len(qrels)} qrels "
                                 f"rows are all of grade 0 or below): {why}")
             if (top := qrels["relevance"].max()) < relevant_grade and not (trains and split == data.train_split):
-                raise AnceError(f"relevant grade {relevant_grade} (eval.relevant_grade): no qrels row of split "
+                raise AnceError(f"{grade_setting} {relevant_grade}: no qrels row of split "
                                 f"'{split}' of {data.dataset} reaches it (its top grade is {top}), so MRR@10 and "
                                 f"recall would be 0 for every model; set at most {top}")
         if trains:

@@ -106,7 +106,8 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str, relevant_grad
 
     run = read_trec(path)  # a malformed file fails before the data is read
     data = evaluation_data(dataset, split, work_dir)
-    tables = preflight(data, work_dir, (split,), doc_ids=True, relevant_grade=relevant_grade)
+    tables = preflight(data, work_dir, (split,), doc_ids=True, relevant_grade=relevant_grade,
+                       grade_setting="--relevant-grade")
     qrels = tables.split_qrels(split)  # (a split it lacks: one line naming its file)
     say_training_split(data, tables, split)
     judged, ran = set(qrels["query_id"]), set(run["query_id"])

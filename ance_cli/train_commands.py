@@ -89,6 +89,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from ance_core.pipeline.loading import load_config
     from ance_core.pipeline.recipes import RECIPES, recipe_config
     from ance_core.pipeline.tune import MAX_BUDGET, TuneConfig, earlier_budget
+    from ance_core.stage_config import SEED_MAX
     from flows.ance_pipeline import check_pipeline
     from flows.tune import no_dev_split, tune_recipe
 
@@ -98,8 +99,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
              f"{MAX_BUDGET:g} (a year)")
     if recipe is not None and recipe not in RECIPES:
         fail(f"--recipe {recipe}: the search varies one of {', '.join(RECIPES)}")
-    if seeds is not None and (bad := [s for s in seeds if s < 0]):
-        fail(f"--seed {bad[0]}: a seed is a whole number of 0 or more")
+    if seeds is not None and (bad := [s for s in seeds if not 0 <= s <= SEED_MAX]):
+        fail(f"--seed {bad[0]}: a seed is a whole number from 0 to {SEED_MAX}")
     given = {k: v for k, v in {"budget_minutes": budget_minutes, "seeds": seeds, "recipe": recipe}.items()
              if v is not None}
     tune = load_config(None, TuneConfig, tune_sets or (), base=given, flag="--tune-set")
@@ -258,7 +259,8 @@ def compress_command(
             fail(f"--name {name!r}: {validation_message(e.errors()[0])}")
         check_model_name(data, "--name")
         teacher, _ = trained_checkpoint(work_dir, data.collection, str(checkpoint) if checkpoint else None)
-        check_loadable(teacher)  # (its meta, weights and tokenizer: before the data and the corpus encoding)
+        read_meta(teacher)  # (a checkpoint: not a pretrained model's folder, nor a folder gc removed)
+        check_loadable(teacher)  # (its weights and tokenizer: before the data and the corpus encoding)
         preflight(data, work_dir, (data.train_split, data.eval_split),
                   learns="ConAE's compression trains on its queries' positives")
         with faults_off():  # (the pre-flight's data stage, reused)

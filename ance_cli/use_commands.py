@@ -80,7 +80,8 @@ def evaluate(
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
         load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)
         data = evaluation_data(dataset, split, work_dir, checkpoint)
-        say_training_split(data, preflight(data, work_dir, (split,), relevant_grade=relevant_grade), split)
+        say_training_split(data, preflight(data, work_dir, (split,), relevant_grade=relevant_grade,
+                                                         grade_setting="--relevant-grade"), split)
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split,
                                       evaluation=EvalConfig(relevant_grade=relevant_grade))
         print_metrics(metrics, f"{checkpoint} on {dataset} {split}{graded}", as_json)

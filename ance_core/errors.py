@@ -42,6 +42,11 @@ class OutOfMemory(AnceError):
     the message names the batch and what to change."""
 
 
+class DamagedCheckpoint(AnceError):
+    """A checkpoint folder whose files are missing, cut short or not what they should be (a disk that filled, a copy
+    interrupted, a hand edit): nothing computed from it would mean anything."""
+
+
 class AnceWarning(UserWarning):
     """Something the user should know about that the run survives; stages record these in their manifest."""
 

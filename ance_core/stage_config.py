@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, SerializationInfo, ValidationInfo, f
 # `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
 # do not change its stage's result (training/config.py: the checkpoint cadence)
 KEY_DUMP = {"dump": "cache key"}
-SEED_MAX = 2**32 - 1  # a seed numpy's and torch's generators all take (a larger one failed at the first step it seeded)
+SEED_MAX = 2**63 - 1  # an int64: torch's seeds take up to 2**64 - 1 (a seed + rank included); 10**20 failed at a step
 
 
 class StageConfig(BaseModel):

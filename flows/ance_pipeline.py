@@ -65,7 +65,7 @@ def check_pipeline(c: PipelineConfig) -> None:
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
     check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
-    check_index_device(c.index)
+    check_index_device(c.index if c.rounds else c.index.exact())  # (without rounds only evaluation's flat index)
     if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
         # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
         if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):

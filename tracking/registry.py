@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from ance_core.artifacts import write_json
-from ance_core.errors import AnceError, warn
+from ance_core.artifacts import MANIFEST, write_json
+from ance_core.errors import AnceError, DamagedCheckpoint, warn
 from ance_core.modeling.model import checkpoint_files, model_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
 from tracking.client import (
@@ -50,9 +50,10 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     files = model_files(folder)
     try:
         files += mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
-    except AnceError as e:  # a damaged checkpoint (a cached stage's files cut short): a version of it would not load
-        warn(f"{e}; it is not logged to MLflow nor registered (a cached stage: remove its folder, and the next run "
-             "builds it again)")
+    except DamagedCheckpoint as e:  # (a cached stage's files cut short): a version of it would not load
+        stage = (Path(folder) / MANIFEST).is_file()
+        warn(f"{e}; it is not logged to MLflow nor registered"
+             + (" (a stage of the work folder: remove the folder, and the next run builds it again)" if stage else ""))
         return False
     except Exception as e:  # tracking never stops the pipeline: the checkpoint is still logged and registered
         warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); mlflow.pyfunc "

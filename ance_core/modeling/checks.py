@@ -1,6 +1,7 @@
 """What a model asks of this machine and of the config, checked before any work: its token positions, whether the
 Hugging Face hub can be reached to fetch it, and whether a local model folder or checkpoint loads at all."""
 
+import functools
 import logging
 from pathlib import Path
 
@@ -82,18 +83,26 @@ def check_loadable(source: str | Path) -> None:
     """Load a local model folder (or a checkpoint) once, before any work: weights that do not fit its config.json,
     weights or tokenizer files missing are one line here, not a failure after the data and BM25 stages (or a starting
     checkpoint cached with a tokenizer of a few special tokens). A Hugging Face id is left to the model stage, which
-    fetches it."""
-    if (Path(source) / META_FILE).is_file():
-        load_checkpoint(source)
-        return
-    folder = Path(resolve_model_name(str(source))).expanduser()
-    if not folder.is_dir():
+    fetches it. Once per folder content in a process (a search's trials and folds check the same model)."""
+    folder = Path(source)
+    if not (folder / META_FILE).is_file():  # (a model: 'minilm' is the packaged one's folder)
+        folder = Path(resolve_model_name(str(source))).expanduser()
+    if folder.is_dir():
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+        _loadable(str(folder.resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files),
+                  str(source))
+
+
+@functools.lru_cache(maxsize=16)
+def _loadable(folder: str, files: tuple[tuple[str, int, int], ...], source: str) -> None:
+    if (Path(folder) / META_FILE).is_file():
+        load_checkpoint(folder)
         return
     quiet = logging.getLogger("transformers.modeling_utils")  # (an unused pooler's weights are not news)
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        encoder = load_encoder(str(folder))
+        encoder = load_encoder(folder)
         checkpoint_tokenizer(folder, encoder.get_input_embeddings().num_embeddings, "model")
     except (OSError, ValueError) as e:
         raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())[:300]}") from None

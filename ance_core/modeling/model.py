@@ -37,7 +37,7 @@ from ance_core.artifacts import (
     read_manifest,
 )
 from ance_core.compression.conae import PROJECTOR_FILE, Projector
-from ance_core.errors import AnceError
+from ance_core.errors import AnceError, DamagedCheckpoint
 from ance_core.modeling.config import ModelConfig
 from ance_core.system_metrics import SYSTEM_METRICS
 
@@ -160,6 +160,7 @@ def takes_prepared_mask(encoder: nn.Module) -> bool:
             and "create_bidirectional_mask" in vars(sys.modules[type(encoder).__module__]))
 
 
+MODEL_SUFFIXES = {".safetensors", ".bin", ".json", ".txt", ".model"}  # what a model folder's loading reads
 DROPOUT_KEYS = {  # a training override's config key: BERT family first, then DistilBERT and others
     "attention": ("attention_probs_dropout_prob", "attention_dropout"),
     "hidden": ("hidden_dropout_prob", "dropout"),
@@ -172,13 +173,15 @@ def load_encoder(path: str, **config_overrides: float) -> nn.Module:
             return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
         except TypeError:
             return AutoModel.from_pretrained(path, **config_overrides)
-    except OSError as e:  # (transformers says a file it may not read is not there: said as it is)
-        unreadable = [p.name for p in Path(path).glob("*") if p.is_file() and not os.access(p, os.R_OK)]
+    except OSError as e:  # (transformers says a model file it may not read is not there: said as it is)
+        unreadable = [p.name for p in Path(path).glob("*") if p.is_file() and p.suffix in MODEL_SUFFIXES
+                      and p.name not in TRAINING_STATE and not os.access(p, os.R_OK)]
         why = f"no permission to read {', '.join(unreadable)}" if unreadable else " ".join(str(e).split())
         raise AnceError(f"cannot load model '{path}': {why}") from None
-    except RuntimeError as e:  # (weights of other shapes than config.json says: a size mismatch)
-        raise AnceError(f"cannot load model '{path}': its weights do not fit its config.json "
-                        f"({' '.join(str(e).split())[:300]})") from None
+    except RuntimeError as e:  # weights of other shapes than config.json says (a size mismatch), or unreadable
+        said = " ".join(str(e).split())
+        why = "its weights do not fit its config.json" if "mismatch" in said else "its weights cannot be read"
+        raise AnceError(f"cannot load model '{path}': {why} ({said[:300]})") from None
 
 
 def init_model(cfg: ModelConfig, out: Path) -> dict:
@@ -219,7 +222,7 @@ def checkpoint_files(path: str | Path) -> tuple[str, ...]:
     names = ("model.safetensors", HEAD_FILE, META_FILE)
     names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
     if missing := [name for name in names if not (path / name).is_file()]:
-        raise AnceError(f"{path}: a damaged checkpoint (no {', '.join(missing)}); train or export it again")
+        raise DamagedCheckpoint(f"{path}: a damaged checkpoint (no {', '.join(missing)}); train or export it again")
     return names
 
 
@@ -264,8 +267,8 @@ def read_meta(path: str | Path) -> ModelMeta:
     try:
         return ModelMeta(**json.loads(meta_path.read_text()))
     except (ValueError, TypeError) as e:  # (not JSON; a JSON without the fields, or with others)
-        raise AnceError(f"{meta_path}: a damaged checkpoint file ({' '.join(str(e).split())}); train or export the "
-                        "checkpoint again") from None
+        raise DamagedCheckpoint(f"{meta_path}: a damaged checkpoint file ({' '.join(str(e).split())}); train or "
+                                "export the checkpoint again") from None
 
 
 def _dropout_overrides(path: Path, **settings: float | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -289,10 +292,12 @@ def checkpoint_tokenizer(path: Path | str, embeddings: int, kind: str = "checkpo
     meaningless (a pretrained model's before its starting checkpoint is written)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     if len(tokenizer) < embeddings // 2:
-        fix = ("add its tokenizer files (tokenizer.json, or vocab.txt) to the folder" if kind == "model"
-               else "train or export it again")
-        raise AnceError(f"{path}: a damaged {kind} (its tokenizer knows {len(tokenizer)} tokens, its model "
-                        f"{embeddings}: is tokenizer.json missing?); {fix}")
+        said = f"{path}: a damaged {kind} (its tokenizer knows {len(tokenizer)} tokens, its model {embeddings}: is " \
+               "tokenizer.json missing?); "
+        if kind != "model":
+            raise DamagedCheckpoint(said + "train or export it again")
+        raise AnceError(said + ("add its tokenizer files (tokenizer.json, or vocab.txt) to the folder"
+                                if Path(path).is_dir() else "give a model that comes with its tokenizer files"))
     return tokenizer
 
 
@@ -303,7 +308,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
     keeps the model's own."""
     path, meta = Path(path), read_meta(path)
     if not (path / "config.json").is_file():  # (transformers: "Should have a `model_type` key in its config.json")
-        raise AnceError(f"{path}: a damaged checkpoint (no config.json); train or export it again")
+        raise DamagedCheckpoint(f"{path}: a damaged checkpoint (no config.json); train or export it again")
     overrides, original = _dropout_overrides(path, attention=attention_dropout, hidden=hidden_dropout)
     try:
         model = BiEncoder(load_encoder(str(path), **overrides), meta.pooling)
@@ -314,8 +319,12 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", attent
         model.norm.load_state_dict({k[5:]: v for k, v in head.items() if k.startswith("norm.")})
         tokenizer = checkpoint_tokenizer(path, model.encoder.get_input_embeddings().num_embeddings)
     except (OSError, ValueError, SafetensorError) as e:  # (a file missing, cut short, or not what it should be)
-        raise AnceError(f"{path}: a damaged checkpoint ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
-                        "train or export it again") from None
+        raise DamagedCheckpoint(f"{path}: a damaged checkpoint ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:300]}); train or export it again") from None
+    except DamagedCheckpoint:
+        raise
+    except AnceError as e:  # (load_encoder's: weights that do not fit config.json, or cannot be read)
+        raise DamagedCheckpoint(f"{e}; train or export it again") from None
     if (path / PROJECTOR_FILE).is_file():
         model.projector = Projector.load(path)
     return model.to(device), tokenizer, meta

@@ -1006,7 +1006,7 @@ def test_search_reads_the_texts_of_its_hits_alone_from_the_corpus(tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["--recipe", "dmeo"], "--recipe dmeo: the search varies one of demo, full, full-maxp"),
-    (["--seed", "-1"], "--seed -1: a seed is a whole number of 0 or more"),
+    (["--seed", "-1"], "--seed -1: a seed is a whole number from 0 to"),
     (["--set", "warmup_only=true"], "warmup_only True: the search compares warm-ups and whole recipes"),
     (["--set", "start_checkpoint=/some/model"], "start_checkpoint /some/model: the search compares warm-ups"),
     (["--out", "/proc/recipe.yaml"], "--out /proc/recipe.yaml: cannot write in /proc"),

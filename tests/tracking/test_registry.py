@@ -315,3 +315,24 @@ def test_a_damaged_checkpoint_is_neither_logged_nor_registered(tmp_path, tiny_mo
     with pytest.warns(AnceWarning, match="a damaged checkpoint .*not logged to MLflow nor registered"):
         assert not log_checkpoint(tracker, run, checkpoint)
     assert not tracker.client.list_artifacts(run, "checkpoint")
+
+
+def test_a_checkpoint_whose_mlflow_description_fails_otherwise_is_still_logged(tmp_path, tiny_model, monkeypatch):
+    """Only a damaged checkpoint keeps a version out of the registry: another refusal of the description (a newer
+    MLflow writing files it does not know, an AnceError too) logs the model files without it, as before."""
+    from ance_core.errors import AnceError, AnceWarning
+    from tests.tiny import random_head_checkpoint
+    from tracking import pyfunc
+    from tracking.client import Tracker
+    from tracking.registry import log_checkpoint
+
+    def refuse(*args):
+        raise AnceError("MLflow 9.0 wrote conda.lock; add them to SERVING_FILES")
+
+    monkeypatch.setattr(pyfunc, "mlflow_model_files", refuse)
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    tracker = Tracker(tmp_path / "work", "ance-train")
+    run = tracker.start_run("warmup")
+    with pytest.warns(AnceWarning, match="logged without its MLflow model description"):
+        assert log_checkpoint(tracker, run, checkpoint)
+    assert tracker.client.list_artifacts(run, "checkpoint")
