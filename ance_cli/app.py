@@ -132,12 +132,13 @@ def preflight(data, work_dir: str, splits: tuple[str, ...], trains: bool = False
                           "train split): a pipeline run on it trains on every query and its result is its last model"
                           if split == data.dev_split and data.dev_fraction else "")
                 raise AnceError(f"{folder}: {e}; a split's qrels are read from {where}{carved}") from None
-            if not (qrels["relevance"] > 0).any() and not (trains and split == data.train_split):  # (said below)
+            learned = trains and split == data.train_split  # (its positives are checked below: check_trainable)
+            if not (qrels["relevance"] > 0).any() and not learned:
                 why = (f"nothing to learn from ({learns})" if learns and split == data.train_split
                        else "every metric on it would be 0")
                 raise AnceError(f"{data.dataset}: split '{split}' judges no document relevant (its {len(qrels)} qrels "
                                 f"rows are all of grade 0 or below): {why}")
-            if (top := qrels["relevance"].max()) < relevant_grade and not (trains and split == data.train_split):
+            if (top := qrels["relevance"].max()) < relevant_grade and not learned:
                 raise AnceError(f"{grade_setting} {relevant_grade}: no qrels row of split "
                                 f"'{split}' of {data.dataset} reaches it (its top grade is {top}), so MRR@10 and "
                                 f"recall would be 0 for every model; set at most {top}")

@@ -2,13 +2,12 @@
 Hugging Face hub can be reached to fetch it, and whether a local model folder or checkpoint loads at all."""
 
 import functools
-import logging
 from pathlib import Path
 
 from transformers import AutoConfig
 
 from ance_core.errors import AnceError
-from ance_core.modeling.model import META_FILE, checkpoint_tokenizer, load_checkpoint, load_encoder, resolve_model_name
+from ance_core.modeling.model import META_FILE, load_checkpoint, load_pretrained, resolve_model_name
 
 
 def max_positions(source: str | Path) -> int | None:
@@ -98,13 +97,7 @@ def _loadable(folder: str, files: tuple[tuple[str, int, int], ...], source: str)
     if (Path(folder) / META_FILE).is_file():
         load_checkpoint(folder)
         return
-    quiet = logging.getLogger("transformers.modeling_utils")  # (an unused pooler's weights are not news)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
     try:
-        encoder = load_encoder(folder)
-        checkpoint_tokenizer(folder, encoder.get_input_embeddings().num_embeddings, "model")
-    except (OSError, ValueError) as e:
+        load_pretrained(folder, source)  # (as the model stage loads it)
+    except ValueError as e:
         raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())[:300]}") from None
-    finally:
-        quiet.setLevel(level)

@@ -184,19 +184,26 @@ def load_encoder(path: str, **config_overrides: float) -> nn.Module:
         raise AnceError(f"cannot load model '{path}': {why} ({said[:300]})") from None
 
 
-def init_model(cfg: ModelConfig, out: Path) -> dict:
-    """Write the starting checkpoint: the pretrained encoder with a freshly initialised head."""
-    source = resolve_model_name(cfg.name)
+def load_pretrained(source: str, name: str) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    """A pretrained model's encoder and tokenizer (`source`: a folder or a Hugging Face id; `name`: as the user gave
+    it), a tokenizer of a few special tokens refused (`checkpoint_tokenizer`), transformers' note on the unused
+    pooler's weights kept quiet."""
     quiet = logging.getLogger("transformers.modeling_utils")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
         encoder = load_encoder(source)
-        tokenizer = checkpoint_tokenizer(source, encoder.get_input_embeddings().num_embeddings, "model")
+        return encoder, checkpoint_tokenizer(source, encoder.get_input_embeddings().num_embeddings, "model")
     except OSError as e:
-        raise AnceError(f"cannot load model '{cfg.name}' (resolved to {source}): {' '.join(str(e).split())}") from None
+        raise AnceError(f"cannot load model '{name}' (resolved to {source}): {' '.join(str(e).split())}") from None
     finally:
         quiet.setLevel(level)
+
+
+def init_model(cfg: ModelConfig, out: Path) -> dict:
+    """Write the starting checkpoint: the pretrained encoder with a freshly initialised head."""
+    source = resolve_model_name(cfg.name)
+    encoder, tokenizer = load_pretrained(source, cfg.name)
     model = BiEncoder(encoder, cfg.pooling)
     model.init_head(cfg.init_temperature)
     meta = ModelMeta(cfg.name, cfg.pooling, cfg.query_max_length, cfg.passage_max_length, cfg.document_mode,

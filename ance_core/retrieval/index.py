@@ -65,7 +65,8 @@ def check_index_device(cfg: IndexConfig, where: str = "index") -> None:
         return
     if cfg.type == "hnsw":
         raise AnceError(f"{where}.device gpu: an hnsw index has no GPU implementation; use auto or cpu, or type flat")
-    if not gpu_available() and not (torch.cuda.is_available() and cfg.type == "flat" and cfg.backend != "faiss"):
+    searcher_on_gpu = torch.cuda.is_available() if cfg.type == "flat" and torch_backend(cfg) else gpu_available()
+    if not searcher_on_gpu:  # (what SearchIndex would load: torch's flat search, or faiss's)
         raise AnceError(f"{where}.device gpu: no GPU here for a {cfg.type} index (faiss "
                         + ("has no GPU support" if torch.cuda.is_available() else "and torch see no CUDA GPU")
                         + "); use auto (a GPU where there is one) or cpu")
