@@ -114,7 +114,7 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
         tune = tune.model_copy(update={"budget_minutes": earlier[0]})  # its reused trials budgeted as they were
         warn(f"recipe search: the budget is the one of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
              "trials this one reuses (--budget-minutes to give another)")
-    check_pipeline(base)
+    check_pipeline(base, devices=not base.execution.on_gpu_workers)  # (trials on GPU workers: checked there)
     if base.data.dev_split is None:
         fail(no_dev_split(base))
     tables = preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,

@@ -53,19 +53,21 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     return result | retain(config.work_dir, config.retention)
 
 
-def check_pipeline(c: PipelineConfig) -> None:
+def check_pipeline(c: PipelineConfig, devices: bool = True) -> None:
     """What the config asks of this machine and model, refused before any work (not in the first stage that needs
     it): fp16 training without CUDA, token lengths above the model's (or a teacher's) positions, a model or teacher
-    that cannot be loaded, an index on a GPU where there is none."""
-    for name in ("warmup", "ance"):
-        check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
+    that cannot be loaded, an index on a GPU where there is none. `devices` False: the run's stages do not run in
+    this process (a recipe search's trials on GPU Ray workers, each of which checks its own devices)."""
+    if devices:
+        for name in ("warmup", "ance"):
+            check_precision(getattr(c, name).precision, pick_device(), f"{name}.precision")
+        check_index_device(c.index if c.rounds else c.index.exact())  # (without rounds only evaluation's flat index)
     lengths = {"model.query_max_length": c.model.query_max_length,
                "model.passage_max_length": c.model.passage_max_length}
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
     check_lengths(c.start_checkpoint or c.model.name, lengths)
     check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
-    check_index_device(c.index if c.rounds else c.index.exact())  # (without rounds only evaluation's flat index)
     if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
         # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
         if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):

@@ -268,7 +268,7 @@ def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[in
         try:
             for seed in seeds:
                 for full in (False, True):
-                    check_pipeline(trial_config(base, c, seed, full))
+                    check_pipeline(trial_config(base, c, seed, full), devices=not base.execution.on_gpu_workers)
         except (AnceError, ValueError) as e:
             raise AnceError(f"recipe search: the candidate {c.name} ({', '.join(c.sets()) or 'the base config'}) "
                             f"is refused: {e}") from None

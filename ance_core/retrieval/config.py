@@ -68,6 +68,12 @@ class ExecutionConfig(StageConfig):
     threads_per_worker: int = Field(1, ge=1, description="CPU threads of each shard task (Ray num_cpus, torch threads)")
     gpus_per_task: float = Field(0, ge=0, description="ray: GPUs reserved per shard task (1 on GPU workers)")
 
+    @property
+    def on_gpu_workers(self) -> bool:
+        """Whether the tasks run on Ray workers given GPUs, whose devices are theirs, not this process's (a recipe
+        search's trials checked on a CPU-only driver would be refused fp16 or a GPU index they can use)."""
+        return self.task_runner == "ray" and self.gpus_per_task > 0
+
 
 class IndexConfig(StageConfig):
     """The faiss index the training rounds mine from: exact IndexFlatIP (the paper's, the default) or an approximate

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import flows.trial as trials
 import flows.tune as tune
@@ -287,6 +288,21 @@ def test_a_candidate_the_config_refuses_stops_the_search_before_any_trial():
     with pytest.raises(AnceError, match=r"the candidate lr -1 \(warmup.learning_rate=-1.0, ance.learning_rate=-1.0\) "
                        "is refused"):
         tune.check_candidates(PipelineConfig(), [bad], [42])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a driver without CUDA")
+def test_trials_on_gpu_ray_workers_are_not_refused_the_gpu_this_driver_lacks():
+    """fp16 training and a GPU index are refused on a CPU-only machine that would run them, not on the driver of a
+    search whose trials run on Ray workers given GPUs (each trial's own run checks its devices there)."""
+    gpu_only = {"ance": {"precision": "fp16"}, "index": {"device": "gpu"}}
+    here = PipelineConfig.model_validate(gpu_only)
+    with pytest.raises(AnceError, match="ance.precision: fp16 training needs a CUDA GPU"):
+        tune.check_candidates(here, [Candidate("base", {})], [42])
+    cpu_workers = PipelineConfig.model_validate(gpu_only | {"execution": {"task_runner": "ray"}})
+    with pytest.raises(AnceError, match="fp16 training needs a CUDA GPU"):
+        tune.check_candidates(cpu_workers, [Candidate("base", {})], [42])
+    gpu_workers = PipelineConfig.model_validate(gpu_only | {"execution": {"task_runner": "ray", "gpus_per_task": 1}})
+    tune.check_candidates(gpu_workers, [Candidate("base", {})], [42])
 
 
 
