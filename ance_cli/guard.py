@@ -93,11 +93,13 @@ def _embedded_server_gone() -> bool | None:
     import psutil
     from prefect.settings import get_current_settings
 
+    from ance_cli.orphans import watcher_pids
+
     if get_current_settings().api.url:
         return None
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE and child.pid not in watcher_pids():
                 return False
     return True
 

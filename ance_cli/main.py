@@ -12,6 +12,7 @@ import sys
 from ance_cli import train_commands, use_commands  # noqa: F401  (their commands join the app)
 from ance_cli.app import app
 from ance_cli.guard import EPHEMERAL_TIMEOUT, EPHEMERAL_TIMEOUT_DEFAULT, one_line_user_errors, plain_warnings
+from ance_cli.orphans import servers_die_with_the_command
 
 
 def main() -> None:  # pragma: no cover
@@ -27,6 +28,7 @@ def main() -> None:  # pragma: no cover
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    servers_die_with_the_command()  # (the embedded Prefect server, even when this process is killed outright)
     one_line_user_errors()
     plain_warnings()
     sys.exit(app())

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ance_cli.orphans import NAME
 from ance_core.artifacts import is_complete
 from tests.tiny import RUN_RECORDS, command, env_for, run, tiny_pipeline_config
 
@@ -141,6 +142,38 @@ def test_a_signal_to_the_whole_group_ends_the_run_and_its_embedded_server(sig, t
         os.kill(pid, signal.SIGKILL)
     assert not left, "the embedded Prefect server outlived the run it served"
     assert not [p for p in _no_stage_half_written(tmp_path / "work") if p.parent.name != "train"]
+
+
+def test_a_sigkill_to_the_command_alone_does_not_leave_its_embedded_server(tiny_scifact, tiny_model, tmp_path):
+    """SIGKILL runs no exit handler (the kernel's OOM killer, `kill -9 <pid>`): the embedded Prefect server, a child
+    process the command stops on its way out, was left serving for good. Its watcher (ance_cli/orphans.py) stops it
+    once the command is gone, and ends too."""
+    config = tiny_pipeline_config(tiny_scifact, tiny_model, tmp_path / "work", rounds=1, steps=3)
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "PREFECT_API_URL"}
+    code = _terminate_when_hung(tmp_path, config, env, "encode-corpus@1", sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL, _tail(tmp_path)
+    deadline = time.time() + 120  # (the watcher looks every second, and gives the server 10 s to stop)
+    while (left := _servers_left(tmp_path / "prefect")) and time.time() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # (not to outlive the test either)
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the embedded Prefect server outlived the command killed outright"
+    while (orphaned := _watchers_of_gone_commands()) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not orphaned, "a server's watcher outlived its command and its server"
+
+
+def _watchers_of_gone_commands() -> list[int]:
+    """Server watchers (ance_cli/orphans.py) whose command is no longer there: they should have ended."""
+    orphaned = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if NAME in args and not Path(f"/proc/{args[args.index(NAME) + 1]}").exists():
+            orphaned.append(int(cmdline.parent.name))
+    return orphaned
 
 
 def _states_of_this_run(api: str, root: Path) -> list[str]:
