@@ -134,10 +134,11 @@ def score_run(path: Path, dataset: str, split: str, work_dir: str, relevant_grad
     return evaluate_run(run, qrels, relevant_grade)[0]
 
 
-def index_of(model: Path, index: Path | None) -> Path:
+def index_of(model: Path, index: Path | None, dataset: str | None = None) -> Path:
     """The index to search `model` with: `index`, refused when its manifests say it holds another checkpoint's
     encoding (its scores would mean nothing); without one, the newest exact index of the model's encoding in the work
-    folder the model is a stage of."""
+    folder the model is a stage of, of `dataset`'s corpus (as it is now), or without one of the corpus the model was
+    trained on (where the manifests say: a model evaluated on other collections has their indexes too)."""
     from ance_core.errors import AnceError, warn
     from ance_core.modeling.model import checkpoint_files
     from ance_core.retrieval.index import is_index_folder
@@ -153,7 +154,7 @@ def index_of(model: Path, index: Path | None) -> Path:
         if not (found := indexes_of(model, work)):
             raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'} (a compressed model's index "
                             "is in its compress folder); give one with --index")
-        return found[0]
+        return _of_corpus(found, model, work, dataset)
     if not is_index_folder(index):
         raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                         "'flat.json' with its emb_*.npy shards)")
@@ -162,11 +163,47 @@ def index_of(model: Path, index: Path | None) -> Path:
         warn(f"--index {index}: which checkpoint encoded it is not recorded (no manifest): if not --model, its "
              "scores mean nothing")
     elif CheckpointMatch(model, work)(built) is False:
-        ours = indexes_of(model, work)
+        if ours := indexes_of(model, work):
+            try:
+                ours = [_of_corpus(ours, model, work, dataset)]
+            except AnceError:  # (none of --dataset's corpus: its other ones)
+                pass
         raise AnceError(f"--index {index} holds the encoding of checkpoint {built}, not of --model {model}: its "
                         "scores would mean nothing; " + (f"this model's index is {ours[0]}" if ours else
                                                          "encode the corpus with this model first"))
     return index
+
+
+def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) -> Path:
+    """Of `found` (a model's indexes, best first), the first of `dataset`'s corpus; without `dataset`, of the corpus
+    the model's training read, else the first."""
+    from ance_core.artifacts import read_manifest
+    from ance_core.data.dataset import corpus_rows
+    from ance_core.data.sources import dataset_digest, resolve_dataset
+    from ance_core.errors import AnceError
+    from ance_core.retrieval.provenance import corpus_content, holds_documents
+
+    if len(found) == 1 and dataset is None:
+        return found[0]
+    if dataset is not None:
+        wanted = dataset_digest(resolve_dataset(dataset, download=False))
+    else:
+        try:
+            wanted = read_manifest(work / "data" / read_manifest(model)["inputs"]["data"])["inputs"]["content"]
+        except (OSError, KeyError, TypeError, ValueError):  # (not a training stage, or its data stage is gone)
+            return found[0]
+    if ours := [index for index in found if corpus_content(index) == wanted]:
+        return ours[0]
+    if dataset is None:
+        return found[0]
+    # (the same corpus in another folder: a corpus-only copy, or the dataset with its queries edited since)
+    ids = [row[0] for row in corpus_rows(resolve_dataset(dataset, download=False))[1]]
+    if ours := [index for index in found if holds_documents(index, ids)]:
+        return ours[0]
+    raise AnceError(f"--dataset {dataset}: none of the {len(found)} index{'es' * (len(found) > 1)} of {model}'s "
+                    f"encoding in {work / 'index'} holds its corpus's documents (another collection's, or this one's "
+                    f"before an edit): encode it with `ance evaluate --checkpoint {model} --dataset {dataset}`, or "
+                    "give --index")
 
 
 def corpus_titles(dataset: str, doc_ids: list[str]) -> dict[str, str]:
@@ -210,29 +247,33 @@ def fusion_weight(text: str) -> float | None:
 
 
 def chosen_fusion(text: str, model: Path, work_dir: str):
-    """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what the work
-    folder's newest run chose for this model, its hybrid row's fusion, BM25 config and depth, recorded in latest.json
-    when the run's result is this model or its hybrid; else RRF with the default BM25, 1000 deep), rrf, or the dense
-    ranking's weight in a convex combination."""
+    """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what a run in
+    the work folder chose on its dev split for this model: its hybrid row's fusion, BM25 config and depth, recorded in
+    latest.json when the newest run's result is this model or its hybrid, else read from the newest fusion stage of
+    this model's ranking; without one RRF with the default BM25, 1000 deep), rrf, or the dense ranking's weight in a
+    convex combination."""
     import json
 
     from ance_core.errors import warn
     from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import Fusion
+    from ance_core.retrieval.provenance import fusion_of
 
     latest = Path(work_dir) / "latest.json"
     record = json.loads(latest.read_text()) if latest.is_file() else {}
     same = record.get("checkpoint") and (Path(record["checkpoint"]).resolve() == model.resolve()
                                          or _same_digest(record, model))
     recorded = record.get("fusion") if same else None
+    if recorded is None and text == "auto":  # (another model is the newest run's: the one its own run chose)
+        recorded = fusion_of(model, Path(work_dir))
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     depth = recorded.get("depth", 1000) if recorded else 1000
     if text == "auto":
         if not recorded:
-            why = (f"no {latest}" if not latest.is_file() else f"{latest} names {record.get('checkpoint')}, not "
-                   "this model" if not same else f"{latest} records no fusion for it")
-            warn(f"--fusion auto: {why}, so no fusion chosen on a dev split is known for {model}: RRF with the default "
-                 "BM25 settings (give --work-dir the work folder of the run that trained it, or --fusion)")
+            warn(f"--fusion auto: no run in {work_dir} fused {model} with BM25 on a dev split (its result was not "
+                 "a hybrid row, or it was trained elsewhere), so no fusion chosen on a dev split is known for it: RRF "
+                 "with the default BM25 settings (give --work-dir the work folder of the run that trained it, or "
+                 "--fusion)")
         return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
     weight = fusion_weight(text)
     return (Fusion("rrf") if weight is None else Fusion("convex", weight)), bm25, depth

@@ -95,15 +95,16 @@ def search(
     model: Annotated[Path, typer.Option(help="Checkpoint folder")],
     index: Annotated[Path | None, typer.Option(help="Index folder (an index stage's: `docid` and the index); "
                                                "default: the newest index of --model's encoding in its work "
-                                               "folder")] = None,
+                                               "folder, of --dataset's corpus (without it, of the corpus --model "
+                                               "trained on)")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many hits")] = 10,
     dataset: Annotated[str | None, typer.Option(help="Show passage text from this dataset's corpus")] = None,
     trec: Annotated[Path | None, typer.Option("--trec", help="Also write the hits as a TREC run file here")] = None,
     query_id: Annotated[str, typer.Option(help="The query's id in the TREC run file (--trec)")] = QUERY_ID,
     hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse the model's ranking with BM25's over --dataset's "
                                          "corpus (its BM25 index in --work-dir, built once)")] = False,
-    fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one the work folder's newest run chose "
-                                        "on its dev split, when its result is this model or its hybrid row; else "
+    fusion: Annotated[str, typer.Option(help="--hybrid's fusion: auto (the one a run in the work folder chose on "
+                                        "its dev split for this model's hybrid row; else "
                                         "rrf), rrf, or the dense ranking's weight in a convex combination of "
                                         "normalised scores, e.g. 0.7")] = "auto",
     work_dir: Annotated[str | None, typer.Option(help="--hybrid: the work folder of the data (or corpus) and BM25 "
@@ -149,7 +150,7 @@ def search(
             if dataset is None:
                 raise AnceError("--hybrid needs --dataset: the corpus BM25 searches (the one --model's index holds)")
             fusion_weight(fusion)  # (checked before the work folder is made: a typo leaves no empty folder)
-            searched = index_of(model, index)  # (likewise: no index to fuse, no folder made)
+            searched = index_of(model, index, dataset)  # (likewise: no index to fuse, no folder made)
             work = work_dir or model_work_dir(model)
             # (a read-only one is read: its data and BM25 stages as a run left them; one this command made is
             # removed again when the corpus is refused)
@@ -158,7 +159,7 @@ def search(
                 hits = hybrid_search(model, searched, query, top_k, dataset, work, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:
-            hits = search_text(model, searched := index_of(model, index), query, top_k)
+            hits = search_text(model, searched := index_of(model, index, dataset), query, top_k)
         shown = [h.doc_id for h in hits]
         texts = corpus_titles(dataset, shown) if dataset else {}
         if dataset:  # the passages printed must be the ones the index holds

@@ -1,9 +1,12 @@
 """Which checkpoint's encoding an index stage folder holds, told from the stage manifests (index -> encode ->
 checkpoint): what `ance search` reads to pick a model's own index and to refuse another model's."""
 
+import ast
+import json
+import re
 from pathlib import Path
 
-from ance_core.artifacts import file_digest, read_manifest
+from ance_core.artifacts import INDEX_DOCIDS, file_digest, id_lines, read_manifest
 from ance_core.modeling.model import HEAD_FILE, checkpoint_digest, checkpoint_ref
 
 
@@ -30,6 +33,31 @@ def encoded_corpus(index: str | Path) -> Path | None:
     found = [f for f in (index.parent.parent / stage / data for stage in ("data", "corpus"))
              if (f / "corpus.parquet").is_file()]
     return found[0] if found else None
+
+
+def corpus_content(index: str | Path) -> str | None:
+    """The content digest of the collection whose corpus an index stage folder's encoding holds (its data or corpus
+    stage's input, `dataset_digest` of the dataset folder as it was read); None when the manifests do not say."""
+    if (folder := encoded_corpus(index)) is None:
+        return None
+    try:
+        return read_manifest(folder)["inputs"]["content"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def holds_documents(index: str | Path, doc_ids: list[str]) -> bool:
+    """Whether an index holds exactly the documents `doc_ids` (a MaxP index lists a document once per window; arrow
+    arrays, not Python sets: millions of ids)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        held = pc.unique(pa.array(id_lines(Path(index) / INDEX_DOCIDS), pa.string()))
+    except OSError:  # (a folder removed meanwhile, or no index's)
+        return False
+    wanted = pc.unique(pa.array(doc_ids, pa.string()))
+    return len(held) == len(wanted) and bool(pc.all(pc.is_in(held, value_set=wanted)).as_py())
 
 
 class CheckpointMatch:
@@ -77,3 +105,29 @@ def indexes_of(model: str | Path, work: Path) -> list[Path]:
         except (OSError, KeyError, AttributeError, ValueError):  # (a folder removed meanwhile, a manifest of its own)
             continue
     return [index for *_, index in sorted(found)]
+
+
+def fusion_of(model: str | Path, work: Path) -> dict | None:
+    """The fusion a pipeline run in `work` chose on its dev split for checkpoint `model`'s ranking (the newest such
+    fusion stage), as latest.json records a result's: the fusion, the BM25 settings it fused with (`bm25`) and how deep
+    (`depth`), and `stage`, its folder; None when no run there fused this model. Read from the stage manifests
+    (fusion -> the dense ranking -> its checkpoint), so that a model other than the work folder's last result (another
+    collection trained since in the same work folder) still searches as its run chose."""
+    same, found = CheckpointMatch(model, work), []
+    for folder in (work / "fusion").glob("[!.]*"):
+        try:
+            manifest = read_manifest(folder)
+            if not same(read_manifest(work / "retrieve" / manifest["inputs"]["dense"])["inputs"]["checkpoint"]):
+                continue
+            bm25 = read_manifest(work / "bm25" / manifest["inputs"]["bm25"])["config"]["bm25"]
+            chosen = json.loads((folder / "fusion.json").read_text())["chosen"]
+            record = chosen | {"bm25": _settings(bm25), "depth": manifest["config"]["top_k"], "stage": str(folder)}
+            found.append((folder.stat().st_mtime, record))
+        except (OSError, KeyError, TypeError, ValueError, SyntaxError):  # (a stage folder of its own, or half gone)
+            continue
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def _settings(text: str) -> dict:
+    """A stage config's repr, as a stage manifest records it (`k1=0.9 method='lucene' stemmer=None`), as a dict."""
+    return {k: ast.literal_eval(v) for k, v in re.findall(r"(\w+)=('[^']*'|\S+)", text)}

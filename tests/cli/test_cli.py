@@ -1,6 +1,7 @@
 """CLI behaviour on user errors: one clear line, exit status 2, no traceback, nothing written."""
 
 import json
+import os
 import re
 import socket
 
@@ -8,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from ance_core.errors import AnceWarning
+from ance_core.errors import AnceError, AnceWarning
 from tests.tiny import random_head_checkpoint, write_beir
 
 runner = CliRunner()
@@ -780,8 +781,38 @@ def test_fusion_auto_finds_the_runs_choice_in_a_work_folder_moved_since(tmp_path
     other = tmp_path / "moved" / "train" / "0000000000000000"  # another stage's model: no fusion known for it
     other.mkdir()
     (other / "manifest.json").write_text(json.dumps({"key": other.name}))
-    with pytest.warns(AnceWarning, match="names /app/work/train/7c63b72d4c656681, not this model"):
+    with pytest.warns(AnceWarning, match=f"no run in {tmp_path / 'moved'} fused {other} with BM25 on a dev split"):
         how, _, _ = chosen_fusion("auto", other, str(tmp_path / "moved"))
+    assert how.label() == "RRF (k=60)"
+
+
+def test_fusion_auto_finds_the_choice_of_a_model_that_is_no_longer_the_newest_result(tmp_path):
+    """Another collection trained since in the same work folder: latest.json names its model, and the earlier model's
+    hybrid search fused by RRF with the default BM25 (its run had chosen a convex fusion, stored in its fusion
+    stage), saying to give the work folder it was given."""
+    from ance_cli.lookups import chosen_fusion
+    from ance_core.retrieval.config import BM25Config
+
+    def write_json(path, record):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+
+    work = tmp_path / "work"
+    for stage in ("m1", "m2"):
+        (work / "train" / stage).mkdir(parents=True)
+        write_json(work / "train" / stage / "manifest.json", {"key": stage})
+    write_json(work / "latest.json", {"checkpoint": str(work / "train" / "m2"), "digest": "m2",
+                                      "fusion": {"method": "rrf", "weight": None, "k": 60}})
+    bm25 = BM25Config(k1=1.2, stemmer=None)  # a manifest records a stage's config as its repr
+    write_json(work / "bm25" / "b1" / "manifest.json", {"config": {"bm25": str(bm25.scoring()), "top_k": 500}})
+    write_json(work / "retrieve" / "r1" / "manifest.json", {"inputs": {"checkpoint": "m1"}})
+    write_json(work / "fusion" / "f1" / "manifest.json", {"config": {"top_k": 500}, "inputs": {"dense": "r1",
+                                                                                               "bm25": "b1"}})
+    write_json(work / "fusion" / "f1" / "fusion.json", {"chosen": {"method": "convex", "weight": 0.3, "k": 60}})
+    how, bm25_cfg, depth = chosen_fusion("auto", work / "train" / "m1", str(work))
+    assert how.label() == "convex, dense weight 0.3" and depth == 500
+    assert bm25_cfg.scoring() == bm25.scoring()
+    how, _, _ = chosen_fusion("auto", work / "train" / "m2", str(work))  # the newest result's, from latest.json
     assert how.label() == "RRF (k=60)"
 
 
@@ -833,8 +864,34 @@ def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp
         build_index(emb, index, cfg)
         write_json(index / "manifest.json", {"key": name, "config": {"type": cfg.type}, "inputs": {"embeddings": "e2"}})
     from ance_cli.lookups import index_of
+    from ance_core.retrieval.provenance import indexes_of
 
     assert index_of(stage, None) == work / "index" / "i2"
+    # the model evaluated on another collection since: its index of that corpus is newer, and was searched in place of
+    # the one of --dataset's corpus (or, without --dataset, of the corpus it trained on)
+    from ance_core.data.sources import dataset_digest
+
+    own, other = (write_beir(tmp_path / name, [{"_id": "d1", "text": name}], [{"_id": "q", "text": "x"}],
+                             {"train": [("q", "d1", 1)]}) for name in ("own", "other"))
+    for name, dataset in (("own", own), ("other", other)):
+        (work / "data" / name).mkdir(parents=True)
+        write_json(work / "data" / name / "manifest.json", {"inputs": {"content": dataset_digest(dataset)}})
+        (work / "data" / name / "corpus.parquet").touch()
+    write_json(stage / "manifest.json", {"key": "k2", "inputs": {"data": "own"}})
+    write_json(emb / "manifest.json", {"key": "e2", "inputs": {"checkpoint": "k2", "data": "own"}})
+    (emb3 := work / "encode" / "e3").mkdir()
+    write_json(emb3 / "manifest.json", {"key": "e3", "inputs": {"checkpoint": "k2", "data": "other"}})
+    (index := work / "index" / "i4").mkdir()
+    write_json(index / "manifest.json", {"key": "i4", "inputs": {"embeddings": "e3"}})
+    os.utime(work / "index" / "i2", (1, 1))  # (older than i4)
+    assert indexes_of(stage, work)[0] == index  # the newest
+    assert index_of(stage, None) == index_of(stage, None, str(own)) == work / "index" / "i2"
+    assert index_of(stage, None, str(other)) == index
+    write_beir(tmp_path / "third", [{"_id": "d1", "text": "third"}], [{"_id": "q", "text": "x"}],
+               {"train": [("q", "d1", 1)]})
+    with pytest.raises(AnceError, match="none of the 3 indexes of .* holds its corpus.s documents .*`ance evaluate "
+                       "--checkpoint"):
+        index_of(stage, None, str(tmp_path / "third"))
     monkeypatch.chdir(work / "index")  # a relative --index is checked as well
     code, out = _invoke(["search", "topic 3", "--model", str(stage), "--index", "i1"])
     assert code == 2 and "holds the encoding of checkpoint" in out and f"index is {work / 'index' / 'i2'}" in out

@@ -156,7 +156,7 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     # chose no fusion for this model: said)
     from ance_core.errors import AnceWarning
 
-    with pytest.warns(AnceWarning, match=f"--fusion auto: no {tmp_path / 'w' / 'latest.json'}, so no fusion chosen"):
+    with pytest.warns(AnceWarning, match=f"--fusion auto: no run in {tmp_path / 'w'} fused .* so no fusion chosen"):
         fused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index), "-k",
                                          "3", "--dataset", str(tiny_scifact), "--hybrid",
                                          "--work-dir", str(tmp_path / "w")])
@@ -186,6 +186,13 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                                        str(tiny_scifact), "--hybrid"])
     assert own.exit_code == 0 and not [w for w in caught if "--fusion auto" in str(w.message)], own.output
     assert f"fused with BM25's by {Fusion.of(latest['fusion']).label()}" in own.output
+    # the same record read from the run's stage manifests (fusion -> dense ranking -> checkpoint, the BM25 stage's
+    # settings), for a model that is no longer the work folder's newest result
+    from ance_core.retrieval.provenance import fusion_of
+
+    found = fusion_of(final, work)
+    assert found and {k: found[k] for k in ("method", "weight", "k", "bm25", "depth")} == \
+        {k: latest["fusion"][k] for k in ("method", "weight", "k", "bm25", "depth")}
     # the work folder read-only (a mounted or shared copy): its data and BM25 stages are read as they are, unlocked;
     # a stage it lacks is one line (the stage locks refused the search of a read-only folder)
     import ance_core.artifacts
@@ -212,7 +219,11 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
                        [{"_id": "q1", "text": "cancer"}], {"test": [("q1", "x1", 1)]})
     mixed = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--dataset", str(other),
                                      "--hybrid"])
-    assert mixed.exit_code == 2 and "its corpus (1 document) is not the one the index" in mixed.output, mixed.output
+    assert mixed.exit_code == 2 and "'s encoding in" in mixed.output and "holds its corpus's documents (another " \
+        "collection's" in mixed.output and "ance evaluate --checkpoint" in mixed.output, mixed.output
+    with_index = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index),
+                                          "--dataset", str(other), "--hybrid"])  # (the index given: compared)
+    assert with_index.exit_code == 2 and "its corpus (1 document) is not the one the index" in with_index.output
     refused = CliRunner().invoke(app, ["search", "cancer cells", "--model", str(final), "--index", str(index),
                                        "--hybrid"])
     assert refused.exit_code == 2 and "--hybrid needs --dataset" in refused.output
