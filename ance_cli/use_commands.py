@@ -1,6 +1,7 @@
 """`ance` commands that use what was trained: bm25, evaluate, search, export, gc."""
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,13 +12,11 @@ from ance_cli.app import app, preflight, print_metrics
 from ance_cli.guard import (
     guard,
 )
+from ance_cli.hybrid import chosen_fusion, fusion_weight, hybrid_search, run_fusion
 from ance_cli.lookups import (
     check_same_texts,
-    chosen_fusion,
     corpus_titles,
     evaluation_data,
-    fusion_weight,
-    hybrid_search,
     index_of,
     model_work_dir,
     say_training_split,
@@ -59,9 +58,14 @@ def evaluate(
     relevant_grade: Annotated[int, typer.Option(min=1, help="The lowest qrels grade MRR@10 and recall count as "
                                                 "relevant (eval.relevant_grade; TREC Deep Learning's passage "
                                                 "collections: 2)")] = 1,
+    hybrid: Annotated[bool, typer.Option("--hybrid", help="--checkpoint: evaluate its ranking fused with BM25's, "
+                                         "by the fusion its run chose on its dev split (the run's result when "
+                                         "that was a + BM25 row; RRF where no run of its work folder chose one)")
+                      ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ):
-    """Encode the corpus with a checkpoint, index it and evaluate it on a split; or score a TREC run file."""
+    """Encode the corpus with a checkpoint, index it and evaluate it on a split (--hybrid: fused with BM25, as the
+    run's hybrid row); or score a TREC run file."""
     from ance_core.errors import AnceError
     from ance_core.modeling.model import checkpoint_files, load_checkpoint, read_meta
     from ance_core.retrieval.config import EvalConfig
@@ -73,6 +77,8 @@ def evaluate(
         if (checkpoint is None) == (run is None):
             raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
                             "to score), one of them")
+        if hybrid and run is not None:
+            raise AnceError("--hybrid: for --checkpoint only (a run file is scored as it is)")
         if run is not None:
             return print_metrics(score_run(run, dataset, split, work_dir, relevant_grade), f"{run} on {dataset} "
                                  f"{split}{graded}", as_json)
@@ -82,9 +88,18 @@ def evaluate(
         data = evaluation_data(dataset, split, work_dir, checkpoint)
         say_training_split(data, preflight(data, work_dir, (split,), relevant_grade=relevant_grade,
                                                          grade_setting="--relevant-grade"), split)
+        evaluation, fused, how = EvalConfig(relevant_grade=relevant_grade), None, ""
+        if hybrid:
+            fused, depth, how = run_fusion(checkpoint)
+            evaluation = evaluation.model_copy(update={"top_k": depth})
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split,
-                                      evaluation=EvalConfig(relevant_grade=relevant_grade))
-        print_metrics(metrics, f"{checkpoint} on {dataset} {split}{graded}", as_json)
+                                      evaluation=evaluation, hybrid=fused)
+        dense = metrics.pop("dense", None)
+        print_metrics(metrics, f"{checkpoint}{how} on {dataset} {split}{graded}", as_json=False)
+        if dense:  # (--json: the dense model's own metrics under "dense")
+            typer.echo(f"  ({checkpoint} alone: nDCG@10 {dense['ndcg_at_10']:.4f})")
+        if as_json:
+            typer.echo(json.dumps(metrics | ({"dense": dense} if dense else {})))
 
     guard(training_free(body))
 

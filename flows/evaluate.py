@@ -2,10 +2,14 @@
 indexes it and reports the checkpoint's metrics on a split; `bm25-baseline` (`ance bm25`, no deployment) reports BM25's.
 Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with the same inputs is not built again."""
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from ance_core.artifacts import ArtifactRef
 from ance_core.data.config import DataConfig
+from ance_core.errors import AnceError
 from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.run_records import live_run
@@ -15,6 +19,7 @@ from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate, evaluation_for
+from tasks.fusion import FUSION, fused_run, fusion_choice
 from tasks.refresh import evaluate_stages
 
 
@@ -34,8 +39,9 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
-                        split: str | None = None) -> dict:
-    """The checkpoint's metrics on `split` (default: data.eval_split).
+                        split: str | None = None, hybrid: dict | None = None) -> dict:
+    """The checkpoint's metrics on `split` (default: data.eval_split); with `hybrid`, those of its ranking fused with
+    BM25's, as a pipeline's hybrid row (`dense`: the checkpoint's own).
 
     Args:
         checkpoint: The checkpoint's folder (a path the worker can read).
@@ -46,6 +52,8 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
         work_dir: Where stage outputs are kept.
         execution: Where mapped tasks (encoding shards) run.
         split: The split evaluated; unset: data.eval_split.
+        hybrid: Fuse with BM25: {"fusion": a fusion stage folder (the choice a pipeline run made on its dev split;
+            null: reciprocal-rank fusion), "bm25": the BM25 settings it fused with}.
     """
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         ref = held_checkpoint(checkpoint)  # the checkpoint too
@@ -54,10 +62,30 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
         evaluation = evaluation_for(evaluation, tables)
         refs = evaluate_stages(ref, tables, split, evaluation, encode, index, work_dir, execution=execution)
         metrics = read_metrics(refs["evaluate"])
+        if hybrid is not None:
+            metrics = fused_metrics(refs["retrieve"], tables, split, evaluation, hybrid, work_dir) | {"dense": metrics}
     # what a run started from the UI shows on its page (its return value is not shown there)
-    shown = ", ".join(f"{COLUMNS.get(k, k)} {v:.4f}" for k, v in metrics.items())
+    flat = {k: v for k, v in metrics.items() if k != "dense"}
+    shown = ", ".join(f"{COLUMNS.get(k, k)} {v:.4f}" for k, v in flat.items()) + (" (+ BM25)" if hybrid else "")
     get_run_logger().info(f"{checkpoint} on {data.collection} {split}: {shown}")
     publish(create_table_artifact, [{"checkpoint": checkpoint, "split": split} | {
-        COLUMNS.get(k, k): round(v, 4) for k, v in metrics.items()}],
+        COLUMNS.get(k, k): round(v, 4) for k, v in flat.items()} | ({"hybrid": "+ BM25"} if hybrid else {})],
         key=artifact_key("evaluate", data.collection, split), description="the checkpoint's metrics on the split")
     return metrics
+
+
+def fused_metrics(dense: ArtifactRef, tables: ArtifactRef, split: str, evaluation: EvalConfig, hybrid: dict,
+                  work_dir: str) -> dict:
+    """The metrics of the dense run `dense` fused with BM25's (`evaluate_checkpoint`'s `hybrid`), by the pipeline's
+    hybrid-row stages: BM25's run of the split, the fusion (the given stage's, or RRF), the fused run and its
+    evaluation."""
+    bm25 = BM25Config.model_validate(hybrid.get("bm25") or {})
+    sparse = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
+    if given := hybrid.get("fusion"):
+        if not (Path(given) / FUSION).is_file():
+            raise AnceError(f"hybrid.fusion {given}: not a fusion stage folder (no {FUSION}); null for RRF")
+        choice = ArtifactRef(str(given), Path(given).name)
+    else:
+        choice = run_task(fusion_choice, None, None, tables, None, work_dir, evaluation)
+    fused = run_task(fused_run, dense, sparse, choice, work_dir, evaluation.top_k, evaluation.ignore_identical_ids)
+    return read_metrics(run_task(evaluate, fused, tables, split, work_dir, evaluation))

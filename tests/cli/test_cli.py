@@ -25,6 +25,8 @@ def test_not_a_checkpoint(tmp_path):
     assert code == 2 and "not an ANCE checkpoint" in out and "Traceback" not in out
     code, out = _invoke(["search", "cells", "--model", str(tmp_path / "typo")])  # a path that is not there: said so
     assert code == 2 and "typo: no such checkpoint folder (the path does not exist)" in out, out
+    code, out = _invoke(["evaluate", "--run", str(tmp_path / "run.trec"), "--hybrid"])  # (a run is scored as it is)
+    assert code == 2 and "--hybrid: for --checkpoint only" in out, out
 
 
 def test_search_refuses_an_empty_query_and_a_top_k_below_one(tmp_path):
@@ -768,7 +770,7 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
 def test_fusion_auto_finds_the_runs_choice_in_a_work_folder_moved_since(tmp_path):
     """latest.json names the run's model by the path it had; a work folder copied or moved since (a container's
     /app/work copied out) named another place, and --fusion auto fused by RRF, not by the run's choice."""
-    from ance_cli.lookups import chosen_fusion
+    from ance_cli.hybrid import chosen_fusion
 
     model = tmp_path / "moved" / "train" / "7c63b72d4c656681"
     model.mkdir(parents=True)
@@ -790,7 +792,7 @@ def test_fusion_auto_finds_the_choice_of_a_model_that_is_no_longer_the_newest_re
     """Another collection trained since in the same work folder: latest.json names its model, and the earlier model's
     hybrid search fused by RRF with the default BM25 (its run had chosen a convex fusion, stored in its fusion
     stage), saying to give the work folder it was given."""
-    from ance_cli.lookups import chosen_fusion
+    from ance_cli.hybrid import chosen_fusion
     from ance_core.retrieval.config import BM25Config
 
     def write_json(path, record):

@@ -248,6 +248,16 @@ def test_search_and_evaluate_commands_use_the_trained_checkpoint(pipeline, tiny_
     row = next(r for r in result["results"] if r["model"] == result["selected"].removesuffix(" + BM25"))
     assert metrics["recall_at_1000"] == pytest.approx(row["recall_at_1000"], abs=0.02)
     assert metrics["ndcg_at_10"] == pytest.approx(row["ndcg_at_10"], abs=0.03)
+    # --hybrid: the run's hybrid row (its dense model fused with BM25 by the fusion the run chose on dev), which is
+    # the figure the results table reports for it; the dense model's own metrics beside it
+    hybrid_row = next(r for r in result["results"] if r["model"].endswith(" + BM25"))
+    fused = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(final), "--dataset", str(tiny_scifact), "--split",
+                                     "test", "--work-dir", str(tmp_path / "w"), "--hybrid", "--json"])
+    assert fused.exit_code == 0, fused.output
+    assert f"{final} + BM25 (" in fused.output and f"{final} alone: nDCG@10" in fused.output, fused.output
+    both = json.loads(next(line for line in reversed(fused.output.splitlines()) if line.startswith("{")))
+    assert both["ndcg_at_10"] == pytest.approx(hybrid_row["ndcg_at_10"], abs=0.03)
+    assert both["dense"]["ndcg_at_10"] == pytest.approx(metrics["ndcg_at_10"], abs=1e-6)
 
 
 @PIPELINE
