@@ -3,17 +3,21 @@ run's metrics, the index that goes with a model, the passages' text."""
 
 from pathlib import Path
 
+TRAINING_WARNINGS = ("no dev split: ", "most training queries held out: ", "training positives are the ")
+
 
 def training_free(body):
-    """`body` (a command that trains nothing: bm25, evaluate, search) without the data stage's warning that a run
-    would train on every query (no dev split carved): it is a training run's concern, noise here."""
+    """`body` (a command that trains nothing: bm25, evaluate, search) without the data stage's warnings about what a
+    run would train on (every query, with no dev split carved; most queries held out; which graded pairs are
+    positives): a training run's concern, noise here."""
     import warnings
 
     from ance_core.errors import AnceWarning
 
     def quiet():
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="no dev split: ", category=AnceWarning)
+            for said in TRAINING_WARNINGS:
+                warnings.filterwarnings("ignore", message=said, category=AnceWarning)
             return body()
 
     return quiet

@@ -459,6 +459,14 @@ def test_dev_split_is_a_seeded_share_of_the_train_queries(tmp_path):
     assert with_dev_split(ds, "train", "dev", 0.0, seed=0) is ds
     with pytest.warns(AnceWarning, match="no dev split: data.dev_fraction 0.001 of the 50 'train' queries"):
         assert with_dev_split(ds, "train", "dev", 0.001, seed=0) is ds
+    # most of the queries held out (0.9 typed for 0.1): carved as asked, and said
+    with pytest.warns(AnceWarning, match=r"most training queries held out: data.dev_fraction 0.9 makes \d+ of the 50 "
+                      r"'train' queries with a positive the dev split, .* leaves \d+ to train on"):
+        held = with_dev_split(ds, "train", "dev", 0.9, seed=0)
+    assert len(held.positives("dev")) > len(held.positives("train")) > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with_dev_split(ds, "train", "dev", 0.3, seed=0)  # (a usual share: nothing said)
 
 
 def test_dev_folds_are_disjoint_dev_splits_and_fold_0_is_the_default(tmp_path):
