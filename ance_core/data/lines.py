@@ -313,6 +313,8 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
 
 
 QRELS_HEADER = {"score", "relevance", "rel"}
+TREC_GRADE_NAMES = {"label", "grade", "judgment", "judgement", "qrel"}  # a TREC header's last column, besides those
+TREC_ITERATIONS = {"0", "q0"}
 
 
 def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, str, str, int] | None:
@@ -322,11 +324,18 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
     if len(parts) != 3:
         tabs, parts = parts, line.split()
         if len(parts) == 4:  # TREC: qid iteration docid relevance
+            names = [q.lower().replace("-", "").replace("_", "") for q in parts]
+            if first and names[0] in QUERY_COLUMN_NAMES and names[2] in DOC_COLUMN_NAMES and \
+                    names[3] in QRELS_HEADER | TREC_GRADE_NAMES:  # TREC's columns named, in TREC's order
+                warn(f"{path}:{number}: read as a header line ({' '.join(parts)}) and skipped: TREC's qrels "
+                     "(query-id iteration doc-id relevance) have none")
+                return None
             if first and QRELS_HEADER & {p.strip().lower() for p in parts}:
                 raise FileLayoutError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
                                       "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
                                       "and no header; remove the header line", number)
-            if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]):
+            if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]) and tabs[1].strip().lower() not in \
+                    TREC_ITERATIONS:  # (TREC's second column is 0 or Q0: its relevance is the one not a number)
                 raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
                                 f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
                                 "TREC's 4 columns end with the relevance", number)
@@ -347,7 +356,7 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
     return number, parts[0], parts[1], _relevance(path, number, parts[2])
 
 
-DOC_COLUMN_NAMES = {"corpusid", "docid", "documentid", "doc", "document", "pid", "passageid"}
+DOC_COLUMN_NAMES = {"corpusid", "docid", "documentid", "doc", "document", "pid", "passageid", "docno"}
 QUERY_COLUMN_NAMES = {"queryid", "qid", "query", "topic", "topicid"}
 
 

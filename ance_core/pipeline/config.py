@@ -68,7 +68,8 @@ class PipelineConfig(StageConfig):
                          "chosen on the dev split), a candidate for the run's result like any model")
     selection: Selection = Field(
         "best", description="How the run's result is chosen on the dev split among its models (the starting one and "
-        "the hybrid row included). best: the best dev nDCG@10. one-se: the simplest model (the earliest trained, "
+        "the hybrid row included). best: the best dev nDCG@10 (on a tie a dense model before a hybrid row, then the "
+        "later trained). one-se: the simplest model (the earliest trained, "
         "a dense model before its hybrid row) within one standard error of the best dev nDCG@10, the error that of "
         "their per-query difference, so that a lead within the noise of a small dev split does not displace a "
         "simpler model (measured on seven collections: no better on test than best, RESULTS.md). cv: "

@@ -292,6 +292,28 @@ def test_a_collection_tsv_header_line_is_skipped_with_a_warning(tmp_path):
     assert load_dataset(folder).corpus["doc_id"].tolist() == ["id", "0"]
 
 
+@pytest.mark.parametrize("header", ["qid 0 docid rel", "qid\titer\tdocid\trel", "qid 0 pid label"])
+def test_a_trec_qrels_header_line_is_skipped_with_a_warning(tmp_path, header):
+    """TREC's qrels have no header, and one naming TREC's columns stopped the load (or, naming its grade `label`,
+    was left out as a bad row): its rows read as they are, it is skipped, as collection.tsv's is."""
+    folder = _marco(tmp_path, {"collection.tsv": b"0\tfirst passage\n1\tsecond passage\n",
+                               "queries.train.tsv": b"10\twhat first\n11\twhat second\n",
+                               "qrels.train.tsv": f"{header}\n10 0 0 1\n11 0 1 2\n".encode()})
+    with pytest.warns(AnceWarning, match=r"qrels.train.tsv:1: read as a header line \(.*\) and skipped: TREC's"):
+        ds = load_dataset(folder)
+    assert ds.qrels[["query_id", "doc_id", "relevance"]].values.tolist() == [["10", "0", 1], ["11", "1", 2]]
+
+
+def test_a_trec_qrels_relevance_that_is_not_a_number_is_named_as_such(tmp_path):
+    """`10\t0\t3\thigh`: a TREC row (iteration 0) whose relevance is a word, not BEIR's 3 columns and an extra one
+    (the numeric document id 3 was read as a score, and the relevance as a column too many)."""
+    folder = _marco(tmp_path, {"collection.tsv": b"0\tfirst passage\n3\tthird passage\n",
+                               "queries.train.tsv": b"10\twhat first\n11\twhat third\n",
+                               "qrels.train.tsv": b"10\t0\t0\t1\n11\t0\t3\thigh\n"})
+    with pytest.warns(AnceWarning, match=r"line 2: relevance 'high' is not a number"):
+        load_dataset(folder)
+
+
 @pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf", "0.5"])
 def test_relevance_that_is_not_an_integer_grade_names_the_line(beir, value):
     _corrupt(beir, "qrels/train.tsv", ["query-id\tcorpus-id\tscore", "q1\td0\t1", f"q1\td1\t{value}"])

@@ -121,8 +121,13 @@ def test_msmarco_splits_that_give_one_query_id_two_texts_are_refused(tmp_path):
 
 
 def test_a_trec_header_line_is_named_as_a_header(tmp_path):
+    """Naming TREC's columns in TREC's order, it is skipped with a warning (its rows read as they are); in another
+    order, the load stops there (the ids would be read swapped)."""
     folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
     (folder / "qrels" / "train.tsv").write_text("qid iter docno rel\nq1 0 d1 1\n")
+    with pytest.warns(AnceWarning, match="read as a header line .* skipped"):
+        assert load_dataset(folder).split_qrels("train")["doc_id"].tolist() == ["d1"]
+    (folder / "qrels" / "train.tsv").write_text("docno iter qid rel\nd1 0 q1 1\n")
     with pytest.raises(DataError, match="remove the header line"):
         load_dataset(folder)
 
