@@ -34,16 +34,15 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the trace
 
 
 def shown_by_the_log() -> bool:
-    """Whether the flow's log has already shown its tables and closing lines on the terminal this command prints to:
-    stdout is a terminal, and a handler of Prefect's flow-run logger (its console handler, on stderr) writes the
-    flow's INFO lines (its prints) to that same terminal. The command's ending then adds only what is new;
-    redirected or piped, or where the log shows no INFO lines there, stdout gets the whole summary."""
+    """Whether the flow's log has already shown its tables and closing lines where this command prints them: a handler
+    of Prefect's flow-run logger (its console handler, on stderr) writes the flow's INFO lines (its prints) to the
+    terminal, file or pipe stdout is (`ance run`, or `ance run > log 2>&1`). The command's ending then adds only what is
+    new; where stdout goes elsewhere (`> result.md`, a pipe of its own), or the log shows no INFO lines there, stdout
+    gets the whole summary."""
     import logging
     import sys
 
     try:
-        if not sys.stdout.isatty():
-            return False
         terminal = os.fstat(sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # a stream without a file descriptor (a capture, a closed one)
         return False

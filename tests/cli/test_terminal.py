@@ -43,6 +43,19 @@ def test_the_log_has_shown_the_ending_only_on_the_terminal_it_writes_to():
     assert not _answer(True, os.environ | {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"})  # nor there
 
 
+def test_the_log_has_shown_the_ending_in_a_file_both_streams_go_to(tmp_path):
+    """`ance run > log 2>&1`: the log's lines and stdout go to one file, where the tables were written twice."""
+    def shown(stdout, stderr) -> bool:
+        subprocess.run([sys.executable, "-c", ASK], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                       timeout=120, check=True)
+        return "SHOWN True" in (tmp_path / "out.log").read_text()
+
+    with open(tmp_path / "out.log", "w") as both:
+        assert shown(both, both)
+    with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
+        assert not shown(out, err)  # `ance run > results.md 2> log`: the tables go to the file
+
+
 RESULT = {"markdown": "| model | nDCG@10 |\n|---|---|\n| BM25 | 0.5 |", "final_checkpoint": "/w/train/k",
           "report_dir": "/w/reports/d", "plots_dir": "/w/plots/d", "selected": "BM25", "warnings": [],
           "tracking": {"tracking_uri": "sqlite:////w/mlflow.db", "run_id": "abc", "run_url": None, "delivered_late": 0,
