@@ -191,7 +191,10 @@ def search(
                                      "rank": range(1, len(hits) + 1), "score": [h.score for h in hits]}), trec,
                        tag=Path(model).name)
         for rank, hit in enumerate(hits, 1):
-            typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}  {texts.get(hit.doc_id, '')[:100]}")
+            text = f"  {texts[hit.doc_id][:100]}" if dataset else ""
+            typer.echo(f"{rank:>3}  {hit.score:9.4f}  {hit.doc_id}{text}")
+        if dataset is None and hits:
+            typer.echo("(the passages' text: --dataset, the collection the index holds)", err=True)
 
     guard(training_free(body))
 

@@ -731,7 +731,8 @@ def test_search_reads_an_index_of_any_layout_and_refuses_a_folder_that_is_not_on
         code, out = _invoke(["search", "topic 3", "--model", str(ckpt), "--index", str(tmp_path / name),
                              "--top-k", "5", "--trec", str(tmp_path / f"{name}.trec"), "--query-id", "q7"])
         assert code == 0, out
-        hits[name] = [line.split()[2] for line in out.splitlines() if line.strip()]
+        assert "(the passages' text: --dataset, the collection the index holds)" in out.splitlines()
+        hits[name] = [line.split()[2] for line in out.splitlines() if line.strip() and not line.startswith("(")]
         run = read_trec(tmp_path / f"{name}.trec")
         assert run["doc_id"].tolist() == hits[name] and set(run["query_id"]) == {"q7"}
     assert len(hits["flat"]) == 5 and hits["flat-parts"] == hits["flat"]
