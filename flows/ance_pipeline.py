@@ -160,6 +160,7 @@ def run_stages(c: PipelineConfig, run: RunBook) -> dict:
         schedules = SchedulePlan(c.schedule, [warm_cfg, *rounds_cfgs],
                                  pairs=[stage_pairs(run.data, run.split, c.bm25_negatives, 0), *rounds_pairs])
         checkpoint = run.log.run("zero-shot", "init", init_checkpoint, c.model, c.work_dir)
+        run.say_long_documents(checkpoint)
         run.evaluate("zero-shot", checkpoint)
         negatives = run.mine("warmup", None, None, c.bm25_negatives, 0, scorer="zero-shot", train=warm_cfg)["mine"]
         checkpoint = run.train("warmup", "zero-shot", checkpoint, negatives, warm_cfg, c.bm25_negatives.sampler,

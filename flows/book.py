@@ -14,12 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
 from ance_core.data.checks import check_trainable, warn_shared_queries
+from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
 from ance_core.data.sources import resolve_dataset
 from ance_core.errors import warn
 from ance_core.export.hybrid import package_bytes, write_package
+from ance_core.modeling.checks import longer_than_passages
+from ance_core.modeling.model import read_meta
 from ance_core.negatives.analysis import read_stats
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.samplers import get_sampler
@@ -61,6 +66,8 @@ class Trial:
 
 
 MAX_PACKAGE_BYTES = 512 * 2**20  # a hybrid result's retrieval package logged with its version, up to this size
+LONG_SAMPLE = 500  # documents tokenized whole to tell how many a FirstP model reads only the start of
+LONG_SHARE = 0.1  # the share of them that is said
 
 
 class RunBook:
@@ -124,6 +131,20 @@ class RunBook:
         self.tracking.set_dataset(self.data.digest, self.data.path, summary,
                                   {context: split for context, split in splits.items() if split})
         return self.data
+
+    def say_long_documents(self, checkpoint: ArtifactRef, sample: int = LONG_SAMPLE) -> None:
+        """One line when a FirstP model reads only the start of many of the corpus's documents (a seeded sample of
+        them tokenized whole), naming what reads more of them: said, since the run goes on either way."""
+        if read_meta(checkpoint.path).document_mode != "firstp":
+            return
+        corpus = ParquetCorpus.of_folder(self.data.path)
+        rows = np.sort(np.random.default_rng(0).choice(corpus.size, min(sample, corpus.size), replace=False))
+        texts = [text for _, part in corpus.passages(rows) for text in part]
+        if (long := longer_than_passages(checkpoint.path, texts)) >= LONG_SHARE * len(texts):
+            tokens = read_meta(checkpoint.path).passage_max_length
+            print(f"corpus: {long} of {len(texts)} documents sampled ({100 * long / len(texts):.0f}%) are longer than "
+                  f"the model's {tokens} passage tokens: FirstP (model.document_mode) encodes the first {tokens} of "
+                  "each; maxp encodes up to model.max_passages windows of each (the full-maxp recipe)")
 
     def bm25(self) -> None:
         """The BM25 baseline on the evaluation split (and the dev split)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from ance_core.errors import AnceError
-from ance_core.modeling.model import META_FILE, load_checkpoint, load_pretrained, resolve_model_name
+from ance_core.modeling.model import META_FILE, load_checkpoint, load_pretrained, read_meta, resolve_model_name
 
 
 def max_positions(source: str | Path) -> int | None:
@@ -101,3 +101,17 @@ def _loadable(folder: str, files: tuple[tuple[str, int, int], ...], source: str)
         load_pretrained(folder, source)  # (as the model stage loads it)
     except ValueError as e:
         raise AnceError(f"cannot load model '{source}': {' '.join(str(e).split())[:300]}") from None
+
+
+def longer_than_passages(checkpoint: str | Path, texts: list[str]) -> int:
+    """How many of `texts` (documents' passage texts) are longer than the checkpoint's passage tokens
+    (`passage_max_length`, special tokens and its passage prefix included): FirstP encodes only their start."""
+    from transformers import AutoTokenizer
+
+    meta = read_meta(checkpoint)
+    if not texts or meta.passage_max_length is None:
+        return 0
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    prefixed = [meta.passage_prefix + text for text in texts]
+    lengths = tokenizer(prefixed, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    return sum(len(ids) > meta.passage_max_length for ids in lengths)

@@ -3,6 +3,7 @@ the collection it was trained on only (a probe: `ance compress --dataset other` 
 collection, saying only that the champion was not found)."""
 
 import json
+import re
 
 import pytest
 
@@ -57,3 +58,29 @@ def test_a_retrain_from_a_newest_model_removed_since_says_so(tmp_path, monkeypat
     (tmp_path / "work" / start.LATEST).write_text(json.dumps({"checkpoint": str(gone), "collection": "scifact"}))
     with pytest.raises(AnceError, match=f"{gone}: no such checkpoint folder"):
         retrain.fn(PipelineConfig(work_dir=str(tmp_path / "work")))
+
+
+def test_a_run_says_when_a_firstp_model_reads_only_the_start_of_many_documents(tiny_scifact, tiny_model, tmp_path,
+                                                                             capsys):
+    """Documents longer than the model's passage tokens are cut without a word (a collection of 36k-word pages): one
+    line with the share of a sample, and what reads more of them; nothing where they fit, or under MaxP."""
+    from ance_core.artifacts import ArtifactRef
+    from ance_core.data.config import DataConfig
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+    from flows.book import RunBook
+    from tasks.data import prepare_data
+
+    data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), str(tmp_path / "w"))
+    book = RunBook.__new__(RunBook)  # (its data alone: no run, no tracking)
+    book.data = data
+    said = {}
+    for name, cfg in {"short": ModelConfig(name=str(tiny_model), passage_max_length=32),
+                      "long": ModelConfig(name=str(tiny_model), passage_max_length=100_000),
+                      "maxp": ModelConfig(name=str(tiny_model), passage_max_length=32, document_mode="maxp")}.items():
+        init_model(cfg, tmp_path / name)
+        book.say_long_documents(ArtifactRef(str(tmp_path / name), name))
+        said[name] = capsys.readouterr().out
+    assert re.search(r"corpus: \d+ of \d+ documents sampled \(\d+%\) are longer than the model's 32 passage tokens: "
+                     r"FirstP .* maxp encodes up to model.max_passages windows", said["short"]), said
+    assert said["long"] == said["maxp"] == ""
