@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from ance_core.artifacts import ArtifactRef, read_manifest, run_stage, stage_warnings
 from ance_core.data.checks import check_trainable, warn_shared_queries
@@ -137,8 +138,12 @@ class RunBook:
         them tokenized whole), naming what reads more of them: said, since the run goes on either way."""
         if read_meta(checkpoint.path).document_mode != "firstp":
             return
-        corpus = ParquetCorpus.of_folder(self.data.path)
-        rows = np.sort(np.random.default_rng(0).choice(corpus.size, min(sample, corpus.size), replace=False))
+        corpus, rng = ParquetCorpus.of_folder(self.data.path), np.random.default_rng(0)
+        groups = pq.ParquetFile(corpus.path).metadata  # (rows of 5 row groups at most: not MS MARCO's whole text read)
+        starts = np.cumsum([0] + [groups.row_group(g).num_rows for g in range(groups.num_row_groups)])
+        chosen = np.sort(rng.choice(groups.num_row_groups, min(5, groups.num_row_groups), replace=False))
+        pool = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in chosen])
+        rows = np.sort(rng.choice(pool, min(sample, len(pool)), replace=False))
         texts = [text for _, part in corpus.passages(rows) for text in part]
         if (long := longer_than_passages(checkpoint.path, texts)) >= LONG_SHARE * len(texts):
             tokens = read_meta(checkpoint.path).passage_max_length
