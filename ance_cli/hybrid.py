@@ -22,32 +22,41 @@ def fusion_weight(text: str) -> float | None:
     return weight
 
 
-def chosen_fusion(text: str, model: Path, work_dir: str):
-    """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what a run in
-    the work folder chose on its dev split for this model: its hybrid row's fusion, BM25 config and depth, recorded in
-    latest.json when the newest run's result is this model or its hybrid, else read from the newest fusion stage of
-    this model's ranking; without one RRF with the default BM25, 1000 deep), rrf, or the dense ranking's weight in a
-    convex combination."""
+def recorded_fusion(model: Path, work_dir: str, dataset: str | None = None) -> dict | None:
+    """What a run in the work folder chose on its dev split for this model's hybrid row: its fusion, BM25 config and
+    depth, recorded in latest.json when the newest run's result is this model or its hybrid, else read from the
+    newest fusion stage of this model's ranking (of `dataset`'s corpus where it was fused on several); None without
+    one."""
     import json
 
-    from ance_core.errors import warn
-    from ance_core.retrieval.config import BM25Config
-    from ance_core.retrieval.fusion import Fusion
+    from ance_core.data.sources import dataset_digest, resolve_dataset
     from ance_core.retrieval.provenance import fusion_of
 
     latest = Path(work_dir) / "latest.json"
     record = json.loads(latest.read_text()) if latest.is_file() else {}
     same = record.get("checkpoint") and (Path(record["checkpoint"]).resolve() == model.resolve()
                                          or _same_digest(record, model))
-    recorded = record.get("fusion") if same else None
-    if recorded is None and text == "auto":  # (another model is the newest run's: the one its own run chose)
-        recorded = fusion_of(model, Path(work_dir))
+    if same and record.get("fusion"):
+        return record["fusion"]
+    content = dataset_digest(resolve_dataset(dataset, download=False)) if dataset else None
+    return fusion_of(model, Path(work_dir), content)  # (another model is the newest run's: its own run's choice)
+
+
+def chosen_fusion(text: str, model: Path, work_dir: str, dataset: str | None = None):
+    """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what a run in
+    the work folder chose on its dev split for this model, `recorded_fusion`; without one RRF with the default BM25,
+    1000 deep), rrf, or the dense ranking's weight in a convex combination."""
+    from ance_core.errors import warn
+    from ance_core.retrieval.config import BM25Config
+    from ance_core.retrieval.fusion import Fusion
+
+    recorded = recorded_fusion(model, work_dir, dataset) if text == "auto" else None
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     depth = recorded.get("depth", 1000) if recorded else 1000
     if text == "auto":
         if not recorded:
-            warn(f"--fusion auto: no run in {work_dir} fused {model} with BM25 on a dev split (its result was not "
-                 "a hybrid row, or it was trained elsewhere), so no fusion chosen on a dev split is known for it: RRF "
+            warn(f"--fusion auto: no run in {work_dir} fused {model} with BM25 on a dev split (no hybrid row of it, "
+                 "or it was trained elsewhere), so no fusion chosen on a dev split is known for it: RRF "
                  "with the default BM25 settings (give --work-dir the work folder of the run that trained it, or "
                  "--fusion)")
         return (Fusion.of(recorded) if recorded else Fusion("rrf")), bm25, depth
@@ -55,21 +64,21 @@ def chosen_fusion(text: str, model: Path, work_dir: str):
     return (Fusion("rrf") if weight is None else Fusion("convex", weight)), bm25, depth
 
 
-def run_fusion(model: Path) -> tuple[dict, int, str]:
-    """`ance evaluate --hybrid`: the fusion a run in the work folder `model` is a stage of chose on its dev split for
-    it (its fusion stage and BM25 settings, `evaluate_checkpoint`'s `hybrid`), the depth it fused, and how it is told
-    (" + BM25 (<fusion>)"); RRF with the default BM25 where no run chose one, with a warning."""
+def run_fusion(model: Path, work_dir: str, dataset: str) -> tuple[dict, int, str]:
+    """`ance evaluate --hybrid`: the fusion a run chose on its dev split for this model (`recorded_fusion`, in the work
+    folder `model` is a stage of, else `work_dir`) with its BM25 settings (`evaluate_checkpoint`'s `hybrid`), the
+    depth it fused, and how it is told (" + BM25 (<fusion>)"); RRF with the default BM25 where none, with a warning."""
     from ance_core.errors import warn
     from ance_core.retrieval.fusion import Fusion
-    from ance_core.retrieval.provenance import fusion_of
 
-    work = model_work_dir(model)
-    if (record := fusion_of(model, Path(work))) is None:
-        warn(f"--hybrid: no run in {work} fused {model} with BM25 on a dev split (its result was not a hybrid row, or "
-             "it was trained elsewhere): fused by RRF with the default BM25 settings")
+    work = model_work_dir(model) if model_work_dir(model) != "work" else work_dir
+    if (record := recorded_fusion(model, work, dataset)) is None:
+        warn(f"--hybrid: no run in {work} fused {model} with BM25 on a dev split (no hybrid row of it, or it was "
+             "trained elsewhere: --work-dir its work folder): fused by RRF with the default BM25 settings")
         return {"fusion": None, "bm25": {}}, 1000, " + BM25 (RRF, k=60)"
-    return ({"fusion": record["stage"], "bm25": record["bm25"]}, record["depth"],
-            f" + BM25 ({Fusion.of(record).label()})")
+    fusion = Fusion.of(record)
+    return ({"fusion": fusion.as_dict(), "bm25": record.get("bm25", {})}, record.get("depth", 1000),
+            f" + BM25 ({fusion.label()})")
 
 
 def _same_digest(record: dict, model: Path) -> bool:

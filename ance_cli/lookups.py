@@ -187,7 +187,7 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
     from ance_core.errors import AnceError
     from ance_core.retrieval.provenance import corpus_content, holds_documents
 
-    if len(found) == 1 and dataset is None:
+    if len(found) == 1:  # (a wrong --dataset is said by the hits' check: the model's one index holds another corpus)
         return found[0]
     if dataset is not None:
         wanted = dataset_digest(resolve_dataset(dataset, download=False))
@@ -206,8 +206,8 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
         return ours[0]
     raise AnceError(f"--dataset {dataset}: none of the {len(found)} index{'es' * (len(found) > 1)} of {model}'s "
                     f"encoding in {work / 'index'} holds its corpus's documents (another collection's, or this one's "
-                    f"before an edit): encode it with `ance evaluate --checkpoint {model} --dataset {dataset}`, or "
-                    "give --index")
+                    f"before an edit): encode it with `ance evaluate --checkpoint {model} --dataset {dataset} "
+                    f"--work-dir {work}` (a collection with queries and qrels), or give --index")
 
 
 def corpus_titles(dataset: str, doc_ids: list[str]) -> dict[str, str]:

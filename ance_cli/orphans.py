@@ -59,7 +59,8 @@ def watch(server_pid: int) -> None:
         return
     _watchers[server_pid] = subprocess.Popen(  # (no environment: it is no process of the run's Prefect home)
         [sys.executable, "-S", "-c", WATCHER, NAME, str(os.getpid()), str(server_pid), str(POLL_SECONDS),
-         str(GRACE_SECONDS)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True, env={})
+         str(GRACE_SECONDS)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        close_fds=True, env={})
 
 
 def watcher_pids() -> set[int]:

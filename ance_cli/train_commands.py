@@ -69,7 +69,7 @@ def run(
             if config is not None and (drift := recipe_drift(recipe_config(recipe, (), config), recipe)):
                 warn(f"--recipe {recipe}: the config file {config} replaces the recipe's {', '.join(drift)}")
             return run_pipeline(recipe_config(recipe, sets or (), config), as_json)
-        tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets)
+        tuned = _tune(config, sets, budget_minutes, tune_sets=tune_sets, final_run=True)
         if not shown_by_the_log():
             typer.echo(tuned["markdown"])
         from ance_core.pipeline.config import PipelineConfig
@@ -82,7 +82,7 @@ def run(
 
 
 def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | None, seeds: list[int] | None = None,
-          recipe: str | None = None, tune_sets: list[str] | None = None) -> dict:
+          recipe: str | None = None, tune_sets: list[str] | None = None, final_run: bool = False) -> dict:
     """The recipe search (flows/tune.py) on a config file / --sets over the search's base recipe."""
     from ance_core.errors import warn
     from ance_core.pipeline.config import negatives_needed
@@ -114,7 +114,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
         tune = tune.model_copy(update={"budget_minutes": earlier[0]})  # its reused trials budgeted as they were
         warn(f"recipe search: the budget is the one of the search in {earlier[1]} ({earlier[0]:g} minutes), whose "
              "trials this one reuses (--budget-minutes to give another)")
-    check_pipeline(base, devices=not base.execution.on_gpu_workers)  # (trials on GPU workers: checked there)
+    # (trials on GPU workers check their devices there; the run --recipe auto trains after them is this process's)
+    check_pipeline(base, devices=final_run or not base.execution.on_gpu_workers)
     if base.data.dev_split is None:
         fail(no_dev_split(base))
     tables = preflight(base.data, base.work_dir, (base.data.train_split, base.data.eval_split), trains=True,

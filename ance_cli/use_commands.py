@@ -90,7 +90,7 @@ def evaluate(
                                                          grade_setting="--relevant-grade"), split)
         evaluation, fused, how = EvalConfig(relevant_grade=relevant_grade), None, ""
         if hybrid:
-            fused, depth, how = run_fusion(checkpoint)
+            fused, depth, how = run_fusion(checkpoint, work_dir, dataset)
             evaluation = evaluation.model_copy(update={"top_k": depth})
         metrics = evaluate_checkpoint(str(checkpoint.resolve()), data, work_dir=work_dir, split=split,
                                       evaluation=evaluation, hybrid=fused)
@@ -170,7 +170,7 @@ def search(
             # (a read-only one is read: its data and BM25 stages as a run left them; one this command made is
             # removed again when the corpus is refused)
             with contextlib.nullcontext() if read_only(work) else made_work_dir(work):
-                how, bm25_cfg, depth = chosen_fusion(fusion, model, work)
+                how, bm25_cfg, depth = chosen_fusion(fusion, model, work, dataset)
                 hits = hybrid_search(model, searched, query, top_k, dataset, work, how, bm25_cfg, depth)
             typer.echo(f"hybrid: {model.name}'s ranking fused with BM25's by {how.label()}")
         else:

@@ -9,7 +9,7 @@ from prefect import flow
 from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.recipes import recipe_config
 from ance_core.pipeline.tune import TuneConfig
-from flows.ance_pipeline import ance_pipeline
+from flows.ance_pipeline import ance_pipeline, check_pipeline
 from flows.tune import tune_recipe
 
 SEARCH_KEYS = ("winner", "overrides", "reason", "stopped", "report_dir", "mlflow_run_id")
@@ -24,6 +24,7 @@ def tune_and_train(config: PipelineConfig = recipe_config(TuneConfig().recipe),
         config: The base the candidates vary: the search's base recipe (tune.recipe, `demo`) with the user's changes.
         tune: What the search varies (learning rates, graded positives, warm-up epochs), its seeds and its budget.
     """
+    check_pipeline(config)  # (the run after the search trains here, whatever devices the trials had)
     tuned = tune_recipe(config, tune)
     result = ance_pipeline(PipelineConfig.model_validate(tuned["config"]))
     return result | {"recipe_search": {k: tuned[k] for k in SEARCH_KEYS}}

@@ -136,8 +136,8 @@ class RunBook:
     def say_long_documents(self, checkpoint: ArtifactRef, sample: int = LONG_SAMPLE) -> None:
         """One line when a FirstP model reads only the start of many of the corpus's documents (a seeded sample of
         them tokenized whole), naming what reads more of them: said, since the run goes on either way."""
-        if read_meta(checkpoint.path).document_mode != "firstp":
-            return
+        if self.trial is not None or read_meta(checkpoint.path).document_mode != "firstp":
+            return  # (a search's trials and a cv run's folds: said by the run itself)
         corpus, rng = ParquetCorpus.of_folder(self.data.path), np.random.default_rng(0)
         groups = pq.ParquetFile(corpus.path).metadata  # (rows of 5 row groups at most: not MS MARCO's whole text read)
         starts = np.cumsum([0] + [groups.row_group(g).num_rows for g in range(groups.num_row_groups)])
@@ -145,7 +145,7 @@ class RunBook:
         pool = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in chosen])
         rows = np.sort(rng.choice(pool, min(sample, len(pool)), replace=False))
         texts = [text for _, part in corpus.passages(rows) for text in part]
-        if (long := longer_than_passages(checkpoint.path, texts)) >= LONG_SHARE * len(texts):
+        if texts and (long := longer_than_passages(checkpoint.path, texts)) >= LONG_SHARE * len(texts):
             tokens = read_meta(checkpoint.path).passage_max_length
             print(f"corpus: {long} of {len(texts)} documents sampled ({100 * long / len(texts):.0f}%) are longer than "
                   f"the model's {tokens} passage tokens: FirstP (model.document_mode) encodes the first {tokens} of "

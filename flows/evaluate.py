@@ -2,7 +2,6 @@
 indexes it and reports the checkpoint's metrics on a split; `bm25-baseline` (`ance bm25`, no deployment) reports BM25's.
 Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with the same inputs is not built again."""
 
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -12,6 +11,7 @@ from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
+from ance_core.retrieval.fusion import Fusion
 from ance_core.run_records import live_run
 from flows.publish import artifact_key, publish
 from flows.start import held_checkpoint
@@ -19,7 +19,7 @@ from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate, evaluation_for
-from tasks.fusion import FUSION, fused_run, fusion_choice
+from tasks.fusion import fused_run, fusion_choice
 from tasks.refresh import evaluate_stages
 
 
@@ -52,8 +52,9 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
         work_dir: Where stage outputs are kept.
         execution: Where mapped tasks (encoding shards) run.
         split: The split evaluated; unset: data.eval_split.
-        hybrid: Fuse with BM25: {"fusion": a fusion stage folder (the choice a pipeline run made on its dev split;
-            null: reciprocal-rank fusion), "bm25": the BM25 settings it fused with}.
+        hybrid: Fuse with BM25: {"fusion": {"method": "rrf" or "convex", "weight": the dense ranking's (convex),
+            "k": RRF's} (a pipeline run's choice on its dev split; null: reciprocal-rank fusion), "bm25": the BM25
+            settings it fused with}.
     """
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         ref = held_checkpoint(checkpoint)  # the checkpoint too
@@ -77,15 +78,14 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
 def fused_metrics(dense: ArtifactRef, tables: ArtifactRef, split: str, evaluation: EvalConfig, hybrid: dict,
                   work_dir: str) -> dict:
     """The metrics of the dense run `dense` fused with BM25's (`evaluate_checkpoint`'s `hybrid`), by the pipeline's
-    hybrid-row stages: BM25's run of the split, the fusion (the given stage's, or RRF), the fused run and its
+    hybrid-row stages: BM25's run of the split, the fusion (the given one, or RRF), the fused run and its
     evaluation."""
     bm25 = BM25Config.model_validate(hybrid.get("bm25") or {})
     sparse = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
-    if given := hybrid.get("fusion"):
-        if not (Path(given) / FUSION).is_file():
-            raise AnceError(f"hybrid.fusion {given}: not a fusion stage folder (no {FUSION}); null for RRF")
-        choice = ArtifactRef(str(given), Path(given).name)
-    else:
-        choice = run_task(fusion_choice, None, None, tables, None, work_dir, evaluation)
+    try:
+        given = Fusion.of(hybrid["fusion"]).as_dict() if hybrid.get("fusion") else None
+    except AnceError as e:
+        raise AnceError(f"hybrid.fusion: {e}; null for RRF") from None
+    choice = run_task(fusion_choice, None, None, tables, None, work_dir, evaluation, given)
     fused = run_task(fused_run, dense, sparse, choice, work_dir, evaluation.top_k, evaluation.ignore_identical_ids)
     return read_metrics(run_task(evaluate, fused, tables, split, work_dir, evaluation))

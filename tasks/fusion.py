@@ -22,13 +22,15 @@ def read_fusion(ref: ArtifactRef) -> Fusion:
 
 @stage_task("fusion")
 def fusion_choice(dense: ArtifactRef | None, bm25: ArtifactRef | None, data: ArtifactRef, split: str | None,
-                  work_dir: str, cfg: EvalConfig = EvalConfig()) -> ArtifactRef:
+                  work_dir: str, cfg: EvalConfig = EvalConfig(), given: dict | None = None) -> ArtifactRef:
     """The fusion of a dense model's ranking with BM25's, chosen on their runs of the dev `split` (fusion.json: the
-    chosen one and every candidate's dev nDCG@10); without a dev split (`split` None), reciprocal-rank fusion."""
+    chosen one and every candidate's dev nDCG@10); without a dev split (`split` None), reciprocal-rank fusion, or the
+    fusion `given` (one a run chose: `ance evaluate --hybrid`)."""
 
     def build(out):
         if split is None:
-            record = {"chosen": Fusion("rrf").as_dict(), "candidates": [], "split": None}
+            chosen = Fusion.of(given) if given else Fusion("rrf")
+            record = {"chosen": chosen.as_dict(), "candidates": [], "split": None}
         else:
             qrels = read_tables(data.path, corpus_columns=[]).split_qrels(split)
             runs = [pd.read_parquet(Path(ref.path, RUN)) for ref in (dense, bm25)]
@@ -39,6 +41,7 @@ def fusion_choice(dense: ArtifactRef | None, bm25: ArtifactRef | None, data: Art
 
     inputs = {"dense": dense.digest if dense else None, "bm25": bm25.digest if bm25 else None, "data": data.digest}
     config = {"split": split, "top_k": cfg.top_k, "ignore_identical_ids": cfg.ignore_identical_ids}
+    config |= {"given": Fusion.of(given).as_dict()} if given and split is None else {}  # (unset: the keys it had)
     return run_stage(work_dir, "fusion", config, inputs, build)
 
 

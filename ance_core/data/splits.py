@@ -38,7 +38,7 @@ def with_dev_split(dataset: Dataset, train_split: str, dev_split: str | None, fr
              f"positive leaves {'no dev' if n_dev == 0 else 'no training'} queries, so all of them are trained on and "
              f"the run's result is its last model (add a '{dev_split}' split to the dataset, or more queries)")
         return dataset
-    if n_dev > len(candidates) - n_dev:  # (0.9 for 0.1: a typo as likely as a choice)
+    if fraction > 0.5 and n_dev > len(candidates) - n_dev:  # (0.9 for 0.1: a typo as likely as a choice)
         warn(f"most training queries held out: data.dev_fraction {fraction} makes {n_dev} of the {len(candidates)} "
              f"'{train_split}' queries with a positive the dev split, which chooses the result, and leaves "
              f"{len(candidates) - n_dev} to train on (a dev split is usually 0.2-0.3 of them)")

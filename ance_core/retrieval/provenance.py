@@ -107,12 +107,13 @@ def indexes_of(model: str | Path, work: Path) -> list[Path]:
     return [index for *_, index in sorted(found)]
 
 
-def fusion_of(model: str | Path, work: Path) -> dict | None:
+def fusion_of(model: str | Path, work: Path, content: str | None = None) -> dict | None:
     """The fusion a pipeline run in `work` chose on its dev split for checkpoint `model`'s ranking (the newest such
     fusion stage), as latest.json records a result's: the fusion, the BM25 settings it fused with (`bm25`) and how deep
     (`depth`), and `stage`, its folder; None when no run there fused this model. Read from the stage manifests
     (fusion -> the dense ranking -> its checkpoint), so that a model other than the work folder's last result (another
-    collection trained since in the same work folder) still searches as its run chose."""
+    collection trained since in the same work folder) still searches as its run chose. `content`: a dataset's content
+    digest; a fusion made on its corpus is preferred (a model fused by runs on several collections)."""
     same, found = CheckpointMatch(model, work), []
     for folder in (work / "fusion").glob("[!.]*"):
         try:
@@ -122,10 +123,18 @@ def fusion_of(model: str | Path, work: Path) -> dict | None:
             bm25 = read_manifest(work / "bm25" / manifest["inputs"]["bm25"])["config"]["bm25"]
             chosen = json.loads((folder / "fusion.json").read_text())["chosen"]
             record = chosen | {"bm25": _settings(bm25), "depth": manifest["config"]["top_k"], "stage": str(folder)}
-            found.append((folder.stat().st_mtime, record))
+            ours = content is not None and _content(work / "data" / str(manifest["inputs"].get("data"))) == content
+            found.append((ours, folder.stat().st_mtime, record))
         except (OSError, KeyError, TypeError, ValueError, SyntaxError):  # (a stage folder of its own, or half gone)
             continue
-    return max(found, key=lambda item: item[0])[1] if found else None
+    return max(found, key=lambda item: item[:2])[2] if found else None
+
+
+def _content(data: Path) -> str | None:
+    try:
+        return read_manifest(data)["inputs"]["content"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _settings(text: str) -> dict:

@@ -480,6 +480,17 @@ def test_fp16_training_on_a_cpu_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_recipe_auto_on_gpu_ray_workers_is_refused_what_its_final_run_needs_here_before_the_search(tmp_path):
+    """A search's trials on GPU Ray workers are not refused fp16 on a CPU-only driver; the run `--recipe auto` trains
+    after the search is this process's, and was refused only once the whole budget was spent."""
+    code, out = _invoke(["run", "--recipe", "auto", "--set", "ance.precision=fp16", "--set",
+                         "execution.task_runner=ray", "--set", "execution.gpus_per_task=1", "--set",
+                         f"work_dir={tmp_path / 'w'}"])
+    assert code == 2 and "ance.precision: fp16 training needs a CUDA GPU" in out, out
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_train_split_without_positives_is_refused_before_any_work(tmp_path, recwarn):
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}, {"_id": "d2", "text": "y"}],
                     [{"_id": "q1", "text": "y"}, {"_id": "q2", "text": "x"}],
@@ -820,6 +831,25 @@ def test_fusion_auto_finds_the_choice_of_a_model_that_is_no_longer_the_newest_re
     assert bm25_cfg.scoring() == bm25.scoring()
     how, _, _ = chosen_fusion("auto", work / "train" / "m2", str(work))  # the newest result's, from latest.json
     assert how.label() == "RRF (k=60)"
+    # the model fused since by a run on another collection (a start_checkpoint run whose best dense model it stayed):
+    # the newest fusion, unless the collection searched is told; then the one fused on its corpus
+    import os
+
+    from ance_core.data.sources import dataset_digest
+
+    own = write_beir(tmp_path / "own", [{"_id": "d1", "text": "x"}], [{"_id": "q", "text": "x"}],
+                     {"train": [("q", "d1", 1)]})
+    write_json(work / "data" / "a" / "manifest.json", {"inputs": {"content": dataset_digest(own)}})
+    write_json(work / "data" / "b" / "manifest.json", {"inputs": {"content": "another collection"}})
+    write_json(work / "fusion" / "f1" / "manifest.json", {"config": {"top_k": 500}, "inputs": {
+        "dense": "r1", "bm25": "b1", "data": "a"}})
+    write_json(work / "fusion" / "f2" / "manifest.json", {"config": {"top_k": 1000}, "inputs": {
+        "dense": "r1", "bm25": "b1", "data": "b"}})
+    write_json(work / "fusion" / "f2" / "fusion.json", {"chosen": {"method": "rrf", "weight": None, "k": 60}})
+    os.utime(work / "fusion" / "f1", (1, 1))  # (the older)
+    assert chosen_fusion("auto", work / "train" / "m1", str(work))[0].label() == "RRF (k=60)"
+    how, _, depth = chosen_fusion("auto", work / "train" / "m1", str(work), str(own))
+    assert how.label() == "convex, dense weight 0.3" and depth == 500
 
 
 def test_search_pairs_a_model_with_the_index_of_its_own_encoding(tiny_model, tmp_path, monkeypatch):

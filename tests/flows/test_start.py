@@ -73,7 +73,7 @@ def test_a_run_says_when_a_firstp_model_reads_only_the_start_of_many_documents(t
 
     data = prepare_data.fn(DataConfig(dataset=str(tiny_scifact)), str(tmp_path / "w"))
     book = RunBook.__new__(RunBook)  # (its data alone: no run, no tracking)
-    book.data = data
+    book.data, book.trial = data, None
     said = {}
     for name, cfg in {"short": ModelConfig(name=str(tiny_model), passage_max_length=32),
                       "long": ModelConfig(name=str(tiny_model), passage_max_length=100_000),
