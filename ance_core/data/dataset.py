@@ -23,16 +23,15 @@ import pyarrow.parquet as pq
 from ance_core.artifacts import digest_of
 from ance_core.data.lines import (
     LeftOut,
-    check_qrels,
     claim_id,
     id_problem,
     jsonl_rows,
     read_jsonl,
     read_lines,
-    read_qrels,
     read_tsv,
     warn_repeats,
 )
+from ance_core.data.qrels import check_qrels, read_qrels
 from ance_core.errors import AnceError, DataError, damaged_stage, preview, warn
 from ance_core.faults import fault_point
 

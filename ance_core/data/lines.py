@@ -1,5 +1,5 @@
 """A collection's files read line by line, each problem naming its file and line: decoding (a byte-order mark, CRLF,
-gzip, bytes that are not UTF-8), ids claimed once, JSON lines, TSV rows, and qrels in BEIR's or TREC's layout."""
+gzip, bytes that are not UTF-8), ids claimed once, JSON lines and TSV rows (qrels: data/qrels.py)."""
 
 import contextlib
 import gzip
@@ -7,7 +7,6 @@ import io
 import json
 import math
 import re
-import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,139 +262,3 @@ def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[st
         left_out.keep()
         yield number, parts
     left_out.done()
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _relevance(path: Path, number: int, value: str) -> int:
-    """An integer relevance grade ("1", "1.0"); inf, nan, 1e400 and 0.5 are errors naming the line."""
-    try:
-        grade = float(value)
-    except ValueError:
-        raise DataError(path, f"relevance '{value}' is not a number", number) from None
-    if not math.isfinite(grade) or grade != int(grade):
-        raise DataError(path, f"relevance '{value}' is not an integer grade", number)
-    if abs(grade) > MAX_GRADE:
-        raise DataError(path, f"relevance '{value}' is out of range (a grade is a small integer: at most "
-                        f"{MAX_GRADE:,} either way)", number)
-    return int(grade)
-
-
-MAX_GRADE = 2**31 - 1  # (qrels are stored as 64-bit integers; trec_eval's are 32-bit)
-
-
-def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
-    """(line, query id, document id, grade) of a qrels file: BEIR's TSV (query-id, corpus-id, score; a header line)
-    or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
-    ir_datasets' format), told apart line by line from the content."""
-    rows: list[tuple[int, str, str, int]] = []
-    left_out, first = LeftOut(path), True
-    for number, line in read_lines(path):
-        try:
-            row = _qrels_row(path, number, line, first)
-        except FileLayoutError:
-            raise
-        except DataError as e:
-            left_out.add(e)
-            continue
-        if row is not None:  # (None: the header, which may follow lines left out)
-            rows.append(row)
-            left_out.keep()
-        first = False
-    left_out.done()
-    return rows
-
-
-QRELS_HEADER = {"score", "relevance", "rel"}
-TREC_GRADE_NAMES = {"label", "grade", "judgment", "judgement", "qrel"}  # a TREC header's last column, besides those
-TREC_ITERATIONS = {"0", "q0"}
-
-
-def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, str, str, int] | None:
-    """(line, query id, document id, grade) of one qrels line; None for a header (the file's first line). A header of
-    4 columns is an error that stops the load: a file's layout, not one bad row."""
-    parts = line.split("\t")
-    if len(parts) != 3:
-        tabs, parts = parts, line.split()
-        if len(parts) == 4:  # TREC: qid iteration docid relevance
-            names = [q.lower().replace("-", "").replace("_", "") for q in parts]
-            if first and names[0] in QUERY_COLUMN_NAMES and names[2] in DOC_COLUMN_NAMES and \
-                    names[3] in QRELS_HEADER | TREC_GRADE_NAMES:  # TREC's columns named, in TREC's order
-                warn(f"{path}:{number}: read as a header line ({' '.join(parts)}) and skipped: TREC's qrels "
-                     "(query-id iteration doc-id relevance) have none")
-                return None
-            if first and QRELS_HEADER & {p.strip().lower() for p in parts}:
-                raise FileLayoutError(path, f"a header of 4 columns ({' '.join(parts)}): BEIR's qrels have 3 "
-                                      "(query-id, corpus-id, score), TREC's 4 (query-id iteration doc-id relevance) "
-                                      "and no header; remove the header line", number)
-            if len(tabs) == 4 and _number(tabs[2]) and not _number(tabs[3]) and tabs[1].strip().lower() not in \
-                    TREC_ITERATIONS:  # (TREC's second column is 0 or Q0: its relevance is the one not a number)
-                raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
-                                f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
-                                "TREC's 4 columns end with the relevance", number)
-            parts = [parts[0], parts[2], parts[3]]
-        elif len(parts) != 3:
-            raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
-                            f"(query-id iteration doc-id relevance), got {len(parts)}", number)
-    parts = [p.strip() for p in parts]
-    if first and parts[2].lower() in QRELS_HEADER:
-        # the columns are read in one order: a header naming the document column first had every row's ids read
-        # swapped, without a word
-        names = [p.lower().replace("-", "").replace("_", "") for p in parts[:2]]
-        if names[0] in DOC_COLUMN_NAMES or names[1] in QUERY_COLUMN_NAMES:
-            raise FileLayoutError(path, f"its header ({' '.join(parts)}) names the document column before the query "
-                                  "column: qrels are read as query-id, corpus-id, score; swap the two columns (and "
-                                  "the header's names)", number)
-        return None
-    return number, parts[0], parts[1], _relevance(path, number, parts[2])
-
-
-DOC_COLUMN_NAMES = {"corpusid", "docid", "documentid", "doc", "document", "pid", "passageid", "docno"}
-QUERY_COLUMN_NAMES = {"queryid", "qid", "query", "topic", "topicid"}
-
-
-def _normalisation_hint(missing: list[tuple], column: int, known: set) -> str:
-    """When a missing id is a known one in another Unicode normal form (NFC 'café' against NFD 'cafe\u0301': the two
-    print alike), say so: one file was written by a tool that normalises text."""
-    for row in missing:
-        for form in ("NFC", "NFD"):
-            if (other := unicodedata.normalize(form, row[column])) != row[column] and other in known:
-                return (f"; {row[column]!r} is {other!r} there in Unicode {form} (they print alike): normalise the "
-                        "ids of both files to one form")
-    return ""
-
-
-class FileLayoutError(DataError):
-    """A problem with a file's layout (not one of its rows): it stops the load."""
-
-
-def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str
-                 ) -> list[tuple[int, str, str, int]]:
-    """The usable qrels of a split: a row naming a query missing from the queries file, or a document missing from
-    the corpus, is left out with one warning per kind (real collections have such rows), unless the split loses
-    every row. BEIR's loader keeps a judgement of a missing document, and trec_eval counts it as relevant and never
-    retrieved: on such a collection the metrics here read higher than BEIR's (the warning says so)."""
-    if not rows:
-        raise DataError(path, f"split '{split}' has no queries (no qrels lines)")
-    for column, known, file, one, what in ((1, query_ids, "queries file", "a query", "queries"),
-                                           (2, doc_ids, "corpus", "a document", "documents")):
-        missing = [row for row in rows if row[column] not in known]
-        if len(missing) == len(rows):
-            raise DataError(path, f"split '{split}': none of its {len(rows)} qrels names {one} of the {file} "
-                            f"(first: '{missing[0][column]}'); is this the {file} they were made for? (or was it on a "
-                            "line left out above?)" + _normalisation_hint(missing, column, known), missing[0][0])
-        if missing:
-            beir = (" (BEIR's evaluation counts such a judgement as a relevant document never retrieved: recall and "
-                    "nDCG here read higher than BEIR's on this split)" if what == "documents" else "")
-            warn(f"{path}: {len(missing)} of {len(rows)} qrels of split '{split}' name {what} that are not in the "
-                 f"{file} (or on a line of it left out above); they are left out{beir}: "
-                 f"{preview([f'{r[column]} (line {r[0]})' for r in missing])}"
-                 + _normalisation_hint(missing, column, known))
-            rows = [row for row in rows if row[column] in known]
-    return rows
