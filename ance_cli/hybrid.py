@@ -71,7 +71,7 @@ def run_fusion(model: Path, work_dir: str, dataset: str) -> tuple[dict, int, str
     from ance_core.errors import warn
     from ance_core.retrieval.fusion import Fusion
 
-    work = model_work_dir(model) if model_work_dir(model) != "work" else work_dir
+    work = own if (own := model_work_dir(model)) != "work" else work_dir  # ("work": it is no stage of one)
     if (record := recorded_fusion(model, work, dataset)) is None:
         warn(f"--hybrid: no run in {work} fused {model} with BM25 on a dev split (no hybrid row of it, or it was "
              "trained elsewhere: --work-dir its work folder): fused by RRF with the default BM25 settings")

@@ -185,7 +185,7 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
     from ance_core.data.dataset import corpus_rows
     from ance_core.data.sources import dataset_digest, resolve_dataset
     from ance_core.errors import AnceError
-    from ance_core.retrieval.provenance import corpus_content, holds_documents
+    from ance_core.retrieval.provenance import corpus_content, data_content, holds_documents
 
     if len(found) == 1:  # (a wrong --dataset is said by the hits' check: the model's one index holds another corpus)
         return found[0]
@@ -193,8 +193,10 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
         wanted = dataset_digest(resolve_dataset(dataset, download=False))
     else:
         try:
-            wanted = read_manifest(work / "data" / read_manifest(model)["inputs"]["data"])["inputs"]["content"]
-        except (OSError, KeyError, TypeError, ValueError):  # (not a training stage, or its data stage is gone)
+            wanted = data_content(work / "data" / read_manifest(model)["inputs"]["data"])
+        except (OSError, KeyError, TypeError, ValueError):  # (not a training stage)
+            return found[0]
+        if wanted is None:  # (its data stage is gone)
             return found[0]
     if ours := [index for index in found if corpus_content(index) == wanted]:
         return ours[0]

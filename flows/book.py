@@ -136,7 +136,8 @@ class RunBook:
     def say_long_documents(self, checkpoint: ArtifactRef, sample: int = LONG_SAMPLE) -> None:
         """One line when a FirstP model reads only the start of many of the corpus's documents (a seeded sample of
         them tokenized whole), naming what reads more of them: said, since the run goes on either way."""
-        if self.trial is not None or read_meta(checkpoint.path).document_mode != "firstp":
+        meta = read_meta(checkpoint.path)
+        if self.trial is not None or meta.document_mode != "firstp":
             return  # (a search's trials and a cv run's folds: said by the run itself)
         corpus, rng = ParquetCorpus.of_folder(self.data.path), np.random.default_rng(0)
         groups = pq.ParquetFile(corpus.path).metadata  # (rows of 5 row groups at most: not MS MARCO's whole text read)
@@ -146,7 +147,7 @@ class RunBook:
         rows = np.sort(rng.choice(pool, min(sample, len(pool)), replace=False))
         texts = [text for _, part in corpus.passages(rows) for text in part]
         if texts and (long := longer_than_passages(checkpoint.path, texts)) >= LONG_SHARE * len(texts):
-            tokens = read_meta(checkpoint.path).passage_max_length
+            tokens = meta.passage_max_length
             print(f"corpus: {long} of {len(texts)} documents sampled ({100 * long / len(texts):.0f}%) are longer than "
                   f"the model's {tokens} passage tokens: FirstP (model.document_mode) encodes the first {tokens} of "
                   "each; maxp encodes up to model.max_passages windows of each (the full-maxp recipe)")

@@ -38,8 +38,12 @@ def encoded_corpus(index: str | Path) -> Path | None:
 def corpus_content(index: str | Path) -> str | None:
     """The content digest of the collection whose corpus an index stage folder's encoding holds (its data or corpus
     stage's input, `dataset_digest` of the dataset folder as it was read); None when the manifests do not say."""
-    if (folder := encoded_corpus(index)) is None:
-        return None
+    return None if (folder := encoded_corpus(index)) is None else data_content(folder)
+
+
+def data_content(folder: str | Path) -> str | None:
+    """The content digest of the collection a data (or corpus) stage folder read (`dataset_digest`); None when its
+    manifest does not say or the folder is gone."""
     try:
         return read_manifest(folder)["inputs"]["content"]
     except (OSError, KeyError, TypeError, ValueError):
@@ -123,18 +127,11 @@ def fusion_of(model: str | Path, work: Path, content: str | None = None) -> dict
             bm25 = read_manifest(work / "bm25" / manifest["inputs"]["bm25"])["config"]["bm25"]
             chosen = json.loads((folder / "fusion.json").read_text())["chosen"]
             record = chosen | {"bm25": _settings(bm25), "depth": manifest["config"]["top_k"], "stage": str(folder)}
-            ours = content is not None and _content(work / "data" / str(manifest["inputs"].get("data"))) == content
+            ours = content is not None and data_content(work / "data" / str(manifest["inputs"].get("data"))) == content
             found.append((ours, folder.stat().st_mtime, record))
         except (OSError, KeyError, TypeError, ValueError, SyntaxError):  # (a stage folder of its own, or half gone)
             continue
     return max(found, key=lambda item: item[:2])[2] if found else None
-
-
-def _content(data: Path) -> str | None:
-    try:
-        return read_manifest(data)["inputs"]["content"]
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
 
 
 def _settings(text: str) -> dict:
