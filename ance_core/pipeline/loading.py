@@ -2,6 +2,7 @@
 validation errors that name the file, the field or the override (`load_config`)."""
 
 import copy
+import difflib
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,10 @@ def load_config(path: str | Path | None, schema: type[StageConfig] = PipelineCon
     except ValidationError as e:
         where = f"{path}: " if path is not None else ""
         also = f" (with {' '.join(f'{flag} {s}' for s in sets)})" if sets else ""
-        raise AnceError(f"{where}invalid config{also}:\n{format_validation_error(e)}") from None
+        said = format_validation_error(e, schema)
+        one = said.strip() if "\n" not in said else None  # (one error: one line; several: one a line under it)
+        raise AnceError(f"{where}invalid config{also}: {one}" if one else f"{where}invalid config{also}:\n{said}") \
+            from None
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -127,11 +131,37 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
     return out
 
 
-def format_validation_error(e: ValidationError) -> str:
+def format_validation_error(e: ValidationError, schema: type[BaseModel] | None = None) -> str:
+    """One indented line per error, naming the field; a key the config does not have says the nearest setting of its
+    section by name when `schema` is given (`warmup.lerning_rate`: did you mean warmup.learning_rate?)."""
     lines = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: {_unknown_key(schema, [str(p) for p in err['loc']])}")
+            continue
         got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""  # (a
         # section's or the config's own error: its message names the fields, the whole of its input is noise)
         lines.append(f"  {loc}: {validation_message(err)}{got}" if loc else f"  {validation_message(err)}{got}")
     return "\n".join(lines)
+
+
+def _unknown_key(schema: type[BaseModel] | None, loc: list[str]) -> str:
+    """What an unknown key is: not a setting of its section, and the section's closest setting by name if one is."""
+    model, section = schema, ".".join(loc[:-1])
+    for part in loc[:-1]:
+        model = _model_of(model.model_fields.get(part)) if model is not None else None
+    what = f"not a setting of {section}" if section else "not a section or setting of the config"
+    if model is None:
+        return what
+    if not section and (owners := [f"{name}.{loc[-1]}" for name, field in model.model_fields.items()
+                                   if loc[-1] in getattr(_model_of(field), "model_fields", ())]):
+        return f"{what}; it is set in a section: {', '.join(owners)}"  # (`--set learning_rate=...`)
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.75)
+    return f"{what}; did you mean {'.'.join([*loc[:-1], close[0]])}?" if close else what
+
+
+def _model_of(field) -> type[BaseModel] | None:
+    """The config model a field holds (a section, optional or not), or None."""
+    kinds = typing.get_args(field.annotation) or [field.annotation] if field is not None else []
+    return next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)

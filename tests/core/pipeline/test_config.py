@@ -221,8 +221,29 @@ def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
 def test_numbers_that_cannot_run_are_refused_naming_their_field(sets, field, said):
     with pytest.raises(AnceError) as e:
         load_config(None, PipelineConfig, sets)
-    assert f"\n  {field}: " in str(e.value) and said in str(e.value), str(e.value)
+    assert f": {field}: " in str(e.value) and said in str(e.value) and "\n" not in str(e.value), str(e.value)
     PipelineConfig.model_validate({"hybrid": True, "rounds": 2})  # (a bool field still takes a bool)
+
+
+@pytest.mark.parametrize(("sets", "said"), [
+    (["warmup.lerning_rate=1e-5"], "warmup.lerning_rate: not a setting of warmup; did you mean warmup.learning_rate?"),
+    (["rouds=2"], "rouds: not a section or setting of the config; did you mean rounds?"),
+    (["learning_rate=1e-5"], "learning_rate: not a section or setting of the config; it is set in a section: "
+                             "warmup.learning_rate, ance.learning_rate"),
+    (["data.nosuch=1"], "data.nosuch: not a setting of data"),  # (nothing close: no guess)
+])
+def test_an_unknown_key_is_one_line_naming_the_setting_it_is_closest_to(sets, said):
+    """A typo was pydantic's 'Extra inputs are not permitted' on a second line, with no hint of the right name."""
+    with pytest.raises(AnceError) as e:
+        load_config(None, PipelineConfig, sets)
+    assert str(e.value) == f"invalid config (with --set {sets[0]}): {said}", str(e.value)
+
+
+def test_several_errors_are_one_line_each_under_the_header():
+    with pytest.raises(AnceError) as e:
+        load_config(None, PipelineConfig, ["rouds=1", "warmup.batch_size=-1"])
+    lines = str(e.value).splitlines()
+    assert lines[0].endswith(":") and len(lines) == 3 and any(line.startswith("  rouds: ") for line in lines), lines
 
 
 def test_a_whole_configs_error_is_its_message_without_the_config_again():
