@@ -40,6 +40,9 @@ MLFLOW_DEFAULTS = {
     # a dead tracking server costs seconds, not MLflow's default of 7 retries with 120 s timeouts
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    # MLflow's INFO lines (creating the store's tables, validating each model's input example, a link per ended
+    # run) between the pipeline's own: the run's MLflow lines at its end say where everything is
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
 
 

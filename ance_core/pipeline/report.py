@@ -171,7 +171,8 @@ def small_dev_warning(dev: dict[str, ArtifactRef], model: str | None, dev_split:
     values = (pooled or {}).get(model) if pooled else read_per_query(dev[model]) if model in dev else None
     if values is None or len(values) >= SMALL_DEV:
         return []
-    return [f"the result was chosen on {len(values)} {dev_split} queries: on a dev split under {SMALL_DEV} queries a "
+    counted = f"{len(values)} {dev_split} quer{'y' if len(values) == 1 else 'ies'}"
+    return [f"the result was chosen on {counted}: on a dev split under {SMALL_DEV} queries a "
             f"difference of a few hundredths of nDCG@10 is noise, so the run may keep its starting model where "
             f"training helped, or a trained model where it did not (RESULTS.md: MED, LISA, DL19); more {dev_split} "
             f"queries (data.dev_fraction, or a {dev_split} split in the dataset) make the choice surer"
