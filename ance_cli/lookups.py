@@ -185,7 +185,7 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
     from ance_core.data.dataset import corpus_rows
     from ance_core.data.sources import dataset_digest, resolve_dataset
     from ance_core.errors import AnceError
-    from ance_core.retrieval.provenance import corpus_content, data_content, holds_documents
+    from ance_core.retrieval.provenance import corpus_content, data_content, document_set, holds_documents
 
     if len(found) == 1:  # (a wrong --dataset is said by the hits' check: the model's one index holds another corpus)
         return found[0]
@@ -203,7 +203,7 @@ def _of_corpus(found: list[Path], model: Path, work: Path, dataset: str | None) 
     if dataset is None:
         return found[0]
     # (the same corpus in another folder: a corpus-only copy, or the dataset with its queries edited since)
-    ids = [row[0] for row in corpus_rows(resolve_dataset(dataset, download=False))[1]]
+    ids = document_set(row[0] for row in corpus_rows(resolve_dataset(dataset, download=False))[1])
     if ours := [index for index in found if holds_documents(index, ids)]:
         return ours[0]
     raise AnceError(f"--dataset {dataset}: none of the {len(found)} index{'es' * (len(found) > 1)} of {model}'s "

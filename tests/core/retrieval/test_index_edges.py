@@ -69,3 +69,17 @@ def test_queries_encoded_to_nan_are_an_error_naming_the_first(monkeypatch):
     meta = SimpleNamespace(queries=lambda texts: texts, query_max_length=8)
     with pytest.raises(AnceError, match=r"1 of 3 queries are encoded to NaN or inf, the first 'second one'"):
         encode.encode_queries(model, None, ["first", "second one", "third"], meta, EncodeConfig(precision="fp32"))
+
+
+def test_an_index_holds_a_corpus_told_by_its_distinct_ids_whatever_their_order_or_repeats(tmp_path):
+    """`ance search --dataset` on a corpus-only copy matches the model's index by the ids it holds (a MaxP index lists
+    a document once per window); the ids are read in chunks as arrow strings, not as one Python list."""
+    from ance_core.artifacts import INDEX_DOCIDS
+    from ance_core.retrieval.provenance import document_set, holds_documents
+
+    (tmp_path / INDEX_DOCIDS).write_text("d1\nd2\nd1\nd 3\n")
+    assert holds_documents(tmp_path, document_set(iter(["d 3", "d2", "d1"]), chunk=2))
+    assert not holds_documents(tmp_path, document_set(["d1", "d2"]))  # (fewer)
+    assert not holds_documents(tmp_path, document_set(["d1", "d2", "d3"]))  # (another id)
+    assert not holds_documents(tmp_path / "gone", document_set(["d1"]))
+    assert len(document_set((f"d{i % 5}" for i in range(23)), chunk=4)) == 5
