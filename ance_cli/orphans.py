@@ -5,7 +5,9 @@ stops it from an exit handler. SIGTERM and Ctrl-C run that handler (ance_cli/gua
 process group reaches the server itself; SIGKILL to the command alone (the kernel's OOM killer, `kill -9 <pid>`)
 runs nothing, and the server was left serving, an orphan holding its memory and port for good. So each server the
 command starts gets a watcher: a small child process that stops the server once the command is gone (SIGTERM, then
-SIGKILL after `GRACE_SECONDS`) and ends by itself once the server has stopped. Linux only (it reads /proc).
+SIGKILL after `GRACE_SECONDS`) and ends by itself once the server has stopped. Linux only (it reads /proc); its
+signals go through a pidfd where the kernel has them (5.3+), so a pid the server freed and another process took
+is never signalled.
 """
 
 import importlib.abc
@@ -34,11 +36,18 @@ def born(pid):  # the process's start time: a pid reused by another process is n
     return None if fields[0] in "ZX" else fields[19]
 
 server_born = born(server)
+try:  # a handle on the process itself (Linux 5.3+): a signal through it never reaches a process that reused the pid
+    handle = os.pidfd_open(server)
+except (AttributeError, OSError):
+    handle = None
 while server_born is not None and born(server) == server_born:
     if os.getppid() != command:  # the command is gone: this watcher was handed to another parent
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
             try:
-                os.kill(server, sig)
+                if handle is None:
+                    os.kill(server, sig)
+                else:
+                    signal.pidfd_send_signal(handle, sig)
             except OSError:
                 sys.exit()
             end = time.monotonic() + wait
