@@ -131,8 +131,11 @@ class HybridSearch:
         sparse = self.bm25.search(queries, self.bm25_depth, progress=False) if mode != "dense" else None
         if mode == "hybrid":
             run = fuse(dense, sparse, self.fusion, self.depth)
-        else:
-            run = (dense if mode == "dense" else sparse)[["query_id", "doc_id", "score"]]
+        elif mode == "dense":
+            run = dense[["query_id", "doc_id", "score"]]
+        else:  # (BM25's matches: the rows of score 0 filling its ranking to its depth match no query term, and the
+            # pipeline scores and fuses none of them)
+            run = sparse.loc[sparse["score"] > 0, ["query_id", "doc_id", "score"]]
         run = trec_order(run)  # equal scores as the run's evaluation ranked them: the greater document id first
         run = run.groupby("query_id", sort=False).head(k).copy()
         run["rank"] = run.groupby("query_id").cumcount() + 1

@@ -63,6 +63,12 @@ def test_dense_bm25_and_hybrid_searches_are_the_pipelines_rankings(packaged):
     assert bm25.groupby("query").size().to_dict() == {0: 3, 1: 3}  # (the third: no word indexed, no hit)
     ranked = trec_order(sparse)  # (equal scores as the evaluation ranks them)
     assert bm25[bm25["query"] == 0]["doc_id"].tolist() == ranked[ranked["query_id"] == "0"]["doc_id"].tolist()[:3]
+    whole = searcher.search(QUERIES, k=30, mode="bm25")  # (the whole corpus asked for: its matches alone come back,
+    # not the rows of score 0 that fill BM25's ranking to its depth, which the pipeline never scores as hits)
+    matches = sparse[sparse["score"] > 0].groupby("query_id").size()
+    assert len(matches) and (whole["score"] > 0).all()
+    assert whole.groupby("query").size().to_dict() == {int(q): n for q, n in matches.items()}
+    assert (matches < 30).any()  # (some query matches fewer than 30 passages: without the filter, it got filler)
     dense_run = pd.DataFrame([(str(i), ids[j], float(q[i] @ stored[j])) for i in range(3) for j in range(30)],
                              columns=["query_id", "doc_id", "score"])
     expected = fuse(dense_run, sparse, fusion, 1000)
