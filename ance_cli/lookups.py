@@ -146,26 +146,26 @@ def index_of(model: Path, index: Path | None, dataset: str | None = None) -> Pat
     from ance_core.errors import AnceError, warn
     from ance_core.modeling.model import checkpoint_files
     from ance_core.retrieval.index import is_index_folder
-    from ance_core.retrieval.provenance import CheckpointMatch, index_checkpoint, indexes_of
+    from ance_core.retrieval.provenance import CheckpointMatch, index_checkpoint, indexes_of, work_folder_of
 
     if index is None:
         checkpoint_files(model)  # (a damaged one said first)
-        work = model.resolve().parent.parent  # <work>/<stage>/<key>
+        work = work_folder_of(model)
         if not (work / "index").is_dir():
             raise AnceError(f"--index: {model} is no stage of a work folder, so its index cannot be found; give one "
                             "with --index (an index folder of its encoding, e.g. work/index/<digest> after ance "
-                            "evaluate --checkpoint; a compressed model's index is in its compress folder)")
+                            "evaluate --checkpoint; a compressed model's: the index_path of its row in "
+                            "work/compression/<digest>/compression.json)")
         if not (found := indexes_of(model, work)):
-            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'} (a compressed model's index "
-                            "is in its compress folder); give one with --index")
+            raise AnceError(f"--index: no index of {model}'s encoding in {work / 'index'}; give one with --index")
         return _of_corpus(found, model, work, dataset)
     if not is_index_folder(index):
         raise AnceError(f"{index}: not an index folder (no faiss 'index' file, no 'index-part-*' parts, no "
                         "'flat.json' with its emb_*.npy shards)")
     work = index.resolve().parent.parent
     if (built := index_checkpoint(index)) is None:
-        warn(f"--index {index}: which checkpoint encoded it is not recorded (no manifest): if not --model, its "
-             "scores mean nothing")
+        warn(f"--index {index}: which checkpoint encoded it is not recorded (no manifests of its encoding in the "
+             "work folder beside it): if not --model, its scores mean nothing")
     elif CheckpointMatch(model, work)(built) is False:
         if ours := indexes_of(model, work):
             try:

@@ -14,13 +14,25 @@ from ance_core.modeling.model import HEAD_FILE, checkpoint_digest, checkpoint_re
 
 def index_checkpoint(index: str | Path) -> str | None:
     """The digest of the checkpoint whose encoding an index stage folder holds, read from the stage manifests (index
-    -> encode -> checkpoint); None when they do not say (a folder moved out of its work folder, a compressed index)."""
+    -> encode -> checkpoint; a compressed encoding's index -> compress stage, whose `model` is the checkpoint, named
+    by its content); None when they do not say (a folder moved out of its work folder)."""
     index = Path(index).resolve()
     try:
         embeddings = read_manifest(index)["inputs"]["embeddings"]
+        if (compressed := index.parent.parent / "compress" / embeddings / "model").is_dir():
+            return checkpoint_digest(compressed)
         return read_manifest(index.parent.parent / "encode" / embeddings)["inputs"]["checkpoint"]
     except (OSError, KeyError, TypeError, ValueError):
         return None
+
+
+def work_folder_of(model: str | Path) -> Path:
+    """The work folder a checkpoint is a stage of: <work>/<stage>/<key>, or a compressed model's
+    <work>/compress/<key>/model (the folder two levels up where it is neither)."""
+    model = Path(model).resolve()
+    if model.name == "model" and model.parent.parent.name == "compress":
+        return model.parent.parent.parent
+    return model.parent.parent
 
 
 def encoded_corpus(index: str | Path) -> Path | None:

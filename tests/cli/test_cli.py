@@ -1084,6 +1084,42 @@ def test_a_config_file_that_replaces_a_recipes_setting_is_said(tmp_path):
     assert code == 2 and "nosuch: not a section or setting of the config" in out, out  # (stopped before any work)
 
 
+def test_a_compressed_model_searches_its_own_index_and_refuses_another_compressions(tiny_model, tmp_path):
+    """A compressed model (<work>/compress/<key>/model) was paired with any index: its index's manifest names the
+    compress stage, not an encode stage, so which checkpoint encoded it read as unknown (a warning saying 'no
+    manifest'), and a PCA model searched a truncation's index of the same dimension, its hits meaning nothing; without
+    --index, its work folder was taken to be <work>/compress."""
+    import pandas as pd
+
+    from ance_cli.lookups import index_of
+    from ance_core.artifacts import write_json
+    from ance_core.modeling.config import ModelConfig
+    from ance_core.modeling.model import init_model
+    from ance_core.retrieval.config import EncodeConfig, IndexConfig
+    from ance_core.retrieval.encode import encode_corpus
+    from ance_core.retrieval.index import build_index
+
+    work = tmp_path / "work"
+    corpus = pd.DataFrame({"doc_id": [f"d{i}" for i in range(12)], "title": "",
+                           "text": [f"passage {i} about topic {i % 5}" for i in range(12)]})
+    models, indexes = [], []
+    for n, temperature in enumerate((0.05, 0.5)):  # two compress stages: their model and encoding, indexed
+        stage = work / "compress" / f"k{n}"
+        init_model(ModelConfig(name=str(tiny_model), passage_max_length=32, init_temperature=temperature),
+                   stage / "model")
+        encode_corpus(stage / "model", corpus, EncodeConfig(precision="fp32"), stage)
+        write_json(stage / "manifest.json", {"key": stage.name})
+        (index := work / "index" / f"i{n}").mkdir(parents=True)
+        build_index(stage, index, IndexConfig())
+        write_json(index / "manifest.json", {"key": index.name, "inputs": {"embeddings": stage.name}})
+        models.append(stage / "model")
+        indexes.append(index)
+    assert index_of(models[1], None) == indexes[1] and index_of(models[0], indexes[0]) == indexes[0]
+    with pytest.raises(AnceError, match=f"not of --model {models[1]}: its scores would mean nothing; this model's "
+                       f"index is {indexes[1]}"):
+        index_of(models[1], indexes[0])
+
+
 def test_search_reads_the_texts_of_its_hits_alone_from_the_corpus(tmp_path):
     """`ance search --dataset` printed ten hits' texts from the whole corpus loaded as a table (~3 GB of text at MS
     MARCO's size); it keeps the hits' documents only, joined as the encoder saw them, from either layout."""
