@@ -25,7 +25,7 @@ import numpy as np
 
 from ance_core.artifacts import atomic_folder
 from ance_core.errors import AnceError
-from ance_core.export.encoder import Encoder
+from ance_core.export.encoder import KINDS, Encoder
 from ance_core.export.onnx import served_file
 from ance_core.modeling.model import SERVING_FILES, checkpoint_digest
 
@@ -74,6 +74,8 @@ class EmbeddingModel:
                 if self.searcher is None:
                     raise AnceError(self.cannot_search)
                 return self.searcher.search(_texts(model_input), _hits(params.get("k")), params.get("mode", "hybrid"))
+            if kind not in KINDS:
+                raise AnceError(f"kind {kind!r}: use one of {', '.join(KINDS)}, or search")
             return self.encoder.encode(_texts(model_input), kind=kind)
         except AnceError as e:  # the scoring server answers an MlflowException with 400 and its message
             raise MlflowException.invalid_parameter_value(str(e)) from None

@@ -34,9 +34,9 @@ class Encoder:
     def __init__(self, checkpoint: str | Path, device: str = "auto", precision: Precision = "fp32",
                  batch_size: int = 64, backend: str = "auto"):
         """`precision` fp32 (the default) gives the embeddings the pipeline's evaluation would compute in fp32;
-        `auto` is bf16 on CPU (about 1.7x faster) and on GPUs that have it, else fp16. `backend` auto: the ONNX model
-        an export folder serves (`ance export --format onnx`: onnxruntime on the CPU), else PyTorch; torch or onnx
-        to choose."""
+        `auto` is bf16 on a CPU with bf16 in hardware (about 1.7x faster; fp32 on one without) and on GPUs that have
+        it, else fp16. `backend` auto: the ONNX model an export folder serves (`ance export --format onnx`:
+        onnxruntime on the CPU), else PyTorch; torch or onnx to choose."""
         from ance_core.export.onnx import OnnxEncoder, served_file
 
         if backend not in BACKENDS:
@@ -88,4 +88,10 @@ def check_texts(texts: Sequence) -> list[str]:
         missing = value is None or (isinstance(value, float) and value != value)
         raise AnceError(f"text {bad} is missing (null)" if missing
                         else f"text {bad} is a {type(value).__name__}, not a string")
+    for k, text in enumerate(texts):  # (JSON's "\ud800" is a valid request; the tokenizer's error was a TypeError)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise AnceError(f"text {k} is not valid Unicode text: half of a surrogate pair (\\u{ord(text[e.start]):04x}) "
+                            f"at character {e.start}") from None
     return texts

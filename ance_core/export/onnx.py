@@ -11,8 +11,9 @@ MLflow model) plus
     onnx/serving.json      which of the two serves (`Encoder(..., backend="auto")`, the MLflow model)
 
 A query is tokenized as the pipeline does (the checkpoint's prefixes and max lengths) and padded per batch;
-embeddings match the PyTorch model's in fp32 to float rounding (the export checks it and records the largest
-difference). Compressed checkpoints (ConAE projectors) are not exported.
+embeddings match the PyTorch model's in fp32 to float rounding (the export checks it, and `ance export` prints the
+largest difference). Compressed checkpoints (ConAE projectors) are not exported. From a sentence-transformers export
+folder, its checkpoint files alone are taken (its module folders are not: the ONNX folder is no such model).
 """
 
 import json
@@ -26,7 +27,7 @@ import torch
 
 from ance_core.artifacts import atomic_folder
 from ance_core.errors import AnceError
-from ance_core.export.sentence_transformers import check_target
+from ance_core.export.sentence_transformers import ST_FILES, check_target
 from ance_core.modeling.model import checkpoint_tokenizer, load_checkpoint, model_files, read_meta
 
 ONNX_DIR = "onnx"
@@ -62,7 +63,8 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
     model.eval()
     with atomic_folder(out) as tmp:
         for src in model_files(checkpoint):
-            shutil.copy2(src, tmp / src.name)
+            if src.name not in ST_FILES:
+                shutil.copy2(src, tmp / src.name)
         folder = tmp / ONNX_DIR
         folder.mkdir()
         sample = tokenizer(CHECK[:2], padding=True, return_tensors="pt")

@@ -11,7 +11,8 @@ tokenizer's model_max_length, and the second not at all):
   1_Pooling/                  mean or cls, as the checkpoint
   2_Dense/                    Linear(h, h) with bias and identity activation: the head's projection
   3_LayerNorm/                LayerNorm(h) (eps 1e-5, affine, as torch's default): the head's norm
-  modules.json, config_sentence_transformers.json   the modules in order; similarity "dot", empty prompts
+  modules.json, config_sentence_transformers.json   the modules in order; similarity "dot", the checkpoint's prefixes
+                              as the prompts query and document (the default prompt where it has a passage prefix)
   README.md                   the model card: model, usage, what is recorded of its training, its metrics
   ance_model.json, head.safetensors   the checkpoint's own (the head once more, 2_Dense + 3_LayerNorm's weights):
                               the folder is also an ANCE checkpoint, so `ance evaluate` / `ance search` take it as
@@ -49,6 +50,8 @@ from ance_core.pipeline.report import COLUMNS, DEV_KEY, markdown_table
 FORMATS = ("sentence-transformers",)
 ST_VERSION = "6.2.0"  # the sentence-transformers release whose folder layout this writes (and the tests load)
 CARD = "README.md"
+ST_FILES = {CARD, "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"}  # (besides the
+# checkpoint's own files: with the module folders, what makes a folder a sentence-transformers model)
 LATEST = "latest.json"  # <work_dir>/latest.json, every pipeline run's result (flows/start.py)
 ST_MODULES = [  # (folder, class) in order; the Transformer lives in the folder's root
     ("", "sentence_transformers.base.modules.transformer.Transformer"),
@@ -155,7 +158,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, fmt: str = "sente
                             "pytorch": torch.__version__},
             "model_type": "SentenceTransformer",
             "prompts": {"query": meta.query_prefix, "document": meta.passage_prefix},  # encode_query / _document
-            "default_prompt_name": None, "similarity_fn_name": "dot"})
+            # plain `encode` is the passage encoding, its prefix included (with None it encoded without one)
+            "default_prompt_name": "document" if meta.passage_prefix else None, "similarity_fn_name": "dot"})
         (tmp / CARD).write_text(model_card(meta, dim, provenance), encoding="utf-8")
     return {"out": str(out), "format": fmt, "dim": dim, "pooling": meta.pooling,
             "query_max_length": meta.query_max_length, "passage_max_length": meta.passage_max_length,

@@ -129,6 +129,12 @@ def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_ca
     for k in ("3", 2.5, True):  # (the served model is given what its schema lets through; the class, anything)
         with pytest.raises(MlflowException, match=r"k .*: give the number of hits as a whole number"):
             EmbeddingModel(registry["searchable"]).predict(QUERIES, params={"kind": "search", "k": k})
+    with pytest.raises(MlflowException, match="kind 'hits': use one of query, passage, or search"):
+        model.predict(QUERIES, params={"kind": "hits"})
+    for kind in ("query", "search"):  # (valid JSON: "\ud800" arrives as a lone surrogate; it was a TypeError)
+        with pytest.raises(MlflowException, match=r"text 1 is not valid Unicode text: half of a surrogate pair "
+                                                  r"\(\\ud800\) at character 3"):
+            model.predict(["fine", "abc\ud800"], params={"kind": kind})
     plain = mlflow.pyfunc.load_model("models:/ance-scifact/1")
     with pytest.raises(MlflowException, match="this version has no retrieval package") as refused:
         plain.predict(QUERIES, params={"kind": "search"})

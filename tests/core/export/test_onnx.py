@@ -153,3 +153,18 @@ def test_a_retrieval_package_searches_with_an_onnx_export(exported, tmp_path):
     by_onnx = HybridSearch(export).search(["cancer gene"], k=5)
     by_torch = HybridSearch(tmp_path / "torch-copy").search(["cancer gene"], k=5)
     assert by_onnx["doc_id"].tolist() == by_torch["doc_id"].tolist() and len(by_onnx) == 5
+
+
+def test_an_onnx_export_of_a_sentence_transformers_export_is_no_broken_sentence_transformers_folder(exported,
+                                                                                                  tmp_path):
+    """A sentence-transformers export folder is also a checkpoint; its ONNX export copied its modules.json, settings
+    and card but not the module folders they name, so SentenceTransformer(folder) failed on it (Pooling's missing
+    embedding_dimension) while the card still described those modules."""
+    from ance_core.export.sentence_transformers import ST_FILES, export_checkpoint
+
+    checkpoint = exported[0]
+    export_checkpoint(checkpoint, tmp_path / "st")
+    export_onnx(tmp_path / "st", tmp_path / "onnx")
+    assert not ST_FILES & {p.name for p in (tmp_path / "onnx").iterdir()}
+    np.testing.assert_allclose(Encoder(tmp_path / "onnx").encode(TEXTS, "query"),
+                               Encoder(checkpoint, backend="torch").encode(TEXTS, "query"), atol=1e-4, rtol=0)

@@ -301,6 +301,8 @@ def test_prefixes_are_kept_by_the_checkpoint_the_export_and_the_ance_encoder(tin
     st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     np.testing.assert_allclose(st.encode_query(TEXTS), queries, atol=1e-5, rtol=0)
     np.testing.assert_allclose(st.encode_document(TEXTS), passages, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(st.encode(TEXTS), passages, atol=1e-5, rtol=0)  # (the card's and docs' plain `encode`:
+    # it encoded without the passage prefix)
     assert "`'query: '` (the `query` prompt" in (tmp_path / "st" / "README.md").read_text()
     encoder = Encoder(checkpoint)
     np.testing.assert_allclose(encoder.encode(TEXTS, "query"), queries, atol=1e-5, rtol=0)
