@@ -45,12 +45,13 @@ def recorded_fusion(model: Path, work_dir: str, dataset: str | None = None) -> d
 def chosen_fusion(text: str, model: Path, work_dir: str, dataset: str | None = None):
     """`ance search --fusion`, the BM25 settings to fuse with and how deep each ranking is fused: auto (what a run in
     the work folder chose on its dev split for this model, `recorded_fusion`; without one RRF with the default BM25,
-    1000 deep), rrf, or the dense ranking's weight in a convex combination."""
+    1000 deep), rrf, or the dense ranking's weight in a convex combination (with the BM25 settings and depth of that
+    run where there is one: the fusion alone is the option's)."""
     from ance_core.errors import warn
     from ance_core.retrieval.config import BM25Config
     from ance_core.retrieval.fusion import Fusion
 
-    recorded = recorded_fusion(model, work_dir, dataset) if text == "auto" else None
+    recorded = recorded_fusion(model, work_dir, dataset)
     bm25 = BM25Config.model_validate(recorded["bm25"]) if recorded and "bm25" in recorded else BM25Config()
     depth = recorded.get("depth", 1000) if recorded else 1000
     if text == "auto":

@@ -92,6 +92,7 @@ def check_texts(texts: Sequence) -> list[str]:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise AnceError(f"text {k} is not valid Unicode text: half of a surrogate pair (\\u{ord(text[e.start]):04x}) "
-                            f"at character {e.start}") from None
+            half = f"\\u{ord(text[e.start]):04x}"
+            raise AnceError(f"text {k} is not valid Unicode text: half of a surrogate pair ({half}) at character "
+                            f"{e.start}") from None
     return texts

@@ -831,6 +831,9 @@ def test_fusion_auto_finds_the_choice_of_a_model_that_is_no_longer_the_newest_re
     assert bm25_cfg.scoring() == bm25.scoring()
     how, _, _ = chosen_fusion("auto", work / "train" / "m2", str(work))  # the newest result's, from latest.json
     assert how.label() == "RRF (k=60)"
+    how, bm25_cfg, depth = chosen_fusion("0.7", work / "train" / "m1", str(work))  # (the fusion given, the rest the
+    # run's: it was the default BM25, 1000 deep)
+    assert how.label() == "convex, dense weight 0.7" and depth == 500 and bm25_cfg.scoring() == bm25.scoring()
     # the model fused since by a run on another collection (a start_checkpoint run whose best dense model it stayed):
     # the newest fusion, unless the collection searched is told; then the one fused on its corpus
     import os
