@@ -59,6 +59,7 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
     def build(out):
         tables = read_tables(data.path, corpus_columns=["doc_id"])  # not the passages' text
         positives, relevant = tables.positives(split), tables.relevant(split)
+        judged = tables.judged_nonrelevant(split) if cfg.judged_only else None
         corpus_ids = sorted_ids(tables.corpus["doc_id"].tolist())  # once for all the parts
         query_ids = round_sample(list(positives), cfg.queries, cfg.seed, round_)  # all, or the round's sample
         parts = [query_ids[i:i + MINE_CHUNK] for i in range(0, len(query_ids), MINE_CHUNK)] or [[]]
@@ -67,7 +68,7 @@ def mine_negatives(rankings: dict[str, ArtifactRef], data: ArtifactRef, split: s
         for part in parts:  # a part of the queries at a time: the rankings of all of them are never held
             wanted = None if len(parts) == 1 else part
             table = mine_queries(cfg, {q: positives[q] for q in part}, round_, rankings, tables, relevant,
-                                 corpus_ids, scorer, wanted, draws)
+                                 corpus_ids, scorer, wanted, draws, judged)
             if teacher is not None:  # its scores of every pair's group, every draw's
                 table = with_teacher_scores(table, cfg.teacher, ParquetCorpus.of_folder(data.path), tables.queries,
                                             teacher)
@@ -153,10 +154,11 @@ def row_groups_between(meta: pq.FileMetaData, first: str, last: str) -> list[int
 
 def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int, rankings: dict[str, ArtifactRef],
                  tables, relevant: dict[str, set[str]], corpus_ids: SortedIds, scorer: dict[str, ArtifactRef] | None,
-                 query_ids: list[str] | None, draws: int = 1) -> pd.DataFrame:
+                 query_ids: list[str] | None, draws: int = 1, judged: dict[str, set[str]] | None = None
+                 ) -> pd.DataFrame:
     """The negatives of some queries' pairs (`query_ids`, sorted; None: all of them) from the rankings' rows of those
-    queries; `relevant` and `corpus_ids` are the whole split's and corpus's, computed once for all the parts. `tables`
-    (the dataset) serves only the scorer."""
+    queries; `relevant`, `judged` and `corpus_ids` are the whole split's and corpus's, computed once for all the
+    parts. `tables` (the dataset) serves only the scorer."""
     frames = {name: ranking_rows(Path(ref.path, RUN), query_ids) for name, ref in rankings.items()}
     if "bm25" in frames:  # BM25's matches only: its score-0 rows, which pad a query with few matches to the run's
         # depth, match no query term and sit at arbitrary ranks (one fixed block of the corpus for every such query)
@@ -176,7 +178,7 @@ def mine_queries(cfg: MiningConfig, positives: dict[str, set[str]], round_: int,
         scores = dict(zip(pairs, table["score"], strict=True))
         windows = dict(zip(pairs, table["window"], strict=True)) if "window" in table else None
     return sample_negatives(cfg, positives, round_, frames, corpus_ids, scores, relevant, windows, warn_short=False,
-                            draws=draws)
+                            draws=draws, judged=judged)
 
 
 def dense_scores(ranking: pd.DataFrame | None, tables, positives: dict[str, set[str]], depth: int,

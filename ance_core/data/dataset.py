@@ -76,6 +76,13 @@ class Dataset:
         """Every labelled-relevant document of each query of the split (relevance > 0): never a negative."""
         return self._at_least(split, 1)
 
+    def judged_nonrelevant(self, split: str) -> dict[str, set[str]]:
+        """The documents each query of the split is judged non-relevant to (relevance <= 0: the judged-and-rejected
+        rows of pooled qrels, TREC's); queries without such rows are left out."""
+        rel = self.split_qrels(split)
+        rel = rel[rel["relevance"] <= 0]
+        return {q: set(d) for q, d in rel.groupby("query_id")["doc_id"]}
+
     def _at_least(self, split: str, grade: int) -> dict[str, set[str]]:
         rel = self.split_qrels(split)
         rel = rel[rel["relevance"] >= max(grade, 1)]

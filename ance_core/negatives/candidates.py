@@ -156,3 +156,11 @@ def pair_candidates(ranking: Ranking, pair_query: np.ndarray, skip_top: int, mar
         valid &= false_negative_controls(c.gather(ranking.rank), c.score if margin is not None else None, skip_top,
                                          margin, positive_score[:, None])
     return replace(c, valid=valid)
+
+
+def only_judged(candidates: Candidates, judged: tuple[np.ndarray, list[str]], restricted: np.ndarray) -> Candidates:
+    """The candidates with those of a `restricted` query ((queries,) bool) that are not among its `judged` (query
+    index, document) pairs no longer drawable: such a query's negatives come from its judged non-relevant documents."""
+    ranking = candidates.ranking
+    allowed = ~restricted[ranking.query] | pairs_in(ranking.query, ranking.doc_id, *judged)
+    return replace(candidates, valid=candidates.valid & candidates.gather(allowed, False))

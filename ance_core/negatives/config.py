@@ -48,7 +48,8 @@ class MiningConfig(StageConfig):
     """Which negatives a training stage gets (negatives/samplers.py). `ance` (the paper's): top-k of the current model's
     ANN retrieval minus all labelled positives, n sampled uniformly (ANCE eq. 10)."""
 
-    UNSAID = {"queries": None, "teacher": None}  # (options added after stage keys existed: left out while unset)
+    UNSAID = {"queries": None, "teacher": None, "judged_only": False}  # (options added after stage keys existed:
+    # left out while unset)
 
     sampler: SamplerName = Field("ance", description=_sampler_options(NAMES))
     top_k: int | None = Field(None, ge=1, description="Ranked candidates; default: the sampler's (" + ", ".join(
@@ -67,6 +68,12 @@ class MiningConfig(StageConfig):
     margin: float | None = Field(
         None, ge=0, lt=1, description="False-negative control: drop candidates scoring above s(q,d+) - m·|s(q,d+)|. "
         "For the warm-up's BM25 candidates the scores are the starting (pretrained) model's")
+    judged_only: bool = Field(
+        False, description="Pooled judgments (TREC's qrels, which list the documents judged non-relevant with grade "
+        "0): a query whose qrels judge documents non-relevant draws its negatives only from those among its "
+        "candidates, never from its unjudged top hits, which in a pool of strong systems' results are often "
+        "relevant passages no one judged. Queries without such rows mine as before; a pair left with too few takes "
+        "the fallback")
     queries: int | None = Field(
         None, ge=1, description="Mine (and so train on) a seeded sample of this many of the split's training queries, "
         "drawn again each round; unset: all of them. A stage of S steps of B queries trains on at most S·B: at MS "
@@ -81,6 +88,13 @@ class MiningConfig(StageConfig):
         if self.teacher is not None and not SAMPLERS[self.sampler].mines:
             raise ValueError(f"teacher: sampler '{self.sampler}' mines no negatives, so there is no group of "
                              "candidates for the teacher to score; use a mined sampler (ance, simans, bm25, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _judged_needs_a_ranking(self) -> "MiningConfig":
+        if self.judged_only and not SAMPLERS[self.sampler].rankings:
+            raise ValueError(f"judged_only: sampler '{self.sampler}' draws from no ranking, so there are no "
+                             "candidates to keep to the judged ones; use a ranked sampler (ance, simans, bm25, ...)")
         return self
 
     def sample(self, round_: int) -> dict | None:

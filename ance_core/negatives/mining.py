@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ance_core.errors import AnceError, preview, warn
-from ance_core.negatives.candidates import Candidates, pair_candidates, read_ranking
+from ance_core.negatives.candidates import Candidates, only_judged, pair_candidates, read_ranking
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.randomness import draw_keys, pair_keys, uniforms
 from ance_core.negatives.samplers import Drawn, Pairs, Sampler, get_sampler
@@ -131,6 +131,7 @@ def sample_negatives(
     positive_windows: dict[tuple[str, str], int] | None = None,
     warn_short: bool = True,
     draws: int = 1,
+    judged: dict[str, set[str]] | None = None,
 ) -> pd.DataFrame:
     """One row per (query, positive): `cfg.num_negatives` negatives of `cfg.sampler` (COLUMNS; rank and score are those
     of the ranking they were mined from, 0 and NaN for random documents). In-batch samplers get empty negative lists.
@@ -146,8 +147,9 @@ def sample_negatives(
     query, none of which is ever a negative (graded qrels may train on the top grades only). `positive_scores`:
     s(q, d⁺) (SimANS, margin). `positive_windows`: the MaxP window of each (query, positive) under the mining model
     (default 0). `warn_short`: warn about the queries given fallback negatives (`warn_fallback`); off for a caller
-    that mines the queries in parts and warns once for all of them. The list columns hold numpy arrays, as the table
-    reads back from parquet."""
+    that mines the queries in parts and warns once for all of them. `judged`: with `cfg.judged_only`, the documents each
+    query is judged non-relevant to (`Dataset.judged_nonrelevant`): a query that has some draws its negatives from
+    those alone. The list columns hold numpy arrays, as the table reads back from parquet."""
     sampler, n, depth = get_sampler(cfg.sampler), cfg.num_negatives, cfg.depth
     query_ids = sorted(positives)
     pair_query, positive_ids, ordinals = pairs_of(positives, query_ids)
@@ -167,6 +169,11 @@ def sample_negatives(
     by_query = (np.repeat(np.arange(len(query_ids)), [len(e) for e in excluded]), [d for e in excluded for d in e])
     candidates = {r: pair_candidates(read_ranking(rankings[r], query_ids, depth, by_query), pair_query, cfg.skip_top,
                                      cfg.margin, own) for r in sampler.rankings}
+    if cfg.judged_only and judged:
+        restricted = np.array([bool(judged.get(q)) for q in query_ids], dtype=bool)
+        pairs = (np.repeat(np.arange(len(query_ids)), [len(judged.get(q, ())) for q in query_ids]),
+                 [d for q in query_ids for d in sorted(judged.get(q, ()))])
+        candidates = {r: only_judged(c, pairs, restricted) for r, c in candidates.items()}
     tables = []
     for draw in range(draws):
         keys_d = draw_keys(keys, draw)

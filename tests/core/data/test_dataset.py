@@ -29,6 +29,7 @@ def test_beir_loads_tables(beir, tmp_path):
     assert sorted(ds.qrels["split"].unique()) == ["test", "train"]
     assert ds.positives("train") == {"q1": {"d0", "d1"}}
     assert ds.positives("test") == {"q2": {"d2"}}  # relevance 0 is not a positive
+    assert ds.judged_nonrelevant("test") == {"q3": {"d3"}} and ds.judged_nonrelevant("train") == {}  # it is a judgment
     assert ds.split_queries("train")["query_id"].tolist() == ["q1"]
     out = tmp_path / "tables"
     out.mkdir()

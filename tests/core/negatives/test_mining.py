@@ -5,7 +5,7 @@ import pytest
 from ance_core.errors import AnceError, AnceWarning
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import sample_negatives
-from ance_core.negatives.samplers import MINED
+from ance_core.negatives.samplers import MINED, SAMPLERS
 from ance_core.retrieval.search import run_frame
 
 CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
@@ -196,3 +196,32 @@ def test_a_document_of_the_querys_own_id_is_never_its_negative(sampler):
         table = sample_negatives(cfg, positives, 1, {"dense": run}, ["q0", "q1", *CORPUS], scores)
         for row in table.itertuples():
             assert row.query_id not in set(row.negative_ids), (seed, row)
+
+
+@pytest.mark.parametrize("sampler", [s for s in MINED if SAMPLERS[s].rankings and s != "bm25+random"])
+def test_judged_only_draws_a_judged_querys_negatives_from_its_judged_nonrelevant_documents(sampler):
+    """`judged_only`: a query whose qrels judge documents non-relevant (pooled TREC judgments) draws from those among
+    its candidates alone, never from its unjudged top hits; a query without such judgments mines as before; a judged
+    query with none of them among its candidates takes the fallback. Off, the judgments change nothing."""
+    run = _run(n_queries=3, depth=40)
+    positives = {q: {d} for q, d in run[run["rank"] == 1][["query_id", "doc_id"]].itertuples(index=False)}
+    candidates = {q: list(g.sort_values("rank")["doc_id"])[1:] for q, g in run.groupby("query_id")}
+    judged = {"q0": set(candidates["q0"][20:23]) | {"d-x"}, "q2": {"d-unretrieved"}}  # q1: none judged
+    scores = {(q, d): float(run[(run["query_id"] == q) & (run["doc_id"] == d)]["score"].iloc[0])
+              for q, ds in positives.items() for d in ds}
+    rankings = {"dense": run, "bm25": run}
+    on = MiningConfig(sampler=sampler, top_k=40, num_negatives=2, seed=1, judged_only=True)
+    off = on.model_copy(update={"judged_only": False})
+    with pytest.warns(AnceWarning, match="1 of 3 queries"):
+        table = sample_negatives(on, positives, 1, rankings, CORPUS, scores, judged=judged).set_index("query_id")
+    assert set(table.loc["q0", "negative_ids"]) <= judged["q0"] and table.loc["q0", "fallback"] == 0
+    assert table.loc["q2", "fallback"] == 2  # its judged document is not among its candidates
+    plain = sample_negatives(off, positives, 1, rankings, CORPUS, scores, judged=judged).set_index("query_id")
+    assert list(plain.loc["q1", "negative_ids"]) == list(table.loc["q1", "negative_ids"])
+    assert not set(plain.loc["q0", "negative_ids"]) <= judged["q0"]
+    assert "judged_only" not in off.model_dump()  # an unset option leaves the stage keys as they were
+
+
+def test_judged_only_with_a_sampler_of_no_ranking_is_refused():
+    with pytest.raises(ValueError, match="judged_only: sampler 'random' draws from no ranking"):
+        MiningConfig(sampler="random", judged_only=True)
