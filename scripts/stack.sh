@@ -69,8 +69,13 @@ case "${1:-}" in
         exit 1
       fi
     done
+    # new experiments keep their artifacts at the path an embedded run writes (work/mlartifacts), not behind the
+    # server's proxy (mlflow-artifacts:/), which only a client of the server can reach: a store made by `make up` is
+    # then also one `ance run` without the stack, `mlflow models serve` and `ance export` read. The destination serves
+    # the experiments a server made before with proxied artifacts.
     start mlflow-server "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
-      --backend-store-uri "sqlite:///$MLFLOW_STORE_DIR/mlflow.db" --artifacts-destination "$MLFLOW_STORE_DIR/mlartifacts"
+      --backend-store-uri "sqlite:///$MLFLOW_STORE_DIR/mlflow.db" \
+      --default-artifact-root "file://$MLFLOW_STORE_DIR/mlartifacts" --artifacts-destination "$MLFLOW_STORE_DIR/mlartifacts"
     running prefect-server || echo "$PORT" > "$STACK_DIR/prefect.port"  # (a running one keeps the port it has)
     start prefect-server "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT"
     wait_healthy prefect-server "$PREFECT_API_URL/health"

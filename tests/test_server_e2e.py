@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mlflow.tracking import MlflowClient
 
 from flows.publish import artifact_key
 from tests.tiny import free_port
@@ -244,7 +245,7 @@ def test_second_run_with_same_parameters_is_all_cached(stack, trained, tiny):
     assert states and set(states.values()) == {"Cached"}, states
 
 
-def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
+def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny, tmp_path):
     flow_run_id, _, seen_while_running = trained
     runs = mlflow_runs(stack, flow_run_id)
     parent = mlflow_parent(stack, flow_run_id)
@@ -298,6 +299,12 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny):
     champion = mlflow_api(stack, "GET", "registered-models/alias",
                           params={"name": f"ance-{Path(tiny['data']['dataset']).name}", "alias": "champion"})
     assert champion["model_version"]["run_id"] in {r["info"]["run_id"] for r in children.values()}
+    # the stack's store read without its server (`ance run` after `make down`, `mlflow models serve` or `ance export`
+    # on its sqlite URI): the artifacts lie where an embedded client reads them, not behind the server's proxy
+    local = MlflowClient(f"sqlite:///{stack['root']}/mlflow/mlflow.db")
+    assert local.get_experiment(parent["info"]["experiment_id"]).artifact_location.startswith("file://")
+    got = local.download_artifacts(champion["model_version"]["run_id"], "checkpoint/ance_model.json", str(tmp_path))
+    assert json.loads(Path(got).read_text())
     # the Prefect run links back to the MLflow run
     link = artifact_key("ance-train", Path(tiny["data"]["dataset"]).name, "mlflow-run")
     artifacts = api(stack, "POST", "/artifacts/filter", json={"artifacts": {

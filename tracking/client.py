@@ -19,7 +19,7 @@ from typing import Any
 from filelock import FileLock
 from pydantic import BaseModel
 
-from ance_core.errors import AnceWarning
+from ance_core.errors import AnceError, AnceWarning
 
 UNDELIVERED = "mlflow-undelivered.jsonl"
 HOST_TAG, PID_TAG = "process_host", "process_pid"  # a top-level run's process (`Tracker._end_orphans`)
@@ -129,6 +129,21 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager:
     return FileLock(db.parent / f".{db.name}.lock")
 
 
+PROXIED = "mlflow-artifacts:"  # an artifact location that only a tracking server serving artifacts can write
+
+
+def proxied_only(experiment, uri: str) -> str | None:
+    """Why an experiment cannot take a run from this store (None: it can). One whose artifacts a tracking server keeps
+    behind its proxy (`mlflow-artifacts:/1`: made by a server started with --artifacts-destination and no
+    --default-artifact-root, as `make up`'s was before session 34) cannot take a run from an embedded store: every
+    artifact, and so the model, would be lost."""
+    if uri.startswith("http") or not str(experiment.artifact_location).startswith(PROXIED):
+        return None
+    return (f"the MLflow experiment '{experiment.name}' in {uri} keeps its artifacts behind a tracking server "
+            f"({experiment.artifact_location}): log through the server that made it (`make up`, then export the "
+            "MLFLOW_TRACKING_URI it prints), or move that store aside to start a new one")
+
+
 class Tracker:
     def __init__(self, work_dir: str | Path, experiment: str, tracking_uri: str | None = None):
         self.work_dir = Path(work_dir).resolve()
@@ -146,8 +161,11 @@ class Tracker:
         self.context: dict[str, str] = {}  # added to every spooled call (e.g. the Prefect flow run id)
         with store_lock(self.uri):
             self.client = mlflow_client(self.uri)
+            self._proxied: str | None = None
             self.experiment_id = self._safe("get_experiment", self._experiment, experiment,
                                             payload={"name": experiment})
+        if self._proxied:  # refused before any stage runs, not a run whose artifacts all go missing
+            raise AnceError(self._proxied)
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -157,6 +175,7 @@ class Tracker:
                           "run (to remove it for good: `mlflow gc`, then its name is free)", AnceWarning,
                           stacklevel=3)
         if found is not None:
+            self._proxied = proxied_only(found, self.uri)
             experiment_id = found.experiment_id
         else:
             location = None if self.uri.startswith("http") else (self.work_dir / "mlartifacts").as_uri()

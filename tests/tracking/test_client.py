@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ance_core.errors import AnceError
 from ance_core.pipeline.config import PipelineConfig
 from tracking.client import UNDELIVERED, Tracker, configure_mlflow, flatten, metric_key
 from tracking.live import LiveMetrics
@@ -76,6 +77,18 @@ def test_runs_params_and_step_history_in_the_embedded_store(tmp_path):
     assert client.get_run(child).data.metrics["ndcg_at_10"] == 0.5
     assert client.get_run(parent).data.params["ance.learning_rate"] == "2e-05"
     assert tracker.undelivered == {} and not (tmp_path / UNDELIVERED).exists()
+
+
+def test_an_experiment_whose_artifacts_a_server_proxies_is_refused_by_an_embedded_run(tmp_path):
+    """A store a tracking server made with proxied artifacts (`mlflow-artifacts:/1`, as `make up`'s server did) took
+    an embedded run's metrics and lost every artifact and the model; it is refused before any run, saying what to
+    do."""
+    uri = Tracker(tmp_path, "ance-fine").uri  # (an experiment of the embedded default is fine)
+    MlflowClient(uri).create_experiment("ance-proxied", artifact_location="mlflow-artifacts:/1")
+    with pytest.raises(AnceError, match=r"'ance-proxied' in sqlite:.* keeps its artifacts behind a tracking server "
+                                        r"\(mlflow-artifacts:/1\): log through the server that made it"):
+        Tracker(tmp_path, "ance-proxied")
+    assert not (tmp_path / UNDELIVERED).exists()
 
 
 def test_a_dead_server_warns_once_and_keeps_what_was_not_delivered(tmp_path, monkeypatch):
