@@ -144,6 +144,18 @@ def proxied_only(experiment, uri: str) -> str | None:
             "MLFLOW_TRACKING_URI it prints), or move that store aside to start a new one")
 
 
+def stopped_by_signal(error: BaseException) -> bool:
+    """Whether a stop ended the block, not a failure: Ctrl-C (KeyboardInterrupt), a stop signal the `ance` command
+    turns into SystemExit(128 + signal) (ance_cli/guard.py), or one Prefect's engine raises in a flow run's process
+    (its TerminationSignal, an ExternalSignal: the SIGTERM of a cancelled flow run, or of a stopped worker)."""
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    if isinstance(error, SystemExit):
+        return isinstance(error.code, int) and error.code > 128
+    return any(kind.__name__ == "ExternalSignal" for kind in type(error).__mro__)  # (prefect.exceptions': tracking
+    # names it rather than import the orchestrator)
+
+
 class Tracker:
     def __init__(self, work_dir: str | Path, experiment: str, tracking_uri: str | None = None):
         self.work_dir = Path(work_dir).resolve()
@@ -314,13 +326,13 @@ class Tracker:
 
     @contextlib.contextmanager
     def ended_on_failure(self, runs: Callable[[], Iterable[str | None]]):
-        """Runs the block raises out of are ended FAILED (KILLED on Ctrl-C), not left RUNNING in MLflow's runs table
-        forever; `runs()` names them when it happens (e.g. the nested runs opened so far, then their parent). A
-        block that ends normally ends its runs itself."""
+        """Runs the block raises out of are ended FAILED (KILLED when a stop ended it: `stopped_by_signal`), not left
+        RUNNING in MLflow's runs table forever; `runs()` names them when it happens (e.g. the nested runs opened so
+        far, then their parent). A block that ends normally ends its runs itself."""
         try:
             yield
         except BaseException as e:
-            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            status = "KILLED" if stopped_by_signal(e) else "FAILED"
             for run_id in runs():
                 if run_id is not None and self._running(run_id):  # (one the block ended itself keeps its status)
                     self.end_run(run_id, status)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect.exceptions import TerminationSignal
 
 from ance_core.errors import AnceError
 from ance_core.pipeline.config import PipelineConfig
@@ -249,7 +250,9 @@ def test_concurrent_runs_open_one_new_embedded_store(tmp_path):
     assert len(answers) == 1 and answers.pop().endswith(" True"), outputs  # one experiment, nothing failed
 
 
-@pytest.mark.parametrize("error, status", [(ValueError("a stage failed"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
+@pytest.mark.parametrize("error, status", [
+    (ValueError("a stage failed"), "FAILED"), (KeyboardInterrupt(), "KILLED"), (SystemExit(143), "KILLED"),
+    (TerminationSignal(15), "KILLED"), (SystemExit(1), "FAILED")])  # (a cancelled flow run: Prefect's SIGTERM)
 def test_runs_a_failed_block_raises_out_of_end_failed_not_running(tmp_path, error, status):
     """A flow that fails (or is interrupted) ends its MLflow runs, nested ones included, instead of leaving them
     RUNNING in the runs table; a block that ends normally leaves them to the caller."""
