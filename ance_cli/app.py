@@ -170,7 +170,9 @@ def run_pipeline(config, as_json: bool, extra: dict | None = None) -> None:
     """The pipeline run and printed; `extra` joins its result (`--recipe auto`: the search that chose the config)."""
     from ance_core.pipeline.config import negatives_needed
     from flows.ance_pipeline import ance_pipeline, check_pipeline
+    from flows.start import with_local_start
 
+    config = with_local_start(config)  # (a registered model's URI: its folder, before the checks read it)
     check_pipeline(config)
     preflight(config.data, config.work_dir, (config.data.train_split, config.data.eval_split), trains=True,
                negatives=negatives_needed(config), relevant_grade=config.eval.relevant_grade)

@@ -28,7 +28,7 @@ from ance_core.run_records import live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import check_compression, compress_model, log_compression, public_rows
-from flows.start import held_checkpoint, record_latest, trained_checkpoint
+from flows.start import held_checkpoint, record_latest, trained_checkpoint, with_local_start
 from tasks.common import held_result, run_task
 from tasks.data import prepare_data
 from tasks.fusion import read_fusion
@@ -48,6 +48,7 @@ def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     Args:
         config: The pipeline config, a section per stage (the sections of `ance run --config`).
     """
+    config = with_local_start(config)  # (a registered model's URI: its folder)
     with live_run(config.work_dir, "ance-train"):  # the stages it uses, which garbage collection leaves
         result = train_and_evaluate(config)
     return result | retain(config.work_dir, config.retention)

@@ -14,7 +14,7 @@ from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, Exe
 from ance_core.retrieval.fusion import Fusion
 from ance_core.run_records import live_run
 from flows.publish import artifact_key, publish
-from flows.start import held_checkpoint
+from flows.start import held_checkpoint, local_checkpoint
 from tasks.bm25 import bm25_run
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -44,7 +44,8 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
     BM25's, as a pipeline's hybrid row (`dense`: the checkpoint's own).
 
     Args:
-        checkpoint: The checkpoint's folder (a path the worker can read).
+        checkpoint: The checkpoint's folder (a path the worker can read), or a registered model's URI,
+            models:/<name>@<alias> or models:/<name>/<version> (downloaded into <work_dir>/champion/).
         data: The dataset and its splits.
         encode: Corpus and query encoding.
         index: The index the split's queries are searched with.
@@ -57,7 +58,7 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
             settings it fused with}.
     """
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
-        ref = held_checkpoint(checkpoint)  # the checkpoint too
+        ref = held_checkpoint(local_checkpoint(work_dir, checkpoint))  # the checkpoint too
         tables = run_task(prepare_data, data, work_dir)
         split = split or data.eval_split
         evaluation = evaluation_for(evaluation, tables)
@@ -67,10 +68,11 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
             metrics = fused_metrics(refs["retrieve"], tables, split, evaluation, hybrid, work_dir) | {"dense": metrics}
     # what a run started from the UI shows on its page (its return value is not shown there)
     flat = {k: v for k, v in metrics.items() if k != "dense"}
-    shown = ", ".join(f"{COLUMNS.get(k, k)} {v:.4f}" for k, v in flat.items()) + (" (+ BM25)" if hybrid else "")
+    fused = hybrid is not None  # (`{}` fuses too, by RRF: said as fused, not as the checkpoint's own)
+    shown = ", ".join(f"{COLUMNS.get(k, k)} {v:.4f}" for k, v in flat.items()) + (" (+ BM25)" if fused else "")
     get_run_logger().info(f"{checkpoint} on {data.collection} {split}: {shown}")
     publish(create_table_artifact, [{"checkpoint": checkpoint, "split": split} | {
-        COLUMNS.get(k, k): round(v, 4) for k, v in flat.items()} | ({"hybrid": "+ BM25"} if hybrid else {})],
+        COLUMNS.get(k, k): round(v, 4) for k, v in flat.items()} | ({"hybrid": "+ BM25"} if fused else {})],
         key=artifact_key("evaluate", data.collection, split), description="the checkpoint's metrics on the split")
     return metrics
 

@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 from ance_core.artifacts import ArtifactRef, hold_refs, write_json
 from ance_core.errors import AnceError, warn
 from ance_core.modeling.model import checkpoint_ref
-from tracking.registry import champion_checkpoint
+from tracking.registry import champion_checkpoint, registered_checkpoint
 
 LATEST = "latest.json"
 
@@ -42,13 +42,38 @@ def start_dev_setting(work_dir: str | Path, start: str) -> str | None:
     return None
 
 
+REGISTERED = "models:/"
+
+
+def local_checkpoint(work_dir: str | Path, checkpoint: str, named: str = "") -> str:
+    """A checkpoint as a folder: a registered model's URI (`models:/<name>@<alias>`, `models:/<name>/<version>`, in
+    the work folder's MLflow store or MLFLOW_TRACKING_URI's) downloaded once into <work_dir>/champion/ (said on
+    stdout), any other value as it is. `named`: what a message calls it (e.g. "start_checkpoint ")."""
+    if not str(checkpoint).startswith(REGISTERED):
+        return checkpoint
+    try:
+        folder, source = registered_checkpoint(work_dir, str(checkpoint))
+    except AnceError as e:
+        raise AnceError(f"{named}{e}") from None
+    print(f"{named or 'checkpoint '}{source}: {folder}")
+    return folder
+
+
+def with_local_start(config):
+    """A pipeline config whose `start_checkpoint` is a registered model's URI, with its downloaded folder instead."""
+    start = config.start_checkpoint
+    if not start or not start.startswith(REGISTERED):
+        return config
+    return config.model_copy(update={"start_checkpoint": local_checkpoint(config.work_dir, start, "start_checkpoint ")})
+
+
 def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | None = None) -> tuple[str, str]:
     """(checkpoint folder, where it came from): `explicit`, else the champion `models:/ance-<collection>@champion`
     (`DataConfig.collection`), else
     the newest model of the work folder (<work_dir>/latest.json, written by every pipeline run); an AnceError when
     there is none of them."""
     if explicit is not None:
-        return explicit, "the given checkpoint"
+        return local_checkpoint(work_dir, explicit, "start_checkpoint "), "the given checkpoint"
     start, source = champion_checkpoint(work_dir, collection)
     if start is not None:
         return start, source

@@ -203,36 +203,44 @@ def model_name(collection: str) -> str:
 
 def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str | None = None
                         ) -> tuple[str | None, str]:
-    """Download `models:/ance-<dataset>@champion` into <work_dir>/champion/<name>-v<version>-<run id>/ (once,
-    atomically, under a lock: two runs starting from it get one whole copy).
-
-    Returns (checkpoint folder, "models:/<name>@champion (version N)"), or (None, why) when there is none."""
-    store = resolve_tracking_uri(work_dir, tracking_uri)
-    name = model_name(collection)
-    # (a store that does not exist: opening it would create it, and the work folder)
-    if (embedded := sqlite_file(store)) is not None and not embedded.is_file():
-        return None, f"models:/{name}@champion: not found ({embedded} does not exist: no run tracked to it yet)"
-    check_sqlite_store(store)  # (a damaged store is said as such, not as "no champion")
+    """`models:/ance-<dataset>@champion` as a local checkpoint folder (`registered_checkpoint`): (its folder,
+    "models:/<name>@champion (version N)"), or (None, why) when there is none."""
     try:
-        client, version = _find_version(f"models:/{name}@champion", store, name, alias="champion")
+        return registered_checkpoint(work_dir, f"models:/{model_name(collection)}@champion", tracking_uri)
     except AnceError as e:
         return None, str(e)
+
+
+def registered_checkpoint(work_dir: str | Path, uri: str, tracking_uri: str | None = None) -> tuple[str, str]:
+    """A registered version, `models:/<name>@<alias>` or `models:/<name>/<version>`, downloaded into
+    <work_dir>/champion/<name>-v<version>-<run id>/ (once, atomically, under a lock: two runs starting from it get one
+    whole copy), for a run to start from or evaluate. Returns (checkpoint folder, "<uri> (version N)"); an AnceError
+    naming the URI when it is malformed, or the store, the version or its checkpoint is not there."""
+    match = MODEL_URI.fullmatch(uri)
+    if match is None:
+        raise AnceError(f"{uri}: not a registered model URI; use models:/<name>@<alias> or models:/<name>/<version>")
+    store = resolve_tracking_uri(work_dir, tracking_uri)
+    # (a store that does not exist: opening it would create it, and the work folder)
+    if (embedded := sqlite_file(store)) is not None and not embedded.is_file():
+        raise AnceError(f"{uri}: not found ({embedded} does not exist: no run tracked to it yet)")
+    check_sqlite_store(store)  # (a damaged store is said as such, not as "no such model")
+    client, version = _find_version(uri, store, match["name"], match["alias"], match["version"])
+    said = f"{uri} (version {version.version})"
     root = Path(work_dir).resolve() / "champion"
     # a version's number names another model once the registry is made anew (mlflow.db removed, another tracking
     # store on this work folder): its run names it too
-    final = root / champion_folder(name, version)
+    final = root / champion_folder(match["name"], version)
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(root / f".{final.name}.lock"):  # two runs starting from one champion: one downloads it
+    with FileLock(root / f".{final.name}.lock"):  # two runs starting from one version: one downloads it
         for left in root.glob(f".partial-{final.name}-*"):  # a download killed outright (none runs: the lock)
             shutil.rmtree(left, ignore_errors=True)
         if not _whole_checkpoint(final):
             tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{final.name}-"))  # (each download its own)
             try:
-                folder = _download(client, version, f"models:/{name}@champion", tmp)
+                folder = _download(client, version, uri, tmp)
                 if not _whole_checkpoint(folder):  # registered while its files were spooled, or removed since
-                    return None, (f"models:/{name}@champion (version {version.version}) holds no whole checkpoint "
-                                  f"(run {version.run_id} logged none, the tracking server unreachable then, or its "
-                                  "files were removed since)")
+                    raise AnceError(f"{said} holds no whole checkpoint (run {version.run_id} logged none, the "
+                                    "tracking server unreachable then, or its files were removed since)")
                 shutil.rmtree(final, ignore_errors=True)  # (an incomplete copy: no run started from it)
                 os.replace(folder, final)
             finally:
@@ -241,7 +249,7 @@ def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str
             write_json(final.parent / f"{final.name}.json", {"dev_setting": setting})
         with contextlib.suppress(OSError):  # (another user's copy in a shared work folder: read, not touched)
             os.utime(final)  # used now: `ance gc` keeps a copy used in the last hour (ance_core/retention.py)
-    return str(final), f"models:/{name}@champion (version {version.version})"
+    return str(final), said
 
 
 def champion_folder(name: str, version) -> str:

@@ -226,6 +226,8 @@ def checkpoint_files(path: str | Path) -> tuple[str, ...]:
     """The files a checkpoint computes with (weights, head, encoding settings; a projector), refused when one is
     missing."""
     path = Path(path)
+    if not path.exists():  # (a mistyped path is not a damaged checkpoint)
+        raise AnceError(f"{path}: no such checkpoint folder (the path does not exist)")
     names = ("model.safetensors", HEAD_FILE, META_FILE)
     names += (PROJECTOR_FILE,) if (path / PROJECTOR_FILE).is_file() else ()
     if missing := [name for name in names if not (path / name).is_file()]:

@@ -100,7 +100,9 @@ class PipelineConfig(StageConfig):
                                          "thread of the trainer, or flow runs of a deployment on their own workers)")
     work_dir: WorkDir = Field("work", description="Stage outputs live in <work_dir>/<stage>/<digest>/")
     start_checkpoint: str | None = Field(
-        None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain)")
+        None, description="Start the ANCE rounds from this trained checkpoint instead of a BM25 warm-up (retrain): "
+        "its folder, or a registered model's URI, models:/<name>@<alias> or models:/<name>/<version> (downloaded "
+        "into <work_dir>/champion/)")
     compression: CompressConfig | None = Field(
         None, description="Compress the final model's embeddings at the end (ConAE, PCA, truncation; unset = skip)")
     retention: RetentionConfig = Field(RetentionConfig(), description="What the work folder keeps after the run: "

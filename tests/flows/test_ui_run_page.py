@@ -59,23 +59,26 @@ def test_the_evaluate_flow_shows_its_metrics_in_its_logs_and_an_artifact(prefect
     from flows.evaluate import evaluate_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
-    with temporary_settings({PREFECT_API_URL: prefect_server}):
-        state = evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny-ui-page"),
-                                    EncodeConfig(batch_size=32, shard_size=64), work_dir=str(tmp_path / "work"),
-                                    return_state=True)
-    assert state.is_completed()
-    metrics, flow_run = state.result(), str(state.state_details.flow_run_id)
-    deadline, lines, artifacts = time.time() + 120, [], []
-    while time.time() < deadline and not (lines and artifacts):
-        lines = [x["message"] for x in _logs(prefect_server, flow_run) if "on tiny-ui-page test: " in x["message"]]
-        answer = httpx.post(f"{prefect_server}/artifacts/filter", timeout=30,
-                            json={"artifacts": {"flow_run_id": {"any_": [flow_run]}, "key": {"any_": [KEY]}}})
-        artifacts = answer.json() if answer.status_code == 200 else []
-        time.sleep(1)
-    assert lines == [f"{checkpoint} on tiny-ui-page test: nDCG@10 {metrics['ndcg_at_10']:.4f}, MRR@10 "
-                     f"{metrics['mrr_at_10']:.4f}, R@100 {metrics['recall_at_100']:.4f}, R@1000 "
-                     f"{metrics['recall_at_1000']:.4f}"], lines
-    (artifact,) = artifacts
-    assert artifact["type"] == "table"
-    (row,) = json.loads(artifact["data"])
-    assert row["checkpoint"] == str(checkpoint) and row["nDCG@10"] == round(metrics["ndcg_at_10"], 4)
+    for hybrid in (None, {}):  # {}: fused by RRF, which the page says (it showed fused figures as the checkpoint's)
+        with temporary_settings({PREFECT_API_URL: prefect_server}):
+            state = evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny-ui-page"),
+                                        EncodeConfig(batch_size=32, shard_size=64), work_dir=str(tmp_path / "work"),
+                                        hybrid=hybrid, return_state=True)
+        assert state.is_completed()
+        metrics, flow_run = state.result(), str(state.state_details.flow_run_id)
+        deadline, lines, artifacts = time.time() + 120, [], []
+        while time.time() < deadline and not (lines and artifacts):
+            lines = [x["message"] for x in _logs(prefect_server, flow_run) if "on tiny-ui-page test: " in x["message"]]
+            answer = httpx.post(f"{prefect_server}/artifacts/filter", timeout=30,
+                                json={"artifacts": {"flow_run_id": {"any_": [flow_run]}, "key": {"any_": [KEY]}}})
+            artifacts = answer.json() if answer.status_code == 200 else []
+            time.sleep(1)
+        fused = " (+ BM25)" if hybrid is not None else ""
+        assert lines == [f"{checkpoint} on tiny-ui-page test: nDCG@10 {metrics['ndcg_at_10']:.4f}, MRR@10 "
+                         f"{metrics['mrr_at_10']:.4f}, R@100 {metrics['recall_at_100']:.4f}, R@1000 "
+                         f"{metrics['recall_at_1000']:.4f}{fused}"], lines
+        (artifact,) = artifacts
+        assert artifact["type"] == "table"
+        (row,) = json.loads(artifact["data"])
+        assert row["checkpoint"] == str(checkpoint) and row["nDCG@10"] == round(metrics["ndcg_at_10"], 4)
+        assert row.get("hybrid") == ("+ BM25" if hybrid is not None else None)

@@ -336,3 +336,32 @@ def test_a_checkpoint_whose_mlflow_description_fails_otherwise_is_still_logged(t
     with pytest.warns(AnceWarning, match="logged without its MLflow model description"):
         assert log_checkpoint(tracker, run, checkpoint)
     assert tracker.client.list_artifacts(run, "checkpoint")
+
+
+def test_a_registered_models_uri_is_a_checkpoint_to_start_from_or_evaluate(tmp_path, tiny_model, capsys):
+    """`start_checkpoint` and the evaluate flow's checkpoint take `models:/<name>@<alias>` or `models:/<name>/<n>`
+    (`ance export` did; they took it for a Hugging Face id, or a damaged checkpoint): downloaded once into
+    <work_dir>/champion/; a version that is not there, a malformed URI, a mistyped folder are each one clear line."""
+    from pathlib import Path
+
+    from ance_core.errors import AnceError
+    from ance_core.modeling.model import checkpoint_files
+    from ance_core.pipeline.config import PipelineConfig
+    from flows.start import local_checkpoint, with_local_start
+
+    _, checkpoint = _registered_champion(tmp_path, tiny_model)
+    work = tmp_path / "work"
+    by_alias = local_checkpoint(work, "models:/ance-corpus@champion")
+    assert Path(by_alias).parent == work.resolve() / "champion"
+    assert "checkpoint models:/ance-corpus@champion (version 1): " in capsys.readouterr().out
+    assert local_checkpoint(work, "models:/ance-corpus/1") == by_alias  # the same version: the same copy
+    assert Path(by_alias, "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    config = with_local_start(PipelineConfig(work_dir=str(work), start_checkpoint="models:/ance-corpus/1"))
+    assert config.start_checkpoint == by_alias
+    assert local_checkpoint(work, str(checkpoint)) == str(checkpoint)  # a folder stays as it is
+    with pytest.raises(AnceError, match=r"^start_checkpoint models:/ance-corpus/7: not found at sqlite"):
+        with_local_start(PipelineConfig(work_dir=str(work), start_checkpoint="models:/ance-corpus/7"))
+    with pytest.raises(AnceError, match="models:/ance-corpus: not a registered model URI; use models:/<name>@"):
+        local_checkpoint(work, "models:/ance-corpus")
+    with pytest.raises(AnceError, match="typo: no such checkpoint folder"):
+        checkpoint_files(tmp_path / "typo")
