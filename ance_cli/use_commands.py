@@ -49,7 +49,9 @@ def bm25(
 
 @app.command()
 def evaluate(
-    checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder written by training (or init)")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder written by training (or init), or a "
+                                                    "registered model's URI, models:/<name>@<alias> or "
+                                                    "models:/<name>/<version> (in --work-dir's MLflow store)")] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Score this TREC run file (any system's: qid Q0 docid "
                                              "rank score tag) instead of a checkpoint")] = None,
     dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",
@@ -70,10 +72,12 @@ def evaluate(
     from ance_core.modeling.model import checkpoint_files, load_checkpoint, read_meta
     from ance_core.retrieval.config import EvalConfig
     from flows.evaluate import evaluate_checkpoint
+    from flows.start import REGISTERED, local_checkpoint
 
     graded = f" (MRR@10 and recall: grade {relevant_grade} or above relevant)" if relevant_grade != 1 else ""
 
     def body():
+        nonlocal checkpoint
         if (checkpoint is None) == (run is None):
             raise AnceError("give --checkpoint (a model to encode, index and search with) or --run (a TREC run file "
                             "to score), one of them")
@@ -82,6 +86,8 @@ def evaluate(
         if run is not None:
             return print_metrics(score_run(run, dataset, split, work_dir, relevant_grade), f"{run} on {dataset} "
                                  f"{split}{graded}", as_json)
+        if str(checkpoint).startswith(REGISTERED):  # (downloaded once into <work_dir>/champion/)
+            checkpoint = Path(local_checkpoint(work_dir, str(checkpoint)))
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
         load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)

@@ -27,6 +27,9 @@ def test_not_a_checkpoint(tmp_path):
     assert code == 2 and "typo: no such checkpoint folder (the path does not exist)" in out, out
     code, out = _invoke(["evaluate", "--run", str(tmp_path / "run.trec"), "--hybrid"])  # (a run is scored as it is)
     assert code == 2 and "--hybrid: for --checkpoint only" in out, out
+    # a registered model's URI is looked up in the work folder's store (it was taken for a folder that is not there)
+    code, out = _invoke(["evaluate", "--checkpoint", "models:/ance-none@champion", "--work-dir", str(tmp_path / "w")])
+    assert code == 2 and "models:/ance-none@champion: not found (" in out and "mlflow.db does not exist" in out, out
 
 
 def test_search_refuses_an_empty_query_and_a_top_k_below_one(tmp_path):
