@@ -64,9 +64,22 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     return run_id is not None and all(delivered)
 
 
+DIGEST_TAG = "checkpoint_digest"
+
+
+def same_version(tracker: Tracker, name: str, tags: dict[str, str]):
+    """The registered version of `name` of the same checkpoint (`DIGEST_TAG`) with the same tags, if any."""
+    if DIGEST_TAG not in tags:
+        return None
+    ok, found = tracker.attempt(tracker.client.search_model_versions,  # (a read: nothing to keep if it fails)
+                                f"name = '{name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'", kept=False)
+    return next((v for v in found if dict(v.tags) == tags), None) if ok else None
+
+
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
                     split: str, candidate: str | None = None, dev_setting: str | None = None,
-                    source: dict[str, str] | None = None, start: tuple[str, float] | None = None) -> dict:
+                    source: dict[str, str] | None = None, start: tuple[str, float] | None = None,
+                    digests: dict[str, str] | None = None) -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
     split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
     split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
@@ -78,7 +91,10 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     first time one is given; a later run whose dataset differs in both, folder and content, is told (`shared_with`):
     two collections whose folders have the same name share one registered model, and its champion, until one is
     given a `data.name`. (The same collection read at another path, by a worker of another machine, has the same
-    content; one whose files changed, at the same path, the same folder: neither is told.)"""
+    content; one whose files changed, at the same path, the same folder: neither is told.)
+
+    `digests` (label -> the checkpoint's digest, its stage's): a version of the same checkpoint with the same tags (a
+    run again of the same config, every stage reused) is that version, not a new one."""
     client = tracker.client
     model = tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name})
     if model is None:
@@ -96,8 +112,10 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
             continue
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
         tags |= {"dev_split": dev_setting} if dev_setting else {}
-        version = tracker._safe("create_model_version", client.create_model_version, name,
-                                f"runs:/{run_id}/checkpoint", run_id, tags=tags, payload={"name": name, "tags": tags})
+        tags |= {DIGEST_TAG: digests[label]} if label in (digests or {}) else {}
+        version = same_version(tracker, name, tags) or tracker._safe(
+            "create_model_version", client.create_model_version, name, f"runs:/{run_id}/checkpoint", run_id, tags=tags,
+            payload={"name": name, "tags": tags})
         if version is not None:
             registered.append(version.version)
             if label == candidate:
@@ -204,9 +222,13 @@ def model_name(collection: str) -> str:
 def champion_checkpoint(work_dir: str | Path, collection: str, tracking_uri: str | None = None
                         ) -> tuple[str | None, str]:
     """`models:/ance-<dataset>@champion` as a local checkpoint folder (`registered_checkpoint`): (its folder,
-    "models:/<name>@champion (version N)"), or (None, why) when there is none."""
+    "models:/<name>@champion (version N)"), or (None, why) when there is none; a damaged store is an AnceError."""
+    uri = f"models:/{model_name(collection)}@champion"
+    store = resolve_tracking_uri(work_dir, tracking_uri)
+    if (embedded := sqlite_file(store)) is not None and embedded.is_file():
+        check_sqlite_store(store)  # (said as such, not as "no champion")
     try:
-        return registered_checkpoint(work_dir, f"models:/{model_name(collection)}@champion", tracking_uri)
+        return registered_checkpoint(work_dir, uri, tracking_uri)
     except AnceError as e:
         return None, str(e)
 

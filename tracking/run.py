@@ -199,6 +199,7 @@ class PipelineTracking:
             key, times = f"time_{t.stage.replace('-', '_')}_s", per_model.setdefault(t.label, {})
             times[key] = times.get(key, 0.0) + t.ref.seconds
         curve, global_step, versions = [], 0, []
+        digests = {t.label: t.ref.digest for t in timings if t.stage == "train"}  # (a version per checkpoint)
         results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
         last_train = next((t for t in reversed(timings) if t.stage == "train"), None)
         for t in timings:
@@ -235,6 +236,7 @@ class PipelineTracking:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
             if log_checkpoint(tracker, self.child(label), selected[1].path, retrieval):
                 versions.append((label, self.child(label), results[label]))
+                digests[label] = selected[1].digest
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)
         with tempfile.TemporaryDirectory() as tmp:
@@ -290,7 +292,7 @@ class PipelineTracking:
         decision = {} if self.trial else register_models(
             tracker, model_name(self.config.data.collection), versions, report["dataset"], report["split"],
             selected[0] if selected is not None and dev_setting else None, dev_setting,
-            dataset_source(self.config.data), rescored)
+            dataset_source(self.config.data), rescored, digests)
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:

@@ -365,3 +365,27 @@ def test_a_registered_models_uri_is_a_checkpoint_to_start_from_or_evaluate(tmp_p
         local_checkpoint(work, "models:/ance-corpus")
     with pytest.raises(AnceError, match="typo: no such checkpoint folder"):
         checkpoint_files(tmp_path / "typo")
+
+
+def test_the_same_checkpoint_with_the_same_figures_is_one_version(tmp_path):
+    """A run again of the same config (every stage reused) registered each of its models again: versions 3 and 4 the
+    same as 1 and 2. The same checkpoint (its stage's digest) with the same tags is now that version; another digest,
+    or the same checkpoint scored otherwise, is a new one."""
+    from tracking.client import Tracker
+    from tracking.registry import DIGEST_TAG, register_models
+
+    tracker = Tracker(tmp_path / "work", "ance-train")
+
+    def register(digest: str, dev: float) -> dict:
+        run_id = tracker.start_run("ANCE round 1")
+        tracker.end_run(run_id)
+        return register_models(tracker, "ance-scifact", [("ANCE round 1", run_id, {DEV_KEY: dev})], "scifact", "test",
+                               "ANCE round 1", "dev 0123456789abcdef", digests={"ANCE round 1": digest})
+
+    first = register("a" * 16, 0.7)
+    assert first["versions"] == [1] and first["promoted"]
+    again = register("a" * 16, 0.7)
+    assert again["versions"] == [1] and not again["promoted"]  # (it is the champion already: not better than itself)
+    assert register("b" * 16, 0.7)["versions"] == [2] and register("a" * 16, 0.6)["versions"] == [3]
+    versions = tracker.client.search_model_versions("name='ance-scifact'")
+    assert sorted(v.tags[DIGEST_TAG] for v in versions) == ["a" * 16, "a" * 16, "b" * 16]
