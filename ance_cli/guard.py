@@ -26,7 +26,8 @@ DEBUG = "ANCE_DEBUG"  # set (or `ance --debug ...`): user errors show their trac
 
 STOP_GRACE_SECONDS = 30  # after a stop signal, the most the command takes to end (a second signal: at once)
 _stopping: list[threading.Thread] = []
-_ending = {"resumes": False, "said": False}  # what the stop line says (`guard`), and whether it was printed
+# what the stop line says (`guard`), whether it was printed, and whether the command body has ended
+_ending = {"resumes": False, "said": False, "body_ended": False}
 _say_once = threading.Lock()
 PROJECT_PACKAGES = {"ance_core", "tasks", "flows", "tracking"}  # (not ance_cli: the command's frames stay to the end)
 
@@ -35,9 +36,23 @@ def exit_on_sigterm(signum, frame) -> None:
     """SIGTERM ends the command as an exception, not by the default action: Prefect's own handler (during a flow run)
     marks the run Crashed and passes the signal on to this one, and the interpreter then exits normally, so that its
     exit handlers stop the embedded Prefect server (killed by the default action, the process would leave it running,
-    an orphan). Within `STOP_GRACE_SECONDS` (`stop_within`)."""
+    an orphan). Within `STOP_GRACE_SECONDS` (`stop_within`). After the command body has ended (its exit handlers
+    stopping the embedded server): the process ends at once (`after_the_body`), not with a traceback from inside
+    an exit handler."""
+    after_the_body(128 + signum)
     stop_within(128 + signum)
     raise SystemExit(128 + signum)
+
+
+def after_the_body(code: int) -> None:
+    """A stop signal once the command body has ended (`guard`): its work is done or failed and said; what is left is
+    the exit handlers (the embedded Prefect server stopping), which an exception raised into them would end with
+    "Exception ignored in atexit callback" and a traceback. The children are stopped and the process ends now."""
+    if not _ending["body_ended"]:
+        return
+    typer.secho(f"stopped ({'SIGTERM' if code == 143 else 'Ctrl-C' if code == 130 else f'exit {code}'}) while "
+                "exiting, after the command had ended", fg=typer.colors.YELLOW, err=True)
+    _stop_now(code)
 
 
 def interrupt(signum, frame) -> None:
@@ -45,6 +60,7 @@ def interrupt(signum, frame) -> None:
     a second Ctrl-C ends the process at once."""
     if _stopping:
         _stop_now(128 + signum)
+    after_the_body(128 + signum)
     stop_within(128 + signum)
     raise KeyboardInterrupt
 
@@ -223,6 +239,14 @@ def stopped(code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def _body(fn):
+    """The command body; once it has ended, a stop signal ends the process at once (`after_the_body`)."""
+    try:
+        return fn()
+    finally:
+        _ending["body_ended"] = True
+
+
 def guard(fn, resumes: bool = False):
     """Run a command body; AnceError and config errors become one red line and exit code 2; a stop signal one line
     (`stopped`; `resumes`: the command builds stages a re-run reuses)."""
@@ -231,9 +255,9 @@ def guard(fn, resumes: bool = False):
     from ance_core.errors import AnceError
     from ance_core.pipeline.loading import format_validation_error
 
-    _ending["resumes"] = resumes
+    _ending["resumes"], _ending["body_ended"] = resumes, False
     try:
-        return fn()
+        return _body(fn)
     except KeyboardInterrupt:
         stopped(130)
     except SystemExit as e:

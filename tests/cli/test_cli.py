@@ -1360,3 +1360,32 @@ def test_an_index_that_does_not_say_which_checkpoint_encoded_it_is_searched_with
     build_index(tmp_path / "emb", index, IndexConfig(type="flat", device="cpu"))
     with pytest.warns(AnceWarning, match="which checkpoint encoded it is not recorded"):
         assert index_of(tmp_path / "model", index) == index
+
+
+def test_a_stop_signal_while_exiting_ends_the_process_without_a_traceback(tmp_path):
+    """SIGTERM after a run had finished, while its exit handlers stopped the embedded Prefect server, raised into the
+    handler: "Exception ignored in atexit callback" and a traceback. Now one line, and the process ends at once."""
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "exiting"
+    script = f"""
+import atexit, pathlib, signal, time
+from ance_cli.guard import exit_on_sigterm, guard
+signal.signal(signal.SIGTERM, exit_on_sigterm)
+def slow_exit():  # (as Prefect's embedded server stops: waiting on its process)
+    pathlib.Path({str(ready)!r}).touch()
+    time.sleep(60)
+atexit.register(slow_exit)
+guard(lambda: print("done"))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and out == "done\n", (out, err)
+    assert "stopped (SIGTERM) while exiting, after the command had ended" in err and "Traceback" not in err, err
