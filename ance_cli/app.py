@@ -151,7 +151,7 @@ def _check_split_files(data, splits: tuple[str, ...]) -> None:
     """A split with no qrels file in a local dataset folder, refused before the data stage reads the collection (the
     carved dev split is made by that stage; a dataset to download, a folder that is no dataset or has no labels are
     left to it, which says so)."""
-    from ance_core.data.dataset import split_files
+    from ance_core.data.layout import split_files
     from ance_core.data.sources import resolve_dataset
     from ance_core.errors import AnceError
 

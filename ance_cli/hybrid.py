@@ -100,7 +100,7 @@ def hybrid_search(model: Path, index: Path, query: str, top_k: int, dataset: str
     `depth` deep as the pipeline fuses them (the BM25 index is the work folder's, built once)."""
     import pandas as pd
 
-    from ance_core.data.dataset import has_labels
+    from ance_core.data.layout import has_labels
     from ance_core.data.sources import resolve_dataset
     from ance_core.retrieval.bm25 import BM25
     from ance_core.retrieval.fusion import fuse

@@ -710,7 +710,7 @@ def test_a_corpus_alone_loads_in_either_layout_without_queries_or_qrels(tmp_path
 
 def test_a_folder_has_labels_only_with_queries_and_qrels_for_them(tmp_path):
     """Else it is a corpus to search (`ance search --hybrid` then indexes the corpus alone)."""
-    from ance_core.data.dataset import has_labels
+    from ance_core.data.layout import has_labels
 
     beir, msmarco = tmp_path / "beir", tmp_path / "msmarco"
     (beir / "qrels").mkdir(parents=True)
