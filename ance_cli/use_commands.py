@@ -72,7 +72,7 @@ def evaluate(
     from ance_core.modeling.model import checkpoint_files, load_checkpoint, read_meta
     from ance_core.retrieval.config import EvalConfig
     from flows.evaluate import evaluate_checkpoint
-    from flows.start import REGISTERED, local_checkpoint
+    from flows.start import local_checkpoint
 
     graded = f" (MRR@10 and recall: grade {relevant_grade} or above relevant)" if relevant_grade != 1 else ""
 
@@ -86,8 +86,7 @@ def evaluate(
         if run is not None:
             return print_metrics(score_run(run, dataset, split, work_dir, relevant_grade), f"{run} on {dataset} "
                                  f"{split}{graded}", as_json)
-        if str(checkpoint).startswith(REGISTERED):  # (downloaded once into <work_dir>/champion/)
-            checkpoint = Path(local_checkpoint(work_dir, str(checkpoint)))
+        checkpoint = Path(local_checkpoint(work_dir, str(checkpoint)))  # (a models:/ URI: downloaded once)
         read_meta(checkpoint)  # fail fast, before any work, on a folder that is not a checkpoint
         checkpoint_files(checkpoint)  # (or one whose model files are missing: said inside the flow, data built)
         load_checkpoint(checkpoint)  # (or cut short, or without its tokenizer: said by the encoding, stages begun)

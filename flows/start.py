@@ -61,8 +61,7 @@ def local_checkpoint(work_dir: str | Path, checkpoint: str, named: str = "") -> 
 
 def with_local_start(config):
     """A pipeline config whose `start_checkpoint` is a registered model's URI, with its downloaded folder instead."""
-    start = config.start_checkpoint
-    if not start or not start.startswith(REGISTERED):
+    if not (start := config.start_checkpoint):
         return config
     return config.model_copy(update={"start_checkpoint": local_checkpoint(config.work_dir, start, "start_checkpoint ")})
 
