@@ -44,8 +44,9 @@ from tasks.index import build_index
 from tasks.retrieve import dense_run
 from tracking.client import Tracker, flatten
 from tracking.closing import closing_lines
-from tracking.registry import check_model_name, dataset_source, log_checkpoint, model_name, register_models
+from tracking.registry import check_model_name, dataset_source, model_name, register_models
 from tracking.run import run_url, train_log
+from tracking.uploads import log_checkpoint
 
 DEPTH = 100  # the table's metrics (nDCG@10, MRR@10, R@100) need the top 100; latency is measured at the same depth
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
@@ -162,8 +163,8 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
                 tracker.log_artifact(child, Path(r["checkpoint"].path) / PROJECTOR_FILE, "projector")
                 if r["method"] == "conae":
                     tracker.log_history(child, train_log(r["compress"].path), ["loss", "kl", "l_q", "l_d"])
-                    if log_checkpoint(tracker, child, r["checkpoint"].path):  # (undelivered: no empty version)
-                        versions.append((label, child, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
+                    if holder := log_checkpoint(tracker, child, r["checkpoint"].path):  # (undelivered: no version)
+                        versions.append((label, holder, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
             tracker.end_run(child)
         registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
                                      result["split"], source=dataset_source(data))

@@ -15,6 +15,8 @@ everything with no server; `MLFLOW_TRACKING_URI` points it at a server instead (
 - `registry`: model versions of `ance-<dataset>`, the `champion` alias moved on the dev split,
   `champion_checkpoint`, `models:/ance-<dataset>@champion` downloaded for `retrain`, and
   `download_registered_model`, any version downloaded (with what the registry knows of it) for `ance export`.
+- `uploads`: `log_checkpoint`, a checkpoint logged as an MLflow model once per experiment (a run whose checkpoint an
+  earlier run holds is tagged `checkpoint_in_run` with that run's id).
 - `closing`: `closing_lines`, what a run prints when it ends.
 
 Importing any of them sets nothing and does not import mlflow.

@@ -1,6 +1,6 @@
 """A checkpoint as an MLflow model: the `python_function` flavor, loaded by this module (`loader_module`, no pickle).
 
-Every checkpoint the pipeline logs (`tracking.registry.log_checkpoint`) carries these files beside its model files,
+Every checkpoint the pipeline logs (`tracking.uploads.log_checkpoint`) carries these files beside its model files,
 so each registered version of `ance-<dataset>` is an MLflow model that encodes text:
 
     model = mlflow.pyfunc.load_model("models:/ance-scifact@champion")

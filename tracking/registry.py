@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from ance_core.artifacts import MANIFEST, write_json
-from ance_core.errors import AnceError, DamagedCheckpoint, warn
-from ance_core.modeling.model import checkpoint_files, model_files
+from ance_core.artifacts import write_json
+from ance_core.errors import AnceError
+from ance_core.modeling.model import checkpoint_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
 from tracking.client import (
     Tracker,
@@ -31,37 +31,8 @@ if TYPE_CHECKING:
     from ance_core.data.config import DataConfig
 
 
-MLFLOW_MODELS = "mlflow-models"  # <work_dir>/mlflow-models/<checkpoint digest>-<signature>/: MLflow model descriptions
 # the collection that first registered a model under its name: its folder and its content digest
 SOURCE_TAGS = {"folder": "dataset_folder", "content": "dataset_content"}
-
-
-def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, retrieval: str | Path | None = None
-                   ) -> bool:
-    """A checkpoint's model files (weights, head, config, tokenizer) under `checkpoint/`, not its training state, and
-    the files that make `checkpoint/` an MLflow model that encodes text (tracking/pyfunc.py): a registered version
-    loads with `mlflow.pyfunc.load_model` and serves with `mlflow models serve`. `retrieval`: a retrieval package
-    (ance_core/export/hybrid.py) logged as `checkpoint/retrieval/`, with which the served model searches. True when
-    every model file arrived (a version is registered only then: one whose files are in the spool would download as
-    an empty folder)."""
-    from ance_core.export.hybrid import RETRIEVAL
-    from tracking.pyfunc import mlflow_model_files
-
-    files = model_files(folder)
-    try:
-        files += mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
-    except DamagedCheckpoint as e:  # (a cached stage's files cut short): a version of it would not load
-        stage = (Path(folder) / MANIFEST).is_file()
-        warn(f"{e}; it is not logged to MLflow nor registered"
-             + (" (a stage of the work folder: remove the folder, and the next run builds it again)" if stage else ""))
-        return False
-    except Exception as e:  # tracking never stops the pipeline: the checkpoint is still logged and registered
-        warn(f"{folder}: logged without its MLflow model description ({type(e).__name__}: {e}); mlflow.pyfunc "
-             "cannot load this version")
-    delivered = [tracker.log_artifact(run_id, path, "checkpoint") for path in files]
-    if retrieval is not None:
-        tracker.log_artifacts(run_id, retrieval, f"checkpoint/{RETRIEVAL}")
-    return run_id is not None and all(delivered)
 
 
 DIGEST_TAG = "checkpoint_digest"

@@ -31,7 +31,8 @@ from ance_core.pipeline.report import DEV_KEY, last_dense
 from ance_core.system_metrics import read_system_metrics
 from tracking.client import Tracker, flatten
 from tracking.live import LIVE, LIVE_INTERVAL, PARENT_KEYS, STEP_KEYS, LiveMetrics
-from tracking.registry import dataset_source, log_checkpoint, model_name, register_models
+from tracking.registry import dataset_source, model_name, register_models
+from tracking.uploads import log_checkpoint
 
 MLFLOW_UI_URL = "ANCE_MLFLOW_UI_URL"  # the tracking server's address as a browser reaches it, where the flow runs
 # reach it by another (a compose network's http://mlflow:5000, which no browser on the host resolves)
@@ -215,18 +216,18 @@ class PipelineTracking:
                 tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
                                     ["staleness"], global_step)
             global_step += len(records)
-            logged = True
+            holder = child  # the run that holds the checkpoint's files: its own, or an earlier run's with the same
             if not self.trial:
                 # the result's checkpoint (an asynchronous trainer's final one is its last round's) gets the package
                 last_round = t is last_train and t.label not in results
                 result = selected is not None and (t.label == selected[0] or (
                     last_round and selected[0] == last_dense(report["results"])))
-                logged = log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
+                holder = log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
             # (a checkpoint whose files did not reach MLflow is not registered: it would download as an empty folder)
-            if logged and t.label in results:
-                versions.append((t.label, child, results[t.label]))
-            elif logged and t is last_train:  # the asynchronous trainer: its final checkpoint is the last evaluated
-                versions.append((t.label, child, results[last_dense(report["results"])]))
+            if holder and t.label in results:
+                versions.append((t.label, holder, results[t.label]))
+            elif holder and t is last_train:  # the asynchronous trainer: its final checkpoint is the last evaluated
+                versions.append((t.label, holder, results[last_dense(report["results"])]))
                 if selected is not None and selected[0] == last_dense(report["results"]):
                     selected = (t.label, selected[1])
         self.log_system_metrics(timings)
@@ -234,8 +235,8 @@ class PipelineTracking:
             versions, selected = [], None
         if selected is not None and selected[0] not in {label for label, _, _ in versions}:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
-            if log_checkpoint(tracker, self.child(label), selected[1].path, retrieval):
-                versions.append((label, self.child(label), results[label]))
+            if holder := log_checkpoint(tracker, self.child(label), selected[1].path, retrieval):
+                versions.append((label, holder, results[label]))
                 digests[label] = selected[1].digest
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)

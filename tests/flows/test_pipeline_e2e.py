@@ -126,6 +126,23 @@ def test_identical_rerun_reuses_every_stage(pipeline):
     assert all(stage["cached"] for stage in second["stages"]), [s for s in second["stages"] if not s["cached"]]
     assert second["results"] == first["results"]
     assert second["final_checkpoint"] == first["final_checkpoint"]
+    # its models' checkpoints are the first run's: pointed at, not uploaded again (~90 MB a checkpoint at MiniLM's size)
+    from mlflow.tracking import MlflowClient
+
+    from tracking.uploads import HELD_IN_TAG
+
+    client = MlflowClient(second["mlflow_uri"])
+
+    def children(result: dict) -> dict:
+        parent = client.get_run(result["mlflow_run_id"])
+        return {r.info.run_name: r for r in client.search_runs(
+            [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+
+    before, again = children(first), children(second)
+    held = {name: run.data.tags[HELD_IN_TAG] for name, run in again.items() if HELD_IN_TAG in run.data.tags}
+    assert {"warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))} <= set(held)
+    assert held == {name: before[name].info.run_id for name in held}
+    assert all(client.list_artifacts(again[name].info.run_id, "checkpoint") == [] for name in held)
 
 
 @PIPELINE

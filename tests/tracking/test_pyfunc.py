@@ -31,7 +31,8 @@ COMPRESSED_DIM = 8
 
 
 def _register(tracker, name: str, label: str, checkpoint: Path, dev: float, retrieval: Path | None = None) -> None:
-    from tracking.registry import log_checkpoint, register_models
+    from tracking.registry import register_models
+    from tracking.uploads import log_checkpoint
 
     run = tracker.start_run(label)
     log_checkpoint(tracker, run, checkpoint, retrieval)

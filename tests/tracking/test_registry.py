@@ -117,25 +117,25 @@ def test_a_checkpoint_whose_files_did_not_arrive_reports_it(tmp_path, tiny_model
     registered while its files were in the spool downloaded as an empty folder, and `retrain` failed on it)."""
     from tests.tiny import random_head_checkpoint
     from tracking.client import Tracker
-    from tracking.registry import log_checkpoint
+    from tracking.uploads import log_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     tracker = Tracker(tmp_path / "work", "ance-train")
     run = tracker.start_run("ANCE round 1")
-    assert log_checkpoint(tracker, run, checkpoint)
+    assert log_checkpoint(tracker, run, checkpoint) == run
     with pytest.warns(UserWarning, match="did not take a call"):  # (warned once per tracker)
         assert not log_checkpoint(tracker, None, checkpoint)  # no run to hold them
     assert tracker.failed_since is None  # (no outage: the next calls are tried)
-    spooled = tracker.undelivered.get("log_artifact", 0)
-    real = tracker.client.log_artifact
 
     def flaky(run_id, path, artifact_path=None):
         if path.endswith(".safetensors"):
             raise ConnectionError("connection reset")
         return real(run_id, path, artifact_path)
 
+    tracker = Tracker(tmp_path / "work", "ance-train-2")  # (a run of the same experiment would point at `run`)
     second = tracker.start_run("ANCE round 2")
     assert second is not None
+    spooled, real = tracker.undelivered.get("log_artifact", 0), tracker.client.log_artifact
     tracker.client.log_artifact = flaky
     assert not log_checkpoint(tracker, second, checkpoint)
     assert tracker.undelivered["log_artifact"] > spooled
@@ -154,7 +154,8 @@ def _registered_champion(tmp_path, tiny_model, dev: float = 0.5, store: str = "w
     (tracker, checkpoint)."""
     from tests.tiny import random_head_checkpoint
     from tracking.client import Tracker
-    from tracking.registry import log_checkpoint, register_models
+    from tracking.registry import register_models
+    from tracking.uploads import log_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / f"checkpoint-{dev}")
     tracker = Tracker(tmp_path / store, "ance-train")
@@ -305,7 +306,7 @@ def test_a_damaged_checkpoint_is_neither_logged_nor_registered(tmp_path, tiny_mo
     from ance_core.errors import AnceWarning
     from tests.tiny import random_head_checkpoint
     from tracking.client import Tracker
-    from tracking.registry import log_checkpoint
+    from tracking.uploads import log_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     weights = checkpoint / "model.safetensors"
@@ -324,7 +325,7 @@ def test_a_checkpoint_whose_mlflow_description_fails_otherwise_is_still_logged(t
     from tests.tiny import random_head_checkpoint
     from tracking import pyfunc
     from tracking.client import Tracker
-    from tracking.registry import log_checkpoint
+    from tracking.uploads import log_checkpoint
 
     def refuse(*args):
         raise AnceError("MLflow 9.0 wrote conda.lock; add them to SERVING_FILES")
@@ -389,3 +390,42 @@ def test_the_same_checkpoint_with_the_same_figures_is_one_version(tmp_path):
     assert register("b" * 16, 0.7)["versions"] == [2] and register("a" * 16, 0.6)["versions"] == [3]
     versions = tracker.client.search_model_versions("name='ance-scifact'")
     assert sorted(v.tags[DIGEST_TAG] for v in versions) == ["a" * 16, "a" * 16, "b" * 16]
+
+
+def test_a_checkpoint_an_earlier_run_of_the_experiment_holds_is_not_uploaded_again(tmp_path, tiny_model):
+    """A run again whose stages were reused (or a flow run retried after a late failure) uploaded every checkpoint
+    again: ~90 MB each, a retrieval package up to 512 MB. The run that holds the same files is pointed at instead,
+    and a version registered from it downloads whole; the same model with another retrieval package, or with its
+    holder deleted, is uploaded."""
+    from pathlib import Path
+
+    from tests.tiny import random_head_checkpoint
+    from tracking.client import Tracker
+    from tracking.registry import register_models
+    from tracking.uploads import HELD_IN_TAG, LOGGED_TAG, log_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    tracker = Tracker(tmp_path / "work", "ance-train")
+    client = tracker.client
+    first, again = tracker.start_run("ANCE round 1"), tracker.start_run("ANCE round 1")
+    assert log_checkpoint(tracker, first, checkpoint) == first
+    assert log_checkpoint(tracker, again, checkpoint) == first
+    assert client.list_artifacts(again) == []  # (nothing uploaded)
+    assert client.get_run(again).data.tags[HELD_IN_TAG] == first and LOGGED_TAG not in client.get_run(again).data.tags
+    decision = register_models(tracker, "ance-corpus", [("ANCE round 1", first, {DEV_KEY: 0.5})], "corpus", "test",
+                               "ANCE round 1", "dev 0123456789abcdef")
+    assert decision["versions"] == [1]
+    downloaded = Path(client.download_artifacts(client.get_model_version("ance-corpus", "1").run_id, "checkpoint",
+                                                tmp_path / "download"))
+    assert (downloaded / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    package = tmp_path / "retrieval"
+    package.mkdir()
+    (package / "package.json").write_text("{}")
+    served = tracker.start_run("ANCE round 1 + BM25")
+    assert log_checkpoint(tracker, served, checkpoint, package) == served  # (another package: another upload)
+    listed = {a.path for a in client.list_artifacts(served, "checkpoint/retrieval")}
+    assert "checkpoint/retrieval/package.json" in listed
+    client.delete_run(first)
+    last = tracker.start_run("ANCE round 1")
+    assert log_checkpoint(tracker, last, checkpoint) == last
+    assert "checkpoint/model.safetensors" in {a.path for a in client.list_artifacts(last, "checkpoint")}

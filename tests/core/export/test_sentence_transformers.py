@@ -233,7 +233,8 @@ def test_maxp_and_compressed_checkpoints_are_refused(tiny_model, tmp_path):
 def test_a_registered_version_is_exported_with_what_the_registry_knows(tiny_model, tmp_path):
     from ance_core.pipeline.config import PipelineConfig
     from tracking.client import Tracker, flatten
-    from tracking.registry import log_checkpoint, register_models
+    from tracking.registry import register_models
+    from tracking.uploads import log_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
     tracker = Tracker(tmp_path / "work", "ance-train")
