@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ance_core.artifacts import digest_of
-from ance_core.data.layout import detect_format, msmarco_splits, split_files
+from ance_core.data.layout import beir_qrels, detect_format, msmarco_splits, split_files
 from ance_core.data.lines import (
     LeftOut,
     claim_id,
@@ -201,12 +201,16 @@ def load_corpus(folder: str | Path, fmt: str = "auto", corpus_to: Path | None = 
 def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     seen: dict[str, int] = {}
     corpus = _beir_corpus(folder, seen, corpus_to)
-    queries = read_jsonl(folder / "queries.jsonl", ("text",)).rename(columns={"id": "query_id"})
+    queries_file = folder / "queries.jsonl"
+    if not queries_file.exists() and (near := sorted(p.name for p in folder.glob("queries*") if p.is_file())):
+        raise DataError(queries_file, f"file not found; the folder holds {', '.join(near)}: a BEIR folder's queries "
+                        'are queries.jsonl, one JSON object {"_id": ..., "text": ...} per line')
+    queries = read_jsonl(queries_file, ("text",)).rename(columns={"id": "query_id"})
     if queries.empty:
         raise DataError(folder / "queries.jsonl", "no queries: the file is empty (a query is a line "
                         '{"_id": ..., "text": ...})')
     qrels_dir = folder / "qrels"
-    files = sorted(qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    files = beir_qrels(qrels_dir)
     if not files:
         raise DataError(qrels_dir, "no qrels/<split>.tsv files")
     query_ids = set(queries["query_id"])
@@ -266,8 +270,9 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
         if (rows := _usable_qrels(qpath, split, set(first), seen)) is not None:
             query_frames.append(pd.DataFrame([q[:2] for q in qs], columns=["query_id", "text"]))
             qrel_frames.append(_qrels_frame(rows, split))
+    qrels = _all_splits(qrel_frames, [s[1] for s in splits])  # (no split with qrels lines: one clear line)
     queries = pd.concat(query_frames, ignore_index=True).drop_duplicates("query_id")
-    return _finish(corpus, queries, _all_splits(qrel_frames, [s[1] for s in splits]), folder / "queries.<split>.tsv")
+    return _finish(corpus, queries, qrels, folder / "queries.<split>.tsv")
 
 
 def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, queries_file: Path) -> Dataset:

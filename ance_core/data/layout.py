@@ -30,9 +30,16 @@ def has_labels(folder: Path, fmt: str = "auto") -> bool:
     """Whether a dataset folder holds queries and qrels beside its corpus (BEIR: queries.jsonl and a qrels/<split>.tsv;
     MS MARCO: a qrels.<split>.tsv, each with its queries.<split>.tsv); else it is a corpus to search only."""
     if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
-        return (folder / "queries.jsonl").is_file() and any((folder / "qrels").glob("*.tsv"))
+        return (folder / "queries.jsonl").is_file() and bool(beir_qrels(folder / "qrels"))
     splits = msmarco_splits(folder)
     return bool(splits) and all(queries.is_file() for _, _, queries in splits)
+
+
+def beir_qrels(qrels: Path) -> list[Path]:
+    """A BEIR folder's qrels/<split>.tsv files, without hidden files: macOS leaves `._<name>` files (AppleDouble
+    metadata) beside each file it copies to a drive or zips, and one was read as a split `._test` that stopped the
+    load."""
+    return sorted(p for p in qrels.glob("*.tsv") if not p.name.startswith(".")) if qrels.is_dir() else []
 
 
 def msmarco_splits(folder: Path) -> list[tuple[str, Path, Path]]:
@@ -48,6 +55,6 @@ def split_files(folder: Path, fmt: str = "auto") -> tuple[dict[str, Path], Calla
     """The qrels file of each split of a dataset folder (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv), and
     where a split of a given name would be read from."""
     if (detect_format(folder) if fmt == "auto" else fmt) == "beir":
-        files = {p.stem: p for p in sorted((folder / "qrels").glob("*.tsv"))}
+        files = {p.stem: p for p in beir_qrels(folder / "qrels")}
         return files, lambda split: folder / "qrels" / f"{split}.tsv"
     return {split: qrels for split, qrels, _ in msmarco_splits(folder)}, lambda split: folder / f"qrels.{split}.tsv"

@@ -202,7 +202,7 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...], optio
                         + (JSON_LINES if isinstance(obj, list) else ""), number)
     for name in ("_id", *fields):
         if name not in obj or obj[name] is None:
-            raise DataError(path, f"missing field '{name}'", number)
+            raise DataError(path, f"field '{name}' is null" if name in obj else f"missing field '{name}'", number)
         if name != "_id" and not isinstance(obj[name], str):
             raise DataError(path, f"field '{name}' must be a string", number)
     for name in optional:

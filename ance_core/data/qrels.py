@@ -83,12 +83,17 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
                 raise DataError(path, f"expected 3 tab-separated columns (query-id, corpus-id, score), got 4 "
                                 f"(an extra column '{tabs[3].strip()}' after the score {tabs[2].strip()}?); "
                                 "TREC's 4 columns end with the relevance", number)
+            if not _number(parts[1]) and parts[1].lower() not in TREC_ITERATIONS:  # (read as TREC, `q1 d1 1 5`
+                # took d1 for the iteration, 1 for the document and 5 for its grade)
+                raise DataError(path, f"4 columns, but the second ('{parts[1]}') is not TREC's iteration (0 or Q0): "
+                                "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 (query-id "
+                                "iteration doc-id relevance)", number)
             parts = [parts[0], parts[2], parts[3]]
         elif len(parts) != 3:
             raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
                             f"(query-id iteration doc-id relevance), got {len(parts)}", number)
     parts = [p.strip() for p in parts]
-    if first and parts[2].lower() in QRELS_HEADER:
+    if first and parts[2].lower() in QRELS_HEADER | TREC_GRADE_NAMES:
         # the columns are read in one order: a header naming the document column first had every row's ids read
         # swapped, without a word
         names = [_column(p) for p in parts[:2]]
@@ -111,7 +116,13 @@ QUERY_COLUMN_NAMES = {"queryid", "qid", "query", "topic", "topicid"}
 
 def _normalisation_hint(missing: list[tuple], column: int, known: set) -> str:
     """When a missing id is a known one in another Unicode normal form (NFC 'café' against NFD 'cafe\u0301': the two
-    print alike), say so: one file was written by a tool that normalises text."""
+    print alike), say so: one file was written by a tool that normalises text. When it is a known integer id written
+    as a float ('12.0': pandas writes an integer column with gaps so), say that."""
+    for row in missing:
+        whole, dot, zeros = row[column].partition(".")
+        if dot and whole.lstrip("-").isdigit() and zeros and set(zeros) == {"0"} and whole in known:
+            return (f"; {row[column]!r} is {whole!r} there: the qrels' ids were written as floats (pandas writes an "
+                    "integer column with gaps so): write them as integers")
     for row in missing:
         for form in ("NFC", "NFD"):
             if (other := unicodedata.normalize(form, row[column])) != row[column] and other in known:

@@ -58,7 +58,7 @@ BAD_LINES = [  # (file, a line that cannot be read as one of its rows, the probl
     ("corpus.jsonl", "{not json", "malformed JSON"),
     ("corpus.jsonl", '{"_id": "d9", "text": "no end', r"malformed JSON: Unterminated string starting at \(column 23\)"),
     ("corpus.jsonl", json.dumps({"title": "x", "text": "y"}), "missing field '_id'"),
-    ("corpus.jsonl", json.dumps({"_id": None, "text": "y"}), "missing field '_id'"),
+    ("corpus.jsonl", json.dumps({"_id": None, "text": "y"}), "field '_id' is null"),
     ("corpus.jsonl", "[1, 2]", "expected a JSON object, got list"),
     ("corpus.jsonl", json.dumps({"_id": "d9", "text": ["a"]}), "field 'text' must be a string"),
     ("corpus.jsonl", json.dumps({"_id": "d9", "title": {"a": 1}, "text": "x"}), "field 'title' must be a string"),

@@ -3,6 +3,7 @@
 the file and what to change; a bad row is left out with a warning, never a traceback."""
 
 import json
+import warnings
 
 import pandas as pd
 import pytest
@@ -208,4 +209,66 @@ def test_a_corpus_written_as_a_json_array_is_named_as_such(tmp_path, text):
     folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
     (folder / "corpus.jsonl").write_text(text + "\n")
     with pytest.raises(DataError, match=r"one JSON object per line \(JSON Lines\), not a JSON array"):
+        load_dataset(folder)
+
+
+def test_a_folder_copied_from_a_mac_loads_without_its_appledouble_files(tmp_path):
+    """macOS leaves `._<name>` beside each file it zips or copies to a drive: `qrels/._test.tsv` was read as a split
+    `._test`, and its binary lines stopped the load. The dataset's digest skipped them already; `has_labels` and
+    `split_files` read the same files as the load."""
+    from ance_core.data.layout import has_labels, split_files
+
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    for name in ("._test.tsv", "._train.tsv"):
+        (folder / "qrels" / name).write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        \x00\x02" * 8)
+    ds = load_dataset(folder)
+    assert sorted(ds.qrels["split"].unique()) == ["test", "train"]
+    assert sorted(split_files(folder)[0]) == ["test", "train"]
+    for name in ("test.tsv", "train.tsv"):
+        (folder / "qrels" / name).unlink()
+    assert not has_labels(folder)
+
+
+def test_msmarco_splits_none_of_which_has_a_qrels_line_is_one_clear_error(tmp_path):
+    """It was a traceback (`ValueError: No objects to concatenate`) after the two splits' warnings."""
+    folder = _marco(tmp_path, "1\tapple\n", "2\tcherry\n")
+    (folder / "qrels.train.tsv").write_text("")
+    (folder / "qrels.test.tsv").write_text("\n")
+    with pytest.warns(AnceWarning, match="no qrels lines"), pytest.raises(
+            DataError, match=r"no qrels lines in any of qrels.test.tsv, qrels.train.tsv"):
+        load_dataset(folder)
+
+
+def test_a_four_column_row_whose_second_column_is_no_trec_iteration_is_a_bad_row(tmp_path):
+    """`q1<TAB>d1<TAB>1<TAB>5` (a count after the score) was read as TREC's `qid iteration docid relevance`: d1 the
+    iteration, document '1', grade 5; the split was then refused for naming no document of the corpus."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "qrels" / "train.tsv").write_text("q1\td1\t1\t5\nq1 0 d1 1\nq1 Q0 d2 0\n")
+    with pytest.warns(AnceWarning, match=r"train.tsv: 1 of its 3 rows .*line 1: 4 columns, but the second \('d1'\) "
+                      r"is not TREC's iteration \(0 or Q0\)"):
+        ds = load_dataset(folder)
+    assert sorted(ds.split_qrels("train")["doc_id"]) == ["d1", "d2"]
+
+
+@pytest.mark.parametrize("name", ["label", "grade", "Judgment"])
+def test_a_three_column_header_naming_the_grade_otherwise_is_a_header(tmp_path, name):
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "qrels" / "train.tsv").write_text(f"qid\tdocid\t{name}\nq1\td1\t1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnceWarning)  # (it was a bad row: "relevance 'label' is not a number")
+        assert load_dataset(folder).split_qrels("train")["doc_id"].tolist() == ["d1"]
+
+
+def test_a_missing_file_or_field_says_what_is_there(tmp_path):
+    """Qrels ids written as floats (`1.0`: pandas writes an integer column with gaps so) are named as such; a BEIR
+    folder with queries.tsv is told its queries are queries.jsonl; a null text is null, not missing."""
+    corpus = [{"_id": "1", "title": "", "text": "apple pie"}, {"_id": "2", "title": "", "text": "cherry tart"}]
+    folder = write_beir(tmp_path / "ds", corpus, [{"_id": "1", "text": "apple"}, {"_id": "2", "text": None}],
+                        {"train": [("1", "1.0", 1)], "test": [("1", "2.0", 1)]})
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 1 of its 2 rows .*line 2: field 'text' is null"), \
+            pytest.raises(DataError, match=r"'2.0' is '2' there: the qrels' ids were written as floats"):
+        load_dataset(folder)
+    (folder / "queries.jsonl").rename(folder / "queries.tsv")
+    with pytest.raises(DataError, match=r"queries.jsonl: file not found; the folder holds queries.tsv: a BEIR "
+                       "folder's queries are queries.jsonl"):
         load_dataset(folder)
