@@ -35,7 +35,7 @@ def check_trainable(tables: Dataset, folder: Path, split: str, negatives: int = 
 
 
 def warn_shared_queries(tables: Dataset, eval_split: str, *training: str | None) -> None:
-    """One warning when queries of the evaluation split are also in a split that trains or chooses (train, dev): the
+    """A warning for each split that trains or chooses (train, dev) and holds queries of the evaluation split: the
     run's figures on it would be inflated. Names how many and the first ids."""
     splits = set(tables.qrels["split"])
     evaluated = set(tables.qrels.loc[tables.qrels["split"] == eval_split, "query_id"])

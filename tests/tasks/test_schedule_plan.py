@@ -65,3 +65,14 @@ def test_a_round_over_a_sample_of_queries_counts_the_samples_pairs(tiny_scifact,
             mined = mine_negatives.fn({}, data, "train", cfg, round_, str(tmp_path))
             rows = len(read_training_pairs(f"{mined.path}/negatives.parquet"))
             assert stage_pairs(data, "train", cfg, round_) == rows
+    # the warm-up (round 0) over a sample of the queries, mined as a run mines it: its BM25 negatives
+    from ance_core.negatives.config import WarmupMiningConfig
+    from ance_core.retrieval.config import BM25Config, EncodeConfig, IndexConfig
+    from tasks.refresh import refresh_negatives
+
+    for cfg in (WarmupMiningConfig(), WarmupMiningConfig(queries=7)):
+        mined = refresh_negatives(None, data, "train", EncodeConfig(), IndexConfig(), cfg, 0, str(tmp_path),
+                                  BM25Config())["mine"]
+        assert stage_pairs(data, "train", cfg, 0) == len(read_training_pairs(f"{mined.path}/negatives.parquet"))
+    sampled, every = (stage_pairs(data, "train", WarmupMiningConfig(queries=q), 0) for q in (7, None))
+    assert sampled < every
