@@ -98,11 +98,13 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # fusion and fuse to 1 (RRF no longer ranks BM25's score-0 filler rows as hits); compress to 1 (PCA no longer centres
 # the queries); mine to 1 (BM25's filler rows are no candidates, a query's own id is never its negative); data to 2
 # (a dataset's own dev queries are no longer in its train split); train and train-async to 1 (AdamW's fused kernel on
-# a CPU too: the same update to float rounding).
+# a CPU too: the same update to float rounding); fusion and fuse to 3 (a convex combination scales BM25's matches only,
+# not its filler rows); data to 4 (a 4-column qrels row whose second column is no TREC iteration is a bad row, not
+# read as TREC with its ids shifted; a 3-column header naming the grade `label` is a header).
 STAGE_RULES: dict[str, int] = {
-    "data": 3, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
+    "data": 4, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 1, "train-async": 1,
-    "snapshot": 0, "dev-candidates": 0, "evaluate": 1, "fusion": 2, "fuse": 2, "serving": 0, "reports": 0,
+    "snapshot": 0, "dev-candidates": 0, "evaluate": 1, "fusion": 3, "fuse": 3, "serving": 0, "reports": 0,
     "compress": 1, "trial": 0, "tune": 0, "corpus": 2,
 }
 

@@ -6,7 +6,7 @@ Two ways, each over the union of the two runs' hits per query:
   query's run to its depth, are not hits);
 - a convex combination of per-query normalised scores: score = w·s_dense + (1 − w)·s_bm25, each run's scores of the
   query min-max scaled to [0, 1] over its own hits (hits of one score, or a single hit, all 1), a hit missing from a
-  run taking that run's minimum (0).
+  run taking that run's minimum (0); BM25's hits are its matches, as in RRF.
 
 Equal fused scores are ranked as trec_eval ranks them (the greater document id first), so the `rank` of a fused run,
 its evaluation and a served search agree. With `ignore_identical_ids` (ArguAna's, Quora's queries are documents too) a
@@ -75,10 +75,11 @@ def fuse(dense: pd.DataFrame, bm25: pd.DataFrame, fusion: Fusion, depth: int | N
     if ignore_identical_ids:
         dense, bm25 = without_identical_ids(dense), without_identical_ids(bm25)
     dense, bm25 = _ranked(dense, depth), _ranked(bm25, depth)
+    # BM25's score-0 rows match no query term: filler at arbitrary ranks, not hits. RRF ranked them; a convex
+    # combination scaled BM25's hits by them (its minimum 0 where a query matches fewer documents than the depth, else
+    # its weakest hit) and, where a query's own id was its only match, raised every filler row to 1
+    bm25 = bm25[bm25["score"] > 0]
     if fusion.method == "rrf":
-        # BM25's score-0 rows match no query term: filler at arbitrary ranks, not hits (in a convex combination they
-        # add nothing: the minimum, as a hit the run lacks)
-        bm25 = bm25[bm25["score"] > 0]
         parts = [run.assign(part=1.0 / (fusion.k + run["rank"])) for run in (dense, bm25)]
     else:
         parts = [dense.assign(part=fusion.weight * _normalised(dense)),

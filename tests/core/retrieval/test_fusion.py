@@ -25,15 +25,30 @@ def test_reciprocal_rank_fusion_sums_one_over_k_plus_rank_of_each_run():
 def test_bm25s_rows_of_score_0_are_filler_not_hits():
     """BM25 fills a query's run to its depth with documents that match no query term (score 0, at arbitrary ranks):
     under RRF they were ranked as hits, so with one BM25 match the filler at rank 2 outranked the dense model's own
-    top hits (found by a review with `ance search --hybrid`); a convex combination gives them nothing either way."""
+    top hits (found by a review with `ance search --hybrid`); nor are they in a convex combination."""
     dense = _run([("q", "a", 0.9), ("q", "b", 0.8), ("q", "c", 0.7), ("q", "m", 0.1)])
     bm25 = _run([("q", "m", 2.4), ("q", "x", 0.0), ("q", "y", 0.0), ("q", "z", 0.0)])
     run = fuse(dense, bm25, Fusion("rrf"))
     assert run["doc_id"].tolist() == ["m", "a", "b", "c"]  # m: 1/64 + 1/61; no filler
     convex = fuse(dense, bm25, Fusion("convex", 0.5)).set_index("doc_id")["score"]
-    # the filler is BM25's minimum, 0 (the lone match scales to 1 against it): it adds nothing to any document
+    # BM25's lone match scales to 1 (a run's hits of one score are all its best)
     assert convex[["a", "b", "c", "m"]].tolist() == pytest.approx([0.5, 0.5 * 7 / 8, 0.5 * 6 / 8, 0.5])
-    assert set(convex[["x", "y", "z"]]) == {0.0}
+    assert sorted(convex.index) == ["a", "b", "c", "m"]
+
+
+def test_a_convex_combination_scales_bm25s_matches_whatever_filler_follows_them():
+    """The filler set BM25's minimum to 0 where a query matches fewer documents than the run's depth (its weakest
+    match otherwise): one row of filler swapped b and d here. Where a query's own id was its only match (ArguAna,
+    Quora), every filler row scaled to 1 and outranked the dense model's hits (nDCG@10 0.43 for 1.0; a review's)."""
+    dense, bm25 = _run([("q", "e", 1.0), ("q", "d", 0.0), ("q", "b", -1.0)]), _run([("q", "b", 12.0), ("q", "d", 6.0),
+                                                                                     ("q", "e", 4.0)])
+    order = fuse(dense, bm25, Fusion("convex", 0.5))["doc_id"].tolist()
+    assert order == ["e", "b", "d"]  # e: 0.5 + 0; b: 0 + 0.5; d: 0.25 + 0.125
+    assert fuse(dense, pd.concat([bm25, _run([("q", "f", 0.0)])]), Fusion("convex", 0.5))["doc_id"].tolist() == order
+    dense = _run([("1", "a", 0.9), ("1", "b", 0.5), ("1", "c", 0.1)])
+    bm25 = _run([("1", "1", 7.0), ("1", "x", 0.0), ("1", "y", 0.0), ("1", "z", 0.0)])
+    run = fuse(dense, bm25, Fusion("convex", 0.5), ignore_identical_ids=True)
+    assert run["doc_id"].tolist() == ["a", "b", "c"]
 
 
 def test_a_convex_combination_scales_each_runs_scores_of_the_query_to_0_1():
