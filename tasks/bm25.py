@@ -3,7 +3,7 @@ from pathlib import Path
 from ance_core.artifacts import RUN, ArtifactRef, run_stage
 from ance_core.data.corpus import corpus_chunks
 from ance_core.data.dataset import read_tables
-from ance_core.retrieval.bm25 import BM25, INDEX_CHUNK
+from ance_core.retrieval.bm25 import BM25, INDEX_CHUNK, NONOCCURRENCE
 from ance_core.retrieval.config import BM25Config
 from ance_core.retrieval.search import write_run
 from tasks.common import stage_task
@@ -40,4 +40,6 @@ def bm25_run(data: ArtifactRef, cfg: BM25Config, split: str, top_k: int, work_di
 
     config = {"bm25": cfg.scoring(), "split": split, "top_k": top_k}
     config |= {"sample": sample} if sample is not None else {}
+    config |= {"unmatched": 0} if cfg.method in NONOCCURRENCE else {}  # (their documents that match no term score 0
+    # since session 35: these methods' runs only are built again)
     return run_stage(work_dir, "bm25", config, {"data": data.digest}, build)

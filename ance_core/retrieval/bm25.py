@@ -41,6 +41,7 @@ scoring = importlib.import_module("bm25s.scoring")
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 DOC_IDS = "doc_ids.parquet"  # beside bm25s's files in a saved index: the corpus's ids, in its rows' order
 INDEX_CHUNK = 50_000  # documents tokenized at a time while indexing
+NONOCCURRENCE = ("bm25l", "bm25+")  # the methods that score a term's not occurring in a document (`BM25.scores`)
 
 
 class BM25:
@@ -120,11 +121,21 @@ class BM25:
             return run_frame([], np.empty((0, k), dtype=object), np.empty((0, k), dtype=np.float32))
         workers = len(os.sched_getaffinity(0)) if len(keep) > 1000 else 1
         with ThreadPoolExecutor(workers) as pool:  # numpy's calls release the GIL: a thread per core
-            hits = pool.map(lambda q: best_of(self.retriever.get_scores_from_ids(q), k), (ids[i] for i in keep))
+            hits = pool.map(lambda q: best_of(self.scores(q), k), (ids[i] for i in keep))
             hits = list(tqdm(hits, total=len(keep), desc="bm25", unit="query", dynamic_ncols=True,
                              disable=not progress or len(keep) <= 100 or bool(os.environ.get("TQDM_DISABLE"))))
         return run_frame(query_ids, self.doc_ids[np.stack([rows for _, rows in hits])],
                          np.stack([scores for scores, _ in hits]).astype(np.float32))
+
+    def scores(self, term_ids: list[int]) -> np.ndarray:
+        """Every document's score for a query's term ids, a document that matches no term scoring 0: bm25l and bm25+
+        give every document the score of the query's terms not occurring (bm25s adds it to all), so that the
+        documents matching nothing were ranked as hits after the matches (BM25's R@1000, fusion, the warm-up's
+        candidates) where lucene, robertson and atire score them 0 and they are dropped as filler."""
+        scores = self.retriever.get_scores_from_ids(term_ids)
+        if self.retriever.nonoccurrence_array is not None:  # (the same sum bm25s added: what it added is taken away)
+            scores -= self.retriever.nonoccurrence_array[np.asarray(term_ids, dtype=self.retriever.int_dtype)].sum()
+        return scores
 
 
 @dataclass

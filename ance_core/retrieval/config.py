@@ -14,7 +14,8 @@ class BM25Config(StageConfig):
     k1: float = Field(0.9, gt=0, description="Term-frequency saturation (0.9 with b 0.4: Anserini's BEIR setting)")
     b: float = Field(0.4, ge=0, le=1, description="Document-length normalisation: 0 none, 1 full")
     method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = Field(
-        "lucene", description="bm25s's BM25 variant (lucene: Lucene's, as Anserini scores)")
+        "lucene", description="bm25s's BM25 variant (lucene: Lucene's, as Anserini scores); under every "
+        "one a document that matches no query term scores 0 (bm25l and bm25+ are shifted so)")
     stemmer: str | None = Field("english", description="Snowball stemmer language (PyStemmer); null: no stemming")
     stopwords: str | None = Field("en", description="bm25s's stop-word list (a language code); null: every word "
                                   "indexed")

@@ -106,3 +106,22 @@ def test_an_empty_corpus_is_one_clear_error():
 
     with pytest.raises(AnceError, match="no documents to index"):
         BM25.build([], BM25Config())
+
+
+@pytest.mark.parametrize("method", ["bm25l", "bm25+", "lucene"])
+def test_a_document_that_matches_no_query_term_scores_0_under_every_method(method):
+    """bm25l and bm25+ score a term's not occurring in a document, and bm25s adds that to every document: those that
+    match nothing scored 0.46 here, above the 0 that marks BM25's filler, so they counted as hits (BM25's R@1000,
+    RRF, the warm-up's candidates). They score 0 now, and the matches keep their order."""
+    corpus = pd.DataFrame({"doc_id": ["d0", "d1", "d2", "d3"], "title": "",
+                           "text": ["apple pie", "cherry tart", "plum jam", "apple apple crumble"]})
+    queries = pd.DataFrame({"query_id": ["q"], "text": ["apple"]})
+    bm25 = BM25(corpus, BM25Config(method=method))
+    run = bm25.search(queries, top_k=4).set_index("doc_id")["score"]
+    assert run["d1"] == run["d2"] == 0 and run["d3"] > run["d0"] > 0
+    raw = bm25.retriever.get_scores_from_ids([bm25.retriever.vocab_dict["appl"]])
+    assert (raw[[1, 2]] > 0).all() == (method != "lucene")  # (what bm25s gives these methods)
+    from ance_core.retrieval.fusion import Fusion, fuse
+
+    dense = pd.DataFrame({"query_id": ["q"] * 2, "doc_id": ["d0", "d3"], "score": [0.9, 0.8]})
+    assert "d1" not in set(fuse(dense, run.reset_index().assign(query_id="q"), Fusion("rrf"))["doc_id"])
