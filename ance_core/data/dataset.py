@@ -218,7 +218,7 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     for path in files:
         if (rows := _usable_qrels(path, path.stem, query_ids, seen)) is not None:
             frames.append(_qrels_frame(rows, path.stem))
-    return _finish(corpus, queries, _all_splits(frames, files), folder / "queries.jsonl")
+    return _finish(corpus, queries, _all_splits(frames, files), queries_file, {p.stem: p for p in files})
 
 
 def _usable_qrels(path: Path, split: str, query_ids: set, doc_ids: dict[str, int]
@@ -234,7 +234,7 @@ def _usable_qrels(path: Path, split: str, query_ids: set, doc_ids: dict[str, int
 
 
 def _qrels_frame(rows: list[tuple[int, str, str, int]], split: str) -> pd.DataFrame:
-    return pd.DataFrame([r[1:] for r in rows], columns=["query_id", "doc_id", "relevance"]).assign(split=split)
+    return pd.DataFrame(rows, columns=["line", "query_id", "doc_id", "relevance"]).assign(split=split)
 
 
 def _all_splits(frames: list[pd.DataFrame], files: list[Path]) -> pd.DataFrame:
@@ -272,10 +272,12 @@ def _load_msmarco(folder: Path, corpus_to: Path | None) -> Dataset:
             qrel_frames.append(_qrels_frame(rows, split))
     qrels = _all_splits(qrel_frames, [s[1] for s in splits])  # (no split with qrels lines: one clear line)
     queries = pd.concat(query_frames, ignore_index=True).drop_duplicates("query_id")
-    return _finish(corpus, queries, qrels, folder / "queries.<split>.tsv")
+    return _finish(corpus, queries, qrels, folder / "queries.<split>.tsv", {split: q for split, q, _ in splits})
 
 
-def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, queries_file: Path) -> Dataset:
+def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, queries_file: Path,
+            qrels_files: dict[str, Path]) -> Dataset:
+    """The dataset of the rows read, checked across files (`qrels` holds each row's `line` in its split's file)."""
     used = set(qrels["query_id"])
     queries = queries[queries["query_id"].isin(used)].reset_index(drop=True)
     empty = queries["text"].str.strip() == ""
@@ -286,12 +288,13 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
         queries = queries[~empty].reset_index(drop=True)
         qrels = qrels[~qrels["query_id"].isin(ids)]
     pairs = ["query_id", "doc_id", "split"]
-    grades = qrels[qrels.duplicated(pairs, keep=False)].groupby(pairs)["relevance"].agg(list)  # in line order
-    if len(conflicts := grades[grades.map(lambda g: len(set(g)) > 1)]):  # two grades for one pair: the last stands
+    grades = qrels[qrels.duplicated(pairs, keep=False)].groupby(pairs)[["relevance", "line"]].agg(list)  # in order
+    if len(conflicts := grades[grades["relevance"].map(lambda g: len(set(g)) > 1)]):  # two grades: the last stands
         warn(f"{len(conflicts)} (query, document) pairs are judged twice with different grades in the qrels; the "
-             "later line's grade is kept: " + preview(f"{q} / {d} in {split} ({', then '.join(map(str, g))})"
-                                                     for (q, d, split), g in conflicts.items()))
-    qrels = qrels.drop_duplicates(pairs, keep="last").reset_index(drop=True)
+             "later line's grade is kept: " + preview(
+                 f"{q} / {d} in {split} ({qrels_files[split].name} lines {', '.join(map(str, row['line']))}: "
+                 f"{', then '.join(map(str, row['relevance']))})" for (q, d, split), row in conflicts.iterrows()))
+    qrels = qrels.drop_duplicates(pairs, keep="last").drop(columns="line").reset_index(drop=True)
     return Dataset(corpus.reset_index(drop=True), queries, qrels)
 
 

@@ -130,7 +130,7 @@ def test_usable_but_odd_rows_are_kept_with_a_warning_naming_them(beir):
     assert any("corpus.jsonl: 1 of 4 documents have an empty title and text (kept; nothing in them to rank by): d3"
                in m for m in messages)
     assert any(m.startswith("1 (query, document) pairs are judged twice with different grades") and
-               "q1 / d0 in train (2, then 1, then 2)" in m for m in messages)
+               "q1 / d0 in train (train.tsv lines 2, 4, 6: 2, then 1, then 2)" in m for m in messages)
     assert not any("d1 in train" in m for m in messages)
     assert len(ds.corpus) == 4 and ds.qrels.query("split == 'train'").set_index("doc_id")["relevance"].to_dict() == {
         "d0": 2, "d1": 1}
