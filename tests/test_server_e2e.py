@@ -243,6 +243,20 @@ def test_second_run_with_same_parameters_is_all_cached(stack, trained, tiny):
     wait(stack, flow_run_id)
     states = task_states(stack, flow_run_id)
     assert states and set(states.values()) == {"Cached"}, states
+    # its models' checkpoints are the first run's, pointed at through the server, not uploaded again
+    from tracking.uploads import HELD_IN_TAG
+
+    def children(flow_run: str) -> dict[str, dict]:
+        pid = mlflow_parent(stack, flow_run)["info"]["run_id"]
+        return {r["info"]["run_name"]: r for r in mlflow_runs(stack, flow_run)
+                if tags_of(r).get("mlflow.parentRunId") == pid}
+
+    first, again = children(trained[0]), children(flow_run_id)
+    for name in ("warmup", "ANCE round 1"):
+        assert tags_of(again[name]).get(HELD_IN_TAG) == first[name]["info"]["run_id"], name
+        listed = mlflow_api(stack, "GET", "artifacts/list", params={"run_id": again[name]["info"]["run_id"],
+                                                                     "path": "checkpoint"})
+        assert not listed.get("files"), listed
 
 
 def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny, tmp_path):
