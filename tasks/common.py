@@ -294,13 +294,14 @@ class Progress:
 
     def __init__(self, total: int, description: str, every_s: float, task_run: str | None):
         self.total, self.description, self.every_s, self.task_run = total, description, every_s, task_run
-        self.at = 0.0
+        self.at: float | None = None  # (not 0: monotonic time counts from boot, so within `every_s` of it the first
+        # update waited, on a machine up for less than an hour under a bar of an hour's cadence)
 
     def __call__(self, done: int) -> None:
         if self.task_run is None or self.total <= 0:
             return
         now = time.monotonic()
-        if now - self.at < self.every_s and done < self.total:
+        if self.at is not None and now - self.at < self.every_s and done < self.total:
             return
         self.at = now
         self._send(round(100 * min(max(done, 0), self.total) / self.total, 1))

@@ -520,7 +520,7 @@ def test_compression_is_in_mlflow_with_projectors_and_registered_models(pipeline
     assert conae.data.metrics["dim"] == 16 and conae.data.metrics["index_bytes"] > 0
     assert len(client.get_metric_history(conae.info.run_id, "kl")) == 5  # 5 epochs of one batch (40 queries)
     assert "projector/projector.safetensors" in {a.path for a in client.list_artifacts(conae.info.run_id, "projector")}
-    ours = {r.info.run_id for r in children.values()}  # (a re-run of the pipeline registers its own versions)
+    ours = {r.info.run_id for r in children.values()}  # (a re-run of the pipeline points at the same versions)
     versions = [v for v in client.search_model_versions("name = 'ance-scifact-tiny-compressed'") if v.run_id in ours]
     assert sorted(float(v.tags["dim"]) for v in versions) == sorted(DIMS)
     assert all(v.source.endswith("/checkpoint") for v in versions)

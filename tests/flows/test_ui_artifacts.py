@@ -43,6 +43,16 @@ def test_a_stage_that_stops_early_fills_its_bar(calls):
     assert calls == [("create", 0.1), ("id1", 100.0)]
 
 
+def test_the_first_update_is_sent_however_long_the_machine_has_been_up(calls, monkeypatch):
+    """The last update's time started at 0 on the monotonic clock, which counts from boot: on a machine up for less
+    than `every_s` the first update waited (the test above failed on a machine up for 46 minutes)."""
+    monkeypatch.setattr("tasks.common.time.monotonic", lambda: 12.0)  # 12 s after boot
+    bar = Progress(1000, "encoding", every_s=60, task_run="run-1")
+    bar(5)
+    bar(6)  # (within a minute of the first: not sent)
+    assert calls == [("create", 0.5)]
+
+
 def test_a_retried_attempt_moves_the_same_bar(calls):
     """Each attempt made a bar of its own; the first one's stayed behind where it stopped."""
     Progress(100, "training", every_s=0, task_run="run-1")(43)
