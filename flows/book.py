@@ -39,7 +39,7 @@ from ance_core.pipeline.report import (
     read_report,
     select_model,
 )
-from ance_core.retrieval.evaluate import identical_ids_rule
+from ance_core.retrieval.evaluate import identical_ids_rule, warn_shallow
 from ance_core.training.config import TrainConfig
 from flows.publish import artifact_key, flow_tags, link_mlflow_run, publish_tables
 from flows.start import warn_other_dev_split
@@ -123,6 +123,7 @@ class RunBook:
         warn_shared_queries(tables, cfg.eval_split, cfg.train_split, cfg.dev_split)
         summary = read_manifest(self.data.path)["summary"]
         self.eval = identical_ids_rule(self.c.eval, tables.qrels)  # (the collection's qrels decide identical ids)
+        warn_shallow({"eval.top_k": self.eval.top_k, "bm25.top_k": self.c.bm25.top_k})
         if self.with_dev and self.c.data.dev_split in summary.get("splits", []):
             self.dev_split = self.c.data.dev_split
             self.dev_setting = dev_setting(self.dev_split, summary["split_digests"][self.dev_split], self.eval)

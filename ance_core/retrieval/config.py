@@ -19,7 +19,8 @@ class BM25Config(StageConfig):
     stemmer: str | None = Field("english", description="Snowball stemmer language (PyStemmer); null: no stemming")
     stopwords: str | None = Field("en", description="bm25s's stop-word list (a language code); null: every word "
                                   "indexed")
-    top_k: int = Field(1000, ge=1, description="Depth of the evaluation run")
+    top_k: int = Field(1000, ge=1, description="Depth of BM25's evaluation run (below 1000, BM25's R@1000 reads "
+                       "recall at this depth: a run warns)")
 
     def scoring(self) -> "BM25Config":
         """This config without the evaluation depth: what an index and a ranking depend on (the BM25 index's key,
@@ -136,7 +137,8 @@ class EvalConfig(StageConfig):
     """The evaluation of every model on the dev and evaluation splits: how deep each run retrieves, and which hits
     are left out before scoring (nDCG@10, MRR@10, R@100, R@1000 by pytrec_eval)."""
 
-    top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run")
+    top_k: int = Field(1000, ge=1, description="Retrieval depth of the evaluation run (below 1000, R@1000 reads "
+                       "recall at this depth: a run warns)")
     ignore_identical_ids: bool = Field(
         True, description="Drop a hit whose document id is the query's id before scoring, as BEIR's evaluator does "
         "(ArguAna and Quora put each query in the corpus: kept, it ranks first and counts as non-relevant). Applied "

@@ -14,6 +14,7 @@ import pandas as pd
 from ir_measures import RR, R, nDCG
 
 from ance_core.artifacts import METRICS, PER_QUERY, RUN_TREC, write_json
+from ance_core.errors import warn
 from ance_core.retrieval.search import write_trec
 
 
@@ -27,6 +28,17 @@ def measures(relevant_grade: int = 1) -> dict:
 
 MEASURES = measures()
 _NAMES = {str(m): k for k, m in MEASURES.items()}
+CUTOFFS = {"nDCG@10": 10, "MRR@10": 10, "R@100": 100, "R@1000": 1000}
+
+
+def warn_shallow(depths: dict[str, int]) -> None:
+    """One warning per setting (`eval.top_k`, `bm25.top_k`: the depth of the runs it scores) shallower than a
+    metric's cutoff: that column reads the metric at the run's depth (R@1000 of a 100-deep run is its R@100)."""
+    for setting, depth in depths.items():
+        if cut := [name for name, cutoff in CUTOFFS.items() if depth < cutoff]:
+            warn(f"{setting} is {depth}: the runs it scores hold {depth} documents a query, so {', '.join(cut)} "
+                 f"read{'s' if len(cut) == 1 else ''} the metric at {depth} (set it to at least "
+                 f"{max(CUTOFFS[c] for c in cut)} for the columns as named)")
 
 
 def nested(query_ids: pd.Series, doc_ids: pd.Series, values: list) -> dict[str, dict]:

@@ -191,3 +191,19 @@ def test_a_relevant_grade_of_2_counts_grade_1_documents_as_not_relevant_in_mrr_a
     assert "relevant_grade" not in EvalConfig().model_dump() and "relevant_grade" not in repr(EvalConfig())
     assert evaluate_key("test", EvalConfig()) == {"split": "test", "ignore_identical_ids": True}
     assert evaluate_key("test", EvalConfig(relevant_grade=2))["relevant_grade"] == 2
+
+
+def test_a_run_shallower_than_a_metrics_cutoff_is_said(recwarn):
+    """`eval.top_k: 100` left the R@1000 column as recall at 100, under its name: one warning per setting says so."""
+    from ance_core.errors import AnceWarning
+    from ance_core.retrieval.evaluate import warn_shallow
+
+    warn_shallow({"eval.top_k": 1000, "bm25.top_k": 1000})
+    assert not recwarn.list
+    with pytest.warns(AnceWarning) as caught:
+        warn_shallow({"eval.top_k": 100, "bm25.top_k": 50})
+    assert [str(w.message) for w in caught] == [
+        "eval.top_k is 100: the runs it scores hold 100 documents a query, so R@1000 reads the metric at 100 (set it "
+        "to at least 1000 for the columns as named)",
+        "bm25.top_k is 50: the runs it scores hold 50 documents a query, so R@100, R@1000 read the metric at 50 (set "
+        "it to at least 1000 for the columns as named)"]
