@@ -151,7 +151,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
         tracker.log_params(run, flatten(config))
         for name in (COMPRESSION_MD, COMPRESSION_CSV):
             tracker.log_artifact(run, Path(result["files"]) / name)
-        versions, logged, digests = [], set(), {}
+        versions, logged, digests, logged_by = [], set(), {}, {}
         for r in result["rows"]:
             label = f"{r['method']}-{r['dim']} {r['index']}"
             child = tracker.start_run(label, parent_id=run, tags=tags | {"method": r["method"], "dim": str(r["dim"]),
@@ -166,9 +166,11 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
                     if holder := log_checkpoint(tracker, child, r["checkpoint"].path):  # (undelivered: no version)
                         versions.append((label, holder, {k: float(r[k]) for k in METRICS} | {"dim": r["dim"]}))
                         digests[label] = r["checkpoint"].digest  # (a run again: the same version, not a new one)
+                        logged_by[label] = child
             tracker.end_run(child)
         registered = register_models(tracker, f"{model_name(data.collection)}-compressed", versions, data.dataset,
-                                     result["split"], source=dataset_source(data), digests=digests)
+                                     result["split"], source=dataset_source(data), digests=digests,
+                                     logged_by=logged_by)
         tracker.end_run(run)
     return {"run_id": run, "registered": registered}
 

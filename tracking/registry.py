@@ -38,19 +38,23 @@ SOURCE_TAGS = {"folder": "dataset_folder", "content": "dataset_content"}
 DIGEST_TAG = "checkpoint_digest"
 
 
+RUN_TAG = "registered_by_run"  # the model's run that registered a version (its files may be an earlier run's)
+
+
 def same_version(tracker: Tracker, name: str, tags: dict[str, str]):
-    """The registered version of `name` of the same checkpoint (`DIGEST_TAG`) with the same tags, if any."""
+    """The registered version of `name` of the same checkpoint (`DIGEST_TAG`) with the same tags (the run that
+    registered it aside), if any."""
     if DIGEST_TAG not in tags:
         return None
     ok, found = tracker.attempt(tracker.client.search_model_versions,  # (a read: nothing to keep if it fails)
                                 f"name = '{name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'", kept=False)
-    return next((v for v in found if dict(v.tags) == tags), None) if ok else None
+    return next((v for v in found if {k: t for k, t in v.tags.items() if k != RUN_TAG} == tags), None) if ok else None
 
 
 def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, dict]], dataset: str,
                     split: str, candidate: str | None = None, dev_setting: str | None = None,
                     source: dict[str, str] | None = None, start: tuple[str, float] | None = None,
-                    digests: dict[str, str] | None = None) -> dict:
+                    digests: dict[str, str] | None = None, logged_by: dict[str, str] | None = None) -> dict:
     """Register each (label, run_id, metrics) checkpoint as a version of `name`, its metrics (evaluation and dev
     split) as tags. The alias `champion` moves to the version of `candidate` (the run's result, chosen on the dev
     split) only if its dev nDCG@10 beats the current champion's on the same dataset and dev split (`dev_setting`), or
@@ -65,7 +69,11 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     content; one whose files changed, at the same path, the same folder: neither is told.)
 
     `digests` (label -> the checkpoint's digest, its stage's): a version of the same checkpoint with the same tags (a
-    run again of the same config, every stage reused) is that version, not a new one."""
+    run again of the same config, every stage reused) is that version, not a new one.
+
+    `run_id` is the run that holds the checkpoint's files (tracking/uploads.py: an earlier run's, where it holds the
+    same ones); `logged_by` (label -> the model's own run, where that is another) is tagged `registered_by_run` on a
+    new version, the run a model card describes."""
     client = tracker.client
     model = tracker._safe("get_registered_model", _ensure_registered_model, client, name, payload={"name": name})
     if model is None:
@@ -84,9 +92,10 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
         tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
         tags |= {"dev_split": dev_setting} if dev_setting else {}
         tags |= {DIGEST_TAG: digests[label]} if label in (digests or {}) else {}
+        own = {RUN_TAG: logged_by[label]} if (logged_by or {}).get(label, run_id) != run_id else {}
         version = same_version(tracker, name, tags) or tracker._safe(
-            "create_model_version", client.create_model_version, name, f"runs:/{run_id}/checkpoint", run_id, tags=tags,
-            payload={"name": name, "tags": tags})
+            "create_model_version", client.create_model_version, name, f"runs:/{run_id}/checkpoint", run_id,
+            tags=tags | own, payload={"name": name, "tags": tags | own})
         if version is not None:
             registered.append(version.version)
             if label == candidate:
@@ -283,7 +292,7 @@ def download_registered_model(uri: str, dest: str | Path, work_dir: str | Path =
     info: dict[str, Any] = {"source": f"{uri} (version {version.version}, run {version.run_id})"}
     info |= {k: tags[k] for k in ("label", "dataset", "split", "dev_split") if k in tags}
     info["metrics"] = {k: float(v) for k, v in tags.items() if k.removeprefix("dev_") in COLUMNS}
-    return folder, info | _pipeline_run(client, version.run_id)
+    return folder, info | _pipeline_run(client, tags.get(RUN_TAG, version.run_id))
 
 
 def _find_version(uri: str, store: str, name: str, alias: str | None = None, number: str | None = None):

@@ -29,9 +29,9 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     from ance_core.export.hybrid import RETRIEVAL
     from tracking.pyfunc import mlflow_model_files
 
-    files = model_files(folder)
+    files, described = model_files(folder), []
     try:
-        files += mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
+        described = mlflow_model_files(folder, tracker.work_dir / MLFLOW_MODELS)
     except DamagedCheckpoint as e:  # (a cached stage's files cut short): a version of it would not load
         stage = (Path(folder) / MANIFEST).is_file()
         warn(f"{e}; it is not logged to MLflow nor registered"
@@ -43,7 +43,8 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     if run_id is None:  # no MLflow run to hold them (the server was down when it was to be created)
         tracker.log_artifact(run_id, files[0], "checkpoint")  # (refused: said once, as every call for such a run)
         return None
-    held = uploaded_files(files, retrieval)
+    held = uploaded_files(files, [p.name for p in described], retrieval)
+    files += described
     if (earlier := holder(tracker, held, [p.name for p in files])) is not None:
         tracker.set_tags(run_id, {HELD_IN_TAG: earlier})
         return earlier
@@ -54,15 +55,20 @@ def log_checkpoint(tracker: Tracker, run_id: str | None, folder: str | Path, ret
     return run_id
 
 
-def uploaded_files(files: list[Path], retrieval: str | Path | None) -> str:
-    """The digest of what `log_checkpoint` uploads: the files' names and contents, the retrieval package's too."""
+def uploaded_files(files: list[Path], described: list[str], retrieval: str | Path | None) -> str:
+    """The digest of what `log_checkpoint` uploads: the model files' names and contents, the names of its MLflow
+    description's files and their version (`SIGNATURE`: their contents hold a uuid and a time of their own, so that
+    another work folder's description of the same model differs), the retrieval package's names and contents."""
+    from tracking.pyfunc import SIGNATURE
+
     package = sorted(p for p in Path(retrieval).rglob("*") if p.is_file()) if retrieval is not None else []
-    return digest_of({"checkpoint": {p.name: file_digest(p) for p in files},
+    return digest_of({"checkpoint": {p.name: file_digest(p) for p in files}, "described": [SIGNATURE, *described],
                       "retrieval": {p.relative_to(retrieval).as_posix(): file_digest(p) for p in package}})
 
 
 def holder(tracker: Tracker, held: str, names: list[str]) -> str | None:
-    """An active run of the tracker's experiment tagged as holding `held` whose `checkpoint/` still lists `names`."""
+    """An active run of the tracker's experiment tagged as holding `held` whose `checkpoint/` still lists `names` (and
+    that is still active once listed: a run deleted meanwhile lists its files until MLflow's gc removes them)."""
     if tracker.experiment_id is None:
         return None
     ok, runs = tracker.attempt(tracker.client.search_runs, [tracker.experiment_id], f"tags.{LOGGED_TAG} = '{held}'",
@@ -70,5 +76,7 @@ def holder(tracker: Tracker, held: str, names: list[str]) -> str | None:
     for run in runs if ok else []:
         ok, listed = tracker.attempt(tracker.client.list_artifacts, run.info.run_id, "checkpoint", kept=False)
         if ok and set(names) <= {Path(f.path).name for f in listed}:
-            return run.info.run_id
+            ok, now = tracker.attempt(tracker.client.get_run, run.info.run_id, kept=False)
+            if ok and now.info.lifecycle_stage == "active":
+                return run.info.run_id
     return None

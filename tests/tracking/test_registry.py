@@ -429,3 +429,46 @@ def test_a_checkpoint_an_earlier_run_of_the_experiment_holds_is_not_uploaded_aga
     last = tracker.start_run("ANCE round 1")
     assert log_checkpoint(tracker, last, checkpoint) == last
     assert "checkpoint/model.safetensors" in {a.path for a in client.list_artifacts(last, "checkpoint")}
+
+
+def test_a_version_whose_files_an_earlier_run_holds_describes_its_own_run(tmp_path, tiny_model, monkeypatch):
+    """From a review of the upload once per experiment: a version registered from a run whose checkpoint an earlier
+    run held took its model card (params, results) from the earlier run (another config, or another collection of
+    the shared experiment); a holder deleted between its search and its listing was pointed at; and another work
+    folder's MLflow description of the same model (its own uuid and time) did not match, so it uploaded again."""
+    from tests.tiny import random_head_checkpoint
+    from tracking.client import Tracker
+    from tracking.registry import RUN_TAG, download_registered_model, register_models
+    from tracking.uploads import log_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs, trackers = {}, {}
+    for name, rounds in (("a", "3"), ("b", "5")):  # two work folders, one store (workers of one server)
+        tracker = trackers[name] = Tracker(tmp_path / f"work-{name}", "ance-train", tracking_uri=store)
+        parent = tracker.start_run("pipeline")
+        tracker.log_params(parent, {"ance.rounds": rounds})
+        runs[name] = tracker.start_run("ANCE round 1", parent_id=parent)
+    first = runs["a"]
+    assert log_checkpoint(trackers["a"], first, checkpoint) == first
+    assert log_checkpoint(tracker, runs["b"], checkpoint) == first  # (work-b's own description: the same model)
+    decision = register_models(tracker, "ance-corpus", [("ANCE round 1", first, {DEV_KEY: 0.5})], "corpus", "test",
+                               logged_by={"ANCE round 1": runs["b"]})
+    version = tracker.client.get_model_version("ance-corpus", str(decision["versions"][0]))
+    assert version.run_id == first and version.tags[RUN_TAG] == runs["b"]
+    _, card = download_registered_model("models:/ance-corpus/1", tmp_path / "export", tmp_path / "work-b", store)
+    assert card["params"] == {"ance.rounds": "5"}
+    again = register_models(tracker, "ance-corpus", [("ANCE round 1", first, {DEV_KEY: 0.5})], "corpus", "test",
+                            logged_by={"ANCE round 1": runs["a"]}, digests={"ANCE round 1": "c" * 16})
+    assert again["versions"] == [2]  # (with a digest, a run again finds it whatever run registered it)
+    assert register_models(tracker, "ance-corpus", [("ANCE round 1", first, {DEV_KEY: 0.5})], "corpus", "test",
+                           logged_by={"ANCE round 1": runs["b"]}, digests={"ANCE round 1": "c" * 16})["versions"] == [2]
+    real = tracker.client.list_artifacts
+
+    def deleted_meanwhile(run_id, path=None):
+        tracker.client.delete_run(run_id)
+        return real(run_id, path)
+
+    monkeypatch.setattr(tracker.client, "list_artifacts", deleted_meanwhile)
+    late = tracker.start_run("ANCE round 1")
+    assert log_checkpoint(tracker, late, checkpoint) == late  # (the holder deleted meanwhile: uploaded)
