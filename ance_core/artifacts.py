@@ -100,7 +100,8 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # (a dataset's own dev queries are no longer in its train split); train and train-async to 1 (AdamW's fused kernel on
 # a CPU too: the same update to float rounding); fusion and fuse to 3 (a convex combination scales BM25's matches only,
 # not its filler rows); data to 4 (a 4-column qrels row whose second column is no TREC iteration is a bad row, not
-# read as TREC with its ids shifted; a 3-column header naming the grade `label` is a header).
+# read as TREC with its ids shifted, nor is a file whose iteration column holds more than 20 values; a 3-column header
+# naming the grade `label` is a header).
 STAGE_RULES: dict[str, int] = {
     "data": 4, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 1, "train-async": 1,

@@ -39,7 +39,7 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
     or TREC's (`qid iteration docid relevance`, whitespace-separated, no header: trec_eval's, pyserini's and
     ir_datasets' format), told apart line by line from the content."""
     rows: list[tuple[int, str, str, int]] = []
-    left_out, first = LeftOut(path), True
+    left_out, first, iterations = LeftOut(path), True, set()
     for number, line in read_lines(path):
         try:
             row = _qrels_row(path, number, line, first)
@@ -51,9 +51,19 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         if row is not None:  # (None: the header, which may follow lines left out)
             rows.append(row)
             left_out.keep()
+            if len(line.split("\t")) != 3 and len(parts := line.split()) == 4:  # read as TREC's
+                iterations.add(parts[1])
         first = False
     left_out.done()
+    if len(iterations) > MAX_ITERATIONS:  # `q1<TAB>4983<TAB>1<TAB>5`: a document id read as the iteration
+        raise FileLayoutError(path, f"read as TREC's qrels (query-id iteration doc-id relevance), its second column "
+                              f"holds {len(iterations):,} different values (e.g. {', '.join(sorted(iterations)[:3])}); "
+                              "TREC's iteration holds a few (0, Q0, a round's number): is it BEIR's 3 columns "
+                              "(query-id, corpus-id, score) with a fourth after the score? remove that column")
     return rows
+
+
+MAX_ITERATIONS = 20  # TREC's qrels: 0 or Q0; TREC-COVID's the round of each judgement (0.5 to 5)
 
 
 QRELS_HEADER = {"score", "relevance", "rel"}
@@ -85,9 +95,9 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
                                 "TREC's 4 columns end with the relevance", number)
             if not _number(parts[1]) and parts[1].lower() not in TREC_ITERATIONS:  # (read as TREC, `q1 d1 1 5`
                 # took d1 for the iteration, 1 for the document and 5 for its grade)
-                raise DataError(path, f"4 columns, but the second ('{parts[1]}') is not TREC's iteration (0 or Q0): "
-                                "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 (query-id "
-                                "iteration doc-id relevance)", number)
+                raise DataError(path, f"4 columns, but the second ('{parts[1]}') is not TREC's iteration (a number, "
+                                "or Q0): expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "
+                                "(query-id iteration doc-id relevance)", number)
             parts = [parts[0], parts[2], parts[3]]
         elif len(parts) != 3:
             raise DataError(path, "expected 3 tab-separated columns (query-id, corpus-id, score) or TREC's 4 "

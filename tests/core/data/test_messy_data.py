@@ -245,7 +245,7 @@ def test_a_four_column_row_whose_second_column_is_no_trec_iteration_is_a_bad_row
     folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
     (folder / "qrels" / "train.tsv").write_text("q1\td1\t1\t5\nq1 0 d1 1\nq1 Q0 d2 0\n")
     with pytest.warns(AnceWarning, match=r"train.tsv: 1 of its 3 rows .*line 1: 4 columns, but the second \('d1'\) "
-                      r"is not TREC's iteration \(0 or Q0\)"):
+                      r"is not TREC's iteration \(a number, or Q0\)"):
         ds = load_dataset(folder)
     assert sorted(ds.split_qrels("train")["doc_id"]) == ["d1", "d2"]
 
@@ -272,3 +272,19 @@ def test_a_missing_file_or_field_says_what_is_there(tmp_path):
     with pytest.raises(DataError, match=r"queries.jsonl: file not found; the folder holds queries.tsv: a BEIR "
                        "folder's queries are queries.jsonl"):
         load_dataset(folder)
+
+
+def test_a_fourth_column_after_numeric_document_ids_is_refused_not_read_as_trec(tmp_path):
+    """`q<TAB>4983<TAB>1<TAB>5` passes as TREC's `qid iteration docid relevance` row by row (4983 a number): read so,
+    a collection with numeric document ids got document 1 at grade 5. A file whose "iteration" column holds more than
+    a few values is refused; TREC-COVID's rounds (0.5 to 5) are not."""
+    corpus = [{"_id": str(k), "title": "", "text": f"passage {k}"} for k in range(40)]
+    queries = [{"_id": "q1", "text": "passage"}, {"_id": "q2", "text": "other"}]
+    folder = write_beir(tmp_path / "ds", corpus, queries, {"train": [("q1", "1", 1)], "test": [("q2", "2", 1)]})
+    (folder / "qrels" / "train.tsv").write_text("".join(f"q1\t{k}\t1\t5\n" for k in range(3, 30)))
+    with pytest.raises(DataError, match=r"train.tsv: read as TREC's qrels .*its second column holds 27 different "
+                       r"values .*remove that column"):
+        load_dataset(folder)
+    rounds = ["0.5", "1", "1.5", "2", "2.5", "3", "3.5", "4", "4.5", "5"]
+    (folder / "qrels" / "train.tsv").write_text("".join(f"q1 {rounds[k % 10]} {k} 1\n" for k in range(3, 30)))
+    assert len(load_dataset(folder).split_qrels("train")) == 27
