@@ -36,8 +36,6 @@ SOURCE_TAGS = {"folder": "dataset_folder", "content": "dataset_content"}
 
 
 DIGEST_TAG = "checkpoint_digest"
-
-
 RUN_TAG = "registered_by_run"  # the model's run that registered a version (its files may be an earlier run's)
 
 

@@ -199,7 +199,7 @@ class PipelineTracking:
         for t in timings:
             key, times = f"time_{t.stage.replace('-', '_')}_s", per_model.setdefault(t.label, {})
             times[key] = times.get(key, 0.0) + t.ref.seconds
-        curve, global_step, versions, logged_by = [], 0, [], {}
+        curve, global_step, versions = [], 0, []
         digests = {t.label: t.ref.digest for t in timings if t.stage == "train"}  # (a version per checkpoint)
         results = {row["model"]: {k: v for k, v in row.items() if k != "model"} for row in report["results"]}
         last_train = next((t for t in reversed(timings) if t.stage == "train"), None)
@@ -224,7 +224,6 @@ class PipelineTracking:
                     last_round and selected[0] == last_dense(report["results"])))
                 holder = log_checkpoint(tracker, child, t.ref.path, retrieval if result else None)
             # (a checkpoint whose files did not reach MLflow is not registered: it would download as an empty folder)
-            logged_by[t.label] = child  # (the run a version's card describes: `holder` may be an earlier one)
             if holder and t.label in results:
                 versions.append((t.label, holder, results[t.label]))
             elif holder and t is last_train:  # the asynchronous trainer: its final checkpoint is the last evaluated
@@ -238,7 +237,6 @@ class PipelineTracking:
             label = selected[0]  # the starting model, or an asynchronous round's snapshot, is the run's result
             if holder := log_checkpoint(tracker, self.child(label), selected[1].path, retrieval):
                 versions.append((label, holder, results[label]))
-                logged_by[label] = self.child(label)
                 digests[label] = selected[1].digest
         samples = [(t.label, t.ref.path) for t in timings if t.stage == "mine"]
         evaluation_of = dict(evaluations)
@@ -295,7 +293,8 @@ class PipelineTracking:
         decision = {} if self.trial else register_models(
             tracker, model_name(self.config.data.collection), versions, report["dataset"], report["split"],
             selected[0] if selected is not None and dev_setting else None, dev_setting,
-            dataset_source(self.config.data), rescored, digests, logged_by)
+            dataset_source(self.config.data), rescored, digests,
+            {label: self.children[label] for label, _, _ in versions})  # (a version's card: its model's run)
         if decision:
             tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
         if tracker.undelivered:

@@ -207,7 +207,7 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
                         'are queries.jsonl, one JSON object {"_id": ..., "text": ...} per line')
     queries = read_jsonl(queries_file, ("text",)).rename(columns={"id": "query_id"})
     if queries.empty:
-        raise DataError(folder / "queries.jsonl", "no queries: the file is empty (a query is a line "
+        raise DataError(queries_file, "no queries: the file is empty (a query is a line "
                         '{"_id": ..., "text": ...})')
     qrels_dir = folder / "qrels"
     files = beir_qrels(qrels_dir)
