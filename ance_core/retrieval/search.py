@@ -186,10 +186,13 @@ def write_trec(run: pd.DataFrame, path: str | Path, tag: str) -> None:
     """A run as a TREC run file: `qid Q0 docid rank score tag` per line (the tag's spaces as `_`: a column is one
     word). Written beside and renamed into place when whole: a failure leaves no half-written file."""
     tag = "_".join(str(tag).split()) or "run"
+    # each score exactly, so that it reads back in its rank: at 6 decimals, float32 scores 0.5000004 and 0.5000001
+    # were read back as a tie (and ance evaluate --run scored another ranking); a fused run's float64 scores need
+    # more digits than float32's 9 (RRF sums of 1/(k + rank) differ in the 10th)
+    exact = "{:.9g}".format if run["score"].dtype == np.float32 else repr
     with replaced_file(path, encoding="utf-8") as f:
         for q, d, r, s in run[RUN_COLUMNS].itertuples(index=False):
-            f.write(f"{q} Q0 {d} {r} {s:.9g} {tag}\n")  # (float32 exactly: at 6 decimals, scores 0.5000004 and
-            # 0.5000001 were read back as a tie, and ance evaluate --run scored another ranking)
+            f.write(f"{q} Q0 {d} {r} {exact(float(s))} {tag}\n")
 
 
 def read_trec(path: str | Path) -> pd.DataFrame:

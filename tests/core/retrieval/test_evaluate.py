@@ -72,6 +72,14 @@ def test_a_trec_run_file_reads_back_ranked_by_score_and_bad_lines_are_named(tmp_
                         "score": [2.5, 1.0, 0.5]})
     write_trec(run, tmp_path / "run.trec", "my model")  # a tag is one column: its space written as _
     pd.testing.assert_frame_equal(read_trec(tmp_path / "run.trec"), run)
+    # float64 scores (a fused run's) read back exactly: two RRF sums (ranks 5 and 150, 3 and 174) that 9 digits tied
+    fused = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "b"], "rank": [1, 2],
+                          "score": [1 / 65 + 1 / 210, 1 / 63 + 1 / 234]})
+    assert fused["score"].iloc[0] > fused["score"].iloc[1]
+    write_trec(fused, tmp_path / "fused.trec", "fused")
+    pd.testing.assert_frame_equal(read_trec(tmp_path / "fused.trec"), fused, check_exact=True)  # (evaluation
+    # ranks a tie as trec_eval does, by document id: b first)
+    (tmp_path / "fused.trec").unlink()
     assert {line.split()[-1] for line in (tmp_path / "run.trec").read_text().splitlines()} == {"my_model"}
     with pytest.raises(KeyError):  # a failure leaves no file, whole or half
         write_trec(run.drop(columns="score"), tmp_path / "failed.trec", "sys")
