@@ -51,7 +51,8 @@ def bm25(
 def evaluate(
     checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder written by training (or init), or a "
                                                     "registered model's URI, `models:/<name>@<alias>` or "
-                                                    "`models:/<name>/<version>` (in --work-dir's MLflow store)")] = None,
+                                                    "`models:/<name>/<version>` (in --work-dir's MLflow "
+                                                    "store)")] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Score this TREC run file (any system's: qid Q0 docid "
                                              "rank score tag) instead of a checkpoint")] = None,
     dataset: Annotated[str, typer.Option(help="Dataset name under the data home, or a folder")] = "scifact",

@@ -55,12 +55,17 @@ RESULT = "distributed_result.json"
 # ---------------------------------------------------------------- the launcher (the task's side)
 
 
+try:  # resolved here, in the task's process: the forked child must not dlopen (another thread may hold its lock)
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
-    """Linux: the launcher gets SIGTERM (and stops its ranks) when the task's process dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    """Linux: the launcher gets SIGTERM (and stops its ranks) when the task's process dies, even by SIGKILL. Runs in
+    the forked child before exec: one call of a function resolved before the fork."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -122,6 +127,14 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
                         f"GPU of its own; set world_size to at most {gpus}, or hide the GPUs (CUDA_VISIBLE_DEVICES=) "
                         f"to train {world_size} processes on the CPU")
     out.mkdir(parents=True, exist_ok=True)
+    if (summary := _summary(out)) is not None:  # an earlier launch whose ranks finished (the model saved, its
+        # checkpoints gone) was stopped while the last records' callbacks ran: deliver them, do not train again
+        for record in LogTail(out / TRAIN_LOG, seen=resumed_step).records():
+            for callback in callbacks:
+                callback(record)
+        (out / RESULT).unlink()
+        (out / SPEC).unlink(missing_ok=True)
+        return summary
     (out / RESULT).unlink(missing_ok=True)
     (out / SPEC).write_text(json.dumps(spec | {"out": str(out), "world_size": world_size}, indent=1))
     if (out / TRAIN_LOG).is_file():  # cut back here, as rank 0 will once it starts: the tail's first polls must not
@@ -153,11 +166,7 @@ def finished_summary(out: Path, returncode: int, world_size: int) -> dict:
     """Rank 0's training summary, written once the trained model was saved and its checkpoints removed. With a
     summary, a failing exit status is the ranks' teardown (a crash at exit): the training is kept, with a warning (an
     error would retrain it from step 0: its checkpoints are gone). Without one, the training failed."""
-    try:
-        summary = json.loads((out / RESULT).read_text())
-    except (OSError, ValueError):
-        summary = None
-    if summary is None:
+    if (summary := _summary(out)) is None:
         raise AnceError(f"distributed training on {world_size} processes failed (torchrun exit status "
                         f"{returncode}; the ranks' errors are in the log above); a re-run resumes from the "
                         f"latest checkpoint in {out}")
@@ -166,6 +175,14 @@ def finished_summary(out: Path, returncode: int, world_size: int) -> dict:
              f"rank 0 saved the trained model and its summary (a failure at the ranks' exit; their errors are in the "
              f"log above): the trained model in {out} is kept")
     return summary
+
+
+def _summary(out: Path) -> dict | None:
+    """Rank 0's training summary in `out`, None where there is none (written whole or not at all: `main`)."""
+    try:
+        return json.loads((out / RESULT).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- a rank (torchrun's side)

@@ -311,7 +311,8 @@ def train(
                 record[DEV_METRIC] = dev.check.score(model, tokenizer, meta)
                 model.train()
                 improved = best.checked(step, record[DEV_METRIC])
-            log_step(record)
+            if ranks.world == 1:
+                log_step(record)
             keep = improved and step < total  # a new best: resumable from it before it is kept as the best
             if snapshot or due or keep:
                 rng = rng_states(ranks)  # every rank's: a collective
@@ -322,7 +323,8 @@ def train(
                 writer.wait()  # on disk before on_snapshot publishes the step, or a drill below stops the process
             if keep:
                 best.save(out, lambda folder, step=step, rng=rng: save_state(folder, step=step, rng=rng, **state))
-            if ranks.world > 1:
+            if ranks.world > 1:  # the launcher's callbacks (a drill) run on the log's records: after the checkpoint
+                log_step(record)
                 fault_point(f"train-rank{ranks.rank}", step)  # a drill stops one rank here (tests)
             if not ranks.main:
                 continue

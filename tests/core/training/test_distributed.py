@@ -487,3 +487,51 @@ def test_a_failing_exit_after_the_summary_keeps_the_training(tmp_path):
     with pytest.warns(AnceWarning, match=r"ended with torchrun exit status -6 after rank 0 saved the trained model .* "
                                          r"is kept"):
         assert finished_summary(tmp_path, -6, 2) == {"steps": 4}
+
+
+def test_a_drill_at_a_checkpoint_step_finds_that_checkpoint_on_disk(tiny_model, stage_inputs, tmp_path, monkeypatch):
+    """Found by a review: under DDP rank 0 logged a step's record before writing its checkpoint, and the launcher's
+    callbacks (the task's `train@N` drill) run on the records it tails, so the drill could stop the ranks with step
+    N's checkpoint not yet written (here each write takes 3 s) and the retry resumed from an earlier one."""
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "ckpt")
+    cfg = TrainConfig(**CFG | {"checkpoint_every": 3}, max_steps=12, world_size=2)  # (stopped while writing step 9's)
+    monkeypatch.setenv("ANCE_FAULT", "train@6")  # armed: the ranks wait for a checkpoint before its step goes on
+    monkeypatch.setenv("ANCE_FAULT_HOOK", "tests.core.training.slow_checkpoints")
+
+    def drill(record):
+        if record["step"] == 6:
+            raise RuntimeError("drill at step 6")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="drill at step 6"):
+        launch(_spec(checkpoint, stage_inputs, cfg), out, 2, callbacks=[drill])
+    assert "step-000006" in [p.name for p in (out / "checkpoints").iterdir()]
+    assert [r["step"] for r in _log(out)][:6] == list(range(1, 7))
+
+
+def test_a_launch_stopped_after_its_ranks_finished_is_not_trained_again(tiny_model, stage_inputs, tmp_path):
+    """Found by a review: rank 0 writes its summary once the model is saved and its checkpoints removed; a launcher
+    stopped after that while it ran the last records' callbacks left the summary, and the retry's launch removed it
+    and trained again from step 0. Now it delivers the records and returns the summary; the model stays as saved."""
+    from ance_core.training.distributed import RESULT
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "ckpt")
+    cfg = TrainConfig(**CFG, max_steps=4, world_size=2)
+    out = tmp_path / "out"
+
+    def stopped_at_the_end(record):
+        deadline = time.monotonic() + 120
+        while record["step"] == 4 and not (out / RESULT).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if record["step"] == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch(_spec(checkpoint, stage_inputs, cfg), out, 2, callbacks=[stopped_at_the_end])
+    assert (out / RESULT).exists() and not (out / "checkpoints").exists()
+    saved = (out / "model.safetensors").stat()
+    records = []
+    summary = launch(_spec(checkpoint, stage_inputs, cfg), out, 2, callbacks=[records.append])
+    assert summary["steps"] == 4 and [r["step"] for r in records] == [1, 2, 3, 4]
+    assert (out / "model.safetensors").stat().st_mtime_ns == saved.st_mtime_ns
+    assert not (out / RESULT).exists() and not (out / "distributed.json").exists()
