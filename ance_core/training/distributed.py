@@ -6,8 +6,9 @@ What runs where:
 - each of the N ranks (`gloo` on CPU, `nccl` on CUDA with one GPU per rank) runs `ance_core.training.loop.train` on its
   slice of every global batch; `batch_size` stays the number of queries per optimizer step over all ranks, so a
   run's epochs, steps and learning-rate schedule do not depend on N;
-- each rank reads only what it trains on: the passages its negatives name, from the data folder's corpus.parquet by
-  row (ance_core/data/corpus.py; every rank derives the same rows from the id column), tokenized once per stage;
+- each rank reads the passages the stage's negatives name (not the whole corpus), from the data folder's
+  corpus.parquet by row (ance_core/data/corpus.py; every rank derives the same rows from the id column), and
+  tokenizes them once per stage: every rank holds the token tables of all the stage's pairs, not of its slice;
 - in-batch negatives span the ranks: each rank all-gathers the others' query and passage embeddings and puts its own
   in their place with their gradient (DPR, tevatron), computes the loss of the whole batch and scales it by N for
   DDP's gradient average: N ranks x b queries train the objective of one process with N*b;
