@@ -23,7 +23,7 @@ from ance_core.data.dataset import read_tables
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.recipes import recipe_config, recipe_drift
+from ance_core.pipeline.recipes import form_rebased, recipe_config, recipe_drift
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
     Candidate,
@@ -340,7 +340,11 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
     """
     if config.data.dev_split is None:
         raise AnceError(no_dev_split(config))
-    if drift := recipe_drift(config, tune.recipe):  # (a run form opens with the default recipe's values)
+    config, taken = form_rebased(config, tune.recipe, TuneConfig().recipe)  # (a run form opens with its values)
+    if taken:
+        print(f"tune.recipe '{tune.recipe}': the config held the run form's '{TuneConfig().recipe}' values, so the "
+              f"search's base takes '{tune.recipe}''s: {', '.join(taken)}")
+    if drift := recipe_drift(config, tune.recipe):
         warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
              f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")
     with live_run(config.work_dir, "ance-tune"):

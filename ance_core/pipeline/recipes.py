@@ -76,12 +76,32 @@ def recipe_drift(config: PipelineConfig, name: str) -> list[str]:
     drift = []
     for setting in recipe_sets(name):
         path, value = setting.split("=", 1)
-        node: Any = config  # (its attributes, not its dump: a dump leaves out options at their unsaid values)
-        for key in path.split("."):
-            node = getattr(node, key)
-        if _text(node) != value:
+        if _text(node := _at(config, path)) != value:
             drift.append(f"{path}={value} (the config: {_text(node)})")
     return drift
+
+
+def form_rebased(config: PipelineConfig, name: str, form: str) -> tuple[PipelineConfig, list[str]]:
+    """`config` as a Prefect run form sent it, with recipe `name`'s settings in place of recipe `form`'s when it holds
+    every setting in which the two differ at `form`'s value: the form opens with `form`'s values (its default) and
+    cannot leave a setting unset, so choosing `name` elsewhere in the form (tune.recipe) and leaving the config as it
+    opened ran `form`'s recipe under `name`'s label. A config that holds any of those settings otherwise (`ance tune
+    --recipe full`: built from `name`, or a form whose user changed one) is returned as it is. Also the settings taken,
+    as `path=value`."""
+    theirs, ours = recipe_config(name), recipe_config(form)
+    paths = dict.fromkeys(s.split("=", 1)[0] for s in recipe_sets(form) + recipe_sets(name))
+    differ = [p for p in paths if _text(_at(theirs, p)) != _text(_at(ours, p))]
+    if not differ or any(_text(_at(config, p)) != _text(_at(ours, p)) for p in differ):
+        return config, []
+    sets = [f"{p}={_text(_at(theirs, p))}" for p in differ]
+    return load_config(None, PipelineConfig, sets, base=config.model_dump(mode="json")), sets
+
+
+def _at(config: PipelineConfig, path: str) -> Any:
+    node: Any = config  # (its attributes, not its dump: a dump leaves out options at their unsaid values)
+    for key in path.split("."):
+        node = getattr(node, key)
+    return node
 
 
 def recipe_config(name: str, sets: Sequence[str] = (), path: str | Path | None = None, **overrides: Any

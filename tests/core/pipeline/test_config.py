@@ -210,6 +210,38 @@ def test_recipe_drift_names_the_recipes_values_a_config_does_not_hold():
                                                            "ance.hidden_dropout=0.0 (the config: null)"]
 
 
+def test_a_config_left_at_the_run_forms_recipe_takes_the_recipe_the_search_names(monkeypatch):
+    """Found by a review of the Prefect UI's forms: ance-tune's (and ance-train-auto's) form opens with demo's config,
+    and choosing tune.recipe full-maxp there only warned, then searched demo's settings under full-maxp's name. A
+    config holding the form's values in every setting where the two recipes differ now takes the named recipe's; a
+    config built from the recipe (the CLI) or with one of them changed by the user is kept as given."""
+    from ance_core.pipeline.recipes import form_rebased, recipe_config, recipe_drift
+
+    for name in ("full", "full-maxp"):
+        rebased, taken = form_rebased(recipe_config("demo", ["data.dataset=mine"]), name, "demo")
+        assert rebased == recipe_config(name, ["data.dataset=mine"]) and recipe_drift(rebased, name) == []
+        assert "rounds=2" in taken and "warmup.hidden_dropout=null" in taken  # (demo's own settings undone too)
+    assert form_rebased(recipe_config("demo"), "demo", "demo") == (recipe_config("demo"), [])
+    as_built = recipe_config("full", ["warmup.epochs=1"])  # `ance tune --recipe full --set warmup.epochs=1`
+    assert form_rebased(as_built, "full", "demo") == (as_built, [])
+    changed = recipe_config("demo", ["rounds=3"])  # the user changed a setting the recipes differ in: theirs
+    assert form_rebased(changed, "full", "demo") == (changed, [])
+
+    import flows.tune as tune_flow
+    from ance_core.pipeline.tune import TuneConfig
+
+    class Seen(Exception):
+        pass
+
+    def seen(config, name):
+        raise Seen(config)
+
+    monkeypatch.setattr(tune_flow, "recipe_drift", seen)  # the search's base, once the flow has rebased it
+    with pytest.raises(Seen) as base:
+        tune_flow.tune_recipe.fn(recipe_config("demo"), TuneConfig(recipe="full-maxp"))
+    assert base.value.args[0] == recipe_config("full-maxp")
+
+
 @pytest.mark.parametrize("sets, field, said", [
     (["rounds=true"], "rounds", "true is not a number"),  # (pydantic took it as 1: a run of one round)
     (["warmup.learning_rate=false"], "warmup.learning_rate", "false is not a number"),
