@@ -5,10 +5,12 @@ Both reuse the pipeline's cached stage tasks: a stage a pipeline run built with 
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from pydantic import ValidationError
 
-from ance_core.artifacts import ArtifactRef
+from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
+from ance_core.pipeline.config import validation_message
 from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.retrieval.fusion import Fusion
@@ -57,15 +59,19 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
             "k": RRF's} (a pipeline run's choice on its dev split; null: reciprocal-rank fusion), "bm25": the BM25
             settings it fused with}.
     """
+    fusing = checked_hybrid(hybrid) if hybrid is not None else None  # (before any work: a UI form's JSON box)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         ref = held_checkpoint(local_checkpoint(work_dir, checkpoint))  # the checkpoint too
         tables = run_task(prepare_data, data, work_dir)
         split = split or data.eval_split
+        if split not in (splits := read_manifest(tables.path)["summary"].get("splits", [])):  # (before the corpus
+            # is encoded: a misspelt split was said once the index was built)
+            raise AnceError(f"split '{split}': {data.collection} has no such split (its splits: {', '.join(splits)})")
         evaluation = evaluation_for(evaluation, tables)
         refs = evaluate_stages(ref, tables, split, evaluation, encode, index, work_dir, execution=execution)
         metrics = read_metrics(refs["evaluate"])
         if hybrid is not None:
-            metrics = fused_metrics(refs["retrieve"], tables, split, evaluation, hybrid, work_dir) | {"dense": metrics}
+            metrics = fused_metrics(refs["retrieve"], tables, split, evaluation, *fusing, work_dir) | {"dense": metrics}
     # what a run started from the UI shows on its page (its return value is not shown there)
     flat = {k: v for k, v in metrics.items() if k != "dense"}
     fused = hybrid is not None  # (`{}` fuses too, by RRF: said as fused, not as the checkpoint's own)
@@ -77,17 +83,37 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
     return metrics
 
 
-def fused_metrics(dense: ArtifactRef, tables: ArtifactRef, split: str, evaluation: EvalConfig, hybrid: dict,
-                  work_dir: str) -> dict:
-    """The metrics of the dense run `dense` fused with BM25's (`evaluate_checkpoint`'s `hybrid`), by the pipeline's
-    hybrid-row stages: BM25's run of the split, the fusion (the given one, or RRF), the fused run and its
-    evaluation."""
-    bm25 = BM25Config.model_validate(hybrid.get("bm25") or {})
-    sparse = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
+HYBRID_KEYS = ("fusion", "bm25")
+
+
+def checked_hybrid(hybrid: dict) -> tuple[BM25Config, dict | None]:
+    """`evaluate_checkpoint`'s `hybrid` read: its BM25 settings and its fusion (None: RRF), or an error naming what
+    is wrong in it (a misspelt key was ignored, and a bad fusion said once the corpus was encoded)."""
+    if not isinstance(hybrid, dict):
+        raise AnceError(f"hybrid: a mapping of {' and '.join(HYBRID_KEYS)}, not {hybrid!r}")
+    if unknown := [k for k in hybrid if k not in HYBRID_KEYS]:
+        raise AnceError(f"hybrid: {', '.join(map(repr, unknown))} is no key of it; it takes "
+                        f"{' and '.join(HYBRID_KEYS)}")
+    try:
+        bm25 = BM25Config.model_validate(hybrid.get("bm25") or {})
+    except ValidationError as e:
+        raise AnceError("; ".join(
+            f"hybrid.bm25.{'.'.join(map(str, err['loc']))}: " + (
+                f"not a setting of hybrid.bm25 (its settings: {', '.join(BM25Config.model_fields)})"
+                if err["type"] == "extra_forbidden" else validation_message(err)) for err in e.errors())) from None
     try:
         given = Fusion.of(hybrid["fusion"]).as_dict() if hybrid.get("fusion") else None
     except AnceError as e:
         raise AnceError(f"hybrid.fusion: {e}; null for RRF") from None
+    return bm25, given
+
+
+def fused_metrics(dense: ArtifactRef, tables: ArtifactRef, split: str, evaluation: EvalConfig, bm25: BM25Config,
+                  given: dict | None, work_dir: str) -> dict:
+    """The metrics of the dense run `dense` fused with BM25's (`evaluate_checkpoint`'s `hybrid`, `checked_hybrid`),
+    by the pipeline's hybrid-row stages: BM25's run of the split, the fusion (`given`, or RRF), the fused run and its
+    evaluation."""
+    sparse = run_task(bm25_run, tables, bm25, split, bm25.top_k, work_dir)
     choice = run_task(fusion_choice, None, None, tables, None, work_dir, evaluation, given)
     fused = run_task(fused_run, dense, sparse, choice, work_dir, evaluation.top_k, evaluation.ignore_identical_ids)
     return read_metrics(run_task(evaluate, fused, tables, split, work_dir, evaluation))

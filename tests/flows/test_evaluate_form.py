@@ -1,0 +1,42 @@
+"""The evaluate deployment's parameters as the Prefect UI's run form sends them: what is wrong in them is said before
+the corpus is encoded (found by a review of the UI's forms: `hybrid` is a free JSON box there)."""
+
+import pytest
+
+from ance_core.errors import AnceError
+from tests.tiny import random_head_checkpoint
+
+
+@pytest.mark.parametrize("hybrid, said", [
+    ({"fusoin": {"method": "convex", "weight": 0.7}}, r"hybrid: 'fusoin' is no key of it; it takes fusion and bm25"),
+    ({"fusion": {"method": "convex"}}, r"hybrid.fusion: not a fusion record: .* weight is a number from 0 to 1"),
+    ({"bm25": {"k1": -1}}, r"hybrid.bm25.k1: .*greater than 0"),
+    ({"bm25": {"kk": 1}}, r"hybrid.bm25.kk: not a setting of hybrid.bm25 \(its settings: k1, b, method"),
+    ("rrf", r"hybrid: a mapping of fusion and bm25, not 'rrf'"),
+])
+def test_a_bad_hybrid_is_refused_naming_its_key_before_any_work(hybrid, said, tmp_path):
+    from flows.evaluate import evaluate_checkpoint
+
+    with pytest.raises(AnceError, match=said):
+        evaluate_checkpoint.fn(str(tmp_path / "no-checkpoint"), work_dir=str(tmp_path / "work"), hybrid=hybrid)
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_good_hybrid_reads_as_its_bm25_and_fusion():
+    from ance_core.retrieval.config import BM25Config
+    from flows.evaluate import checked_hybrid
+
+    assert checked_hybrid({}) == (BM25Config(), None)
+    assert checked_hybrid({"fusion": {"method": "convex", "weight": 0.7}, "bm25": {"k1": 1.2}}) == (
+        BM25Config(k1=1.2), {"method": "convex", "weight": 0.7, "k": 60})
+
+
+def test_a_split_the_dataset_does_not_have_is_said_before_the_corpus_is_encoded(tiny_model, tiny_scifact, tmp_path):
+    from ance_core.data.config import DataConfig
+    from flows.evaluate import evaluate_checkpoint
+
+    checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    with pytest.raises(AnceError, match=r"split 'tset': tiny has no such split \(its splits: .*test"):
+        evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny"),
+                            work_dir=str(tmp_path / "work"), split="tset")
+    assert (tmp_path / "work" / "data").is_dir() and not (tmp_path / "work" / "encode").exists()
