@@ -29,6 +29,7 @@ from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.modeling.model import META_FILE, read_meta
+from ance_core.pipeline.config import WorkDir
 from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
@@ -178,7 +179,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
 @flow(name="compress", log_prints=True)
 def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                   index: IndexConfig = IndexConfig(), compression: CompressConfig = CompressConfig(),
-                  work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
+                  work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig(),
                   evaluation: EvalConfig = EvalConfig()) -> dict:
     """Compress a trained checkpoint's embeddings: `checkpoint`, else the champion `models:/ance-<dataset>@champion`,
     else the newest model of the work folder (<work_dir>/latest.json).

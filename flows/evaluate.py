@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
-from ance_core.pipeline.config import validation_message
+from ance_core.pipeline.config import WorkDir, validation_message
 from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.retrieval.fusion import Fusion
@@ -26,8 +26,8 @@ from tasks.refresh import evaluate_stages
 
 
 @flow(name="bm25-baseline")
-def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(), work_dir: str = "work",
-                  evaluation: EvalConfig = EvalConfig(), split: str | None = None) -> dict:
+def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(),
+                  work_dir: WorkDir = "work", evaluation: EvalConfig = EvalConfig(), split: str | None = None) -> dict:
     """BM25's metrics on `split` (default: data.eval_split)."""
     split = split or data.eval_split
     with live_run(work_dir, "bm25-baseline"):  # the stages it uses, which garbage collection leaves
@@ -40,7 +40,7 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
 @flow(name="evaluate")
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
-                        work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig(),
+                        work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig(),
                         split: str | None = None, hybrid: dict | None = None) -> dict:
     """The checkpoint's metrics on `split` (default: data.eval_split); with `hybrid`, those of its ranking fused with
     BM25's, as a pipeline's hybrid row (`dense`: the checkpoint's own).

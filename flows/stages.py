@@ -8,7 +8,7 @@ from ance_core.artifacts import write_json
 from ance_core.data.config import DataConfig
 from ance_core.modeling.model import checkpoint_ref
 from ance_core.negatives.config import MiningConfig
-from ance_core.pipeline.config import PipelineConfig
+from ance_core.pipeline.config import PipelineConfig, WorkDir
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.run_records import live_run
 from ance_core.training.config import TrainConfig
@@ -41,7 +41,7 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
 @flow(name="refresh-negatives", log_prints=True)
 def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
-                           round_number: int = 1, work_dir: str = "work",
+                           round_number: int = 1, work_dir: WorkDir = "work",
                            execution: ExecutionConfig = ExecutionConfig(),
                            result_file: str | None = None, train: TrainConfig | None = None,
                            bm25: BM25Config = BM25Config()) -> dict[str, str]:
@@ -76,7 +76,7 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
 
 @flow(name="encode", log_prints=True)
 def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
-                work_dir: str = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
+                work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """The corpus encoded with a checkpoint: a task per shard of `encode.shard_size` documents on the `execution`
     runner, assembled into one encode folder (the one the pipeline's stages use).
 

@@ -1,5 +1,5 @@
-"""The evaluate deployment's parameters as the Prefect UI's run form sends them: what is wrong in them is said before
-the corpus is encoded (found by a review of the UI's forms: `hybrid` is a free JSON box there)."""
+"""What the Prefect UI's run forms send, refused before any work where it is wrong (found by a review of the forms:
+the evaluate deployment's `hybrid` is a free JSON box there, and some flows took any text as their work folder)."""
 
 import pytest
 
@@ -40,3 +40,21 @@ def test_a_split_the_dataset_does_not_have_is_said_before_the_corpus_is_encoded(
         evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny"),
                             work_dir=str(tmp_path / "work"), split="tset")
     assert (tmp_path / "work" / "data").is_dir() and not (tmp_path / "work" / "encode").exists()
+
+
+@pytest.mark.parametrize("entrypoint", ["flows.evaluate:evaluate_checkpoint", "flows.evaluate:bm25_baseline",
+                                        "flows.stages:refresh_negatives_flow", "flows.stages:encode_flow",
+                                        "flows.compress:compress_flow"])
+def test_an_empty_work_dir_in_a_form_is_refused_before_the_run_starts(entrypoint):
+    """Found by the same review: these flows took any text as their work folder, and an empty one wrote the stages
+    into the worker's current folder (the pipeline's config refused it already)."""
+    import importlib
+
+    from prefect.exceptions import ParameterTypeError
+
+    module, name = entrypoint.split(":")
+    flow = getattr(importlib.import_module(module), name)
+    parameters = {"checkpoint": "/c"} if "checkpoint" in flow.parameters.properties else {}
+    flow.validate_parameters(parameters | {"work_dir": "work"})
+    with pytest.raises(ParameterTypeError, match=r"work_dir[\s\S]*empty: the stages would be written into the current"):
+        flow.validate_parameters(parameters | {"work_dir": " "})
