@@ -28,6 +28,7 @@ from ance_core.run_records import live_run
 from ance_core.training.plan import check_precision
 from flows.book import RunBook, Trial
 from flows.compress import check_compression, compress_model, log_compression, public_rows
+from flows.names import dataset_run_name
 from flows.start import held_checkpoint, record_latest, trained_checkpoint, with_local_start
 from tasks.common import held_result, run_task
 from tasks.data import prepare_data
@@ -40,7 +41,7 @@ from tasks.train_async import train_async
 from tracking.registry import check_model_name
 
 
-@flow(name="ance-train", log_prints=True)
+@flow(name="ance-train", flow_run_name=dataset_run_name, log_prints=True)
 def ance_pipeline(config: PipelineConfig = PipelineConfig()) -> dict:
     """The whole pipeline: BM25 warm-up, ANCE rounds (encode, index, mine, train), every model evaluated, the run's
     result chosen on the dev split and registered in MLflow.
@@ -282,7 +283,7 @@ def negatives_in_use(refresh: dict, round_: int, first: ArtifactRef) -> Artifact
     return ArtifactRef(swaps[-1]["negatives"], Path(swaps[-1]["negatives"]).name)
 
 
-@flow(name="retrain", log_prints=True)
+@flow(name="retrain", flow_run_name=dataset_run_name, log_prints=True)
 def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
     """ANCE rounds from the champion model, `models:/ance-<dataset>@champion` in the MLflow registry (the scheduled
     deployment runs this).

@@ -10,12 +10,13 @@ from ance_core.pipeline.config import PipelineConfig
 from ance_core.pipeline.recipes import recipe_config
 from ance_core.pipeline.tune import TuneConfig
 from flows.ance_pipeline import ance_pipeline, check_pipeline
+from flows.names import dataset_run_name
 from flows.tune import tune_recipe
 
 SEARCH_KEYS = ("winner", "overrides", "reason", "stopped", "report_dir", "mlflow_run_id")
 
 
-@flow(name="ance-train-auto", log_prints=True)
+@flow(name="ance-train-auto", flow_run_name=dataset_run_name, log_prints=True)
 def tune_and_train(config: PipelineConfig = recipe_config(TuneConfig().recipe),
                    tune: TuneConfig = TuneConfig()) -> dict:
     """The recipe chosen on the dev split of `config`'s dataset, then trained.

@@ -19,6 +19,7 @@ from ance_core.pipeline.config import CompareConfig
 from ance_core.pipeline.report import COLUMNS, StageTiming, markdown_table
 from ance_core.run_records import live_run
 from flows.book import RunBook
+from flows.names import dataset_run_name
 from tasks.analysis import score_profile_task
 from tasks.common import run_task
 from tasks.model import init_checkpoint
@@ -29,7 +30,7 @@ COMPARISON_MD = "comparison.md"
 WARMUP = "BM25 warm-up"
 
 
-@flow(name="compare-negatives", log_prints=True)
+@flow(name="compare-negatives", flow_run_name=dataset_run_name, log_prints=True)
 def compare_negatives(config: CompareConfig = CompareConfig()) -> dict:
     """The same model trained with each negative sampler from one BM25 warm-up checkpoint, in a table.
 

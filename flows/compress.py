@@ -34,6 +34,7 @@ from ance_core.pipeline.report import markdown_table, read_metrics
 from ance_core.retrieval.ann import check_ann_options
 from ance_core.retrieval.config import EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.run_records import live_run
+from flows.names import dataset_run_name
 from flows.publish import flow_tags
 from flows.start import held_checkpoint, trained_checkpoint
 from tasks.common import run_task
@@ -176,7 +177,7 @@ def log_compression(tracker: Tracker, parent: str | None, result: dict, config: 
     return {"run_id": run, "registered": registered}
 
 
-@flow(name="compress", log_prints=True)
+@flow(name="compress", flow_run_name=dataset_run_name, log_prints=True)
 def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                   index: IndexConfig = IndexConfig(), compression: CompressConfig = CompressConfig(),
                   work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig(),

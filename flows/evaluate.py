@@ -15,6 +15,7 @@ from ance_core.pipeline.report import COLUMNS, read_metrics
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
 from ance_core.retrieval.fusion import Fusion
 from ance_core.run_records import live_run
+from flows.names import dataset_run_name
 from flows.publish import artifact_key, publish
 from flows.start import held_checkpoint, local_checkpoint
 from tasks.bm25 import bm25_run
@@ -25,7 +26,7 @@ from tasks.fusion import fused_run, fusion_choice
 from tasks.refresh import evaluate_stages
 
 
-@flow(name="bm25-baseline")
+@flow(name="bm25-baseline", flow_run_name=dataset_run_name)
 def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config(),
                   work_dir: WorkDir = "work", evaluation: EvalConfig = EvalConfig(), split: str | None = None) -> dict:
     """BM25's metrics on `split` (default: data.eval_split)."""
@@ -37,7 +38,7 @@ def bm25_baseline(data: DataConfig = DataConfig(), bm25: BM25Config = BM25Config
         return read_metrics(run_task(evaluate, run, tables, split, work_dir, evaluation))
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", flow_run_name=dataset_run_name)
 def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                         index: IndexConfig = IndexConfig(), evaluation: EvalConfig = EvalConfig(),
                         work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig(),

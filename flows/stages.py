@@ -12,13 +12,14 @@ from ance_core.pipeline.config import PipelineConfig, WorkDir
 from ance_core.retrieval.config import BM25Config, EncodeConfig, ExecutionConfig, IndexConfig
 from ance_core.run_records import live_run
 from ance_core.training.config import TrainConfig
+from flows.names import dataset_run_name
 from tasks.common import run_task
 from tasks.data import prepare_data
 from tasks.encode import encode_corpus
 from tasks.refresh import refresh_negatives
 
 
-@flow(name="bm25-warmup", log_prints=True)
+@flow(name="bm25-warmup", flow_run_name=dataset_run_name, log_prints=True)
 def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     """Train the starting model on BM25 negatives (the paper's warm-up; `bm25_negatives.sampler` picks others) and
     evaluate it: the pipeline with `warmup_only`, so the warm-up is planned (its learning-rate schedule, dev checks, a
@@ -74,7 +75,7 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
     return folders
 
 
-@flow(name="encode", log_prints=True)
+@flow(name="encode", flow_run_name=dataset_run_name, log_prints=True)
 def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                 work_dir: WorkDir = "work", execution: ExecutionConfig = ExecutionConfig()) -> dict:
     """The corpus encoded with a checkpoint: a task per shard of `encode.shard_size` documents on the `execution`

@@ -41,6 +41,7 @@ from ance_core.pipeline.tune import (
 )
 from ance_core.run_records import live_run
 from flows.ance_pipeline import check_dev_folds, check_pipeline
+from flows.names import dataset_run_name
 from flows.publish import artifact_key, flow_tags, publish
 from flows.trial import EXPERIMENT, SEED_FIELDS, read_trial, trial, trial_config
 from flows.tune_report import report
@@ -329,7 +330,7 @@ def no_dev_split(config: PipelineConfig) -> str:
             "(raise it, e.g. 0.2, or add the split)")
 
 
-@flow(name="ance-tune", log_prints=True)
+@flow(name="ance-tune", flow_run_name=dataset_run_name, log_prints=True)
 def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tune: TuneConfig = TuneConfig()) -> dict:
     """Choose the recipe on the dev split of `config`'s dataset (module docstring). Returns the winner's name,
     overrides and whole config, and where the search's report is.

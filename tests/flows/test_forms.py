@@ -1,6 +1,8 @@
 """What the Prefect UI's run forms send, refused before any work where it is wrong (found by a review of the forms:
 the evaluate deployment's `hybrid` is a free JSON box there, and some flows took any text as their work folder)."""
 
+import re
+
 import pytest
 
 from ance_core.errors import AnceError
@@ -32,14 +34,21 @@ def test_a_good_hybrid_reads_as_its_bm25_and_fusion():
 
 
 def test_a_split_the_dataset_does_not_have_is_said_before_the_corpus_is_encoded(tiny_model, tiny_scifact, tmp_path):
+    from prefect.client.orchestration import get_client
+
     from ance_core.data.config import DataConfig
     from flows.evaluate import evaluate_checkpoint
 
     checkpoint = random_head_checkpoint(tiny_model, tmp_path / "checkpoint")
+    state = evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny"),
+                                work_dir=str(tmp_path / "work"), split="tset", return_state=True)
     with pytest.raises(AnceError, match=r"split 'tset': tiny has no such split \(its splits: .*test"):
-        evaluate_checkpoint(str(checkpoint), DataConfig(dataset=str(tiny_scifact), name="tiny"),
-                            work_dir=str(tmp_path / "work"), split="tset")
+        state.result()
     assert (tmp_path / "work" / "data").is_dir() and not (tmp_path / "work" / "encode").exists()
+    # the run is named after its collection in the UI's lists (and MLflow's), not by two random words alone
+    with get_client(sync_client=True) as client:
+        name = client.read_flow_run(state.state_details.flow_run_id).name
+    assert re.fullmatch(r"tiny-[a-z]+-[a-z]+", name), name
 
 
 @pytest.mark.parametrize("entrypoint", ["flows.evaluate:evaluate_checkpoint", "flows.evaluate:bm25_baseline",
