@@ -296,6 +296,13 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
         config: The pipeline config of the rounds (a run's config replaces the deployment's whole config: give its
             retention too).
     """
+    if config.warmup_only:  # (refused with start_checkpoint, which the user's form does not have: said here)
+        raise AnceError("retrain trains ANCE rounds from the champion, and config.warmup_only is true: a trained "
+                        "model has no warm-up to train; unset it (the bm25-warmup deployment trains a warm-up)")
+    if config.selection == "cv":
+        raise AnceError("retrain starts from the champion, and config.selection is cv: the champion was trained on "
+                        "the other folds' dev queries, so their pooled scores would favour it; set selection best or "
+                        "one-se")
     start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint)
     read_meta(start)  # a folder removed since it was recorded, or not a checkpoint: said before any work
     print(f"retraining from {source}: {start}")

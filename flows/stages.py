@@ -6,6 +6,7 @@ from prefect import flow
 
 from ance_core.artifacts import write_json
 from ance_core.data.config import DataConfig
+from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_ref
 from ance_core.negatives.config import MiningConfig
 from ance_core.pipeline.config import PipelineConfig, WorkDir
@@ -31,6 +32,9 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
     """
     from flows.ance_pipeline import train_and_evaluate
 
+    if config.start_checkpoint:  # (refused with warmup_only, which the user's form does not have: said here)
+        raise AnceError(f"bm25-warmup trains the warm-up from config.model.name, and config.start_checkpoint is set "
+                        f"({config.start_checkpoint}): a trained model has no warm-up to train; unset it")
     warmup = PipelineConfig.model_validate(config.model_dump(mode="json") | {"warmup_only": True})
     with live_run(config.work_dir, "bm25-warmup"):  # the stages it uses, which garbage collection leaves
         result = train_and_evaluate(warmup, experiment="bm25-warmup")  # (its MLflow runs and artifact keys)

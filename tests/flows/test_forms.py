@@ -67,3 +67,26 @@ def test_an_empty_work_dir_in_a_form_is_refused_before_the_run_starts(entrypoint
     flow.validate_parameters(parameters | {"work_dir": "work"})
     with pytest.raises(ParameterTypeError, match=r"work_dir[\s\S]*empty: the stages would be written into the current"):
         flow.validate_parameters(parameters | {"work_dir": " "})
+
+
+@pytest.mark.parametrize("flow, setting, said", [
+    ("flows.ance_pipeline:retrain", {"warmup_only": True}, r"retrain trains ANCE rounds from the champion, and "
+                                                           r"config.warmup_only is true"),
+    ("flows.ance_pipeline:retrain", {"selection": "cv", "data": {"dev_fraction": 0.3}},
+     r"retrain starts from the champion, and config.selection is cv"),
+    ("flows.stages:bm25_warmup", {"start_checkpoint": "/some/model"},
+     r"bm25-warmup trains the warm-up from config.model.name, and config.start_checkpoint is set \(/some/model\)"),
+])
+def test_a_setting_the_flow_cannot_take_is_said_in_the_forms_terms(flow, setting, said, tmp_path):
+    """Found by the same review: retrain with warmup_only or selection cv was refused once its champion was resolved,
+    naming a start_checkpoint its form does not have; bm25-warmup with a start_checkpoint gave pydantic's error
+    naming warmup_only, which its user never set."""
+    import importlib
+
+    from ance_core.pipeline.config import PipelineConfig
+
+    module, name = flow.split(":")
+    config = PipelineConfig.model_validate(setting | {"work_dir": str(tmp_path / "work")})
+    with pytest.raises(AnceError, match=said):
+        getattr(importlib.import_module(module), name).fn(config)
+    assert not (tmp_path / "work").exists()
