@@ -303,7 +303,8 @@ def retrain(config: PipelineConfig = PipelineConfig()) -> dict:
         raise AnceError("retrain starts from the champion, and config.selection is cv: the champion was trained on "
                         "the other folds' dev queries, so their pooled scores would favour it; set selection best or "
                         "one-se")
-    start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint)
+    start, source = trained_checkpoint(config.work_dir, config.data.collection, config.start_checkpoint,
+                                       "config.start_checkpoint")
     read_meta(start)  # a folder removed since it was recorded, or not a checkpoint: said before any work
     print(f"retraining from {source}: {start}")
     return ance_pipeline(config.model_copy(update={"start_checkpoint": start}))

@@ -196,7 +196,7 @@ def compress_flow(checkpoint: str | None = None, data: DataConfig = DataConfig()
         evaluation: Depth of the ranked lists scored.
     """
     check_model_name(data)  # (its compressed models are registered at the end)
-    path, source = trained_checkpoint(work_dir, data.collection, checkpoint)
+    path, source = trained_checkpoint(work_dir, data.collection, checkpoint, "checkpoint")
     read_meta(path)
     if Path(path, PROJECTOR_FILE).is_file():
         raise AnceError(f"{path}: already a compressed checkpoint; compress its teacher")

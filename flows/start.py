@@ -66,25 +66,27 @@ def with_local_start(config):
     return config.model_copy(update={"start_checkpoint": local_checkpoint(config.work_dir, start, "start_checkpoint ")})
 
 
-def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | None = None) -> tuple[str, str]:
+def trained_checkpoint(work_dir: str | Path, collection: str, explicit: str | None = None,
+                       setting: str = "--checkpoint") -> tuple[str, str]:
     """(checkpoint folder, where it came from): `explicit`, else the champion `models:/ance-<collection>@champion`
     (`DataConfig.collection`), else
     the newest model of the work folder (<work_dir>/latest.json, written by every pipeline run); an AnceError when
-    there is none of them."""
+    there is none of them. `setting`: what the caller's user sets `explicit` with (a flag, a form's field), as its
+    messages name it."""
     if explicit is not None:
-        return local_checkpoint(work_dir, explicit, "start_checkpoint "), "the given checkpoint"
+        return local_checkpoint(work_dir, explicit, f"{setting} "), "the given checkpoint"
     start, source = champion_checkpoint(work_dir, collection)
     if start is not None:
         return start, source
     latest = Path(work_dir) / LATEST
     if not latest.is_file():
         raise AnceError(f"{source}, and {latest} does not exist: no trained model yet; train one first (ance run, or "
-                        "the ance-train deployment) or name a checkpoint (--checkpoint)")
+                        f"the ance-train deployment) or name a checkpoint ({setting})")
     record = json.loads(latest.read_text())
     if record.get("collection", collection) != collection:  # (a record from before it was written: as before)
         raise AnceError(f"{source}, and the newest model of the work folder ({latest}) was trained on "
                         f"'{record['collection']}', not '{collection}': name the checkpoint to start from "
-                        "(--checkpoint, start_checkpoint), or train one on this collection first")
+                        f"({setting}), or train one on this collection first")
     print(f"{source}; using the newest model of the work folder instead")
     return record["checkpoint"], str(latest)
 

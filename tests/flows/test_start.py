@@ -21,6 +21,11 @@ def test_the_newest_model_of_another_collection_is_no_fallback(tmp_path, monkeyp
     assert start.trained_checkpoint(tmp_path, "other", "ck") == ("ck", "the given checkpoint")
     latest.write_text(json.dumps({"checkpoint": "work/train/abc"}))  # written before the collection was: as before
     assert start.trained_checkpoint(tmp_path, "other")[0] == "work/train/abc"
+    latest.unlink()  # a message names the setting as the caller's user sets it (a flow's form has no --checkpoint)
+    with pytest.raises(AnceError, match=r"no trained model yet; .* name a checkpoint \(config.start_checkpoint\)$"):
+        start.trained_checkpoint(tmp_path, "other", setting="config.start_checkpoint")
+    with pytest.raises(AnceError, match=r"checkpoint models:/ance-x@champion: "):
+        start.trained_checkpoint(tmp_path, "other", "models:/ance-x@champion", "checkpoint")
 
 
 def test_a_retrain_of_a_maxp_model_under_a_firstp_config_is_refused_before_any_work(tmp_path, tiny_model):
