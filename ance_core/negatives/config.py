@@ -1,8 +1,8 @@
 """Which negatives a training stage gets (the sampler registry's names) and where the asynchronous refreshes run."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ance_core.negatives.samplers import NAMES, SAMPLERS, WITHOUT_MODEL, Sampler
 from ance_core.stage_config import SEED_MAX, StageConfig
@@ -115,8 +115,16 @@ class WarmupMiningConfig(MiningConfig):
     """The warm-up's negatives (`bm25_negatives`): MiningConfig with BM25 as its default sampler, so a config that sets
     only some of its fields (`bm25_negatives: {num_negatives: 2}`) keeps mining BM25 negatives."""
 
-    sampler: SamplerName = Field("bm25", description="There is no trained model to rank with yet: "
-                                 + _sampler_options(WITHOUT_MODEL))
+    sampler: Literal[WITHOUT_MODEL] = Field("bm25", description="There is no trained model to rank with yet: "
+                                            + _sampler_options(WITHOUT_MODEL))  # (the UI's choices: these only)
+
+    @field_validator("sampler", mode="before")
+    @classmethod
+    def _no_model_yet(cls, sampler: Any) -> Any:
+        if isinstance(sampler, str) and sampler in SAMPLERS and SAMPLERS[sampler].needs_model:
+            raise ValueError(f"'{sampler}' mines with the model being trained, and the warm-up has none yet; use "
+                             f"{' or '.join(WITHOUT_MODEL)}")
+        return sampler
 
 
 class InferencerConfig(StageConfig):

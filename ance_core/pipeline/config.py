@@ -14,7 +14,7 @@ from ance_core.compression.config import CompressConfig
 from ance_core.data.config import DataConfig
 from ance_core.modeling.config import ModelConfig
 from ance_core.negatives.config import InferencerConfig, MiningConfig, SamplerName, WarmupMiningConfig, ranking_with
-from ance_core.negatives.samplers import WITHOUT_MODEL, get_sampler
+from ance_core.negatives.samplers import get_sampler
 from ance_core.pipeline.report import Selection
 from ance_core.retention import RetentionConfig
 from ance_core.retrieval.config import BM25Config, EncodeConfig, EvalConfig, ExecutionConfig, IndexConfig
@@ -163,13 +163,6 @@ class PipelineConfig(StageConfig):
             return self
         if refusal := maxp_refusal(self, self.model.passage_max_length, warmup=True):
             raise ValueError(refusal)
-        return self
-
-    @model_validator(mode="after")
-    def _warmup_sampler_has_no_model(self) -> "PipelineConfig":
-        if self.bm25_negatives.spec.needs_model:
-            raise ValueError(f"bm25_negatives.sampler '{self.bm25_negatives.sampler}' mines with the model being "
-                             f"trained, and the warm-up has none yet; use {' or '.join(WITHOUT_MODEL)}")
         return self
 
     @model_validator(mode="after")

@@ -188,6 +188,9 @@ def test_the_config_the_checks_and_the_depths_come_from_the_registry():
     assert set(NAMES) == set(SAMPLERS) == {"ance", "simans", "bm25", "random", "bm25+random", "ance+bm25", "in-batch",
                                            "nce"}
     assert MiningConfig.model_json_schema()["properties"]["sampler"]["enum"] == list(NAMES)
+    # the warm-up's: those it can take only (the Prefect UI's form offered every sampler, and a run of ance failed)
+    warmup = PipelineConfig.model_json_schema()["$defs"]["WarmupMiningConfig"]["properties"]["sampler"]["enum"]
+    assert warmup == [name for name, spec in SAMPLERS.items() if not spec.needs_model]
     assert set(MINED) == {name for name, s in SAMPLERS.items() if s.draw is not None}
     for name, spec in SAMPLERS.items():
         assert MiningConfig(sampler=name).depth == (spec.default_depth if spec.rankings else None)
