@@ -1,7 +1,6 @@
 """Reading a config: a YAML or JSON file (duplicate keys refused), `--set key=value` overrides on top, and
 validation errors that name the file, the field or the override (`load_config`)."""
 
-import copy
 import difflib
 import typing
 from collections.abc import Sequence
@@ -77,7 +76,18 @@ def read_config_file(path: str | Path) -> dict:
         raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
     if not isinstance(raw, dict):
         raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
-    return raw
+    return unshared(raw)
+
+
+def unshared(value: Any) -> Any:
+    """A copy of a YAML document in which no two places share a mapping or list: a YAML alias (`ance: *warmup`, as
+    yaml.safe_dump writes two equal sections) is copied, so that a --set of one section does not change the other
+    (copy.deepcopy keeps the sharing)."""
+    if isinstance(value, dict):
+        return {k: unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unshared(v) for v in value]
+    return value
 
 
 def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
@@ -96,7 +106,7 @@ def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = 
     """`key.sub=value` overrides on a config mapping (a copy): dotted keys into its sections, each value read as a YAML
     scalar or flow list/mapping (`3e-5`, `true`, `null`, `[ance, bm25]`) and typed by the config model when validated
     (an unknown key is refused there, by name); errors name the override as `flag` gave it."""
-    out = copy.deepcopy(raw)
+    out = unshared(raw)
     for item in sets:
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
@@ -154,6 +164,9 @@ def _unknown_key(schema: type[BaseModel] | None, loc: list[str]) -> str:
     what = f"not a setting of {section}" if section else "not a section or setting of the config"
     if model is None:
         return what
+    if "." in loc[-1]:  # (a config file written as --set's: `warmup.batch_size: 4`)
+        head, _, rest = loc[-1].partition(".")
+        return f"{what}: a dotted key is --set's; a file nests it, `{head}: {{{rest}: ...}}`"
     if not section and (owners := [f"{name}.{loc[-1]}" for name, field in model.model_fields.items()
                                    if loc[-1] in getattr(_model_of(field), "model_fields", ())]):
         return f"{what}; it is set in a section: {', '.join(owners)}"  # (`--set learning_rate=...`)

@@ -302,6 +302,22 @@ def test_a_key_given_twice_in_a_config_file_is_refused_where_it_is(tmp_path):
     assert load_config(tmp_path / "fine.yaml").ance.epochs == 1
 
 
+def test_a_set_of_a_section_a_yaml_alias_shares_changes_that_section_only(tmp_path):
+    """A probe: yaml.safe_dump writes two equal sections as an anchor and an alias (`ance: *id001`), and a --set of
+    one changed both, silently (copy.deepcopy keeps what YAML shares)."""
+    (tmp_path / "aliased.yaml").write_text("warmup: &id001\n  batch_size: 4\n  max_steps: 3\nance: *id001\n")
+    config = load_config(tmp_path / "aliased.yaml", sets=["warmup.max_steps=7"])
+    assert (config.warmup.max_steps, config.ance.max_steps, config.ance.batch_size) == (7, 3, 4)
+
+
+def test_a_dotted_key_in_a_config_file_says_how_a_file_nests_it(tmp_path):
+    """A probe: `warmup.batch_size: 4` in a file was 'not a section or setting of the config', a real setting."""
+    (tmp_path / "dotted.yaml").write_text("warmup.batch_size: 4\n")
+    with pytest.raises(AnceError, match=r"warmup.batch_size: not a section or setting of the config: a dotted key is "
+                                        r"--set's; a file nests it, `warmup: \{batch_size: ...\}`"):
+        load_config(tmp_path / "dotted.yaml")
+
+
 def test_a_pipeline_config_given_for_one_of_its_sections_gives_that_section(tmp_path):
     """`ance compress --config pipeline.yaml`: its compression section (a probe: every section was 'Extra inputs')."""
     from ance_core.compression.config import CompressConfig
