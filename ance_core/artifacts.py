@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 import ance_core
-from ance_core.errors import collect_warnings
+from ance_core.errors import AnceError, collect_warnings
 from ance_core.stage_config import KEY_DUMP
 
 MANIFEST = "manifest.json"
@@ -274,6 +274,7 @@ def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping
         "warnings": raised,
     }
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    readable_files(partial)
     if final.exists():  # an incomplete leftover (no manifest) from an older layout: replace it
         shutil.rmtree(final)
     os.replace(partial, final)
@@ -293,6 +294,7 @@ def atomic_folder(final: str | Path) -> Iterator[Path]:
     tmp.mkdir()  # (not mkdtemp: its folders are private to the user, the result folder keeps the usual mode)
     try:
         yield tmp
+        readable_files(tmp)
         while True:
             try:
                 os.replace(tmp, final)  # renames onto a missing or empty folder only
@@ -333,6 +335,19 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+def readable_files(folder: Path) -> None:
+    """Give the files in `folder` that were created private (0600: safetensors' save_file writes every weights file
+    so, transformers' save_pretrained included) the mode open() would have given them, as the other files of a stage
+    or an export have: a work folder or a served model shared with other users or containers must be readable."""
+    mode = new_file_mode()
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600 != mode:
+                path.chmod(mode)
+        except OSError:  # (a file another process removed meanwhile; a mode this user cannot set)
+            continue
+
+
 def new_file_mode() -> int:
     """The mode open() gives a new file: 0666 less the process's umask (read from /proc, which leaves the umask alone:
     setting it to read it back would race other threads' file creation); 0644 where /proc has no answer."""
@@ -348,8 +363,14 @@ def new_file_mode() -> int:
 @contextmanager
 def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[TextIO]:
     """A text file to write `path` through, streamed: a temporary file beside it, renamed into place when the block
-    ends (a new file, never half of one); removed when the block raises."""
+    ends (a new file, never half of one); removed when the block raises. A `path` that is a symbolic link: the file it
+    names is replaced and the link kept; a device, a pipe or a folder is refused (a rename replaced /dev/full with a
+    text file)."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise AnceError(f"{path}: not a regular file (a folder, a device or a pipe); give the path of a file to write")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, new_file_mode())  # (mkstemp's file is 0600: the renamed file gets what open() would give it)

@@ -157,3 +157,46 @@ def test_a_work_folder_made_by_a_refused_command_goes_unless_another_builds_in_i
         raise ValueError("refused")
     assert (tmp_path / "busy" / ".locks").is_dir()
     building.release()
+
+
+def test_weights_in_a_stage_or_an_export_are_readable_as_its_other_files(tmp_path):
+    """A probe: safetensors' save_file (and transformers' save_pretrained through it) writes its files 0600, so a
+    work folder or an export shared with another user or a serving container could not be read past its JSON
+    files. A stage folder and an atomic folder give such files the mode open() gives (the umask's)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import save_file
+
+    from ance_core.artifacts import new_file_mode
+
+    def build(out):
+        save_file({"w": torch.zeros(2)}, out / "model.safetensors")
+        (out / "kept.key").write_text("k")
+        (out / "kept.key").chmod(0o400)  # (a mode a writer chose: left as it is)
+
+    folder = run_stage(tmp_path / "work", "stage", {"a": 1}, {}, build)
+    with atomic_folder(tmp_path / "export") as out:
+        save_file({"w": torch.zeros(2)}, out / "head.safetensors")
+    for path in (Path(folder.path) / "model.safetensors", tmp_path / "export" / "head.safetensors"):
+        assert os.stat(path).st_mode & 0o777 == new_file_mode(), path
+    assert os.stat(Path(folder.path) / "kept.key").st_mode & 0o777 == 0o400
+
+
+def test_a_file_written_through_a_link_keeps_the_link_and_a_device_is_refused(tmp_path):
+    """A probe: `ance search --trec link.trec` replaced the link with a file (its target kept the old run), and
+    `--trec /dev/full` replaced the device node with a text file (as root, /dev/stdout would have gone the same way)."""
+    import stat
+
+    from ance_core.artifacts import write_text
+    from ance_core.errors import AnceError
+
+    (tmp_path / "target.trec").write_text("old")
+    (tmp_path / "link.trec").symlink_to(tmp_path / "target.trec")
+    write_text(tmp_path / "link.trec", "new")
+    assert (tmp_path / "link.trec").is_symlink() and (tmp_path / "target.trec").read_text() == "new"
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(AnceError, match=r"pipe: not a regular file \(a folder, a device or a pipe\)"):
+        write_text(tmp_path / "pipe", "x")
+    assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.trec", "pipe", "target.trec"]
