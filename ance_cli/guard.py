@@ -283,6 +283,11 @@ def guard(fn, resumes: bool = False):
         fail(f"{where or 'a file being written'}: {e.strerror} ({errno.errorcode[e.errno]}); {REFUSED[e.errno]}, and "
              "run the command again")
     except RuntimeError as e:
+        if str(e).startswith("Failed to reach API at"):  # (PREFECT_API_URL: nothing answers there, or not a URL)
+            cause = f" ({' '.join(str(e.__cause__).split())[:200]})" if e.__cause__ else ""
+            fail(f"PREFECT_API_URL {os.environ.get('PREFECT_API_URL') or '(from the Prefect profile)'}: no Prefect "
+                 f"server answers there{cause}; start one (`make up`) or unset PREFECT_API_URL to run on a temporary "
+                 "server")
         if "ephemeral Prefect API server" not in str(e):
             raise
         typer.secho(f"error: Prefect's temporary API server did not answer within "

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 NAME = "ance-server-watcher"  # its first argument: what `ps` shows of it
 POLL_SECONDS = 1.0
@@ -96,11 +97,33 @@ def _patch(module) -> None:
     run = module.SubprocessASGIServer._run_uvicorn_command
 
     def run_watched(self, *args, **kwargs):
+        writable_prefect_home()
         process = run(self, *args, **kwargs)
         watch(process.pid)
         return process
 
     module.SubprocessASGIServer._run_uvicorn_command = run_watched
+
+
+def writable_prefect_home() -> None:
+    """Refuse to start a temporary Prefect server whose database folder (PREFECT_HOME) cannot be written: the server
+    failed on every request, printing thousands of lines of tracebacks, until the start-up timeout (3 minutes) ended
+    the command with the advice for a busy machine."""
+    import tempfile
+
+    from prefect.settings import get_current_settings
+
+    from ance_core.errors import AnceError
+
+    home = Path(get_current_settings().home).expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=home):
+            pass
+    except OSError as e:
+        raise AnceError(f"PREFECT_HOME {home}: Prefect's temporary server keeps its database there, and it cannot be "
+                        f"written ({e.strerror}); set PREFECT_HOME to a folder you can write, or PREFECT_API_URL to a "
+                        "running server") from None
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -170,9 +170,13 @@ DROPOUT_KEYS = {  # a training override's config key: BERT family first, then Di
 def load_encoder(path: str, **config_overrides: float) -> nn.Module:
     try:
         try:  # BERT-family: skip the unused pooler
-            return AutoModel.from_pretrained(path, add_pooling_layer=False, **config_overrides)
+            encoder, loading = AutoModel.from_pretrained(path, add_pooling_layer=False, output_loading_info=True,
+                                                         **config_overrides)
         except TypeError:
-            return AutoModel.from_pretrained(path, **config_overrides)
+            encoder, loading = AutoModel.from_pretrained(path, output_loading_info=True, **config_overrides)
+    except SafetensorError as e:  # (a weights file cut short, or not safetensors at all)
+        raise AnceError(f"cannot load model '{path}': its weights file is damaged ({' '.join(str(e).split())[:200]}); "
+                        "copy or download it again") from None
     except OSError as e:  # (transformers says a model file it may not read is not there: said as it is)
         unreadable = [p.name for p in Path(path).glob("*") if p.is_file() and p.suffix in MODEL_SUFFIXES
                       and p.name not in TRAINING_STATE and not os.access(p, os.R_OK)]
@@ -182,6 +186,14 @@ def load_encoder(path: str, **config_overrides: float) -> nn.Module:
         said = " ".join(str(e).split())
         why = "its weights do not fit its config.json" if "mismatch" in said else "its weights cannot be read"
         raise AnceError(f"cannot load model '{path}': {why} ({said[:300]})") from None
+    if getattr(encoder.config, "is_encoder_decoder", False):  # (T5, BART: their forward wants decoder inputs)
+        raise AnceError(f"cannot load model '{path}': model_type '{encoder.config.model_type}' is an encoder-decoder "
+                        "model; this pipeline trains an encoder (BERT, RoBERTa, MiniLM, ...)")
+    if missing := loading.get("missing_keys"):  # (weights of another architecture than config.json's: random)
+        raise AnceError(f"cannot load model '{path}': {len(missing)} of its model_type '{encoder.config.model_type}' "
+                        f"weights are not in its weights file (e.g. {sorted(missing)[0]}): its config.json does not "
+                        "describe these weights, and training would start from random ones")
+    return encoder
 
 
 def load_pretrained(source: str, name: str) -> tuple[nn.Module, PreTrainedTokenizerBase]:

@@ -75,6 +75,31 @@ def test_a_model_folder_without_tokenizer_files_is_refused_before_a_starting_che
     assert code == 2 and f"cannot load model '{weightless}'" in out, out
 
 
+def test_damaged_weights_an_encoder_decoder_and_weights_of_another_architecture_are_one_line(tmp_path, tiny_model):
+    """A probe: a model.safetensors cut short (or not safetensors) was SafetensorError's traceback; a T5 folder was
+    two tracebacks after the encoding began (its forward wants decoder inputs); the tiny BERT's weights under a
+    config.json saying gpt2 trained a random GPT-2 with no word (transformers initialised all its weights)."""
+    from transformers import T5Config, T5Model
+
+    cut = shutil.copytree(tiny_model, tmp_path / "cut")
+    (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:300])
+    code, out = _run(tmp_path, tiny_model, model=cut)
+    assert code == 2 and f"cannot load model '{cut}': its weights file is damaged" in out, out
+    t5 = tmp_path / "t5"
+    T5Model(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)).save_pretrained(t5)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model / name).exists():
+            shutil.copy(tiny_model / name, t5 / name)
+    code, out = _run(tmp_path, tiny_model, model=t5)
+    assert code == 2 and "model_type 't5' is an encoder-decoder model; this pipeline trains an encoder" in out, out
+    other = shutil.copytree(tiny_model, tmp_path / "gpt2")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": config["hidden_size"], "n_layer": 1,
+                                                   "n_head": 2, "vocab_size": config["vocab_size"]}))
+    code, out = _run(tmp_path, tiny_model, model=other)
+    assert code == 2 and "of its model_type 'gpt2' weights are not in its weights file" in out, out
+
+
 @pytest.mark.parametrize("field, value, said", [
     ("passage_max_length", "abc", "passage_max_length 'abc' is not a whole number of at least 1"),
     ("pooling", "bogus", "pooling 'bogus' is not one of mean, cls"),
