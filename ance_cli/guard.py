@@ -6,6 +6,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -297,3 +298,16 @@ def guard(fn, resumes: bool = False):
                     f"{str(e)[:300]}",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+    except Exception as e:  # (an OS error the Rust of safetensors or tokenizers reports as text: `(os error 28)`)
+        if (number := _os_error_in(e)) is None:
+            raise
+        fail(f"{' '.join(str(e).split())[:300]} ({errno.errorcode[number]}); {REFUSED[number]}, and run the command "
+             "again")
+
+
+def _os_error_in(error: BaseException) -> int | None:
+    """The errno of what the machine refused (REFUSED) that an exception of another kind says in its text (a full disk
+    while safetensors writes: `SafetensorError: ... No space left on device (os error 28)`), else None."""
+    match = re.search(r"\(os error (\d+)\)", str(error))
+    number = int(match.group(1)) if match else None
+    return number if number in REFUSED else None

@@ -32,3 +32,29 @@ def test_a_prefect_api_url_nothing_answers_is_one_line(tiny_scifact, tmp_path, u
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: PREFECT_API_URL {url}: no Prefect server answers there (") and cause in last, last
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_full_disk_that_a_library_reports_as_text_is_one_line(capsys):
+    """A probe: a full disk while safetensors wrote a checkpoint was `SafetensorError: ... No space left on device (os
+    error 28)` with three tracebacks, not the one line an OSError of ENOSPC gets."""
+    import typer
+    from safetensors import SafetensorError
+
+    from ance_cli.guard import guard
+
+    def body():
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space "
+                              "left on device\" }) (os error 28)")
+
+    with pytest.raises(typer.Exit) as ended:
+        guard(body)
+    assert ended.value.exit_code == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: Error while serializing") and "(ENOSPC); free space there or write elsewhere, and " \
+        "run the command again" in said, said
+
+    def other():
+        raise SafetensorError("header too large")  # (not what the machine refused: raised as it is)
+
+    with pytest.raises(SafetensorError):
+        guard(other)
