@@ -47,6 +47,9 @@ def resolve_dataset(dataset: str, home: str | None = None, download: bool = True
     root = data_home(home)
     if (root / dataset).is_dir():
         return root / dataset
+    if root.exists() and not root.is_dir():  # (a download tried first said only "File exists")
+        raise AnceError(f"dataset '{dataset}': the data home {root} is a file, not a folder (set ANCE_DATA_HOME, or "
+                        "data.data_home, to the folder that holds the datasets)")
     if dataset in BEIR_MD5 and download:
         try:
             return download_beir(dataset, root)

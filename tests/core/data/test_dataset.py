@@ -390,6 +390,9 @@ def test_missing_files_and_folders_are_named(beir, tmp_path):
         resolve_dataset("corpus.jsonl.gz", str(tmp_path / "neither"), download=False)
     with pytest.raises(AnceError, match=r"the dataset is empty: give a dataset folder, or a name"):  # (--dataset ""
         resolve_dataset(" ", str(tmp_path), download=False)  # was the current folder: "neither a BEIR folder")
+    # a data home that is a file (a probe: a download was tried first, and failed with "File exists")
+    with pytest.raises(AnceError, match=r"dataset 'scifact': the data home .*corpus.jsonl.gz is a file, not a folder"):
+        resolve_dataset("scifact", str(tmp_path / "neither" / "corpus.jsonl.gz"))
 
 
 def test_msmarco_column_count_and_empty_corpus_errors(tmp_path):
