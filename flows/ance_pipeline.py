@@ -68,8 +68,11 @@ def check_pipeline(c: PipelineConfig, devices: bool = True) -> None:
                "model.passage_max_length": c.model.passage_max_length}
     lengths |= {f"{name}.{field}": getattr(getattr(c, name), field) for name in ("warmup", "ance")
                 for field in ("query_max_length", "passage_max_length")}
-    check_lengths(c.start_checkpoint or c.model.name, lengths)
-    check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
+    try:
+        check_lengths(c.start_checkpoint or c.model.name, lengths)
+        check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
+    except AnceError as e:  # (the setting that names it: the start checkpoint's error said only its path)
+        raise AnceError(f"start_checkpoint: {e}" if c.start_checkpoint else str(e)) from None
     if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
         # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
         if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):

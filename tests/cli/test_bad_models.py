@@ -185,3 +185,9 @@ def test_a_checkpoint_without_config_json_or_with_a_file_it_may_not_read_says_wh
     (checkpoint / "config.json").unlink()
     code, out = _invoke(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "export")])
     assert code == 2 and "a damaged checkpoint (no config.json)" in out, out
+
+
+def test_a_start_checkpoint_that_cannot_load_is_named_as_start_checkpoint(tmp_path, tiny_model):
+    """A probe: `--set start_checkpoint=/nope` said "cannot load model '/nope'", not which setting named it."""
+    code, out = _run(tmp_path, tiny_model, f"start_checkpoint={tmp_path / 'nope'}")
+    assert code == 2 and f"error: start_checkpoint: cannot load model '{tmp_path / 'nope'}'" in out, out
