@@ -22,11 +22,14 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     warning per file naming the first such line (one bad row does not stop a load). A byte-order mark at the start of
     the file and CRLF line endings (Windows tools write both) are dropped; a file whose lines end with CR alone (classic
     Mac OS, Excel's "CSV (Macintosh)") is read line by line too. A `.gz` file is read decompressed (an
-    evaluation's TREC run as MLflow keeps it)."""
+    evaluation's TREC run as MLflow keeps it), and so is a gzip file under another name (a corpus.jsonl that was
+    compressed in place: it was read as bytes that are not UTF-8, every line malformed)."""
     if not path.is_file():
         raise DataError(path, "a folder, not a file" if path.is_dir() else "file not found")
     warned = False
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f, _readable_gzip(path):
+    with open(path, "rb") as head:
+        gzipped = path.suffix == ".gz" or head.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f, _readable_gzip(path):
         if (utf16 := _utf16_encoding(f.peek(4)[:4])) is not None:
             yield from _utf16_lines(f, utf16)
             return

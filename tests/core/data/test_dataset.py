@@ -239,6 +239,16 @@ def test_byte_order_mark_and_crlf_are_accepted_in_every_beir_file(beir):
         pd.testing.assert_frame_equal(getattr(windows, name), getattr(clean, name))
 
 
+def test_a_file_compressed_in_place_under_its_own_name_is_read_decompressed(beir):
+    """A probe: a gzip file named corpus.jsonl was read as bytes, 'not valid UTF-8' and every line malformed."""
+    import gzip
+
+    clean = load_dataset(beir)
+    for path in [beir / "corpus.jsonl", beir / "queries.jsonl", *sorted((beir / "qrels").glob("*.tsv"))]:
+        path.write_bytes(gzip.compress(path.read_bytes()))
+    pd.testing.assert_frame_equal(load_dataset(beir).corpus, clean.corpus)
+
+
 def test_byte_order_mark_and_crlf_are_accepted_in_every_msmarco_file(tmp_path):
     folder = tmp_path / "marco"
     folder.mkdir()
