@@ -63,7 +63,9 @@ def read_config_file(path: str | Path) -> dict:
     if not path.is_file():
         raise AnceError(f"{path}: {'a folder, not a config file' if path.is_dir() else 'config file not found'}")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
+        data = path.read_bytes()  # UTF-8, or UTF-16 with its byte-order mark (PowerShell's `>`), as the data files
+        text = data.decode("utf-16") if data[:2] in (b"\xff\xfe", b"\xfe\xff") else data.decode("utf-8")
+        raw = yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
         if raw is None:  # (empty, or comments only: a file saved before it was written, the wrong file)
             warn(f"{path}: an empty config file: every setting is the default")
             raw = {}

@@ -310,6 +310,14 @@ def test_a_set_of_a_section_a_yaml_alias_shares_changes_that_section_only(tmp_pa
     assert (config.warmup.max_steps, config.ance.max_steps, config.ance.batch_size) == (7, 3, 4)
 
 
+def test_a_config_file_written_in_utf16_is_read(tmp_path):
+    """A probe: a config saved by PowerShell's `>` (UTF-16 with its mark) was "'utf-8' codec can't decode byte 0xff";
+    the data files take it already."""
+    (tmp_path / "ps.yaml").write_bytes("rounds: 2\r\nwarmup:\r\n  batch_size: 4\r\n".encode("utf-16"))
+    config = load_config(tmp_path / "ps.yaml")
+    assert (config.rounds, config.warmup.batch_size) == (2, 4)
+
+
 def test_a_dotted_key_in_a_config_file_says_how_a_file_nests_it(tmp_path):
     """A probe: `warmup.batch_size: 4` in a file was 'not a section or setting of the config', a real setting."""
     (tmp_path / "dotted.yaml").write_text("warmup.batch_size: 4\n")
