@@ -128,9 +128,10 @@ def say_stopped(code: int) -> None:
             return
         _ending["said"] = True
     what = {130: "interrupted (Ctrl-C)", 143: "stopped (SIGTERM)"}.get(code, f"stopped (exit {code})")
-    typer.secho(f"{what}: " + ("the stages finished so far are kept in the work folder, and the same command resumes "
-                               "from them (a training from its last checkpoint)" if _ending["resumes"]
-                               else "nothing was kept"), fg=typer.colors.YELLOW, err=True)
+    kept = {True: "the stages finished so far are kept in the work folder, and the same command resumes from them (a "
+                  "training from its last checkpoint)",
+            STAGES: "the stages finished so far are kept in the work folder, and the same command reuses them"}
+    typer.secho(f"{what}: {kept.get(_ending['resumes'], 'nothing was kept')}", fg=typer.colors.YELLOW, err=True)
 
 
 def stop_within_under_prefects_handler() -> None:
@@ -248,9 +249,13 @@ def _body(fn):
         _ending["body_ended"] = True
 
 
-def guard(fn, resumes: bool = False):
+STAGES = "stages"  # `guard`'s `resumes` for a command that builds cached stages and trains nothing (bm25, evaluate)
+
+
+def guard(fn, resumes: bool | str = False):
     """Run a command body; AnceError and config errors become one red line and exit code 2; a stop signal one line
-    (`stopped`; `resumes`: the command builds stages a re-run reuses)."""
+    (`stopped`; `resumes`: True, the command trains and a re-run resumes it; STAGES, it builds stages a re-run
+    reuses (a stop after the data stage said "nothing was kept"); False, it keeps nothing)."""
     from pydantic import ValidationError
 
     from ance_core.errors import AnceError

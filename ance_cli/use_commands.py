@@ -9,9 +9,7 @@ from typing import Annotated
 import typer
 
 from ance_cli.app import app, preflight, print_metrics
-from ance_cli.guard import (
-    guard,
-)
+from ance_cli.guard import STAGES, guard
 from ance_cli.hybrid import chosen_fusion, fusion_weight, hybrid_search, run_fusion
 from ance_cli.lookups import (
     check_same_texts,
@@ -44,7 +42,7 @@ def bm25(
         metrics = bm25_baseline(data, BM25Config(), work_dir, split=split)
         print_metrics(metrics, f"BM25 on {dataset} {split}", as_json)
 
-    guard(training_free(body))
+    guard(training_free(body), resumes=STAGES)
 
 
 @app.command()
@@ -107,7 +105,7 @@ def evaluate(
         if as_json:
             typer.echo(json.dumps(metrics | ({"dense": dense} if dense else {})))
 
-    guard(training_free(body))
+    guard(training_free(body), resumes=STAGES)
 
 
 @app.command()
