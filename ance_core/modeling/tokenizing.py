@@ -16,6 +16,10 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 
 CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: offsets, words) per text of a call
+# a text truncated at its start is cut to this many characters per token kept before it is tokenized: a tokenizer
+# reads the whole text before it truncates (a 30 MB document took ~23 s of each corpus encoding), and no token spans
+# more (WordPiece reads a word over 100 characters as one [UNK]; 1,000 leaves room for runs of spaces)
+CHARS_PER_TOKEN = 1000
 
 
 _copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> {settings: its set copy}
@@ -48,8 +52,9 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
     """The ids `tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]` gives (special tokens
     included), `chunk` texts per call and per list yielded, in order."""
     backend = _backend(tokenizer, max_length)
+    most = max_length * CHARS_PER_TOKEN if getattr(tokenizer, "truncation_side", "right") == "right" else None
     for start in range(0, len(texts), chunk):
-        part = list(texts[start:start + chunk])
+        part = [text[:most] if most is not None and len(text) > most else text for text in texts[start:start + chunk]]
         if backend is not None:
             yield [encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True)]
         else:

@@ -66,3 +66,33 @@ def test_padded_ids_are_the_tokenizers_own(tokenizer, side):
             assert got.keys() == {"input_ids", "attention_mask"} <= expected.keys()
             for key, value in got.items():
                 assert value.dtype == torch.int64 and torch.equal(value, expected[key]), (key, multiple)
+
+
+def test_a_huge_text_is_cut_before_it_is_tokenized_to_the_same_ids(tokenizer, monkeypatch):
+    """A probe: one 30 MB document made every corpus encoding ~23 s longer (a tokenizer reads the whole text before it
+    truncates). Cut to CHARS_PER_TOKEN characters a token first, its ids are the same; a text cut at its start
+    (truncation_side left) is read whole."""
+    import ance_core.modeling.tokenizing as tokenizing
+
+    seen = []
+    backend = tokenizing._backend
+
+    def spied(tok, max_length):
+        made = backend(tok, max_length)
+
+        class Spy:
+            def encode_batch(self, texts, **kwargs):
+                seen.extend(len(t) for t in texts)
+                return made.encode_batch(texts, **kwargs)
+
+        return Spy()
+
+    monkeypatch.setattr(tokenizing, "_backend", spied)
+    huge = "gene cancer patients study " * 200_000  # 5.4 M characters
+    expected = tokenizer([huge], truncation=True, max_length=64)["input_ids"]
+    assert list(token_ids(tokenizer, [huge, "cell"], 64)) == [*expected, tokenizer(["cell"])["input_ids"][0]]
+    assert seen == [64 * tokenizing.CHARS_PER_TOKEN, 4]
+    tokenizer.truncation_side = "left"
+    seen.clear()
+    list(token_ids(tokenizer, [huge], 64))
+    assert seen == [len(huge)]
