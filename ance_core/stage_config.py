@@ -21,8 +21,10 @@ class StageConfig(BaseModel):
     # allow_inf_nan=False: an infinite learning rate or budget is refused here, not at the first step or rung it breaks
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    # options added after stage keys existed: left out of the dump and the repr (which a stage key holds when the
-    # config is nested in a dict) while they hold these values, so the keys of configs that do not use them stay
+    # options added after stage keys existed: left out of the dump a cache key is made of (KEY_DUMP) and of the repr
+    # (which a stage key holds when the config is nested in a dict) while they hold these values, so the keys of
+    # configs that do not use them stay; every other dump has them (the Prefect UI's form opens with the flow's
+    # default dumped: without them it showed hybrid unset where the run used true)
     UNSAID: ClassVar[dict[str, Any]] = {}
     # fields that do not change a stage's result (batch sizes of inference): left out of the dump a cache key is made
     # of (KEY_DUMP); declare them `repr=False` too, for a key that holds the repr
@@ -43,8 +45,9 @@ class StageConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _unsaid_dump(self, handler, info: SerializationInfo):
-        data = self.drop_unsaid(handler(self))
+        data = handler(self)
         if info.context == KEY_DUMP:
+            self.drop_unsaid(data)
             for name in self.NOT_IN_KEY:
                 data.pop(name, None)
             for name, value in self.KEY_UNSAID.items():
@@ -53,7 +56,7 @@ class StageConfig(BaseModel):
         return data
 
     def drop_unsaid(self, data: dict) -> dict:
-        """`data` (a dump of this config) without the UNSAID fields that hold their unsaid value."""
+        """`data` (a dump of this config) without the UNSAID fields that hold their unsaid value (in place)."""
         for name, value in self.UNSAID.items():
             if name in data and getattr(self, name) == value:
                 del data[name]

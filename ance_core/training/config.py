@@ -120,15 +120,16 @@ class TrainConfig(StageConfig):
 
     @model_serializer(mode="wrap")
     def _one_process_unsaid(self, handler, info: SerializationInfo):
-        """world_size 1 is left out of the dump: the cache keys of one-process stages stay those they had before it
-        existed (N > 1 is in them: the same objective, other rounding). Left out of the dump a cache key is made of
-        (KEY_DUMP), since they do not change the result: the checkpoint cadence and `loader_workers` (how batches are
-        built, not what is trained). (The pydantic repr, which a stage key holds when the config is nested in a dict,
-        leaves them out too: `repr=False`.)"""
-        data = self.drop_unsaid(handler(self))
-        if data.get("world_size") == 1:
-            del data["world_size"]
+        """world_size 1 is left out of the dump a cache key is made of (KEY_DUMP), as the UNSAID options are: the cache
+        keys of one-process stages stay those they had before it existed (N > 1 is in them: the same objective, other
+        rounding). Left out of it too, since they do not change the result: the checkpoint cadence and
+        `loader_workers` (how batches are built, not what is trained). (The pydantic repr, which a stage key holds
+        when the config is nested in a dict, leaves them out too: `repr=False`.)"""
+        data = handler(self)
         if info.context == KEY_DUMP:
+            self.drop_unsaid(data)
+            if data.get("world_size") == 1:
+                del data["world_size"]
             for name in NOT_IN_KEY:
                 data.pop(name, None)
         return data

@@ -90,3 +90,21 @@ def test_a_setting_the_flow_cannot_take_is_said_in_the_forms_terms(flow, setting
     with pytest.raises(AnceError, match=said):
         getattr(importlib.import_module(module), name).fn(config)
     assert not (tmp_path / "work").exists()
+
+
+def test_a_form_opens_with_every_setting_at_the_value_the_run_uses():
+    """Found by the same review: the form's starting values (the flow's default, as Prefect's schema holds it) left
+    out the options added after the stage keys existed (hybrid, selection, dev_check, retention.keep_rankings, ...)
+    at their defaults, so a form could show hybrid and keep_rankings unset while the run used true. The dump a cache
+    key is made of still leaves them out (the keys do not change: tests/core/test_stage_keys.py)."""
+    from prefect.utilities.callables import parameter_schema
+
+    from ance_core.pipeline.config import PipelineConfig
+    from ance_core.stage_config import KEY_DUMP
+    from flows.ance_pipeline import ance_pipeline
+
+    opened = parameter_schema(ance_pipeline).model_dump()["properties"]["config"]["default"]
+    assert set(opened) == set(PipelineConfig.model_fields)
+    assert opened["hybrid"] is True and opened["retention"]["keep_rankings"] is True
+    assert opened["selection"] == "best" and opened["bm25_negatives"]["judged_only"] is False
+    assert "hybrid" not in PipelineConfig().model_dump(mode="json", context=KEY_DUMP)

@@ -19,6 +19,7 @@ from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model
 from ance_core.negatives.config import MiningConfig
 from ance_core.retrieval.config import EncodeConfig, ExecutionConfig
+from ance_core.stage_config import KEY_DUMP
 from ance_core.system_metrics import SYSTEM_METRICS
 from flows.stages import encode_flow
 from tasks.common import stage_task
@@ -259,7 +260,7 @@ def test_mining_queries_ranks_mines_and_trains_a_seeded_sample_drawn_again_each_
     assert chosen[0] != chosen[1]
     all_train = set(read_tables(next((tmp_path / "data").glob("[!.]*"))).positives("train"))
     assert chosen[1] == set(round_sample(list(all_train), 5, 42, 2)) and len(all_train) > 5
-    assert "queries" not in str(MiningConfig()) and "queries" not in MiningConfig().model_dump()
+    assert "queries" not in str(MiningConfig()) and "queries" not in MiningConfig().model_dump(context=KEY_DUMP)
 
 
 @stage_task("mapped-or-not")

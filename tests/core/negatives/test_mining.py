@@ -7,6 +7,7 @@ from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import sample_negatives
 from ance_core.negatives.samplers import MINED, SAMPLERS
 from ance_core.retrieval.search import run_frame
+from ance_core.stage_config import KEY_DUMP
 
 CORPUS = [f"d{j}" for j in range(100)] + ["d-unretrieved", "d-x"]
 
@@ -219,7 +220,7 @@ def test_judged_only_draws_a_judged_querys_negatives_from_its_judged_nonrelevant
     plain = sample_negatives(off, positives, 1, rankings, CORPUS, scores, judged=judged).set_index("query_id")
     assert list(plain.loc["q1", "negative_ids"]) == list(table.loc["q1", "negative_ids"])
     assert not set(plain.loc["q0", "negative_ids"]) <= judged["q0"]
-    assert "judged_only" not in off.model_dump()  # an unset option leaves the stage keys as they were
+    assert "judged_only" not in off.model_dump(context=KEY_DUMP)  # an unset option leaves the stage keys as they were
 
 
 def test_judged_only_with_a_sampler_of_no_ranking_is_refused():

@@ -11,6 +11,7 @@ from ance_core.errors import AnceError
 from ance_core.negatives.config import MiningConfig, TeacherConfig
 from ance_core.negatives.mining import epoch_negatives, sample_negatives
 from ance_core.negatives.teacher import Teacher, group_teacher_scores, with_teacher_scores
+from ance_core.stage_config import KEY_DUMP
 from ance_core.training.loss import distill_loss
 from tests.tiny import build_tiny_cross_encoder, random_head_checkpoint, training_tables
 
@@ -68,7 +69,7 @@ def test_a_plain_encoder_is_a_bi_encoder_and_bad_teachers_are_refused(tiny_model
         Teacher(TeacherConfig(model=str(tmp_path / "missing")))
     with pytest.raises(ValidationError, match="sampler 'in-batch' mines no negatives"):
         MiningConfig(sampler="in-batch", teacher={"model": "x"})
-    assert "teacher" not in repr(MiningConfig()) and "teacher" not in MiningConfig().model_dump()
+    assert "teacher" not in repr(MiningConfig()) and "teacher" not in MiningConfig().model_dump(context=KEY_DUMP)
 
 
 def test_a_pipeline_checkpoint_teaches_with_the_scores_it_retrieves_by(tiny_model, tmp_path):

@@ -82,5 +82,6 @@ def test_the_backend_is_in_no_stage_key():
     from ance_core.stage_config import KEY_DUMP
 
     assert digest_of(IndexConfig()) == digest_of(IndexConfig(backend="torch"))
-    assert "backend" not in IndexConfig().model_dump(mode="json") and "backend" not in repr(IndexConfig())
+    assert "backend" not in IndexConfig().model_dump(mode="json", context=KEY_DUMP)
+    assert "backend" not in repr(IndexConfig())
     assert "backend" not in IndexConfig(backend="torch").model_dump(mode="json", context=KEY_DUMP)
