@@ -17,7 +17,9 @@ folder, its checkpoint files alone are taken (its module folders are not: the ON
 """
 
 import json
+import logging
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,12 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
         folder = tmp / ONNX_DIR
         folder.mkdir()
         sample = tokenizer(CHECK[:2], padding=True, return_tensors="pt")
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # the tracer's warnings (a Python value read from a tensor "might not generalize"): the export is
+            # checked against PyTorch's embeddings below, on other inputs, and refused when they differ
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")  # (on
+            # purpose: dynamo=False below)
             torch.onnx.export(model, (sample["input_ids"], sample["attention_mask"]), str(folder / FP32),
                               input_names=["input_ids", "attention_mask"], output_names=["embedding"],
                               dynamic_axes={"input_ids": {0: "batch", 1: "tokens"},
@@ -80,8 +87,12 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
 
             # per output channel, the matrix products only (the embedding tables stay fp32): the best of four ways on
             # SciFact's dev split, -0.0035 nDCG@10 on its test queries (BENCHMARKS.md)
-            quantize_dynamic(str(folder / FP32), str(folder / INT8), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=["MatMul"])
+            logging.disable(logging.WARNING)  # (its advice to pre-process the model first, on the root logger)
+            try:
+                quantize_dynamic(str(folder / FP32), str(folder / INT8), weight_type=QuantType.QInt8,
+                                 per_channel=True, op_types_to_quantize=["MatMul"])
+            finally:
+                logging.disable(logging.NOTSET)
             served = INT8
         (folder / SERVING).write_text(json.dumps({"serve": served, "opset": OPSET}) + "\n")
         texts = meta.queries(CHECK)

@@ -168,3 +168,22 @@ def test_an_onnx_export_of_a_sentence_transformers_export_is_no_broken_sentence_
     assert not ST_FILES & {p.name for p in (tmp_path / "onnx").iterdir()}
     np.testing.assert_allclose(Encoder(tmp_path / "onnx").encode(TEXTS, "query"),
                                Encoder(checkpoint, backend="torch").encode(TEXTS, "query"), atol=1e-4, rtol=0)
+
+
+def test_an_export_prints_nothing_of_the_tracer_nor_the_quantizer(exported, tmp_path, caplog):
+    """A probe: `ance export --format onnx --int8` printed 7 lines of the tracer's warnings ("the exported graph will
+    produce incorrect results", which the export's own check against PyTorch's embeddings answers) and the quantizer's
+    advice on the root logger."""
+    import logging
+    import warnings
+
+    import torch
+
+    checkpoint, _, _ = exported
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        export_onnx(checkpoint, tmp_path / "again", int8=True)
+    assert not [w for w in seen if issubclass(w.category, torch.jit.TracerWarning) or "ONNX export" in str(w.message)
+                ], [str(w.message) for w in seen]
+    assert not [r for r in caplog.records if r.name == "root"], [r.getMessage() for r in caplog.records]
+    assert logging.root.manager.disable == logging.NOTSET  # (the quantizer's quiet ends with it)
