@@ -107,14 +107,17 @@ def _text_field(schema: type[BaseModel] | None, parts: list[str]) -> bool:
 def apply_sets(raw: dict, sets: Sequence[str], schema: type[BaseModel] | None = None, flag: str = "--set") -> dict:
     """`key.sub=value` overrides on a config mapping (a copy): dotted keys into its sections, each value read as a YAML
     scalar or flow list/mapping (`3e-5`, `true`, `null`, `[ance, bm25]`) and typed by the config model when validated
-    (an unknown key is refused there, by name); errors name the override as `flag` gave it."""
-    out = unshared(raw)
+    (an unknown key is refused there, by name); errors name the override as `flag` gave it. A key given twice is
+    refused (the last one won, silently, whichever was meant)."""
+    out, given = unshared(raw), {}
     for item in sets:
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
             example = "ance.learning_rate=3e-5" if flag == "--set" else "eta=2"
             raise AnceError(f"{flag} {item}: expected key=value with a dotted key, e.g. {flag} {example}")
+        if (first := given.setdefault(".".join(parts), item)) is not item:
+            raise AnceError(f"{flag} {first} and {flag} {item} both set {'.'.join(parts)}: give it once")
         stripped = text.strip()
         if stripped and stripped[:1] not in ("'", '"') and stripped.lower() not in ("null", "~") \
                 and _text_field(schema, parts):

@@ -310,6 +310,13 @@ def test_a_set_of_a_section_a_yaml_alias_shares_changes_that_section_only(tmp_pa
     assert (config.warmup.max_steps, config.ance.max_steps, config.ance.batch_size) == (7, 3, 4)
 
 
+def test_a_setting_given_twice_by_set_is_refused():
+    """A probe: `--set rounds=1 --set rounds=2` ran the second silently, where `--rounds 2 --set rounds=1` is refused."""
+    with pytest.raises(AnceError, match=r"--set rounds=1 and --set rounds= 2 both set rounds: give it once"):
+        load_config(None, sets=["rounds=1", "rounds= 2"])
+    assert load_config(None, sets=["warmup.epochs=2", "ance.epochs=3"]).ance.epochs == 3  # (other sections' keys)
+
+
 def test_a_config_file_written_in_utf16_is_read(tmp_path):
     """A probe: a config saved by PowerShell's `>` (UTF-16 with its mark) was "'utf-8' codec can't decode byte 0xff";
     the data files take it already."""
