@@ -176,7 +176,10 @@ def _unknown_key(schema: type[BaseModel] | None, loc: list[str]) -> str:
                                    if loc[-1] in getattr(_model_of(field), "model_fields", ())]):
         return f"{what}; it is set in a section: {', '.join(owners)}"  # (`--set learning_rate=...`)
     close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.75)
-    return f"{what}; did you mean {'.'.join([*loc[:-1], close[0]])}?" if close else what
+    if close:
+        return f"{what}; did you mean {'.'.join([*loc[:-1], close[0]])}?"
+    few = list(model.model_fields) if len(model.model_fields) <= 12 else []  # (a section's, the search's settings)
+    return f"{what} (its settings: {', '.join(few)})" if few else what
 
 
 def _model_of(field) -> type[BaseModel] | None:

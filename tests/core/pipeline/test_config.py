@@ -262,13 +262,25 @@ def test_numbers_that_cannot_run_are_refused_naming_their_field(sets, field, sai
     (["rouds=2"], "rouds: not a section or setting of the config; did you mean rounds?"),
     (["learning_rate=1e-5"], "learning_rate: not a section or setting of the config; it is set in a section: "
                              "warmup.learning_rate, ance.learning_rate"),
-    (["data.nosuch=1"], "data.nosuch: not a setting of data"),  # (nothing close: no guess)
+    (["data.nosuch=1"], "data.nosuch: not a setting of data (its settings: dataset, name, format, data_home, download, "
+                        "train_split, eval_split, dev_split, dev_fraction, dev_seed, dev_fold, train_min_relevance)"),
+    (["ance.nosuch=1"], "ance.nosuch: not a setting of ance"),  # (nothing close: no guess; too many to list)
 ])
 def test_an_unknown_key_is_one_line_naming_the_setting_it_is_closest_to(sets, said):
     """A typo was pydantic's 'Extra inputs are not permitted' on a second line, with no hint of the right name."""
     with pytest.raises(AnceError) as e:
         load_config(None, PipelineConfig, sets)
     assert str(e.value) == f"invalid config (with --set {sets[0]}): {said}", str(e.value)
+
+
+def test_an_unknown_search_setting_lists_the_searchs_settings():
+    """A probe: `ance tune --tune-set bogus=1` said 'not a section or setting of the config', listing nothing."""
+    from ance_core.pipeline.tune import TuneConfig
+
+    with pytest.raises(AnceError, match=r"bogus: not a section or setting of the config \(its settings: recipe, "
+                                        r"learning_rates, positives, warmup_epochs, seeds, eta, margin, "
+                                        r"budget_minutes\)"):
+        load_config(None, TuneConfig, ["bogus=1"], flag="--tune-set")
 
 
 def test_several_errors_are_one_line_each_under_the_header():
@@ -311,7 +323,7 @@ def test_a_set_of_a_section_a_yaml_alias_shares_changes_that_section_only(tmp_pa
 
 
 def test_a_setting_given_twice_by_set_is_refused():
-    """A probe: `--set rounds=1 --set rounds=2` ran the second silently, where `--rounds 2 --set rounds=1` is refused."""
+    """A probe: `--set rounds=1 --set rounds=2` ran the second silently (`--rounds 2 --set rounds=1` is refused)."""
     with pytest.raises(AnceError, match=r"--set rounds=1 and --set rounds= 2 both set rounds: give it once"):
         load_config(None, sets=["rounds=1", "rounds= 2"])
     assert load_config(None, sets=["warmup.epochs=2", "ance.epochs=3"]).ance.epochs == 3  # (other sections' keys)
