@@ -115,6 +115,8 @@ def writable_prefect_home() -> None:
 
     from ance_core.errors import AnceError
 
+    if any(os.environ.get(f"PREFECT_{part}_DATABASE_CONNECTION_URL") for part in ("API", "SERVER")):
+        return  # (its database is elsewhere)
     home = Path(get_current_settings().home).expanduser()
     try:
         home.mkdir(parents=True, exist_ok=True)

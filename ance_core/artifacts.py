@@ -341,8 +341,9 @@ def readable_files(folder: Path) -> None:
     or an export have: a work folder or a served model shared with other users or containers must be readable."""
     mode = new_file_mode()
     for path in folder.rglob("*"):
-        try:
-            if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600 != mode:
+        try:  # (a hard link is another file's too: a checkpoint linked from outside the work folder keeps its mode)
+            if path.is_file() and not path.is_symlink() and (st := path.stat()).st_nlink == 1 \
+                    and st.st_mode & 0o777 == 0o600 != mode:
                 path.chmod(mode)
         except OSError:  # (a file another process removed meanwhile; a mode this user cannot set)
             continue
@@ -368,7 +369,12 @@ def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[Tex
     text file)."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve(strict=False)
+        except (RuntimeError, OSError) as e:  # (a loop of links)
+            raise AnceError(f"{path}: a symbolic link that cannot be followed ({e})") from None
+        if not path.parent.is_dir():
+            raise AnceError(f"{path}: the file a symbolic link names, in a folder that does not exist")
     if path.exists() and not path.is_file():
         raise AnceError(f"{path}: not a regular file (a folder, a device or a pipe); give the path of a file to write")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

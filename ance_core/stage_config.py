@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, SerializationInfo, ValidationInfo, f
 # `model_dump(mode="json", context=KEY_DUMP)`: the dump a cache key is made of, without the fields a config declares
 # do not change its stage's result (training/config.py: the checkpoint cadence)
 KEY_DUMP = {"dump": "cache key"}
+# `model_dump(mode="json", context=SPARSE_DUMP)`: without the UNSAID options at their unsaid values (as KEY_DUMP), the
+# rest kept: what another process takes as parameters (a deployment's flow run), which code from before an option
+# existed still accepts (extra="forbid")
+SPARSE_DUMP = {"dump": "sparse"}
 SEED_MAX = 2**63 - 1  # an int64: torch's seeds take up to 2**64 - 1 (a seed + rank included); 10**20 failed at a step
 
 
@@ -46,8 +50,9 @@ class StageConfig(BaseModel):
     @model_serializer(mode="wrap")
     def _unsaid_dump(self, handler, info: SerializationInfo):
         data = handler(self)
-        if info.context == KEY_DUMP:
+        if info.context in (KEY_DUMP, SPARSE_DUMP):
             self.drop_unsaid(data)
+        if info.context == KEY_DUMP:
             for name in self.NOT_IN_KEY:
                 data.pop(name, None)
             for name, value in self.KEY_UNSAID.items():

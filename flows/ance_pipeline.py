@@ -71,8 +71,9 @@ def check_pipeline(c: PipelineConfig, devices: bool = True) -> None:
     try:
         check_lengths(c.start_checkpoint or c.model.name, lengths)
         check_loadable(c.start_checkpoint or c.model.name)  # (its weights and tokenizer, where they are local files)
-    except AnceError as e:  # (the setting that names it: the start checkpoint's error said only its path)
-        raise AnceError(f"start_checkpoint: {e}" if c.start_checkpoint else str(e)) from None
+    except AnceError as e:  # (the setting that names it: a start checkpoint that cannot load was said by its path)
+        named = c.start_checkpoint and str(e).startswith("cannot load model")
+        raise AnceError(f"start_checkpoint: {e}" if named else str(e)) from None
     if c.start_checkpoint and (meta := read_meta(c.start_checkpoint)).document_mode == "maxp":  # (its config's is not
         # its own: a retrain's config is the deployment's) what PipelineConfig refuses a maxp model config, here
         if refusal := maxp_refusal(c, meta.passage_max_length, warmup=False):

@@ -11,7 +11,7 @@ from ance_core.pipeline.recipes import recipe_config
 from ance_core.pipeline.tune import TuneConfig
 from flows.ance_pipeline import ance_pipeline, check_pipeline
 from flows.names import dataset_run_name
-from flows.tune import tune_recipe
+from flows.tune import from_the_form, tune_recipe
 
 SEARCH_KEYS = ("winner", "overrides", "reason", "stopped", "report_dir", "mlflow_run_id")
 
@@ -25,6 +25,7 @@ def tune_and_train(config: PipelineConfig = recipe_config(TuneConfig().recipe),
         config: The base the candidates vary: the search's base recipe (tune.recipe, `demo`) with the user's changes.
         tune: What the search varies (learning rates, graded positives, warm-up epochs), its seeds and its budget.
     """
+    config = from_the_form(config, tune)  # (its subflow is no deployment's run: the form is read here)
     check_pipeline(config)  # (the run after the search trains here, whatever devices the trials had)
     tuned = tune_recipe(config, tune)
     result = ance_pipeline(PipelineConfig.model_validate(tuned["config"]))

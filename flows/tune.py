@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.context import FlowRunContext
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
@@ -320,6 +321,26 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
     return next(c for c in pool if c.name == winner), evidence, pool, state
 
 
+def started_from_a_deployment() -> bool:
+    """Whether this flow run was started from a deployment (the Prefect UI's run form, a schedule, `prefect deployment
+    run`), not called by the CLI or by another flow."""
+    context = FlowRunContext.get()
+    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
+
+
+def from_the_form(config: PipelineConfig, tune: TuneConfig) -> PipelineConfig:
+    """A deployment's `config` as the search's base (`form_rebased`): a run form opens with demo's config, and one
+    left so beside `tune.recipe` full searches full. The CLI's config is built from the recipe it names, and a setting
+    in it that equals demo's is the user's: it is kept."""
+    if not started_from_a_deployment():
+        return config
+    config, taken = form_rebased(config, tune.recipe, TuneConfig().recipe)
+    if taken:
+        print(f"tune.recipe '{tune.recipe}': the config held the run form's '{TuneConfig().recipe}' values, so the "
+              f"search's base takes '{tune.recipe}''s: {', '.join(taken)}")
+    return config
+
+
 def no_dev_split(config: PipelineConfig) -> str:
     """Why a search of `config` has no dev split to choose on."""
     d = config.data
@@ -341,10 +362,7 @@ def tune_recipe(config: PipelineConfig = recipe_config(TuneConfig().recipe), tun
     """
     if config.data.dev_split is None:
         raise AnceError(no_dev_split(config))
-    config, taken = form_rebased(config, tune.recipe, TuneConfig().recipe)  # (a run form opens with its values)
-    if taken:
-        print(f"tune.recipe '{tune.recipe}': the config held the run form's '{TuneConfig().recipe}' values, so the "
-              f"search's base takes '{tune.recipe}''s: {', '.join(taken)}")
+    config = from_the_form(config, tune)
     if drift := recipe_drift(config, tune.recipe):
         warn(f"tune.recipe '{tune.recipe}': the search's base config does not hold its {', '.join(drift)}; the "
              f"baseline candidate is the config as given, named '{tune.recipe} (baseline)'")

@@ -28,6 +28,7 @@ from ance_core.artifacts import ArtifactRef, hold_refs, write_json
 from ance_core.data.config import DataConfig
 from ance_core.errors import AnceError
 from ance_core.negatives.config import InferencerConfig
+from ance_core.stage_config import SPARSE_DUMP
 
 RESULTS = "inferencer"  # train-async: step-<N>.json, the folders each refresh flow run built
 MISSED_HEARTBEATS = 3  # Prefect's own rule for an offline worker (server.services.foreman)
@@ -79,17 +80,19 @@ class DeploymentInferencer:
         skipped."""
         result_file = out / RESULTS / f"step-{step}.json"
         result_file.parent.mkdir(parents=True, exist_ok=True)
+        def sent(config) -> dict:  # (without the options at their unsaid values: a deployment registered by code
+            return config.model_dump(mode="json", context=SPARSE_DUMP)  # from before one existed refuses them)
+
         parameters = {
-            "checkpoint": str(Path(snapshot.path).resolve()), "data": self.data.model_dump(mode="json"),
-            "encode": args["encode"].model_dump(mode="json"), "index": args["index"].model_dump(mode="json"),
-            "mining": args["mining"].model_dump(mode="json"), "round_number": round_,
-            "work_dir": str(Path(args["work_dir"]).resolve()),
-            "execution": args["execution"].model_dump(mode="json"), "result_file": str(result_file.resolve()),
+            "checkpoint": str(Path(snapshot.path).resolve()), "data": sent(self.data), "encode": sent(args["encode"]),
+            "index": sent(args["index"]), "mining": sent(args["mining"]), "round_number": round_,
+            "work_dir": str(Path(args["work_dir"]).resolve()), "execution": sent(args["execution"]),
+            "result_file": str(result_file.resolve()),
         }
         if args.get("train") is not None:  # the round's training: a draw of negatives per epoch
-            parameters["train"] = args["train"].model_dump(mode="json")
+            parameters["train"] = sent(args["train"])
         if args.get("bm25") is not None and args["mining"].spec.uses_bm25:  # the run's BM25 (a deployment made
-            parameters["bm25"] = args["bm25"].model_dump(mode="json")  # before it took none: only when needed)
+            parameters["bm25"] = sent(args["bm25"])  # before it took none: only when needed)
         # Prefect keeps idempotency keys per flow: a trainer folder deleted and trained again gets new keys
         key_prefix = f"{trainer_key}-{_folder_id(out)}-{self.cfg.deployment}-step-{step}"
         problems, key = [], 0

@@ -87,12 +87,13 @@ def export_onnx(checkpoint: str | Path, out: str | Path, int8: bool = False, for
 
             # per output channel, the matrix products only (the embedding tables stay fp32): the best of four ways on
             # SciFact's dev split, -0.0035 nDCG@10 on its test queries (BENCHMARKS.md)
-            logging.disable(logging.WARNING)  # (its advice to pre-process the model first, on the root logger)
+            before = logging.root.manager.disable
+            logging.disable(max(before, logging.WARNING))  # (its advice to pre-process the model, on the root logger)
             try:
                 quantize_dynamic(str(folder / FP32), str(folder / INT8), weight_type=QuantType.QInt8,
                                  per_channel=True, op_types_to_quantize=["MatMul"])
             finally:
-                logging.disable(logging.NOTSET)
+                logging.disable(before)
             served = INT8
         (folder / SERVING).write_text(json.dumps({"serve": served, "opset": OPSET}) + "\n")
         texts = meta.queries(CHECK)

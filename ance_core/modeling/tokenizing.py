@@ -16,9 +16,10 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 
 CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: offsets, words) per text of a call
-# a text truncated at its start is cut to this many characters per token kept before it is tokenized: a tokenizer
-# reads the whole text before it truncates (a 30 MB document took ~23 s of each corpus encoding), and no token spans
-# more (WordPiece reads a word over 100 characters as one [UNK]; 1,000 leaves room for runs of spaces)
+# a text whose start is kept (truncation on the right) is cut to this many characters per token kept before it is
+# tokenized: a tokenizer reads the whole text before it truncates (a 30 MB document took ~23 s of each corpus
+# encoding). A cut text that gives fewer tokens than kept (WordPiece reads a word of any length over 100 characters as
+# one [UNK]: a DNA sequence) is tokenized whole, so the ids are the tokenizer's own
 CHARS_PER_TOKEN = 1000
 
 
@@ -53,13 +54,21 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
     included), `chunk` texts per call and per list yielded, in order."""
     backend = _backend(tokenizer, max_length)
     most = max_length * CHARS_PER_TOKEN if getattr(tokenizer, "truncation_side", "right") == "right" else None
-    for start in range(0, len(texts), chunk):
-        part = [text[:most] if most is not None and len(text) > most else text for text in texts[start:start + chunk]]
+
+    def ids(part: list[str]) -> list[list[int]]:
         if backend is not None:
-            yield [encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True)]
-        else:
-            yield tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
-                            return_token_type_ids=False)["input_ids"]
+            return [encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True)]
+        return tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
+                         return_token_type_ids=False)["input_ids"]
+
+    for start in range(0, len(texts), chunk):
+        whole = list(texts[start:start + chunk])
+        cut = [j for j, text in enumerate(whole) if most is not None and len(text) > most]
+        got = ids([text[:most] for text in whole] if cut else whole)
+        if short := [j for j in cut if len(got[j]) < max_length]:  # (the cut ended before the tokens kept did)
+            for j, again in zip(short, ids([whole[j] for j in short]), strict=True):
+                got[j] = again
+        yield got
 
 
 def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:

@@ -78,17 +78,24 @@ def read_config_file(path: str | Path) -> dict:
         raise AnceError(f"{path}: not valid YAML/JSON: {e}") from None
     if not isinstance(raw, dict):
         raise AnceError(f"{path}: expected a mapping of config sections, got {type(raw).__name__}")
-    return unshared(raw)
+    try:
+        return unshared(raw)
+    except AnceError as e:
+        raise AnceError(f"{path}: {e}") from None
 
 
-def unshared(value: Any) -> Any:
+def unshared(value: Any, _within: tuple[int, ...] = ()) -> Any:
     """A copy of a YAML document in which no two places share a mapping or list: a YAML alias (`ance: *warmup`, as
     yaml.safe_dump writes two equal sections) is copied, so that a --set of one section does not change the other
-    (copy.deepcopy keeps the sharing)."""
-    if isinstance(value, dict):
-        return {k: unshared(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [unshared(v) for v in value]
+    (copy.deepcopy keeps the sharing). An alias inside the node it names (`warmup: &w {self: *w}`) is refused."""
+    if isinstance(value, (dict, list)):
+        if id(value) in _within:
+            raise AnceError("the config holds a YAML alias inside the mapping or list it names (a loop); write the "
+                            "values out")
+        within = (*_within, id(value))
+        if isinstance(value, dict):
+            return {k: unshared(v, within) for k, v in value.items()}
+        return [unshared(v, within) for v in value]
     return value
 
 

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, SerializationInfo, model_serializer, model_validator
 
 from ance_core.modeling.config import Precision
-from ance_core.stage_config import KEY_DUMP, SEED_MAX, StageConfig
+from ance_core.stage_config import KEY_DUMP, SEED_MAX, SPARSE_DUMP, StageConfig
 
 # when checkpoints are taken: not what the stage computes (a resumed run ends with the weights of an uninterrupted one)
 CADENCE = ("checkpoint_seconds", "checkpoint_every")
@@ -126,10 +126,11 @@ class TrainConfig(StageConfig):
         `loader_workers` (how batches are built, not what is trained). (The pydantic repr, which a stage key holds
         when the config is nested in a dict, leaves them out too: `repr=False`.)"""
         data = handler(self)
-        if info.context == KEY_DUMP:
+        if info.context in (KEY_DUMP, SPARSE_DUMP):
             self.drop_unsaid(data)
             if data.get("world_size") == 1:
                 del data["world_size"]
+        if info.context == KEY_DUMP:
             for name in NOT_IN_KEY:
                 data.pop(name, None)
         return data

@@ -129,7 +129,8 @@ def launch(spec: dict, out: Path, world_size: int, callbacks: Sequence[Callable[
                         f"to train {world_size} processes on the CPU")
     out.mkdir(parents=True, exist_ok=True)
     if (summary := _summary(out)) is not None:  # an earlier launch whose ranks finished (the model saved, its
-        # checkpoints gone) was stopped while the last records' callbacks ran: deliver them, do not train again
+        # checkpoints gone) was stopped while the last records' callbacks ran: deliver the records past `resumed_step`
+        # (with its checkpoints gone, the caller's 0: every record again), do not train again
         for record in LogTail(out / TRAIN_LOG, seen=resumed_step).records():
             for callback in callbacks:
                 callback(record)

@@ -170,10 +170,14 @@ def test_weights_in_a_stage_or_an_export_are_readable_as_its_other_files(tmp_pat
 
     from ance_core.artifacts import new_file_mode
 
+    private = tmp_path / "private.safetensors"  # a user's own file, hard-linked into a stage (the compress stage
+    save_file({"w": torch.zeros(2)}, private)  # links its teacher's files): its mode is the user's (a review)
+
     def build(out):
         save_file({"w": torch.zeros(2)}, out / "model.safetensors")
         (out / "kept.key").write_text("k")
         (out / "kept.key").chmod(0o400)  # (a mode a writer chose: left as it is)
+        os.link(private, out / "teacher.safetensors")
 
     folder = run_stage(tmp_path / "work", "stage", {"a": 1}, {}, build)
     with atomic_folder(tmp_path / "export") as out:
@@ -181,6 +185,7 @@ def test_weights_in_a_stage_or_an_export_are_readable_as_its_other_files(tmp_pat
     for path in (Path(folder.path) / "model.safetensors", tmp_path / "export" / "head.safetensors"):
         assert os.stat(path).st_mode & 0o777 == new_file_mode(), path
     assert os.stat(Path(folder.path) / "kept.key").st_mode & 0o777 == 0o400
+    assert os.stat(private).st_mode & 0o777 == 0o600
 
 
 def test_a_file_written_through_a_link_keeps_the_link_and_a_device_is_refused(tmp_path):
@@ -200,3 +205,9 @@ def test_a_file_written_through_a_link_keeps_the_link_and_a_device_is_refused(tm
         write_text(tmp_path / "pipe", "x")
     assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.trec", "pipe", "target.trec"]
+    (tmp_path / "a").symlink_to(tmp_path / "b")  # a loop of links, a link into a folder that is not there: one line
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x.trec")
+    for link, said in (("a", "a symbolic link that cannot be followed"), ("dangling", "in a folder that does not")):
+        with pytest.raises(AnceError, match=said):
+            write_text(tmp_path / link, "x")

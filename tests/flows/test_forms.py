@@ -108,3 +108,20 @@ def test_a_form_opens_with_every_setting_at_the_value_the_run_uses():
     assert opened["hybrid"] is True and opened["retention"]["keep_rankings"] is True
     assert opened["selection"] == "best" and opened["bm25_negatives"]["judged_only"] is False
     assert "hybrid" not in PipelineConfig().model_dump(mode="json", context=KEY_DUMP)
+
+
+def test_a_run_name_the_user_gave_is_kept(monkeypatch):
+    """A review: Prefect calls a flow's flow_run_name for every run, so `prefect deployment run --flow-run-name
+    nightly` was renamed; the two words Prefect makes up are replaced, a name the user gave is kept."""
+    from types import SimpleNamespace
+
+    import flows.names as names
+
+    def context(name):
+        run = SimpleNamespace(name=name)
+        return SimpleNamespace(flow_run=run, parameters={"data": {"dataset": "/x/nfcorp", "name": "med"}})
+
+    monkeypatch.setattr(names.FlowRunContext, "get", staticmethod(lambda: context("nightly-retrain-3")))
+    assert names.dataset_run_name() == "nightly-retrain-3"
+    monkeypatch.setattr(names.FlowRunContext, "get", staticmethod(lambda: context("witty-otter")))
+    assert re.fullmatch(r"med-[a-z]+-[a-z]+", names.dataset_run_name())

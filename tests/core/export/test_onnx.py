@@ -186,4 +186,4 @@ def test_an_export_prints_nothing_of_the_tracer_nor_the_quantizer(exported, tmp_
     assert not [w for w in seen if issubclass(w.category, torch.jit.TracerWarning) or "ONNX export" in str(w.message)
                 ], [str(w.message) for w in seen]
     assert not [r for r in caplog.records if r.name == "root"], [r.getMessage() for r in caplog.records]
-    assert logging.root.manager.disable == logging.NOTSET  # (the quantizer's quiet ends with it)
+    assert logging.root.manager.disable == logging.NOTSET  # (the quantizer's quiet ends with it, as it was)

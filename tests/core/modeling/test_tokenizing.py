@@ -96,3 +96,6 @@ def test_a_huge_text_is_cut_before_it_is_tokenized_to_the_same_ids(tokenizer, mo
     seen.clear()
     list(token_ids(tokenizer, [huge], 64))
     assert seen == [len(huge)]
+    tokenizer.truncation_side = "right"  # a cut that gives fewer tokens than kept (a review: a DNA sequence is one
+    dna = "ACGT" * 70_000 + " cancer gene expression" * 10  # [UNK] of any length): tokenized whole, the same ids
+    assert list(token_ids(tokenizer, [dna], 64)) == tokenizer([dna], truncation=True, max_length=64)["input_ids"]

@@ -237,6 +237,10 @@ def test_a_config_left_at_the_run_forms_recipe_takes_the_recipe_the_search_names
         raise Seen(config)
 
     monkeypatch.setattr(tune_flow, "recipe_drift", seen)  # the search's base, once the flow has rebased it
+    with pytest.raises(Seen) as base:  # called by the CLI (or another flow): its config as given
+        tune_flow.tune_recipe.fn(recipe_config("demo"), TuneConfig(recipe="full-maxp"))
+    assert base.value.args[0] == recipe_config("demo")
+    monkeypatch.setattr(tune_flow, "started_from_a_deployment", lambda: True)  # the UI's form
     with pytest.raises(Seen) as base:
         tune_flow.tune_recipe.fn(recipe_config("demo"), TuneConfig(recipe="full-maxp"))
     assert base.value.args[0] == recipe_config("full-maxp")
@@ -320,6 +324,9 @@ def test_a_set_of_a_section_a_yaml_alias_shares_changes_that_section_only(tmp_pa
     (tmp_path / "aliased.yaml").write_text("warmup: &id001\n  batch_size: 4\n  max_steps: 3\nance: *id001\n")
     config = load_config(tmp_path / "aliased.yaml", sets=["warmup.max_steps=7"])
     assert (config.warmup.max_steps, config.ance.max_steps, config.ance.batch_size) == (7, 3, 4)
+    (tmp_path / "loop.yaml").write_text("warmup: &w\n  batch_size: 4\n  self: *w\n")  # (a review: a RecursionError)
+    with pytest.raises(AnceError, match=r"loop.yaml: the config holds a YAML alias inside the mapping or list it "):
+        load_config(tmp_path / "loop.yaml")
 
 
 def test_a_setting_given_twice_by_set_is_refused():
