@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import textwrap
 import threading
 import time
 import warnings
@@ -67,7 +68,8 @@ def mlflow_client(uri: str, registry_uri: str | None = None):
     try:
         return MlflowClient(uri, registry_uri=registry_uri)
     except Exception as e:  # (an unsupported scheme: MLflow's registry store lookup raises)
-        said = str(e).splitlines()[0][:150] if str(e) else ""  # (SQLAlchemy's errors go on with the SQL)
+        # (SQLAlchemy's errors go on with the SQL: the first line, cut at a word; it was cut mid-list at 150 characters)
+        said = textwrap.shorten(str(e).splitlines()[0], 400, placeholder=" ...") if str(e).strip() else ""
         raise AnceError(f"{where} '{uri}' cannot be used by MLflow ({type(e).__name__}: {said}); give a "
                         "tracking server as http(s)://host:port, or sqlite:///<path>.db (unset: the work folder's "
                         "own store)") from None
