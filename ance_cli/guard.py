@@ -172,16 +172,22 @@ def _stop_now(code: int) -> NoReturn:
 
 
 def one_line_user_errors() -> None:
-    """Log records of an AnceError (a user error: bad data, bad config, a missing model) keep their message and lose
+    """Log records of an AnceError (a user error: bad data, bad config, a missing model) or of what the machine refused
+    (REFUSED: a full disk, a read-only folder; `guard` ends the command with its one line) keep their message and lose
     their traceback, whoever logs them (Prefect's task and flow run loggers log every failure with its traceback):
     the error is one line. Not with ANCE_DEBUG."""
     from ance_core.errors import AnceError
 
     make = logging.getLogRecordFactory()
 
+    def users(error: BaseException | None) -> bool:
+        if isinstance(error, AnceError):
+            return True
+        return (error.errno if isinstance(error, OSError) else _os_error_in(error) if error else None) in REFUSED
+
     def record(*args, **kwargs):
         made = make(*args, **kwargs)
-        if made.exc_info and isinstance(made.exc_info[1], AnceError) and not os.environ.get(DEBUG):
+        if made.exc_info and users(made.exc_info[1]) and not os.environ.get(DEBUG):
             made.exc_info, made.exc_text = None, None
         return made
 

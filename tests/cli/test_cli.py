@@ -695,6 +695,7 @@ def test_a_full_disk_or_a_read_only_folder_is_one_line_naming_where(capsys):
 
 
 def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeypatch, caplog):
+    import errno
     import logging
 
     from ance_cli.guard import DEBUG, one_line_user_errors
@@ -708,13 +709,18 @@ def test_user_errors_are_logged_without_their_traceback_unless_debugging(monkeyp
             if debug:
                 monkeypatch.setenv(DEBUG, "1")
             caplog.clear()
-            for error in (AnceError("bad config"), RuntimeError("a bug")):
+            # what the machine refused too (a probe: a read-only folder mid-run ended in one good line, below two task
+            # logs' tracebacks), as an OSError or as a library's text
+            for error in (AnceError("bad config"), OSError(errno.EROFS, "Read-only file system"),
+                          Exception("No space left on device (os error 28)"), RuntimeError("a bug"),
+                          OSError(errno.EBADF, "Bad file descriptor")):
                 try:
                     raise error
                 except Exception:
                     log.error("Encountered exception during execution: %r", error, exc_info=True)
-            user, bug = caplog.records
-            assert (user.exc_info is not None) == debug and bug.exc_info is not None  # a bug keeps its traceback
+            *users, bug, other = caplog.records
+            assert all((user.exc_info is not None) == debug for user in users) and len(users) == 3
+            assert bug.exc_info is not None and other.exc_info is not None  # a bug keeps its traceback
     finally:
         logging.setLogRecordFactory(factory)
 
