@@ -174,9 +174,6 @@ def load_encoder(path: str, **config_overrides: float) -> nn.Module:
                                                          **config_overrides)
         except TypeError:
             encoder, loading = AutoModel.from_pretrained(path, output_loading_info=True, **config_overrides)
-    except SafetensorError as e:  # (a weights file cut short, or not safetensors at all)
-        raise AnceError(f"cannot load model '{path}': its weights file is damaged ({' '.join(str(e).split())[:200]}); "
-                        "copy or download it again") from None
     except OSError as e:  # (transformers says a model file it may not read is not there: said as it is)
         unreadable = [p.name for p in Path(path).glob("*") if p.is_file() and p.suffix in MODEL_SUFFIXES
                       and p.name not in TRAINING_STATE and not os.access(p, os.R_OK)]
@@ -206,6 +203,10 @@ def load_pretrained(source: str, name: str) -> tuple[nn.Module, PreTrainedTokeni
     try:
         encoder = load_encoder(source)
         return encoder, checkpoint_tokenizer(source, encoder.get_input_embeddings().num_embeddings, "model")
+    except SafetensorError as e:  # (a weights file cut short, or not safetensors at all; a checkpoint's: its own
+        # message, load_checkpoint's DamagedCheckpoint)
+        raise AnceError(f"cannot load model '{name}': its weights file is damaged ({' '.join(str(e).split())[:200]}); "
+                        "copy or download it again") from None
     except OSError as e:
         raise AnceError(f"cannot load model '{name}' (resolved to {source}): {' '.join(str(e).split())}") from None
     finally:
