@@ -91,7 +91,8 @@ def _tune(config: Path | None, sets: list[str] | None, budget_minutes: float | N
     from ance_core.pipeline.tune import MAX_BUDGET, TuneConfig, earlier_budget
     from ance_core.stage_config import SEED_MAX
     from flows.ance_pipeline import check_pipeline
-    from flows.tune import no_dev_split, tune_recipe
+    from flows.tune import tune_recipe
+    from flows.tune_inputs import no_dev_split
 
     # (each named as its option, not as the search's field)
     if budget_minutes is not None and not 0 < budget_minutes <= MAX_BUDGET:

@@ -11,7 +11,8 @@ from ance_core.pipeline.recipes import recipe_config
 from ance_core.pipeline.tune import TuneConfig
 from flows.ance_pipeline import ance_pipeline, check_pipeline
 from flows.names import dataset_run_name
-from flows.tune import from_the_form, tune_recipe
+from flows.tune import tune_recipe
+from flows.tune_inputs import from_the_form
 
 SEARCH_KEYS = ("winner", "overrides", "reason", "stopped", "report_dir", "mlflow_run_id")
 

@@ -17,14 +17,13 @@ from pathlib import Path
 import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from prefect.context import FlowRunContext
 
 from ance_core.artifacts import MANIFEST, ArtifactRef, read_manifest, run_stage, write_json
 from ance_core.data.dataset import read_tables
 from ance_core.data.splits import fold_count
 from ance_core.errors import AnceError, warn
 from ance_core.pipeline.config import PipelineConfig
-from ance_core.pipeline.recipes import form_rebased, recipe_config, recipe_drift
+from ance_core.pipeline.recipes import recipe_config, recipe_drift
 from ance_core.pipeline.tune import (
     FULL_OVER_WARM,
     Candidate,
@@ -44,7 +43,8 @@ from ance_core.run_records import live_run
 from flows.ance_pipeline import check_dev_folds, check_pipeline
 from flows.names import dataset_run_name
 from flows.publish import artifact_key, flow_tags, publish
-from flows.trial import EXPERIMENT, SEED_FIELDS, read_trial, trial, trial_config
+from flows.trial import EXPERIMENT, read_trial, trial, trial_config
+from flows.tune_inputs import from_the_form, no_dev_split, unused_seeds
 from flows.tune_report import report
 from tasks.common import run_task
 from tasks.data import prepare_data
@@ -257,12 +257,6 @@ class Search:
         return refs
 
 
-def unused_seeds(config: PipelineConfig, seeds: list[int]) -> dict[str, int]:
-    """The seeds a user set on the base config (not their defaults) that a search under `seeds` does not use."""
-    return {f"{f}.seed": seed for f in SEED_FIELDS if (seed := getattr(config, f).seed) != seeds[0]
-            and seed != type(getattr(config, f)).model_fields["seed"].default}
-
-
 def check_candidates(base: PipelineConfig, pool: list[Candidate], seeds: list[int]) -> None:
     """Every trial's config validated, and checked as a run checks it, before any trial: a candidate the config
     refuses is one clear error now, not a failed trial later (a trial that fails then is that candidate's own)."""
@@ -319,36 +313,6 @@ def search(base: PipelineConfig, cfg: TuneConfig, data: ArtifactRef, tracker: Tr
              f"untried against the others; a larger budget (--budget-minutes, {cfg.budget_minutes:g} now) compares "
              "them")
     return next(c for c in pool if c.name == winner), evidence, pool, state
-
-
-def started_from_a_deployment() -> bool:
-    """Whether this flow run was started from a deployment (the Prefect UI's run form, a schedule, `prefect deployment
-    run`), not called by the CLI or by another flow."""
-    context = FlowRunContext.get()
-    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
-
-
-def from_the_form(config: PipelineConfig, tune: TuneConfig) -> PipelineConfig:
-    """A deployment's `config` as the search's base (`form_rebased`): a run form opens with demo's config, and one
-    left so beside `tune.recipe` full searches full. The CLI's config is built from the recipe it names, and a setting
-    in it that equals demo's is the user's: it is kept."""
-    if not started_from_a_deployment():
-        return config
-    config, taken = form_rebased(config, tune.recipe, TuneConfig().recipe)
-    if taken:
-        print(f"tune.recipe '{tune.recipe}': the config held the run form's '{TuneConfig().recipe}' values, so the "
-              f"search's base takes '{tune.recipe}''s: {', '.join(taken)}")
-    return config
-
-
-def no_dev_split(config: PipelineConfig) -> str:
-    """Why a search of `config` has no dev split to choose on."""
-    d = config.data
-    if d.dev_split is None:
-        return "the recipe search (ance tune, --recipe auto) chooses on the dev split, and data.dev_split is null"
-    return (f"the recipe search (ance tune, --recipe auto) chooses on the dev split, and {d.dataset} has none: no "
-            f"split '{d.dev_split}', and data.dev_fraction {d.dev_fraction} carved none from the training queries "
-            "(raise it, e.g. 0.2, or add the split)")
 
 
 @flow(name="ance-tune", flow_run_name=dataset_run_name, log_prints=True)

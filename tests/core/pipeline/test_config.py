@@ -240,7 +240,9 @@ def test_a_config_left_at_the_run_forms_recipe_takes_the_recipe_the_search_names
     with pytest.raises(Seen) as base:  # called by the CLI (or another flow): its config as given
         tune_flow.tune_recipe.fn(recipe_config("demo"), TuneConfig(recipe="full-maxp"))
     assert base.value.args[0] == recipe_config("demo")
-    monkeypatch.setattr(tune_flow, "started_from_a_deployment", lambda: True)  # the UI's form
+    import flows.tune_inputs as tune_inputs
+
+    monkeypatch.setattr(tune_inputs, "started_from_a_deployment", lambda: True)  # the UI's form
     with pytest.raises(Seen) as base:
         tune_flow.tune_recipe.fn(recipe_config("demo"), TuneConfig(recipe="full-maxp"))
     assert base.value.args[0] == recipe_config("full-maxp")
