@@ -180,14 +180,10 @@ def one_line_user_errors() -> None:
 
     make = logging.getLogRecordFactory()
 
-    def users(error: BaseException | None) -> bool:
-        if isinstance(error, AnceError):
-            return True
-        return (error.errno if isinstance(error, OSError) else _os_error_in(error) if error else None) in REFUSED
-
     def record(*args, **kwargs):
         made = make(*args, **kwargs)
-        if made.exc_info and users(made.exc_info[1]) and not os.environ.get(DEBUG):
+        error = made.exc_info[1] if made.exc_info else None
+        if error is not None and (isinstance(error, AnceError) or _refused(error)) and not os.environ.get(DEBUG):
             made.exc_info, made.exc_text = None, None
         return made
 
@@ -285,7 +281,7 @@ def guard(fn, resumes: bool | str = False):
     except ValidationError as e:
         fail(f"invalid config:\n{format_validation_error(e)}")
     except OSError as e:
-        if e.errno not in REFUSED:
+        if _refused(e) is None:
             raise
         if os.environ.get(DEBUG):
             import traceback
@@ -310,15 +306,19 @@ def guard(fn, resumes: bool | str = False):
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     except Exception as e:  # (an OS error the Rust of safetensors or tokenizers reports as text: `(os error 28)`)
-        if (number := _os_error_in(e)) is None:
+        if (number := _refused(e)) is None:
             raise
         fail(f"{' '.join(str(e).split())[:300]} ({errno.errorcode[number]}); {REFUSED[number]}, and run the command "
              "again")
 
 
-def _os_error_in(error: BaseException) -> int | None:
-    """The errno of what the machine refused (REFUSED) that an exception of another kind says in its text (a full disk
-    while safetensors writes: `SafetensorError: ... No space left on device (os error 28)`), else None."""
-    match = re.search(r"\(os error (\d+)\)", str(error))
-    number = int(match.group(1)) if match else None
+def _refused(error: BaseException) -> int | None:
+    """The errno of what the machine refused (REFUSED): an OSError's, or one that an exception of another kind says in
+    its text (a full disk while safetensors writes: `SafetensorError: ... No space left on device (os error 28)`);
+    else None."""
+    if isinstance(error, OSError):
+        number = error.errno
+    else:
+        match = re.search(r"\(os error (\d+)\)", str(error))
+        number = int(match.group(1)) if match else None
     return number if number in REFUSED else None

@@ -98,7 +98,7 @@ def form_rebased(config: PipelineConfig, name: str, form: str) -> tuple[Pipeline
 
 
 def _at(config: PipelineConfig, path: str) -> Any:
-    node: Any = config  # (its attributes, not its dump: a dump leaves out options at their unsaid values)
+    node: Any = config  # (its attributes: the values as the config holds them, not as a dump writes them)
     for key in path.split("."):
         node = getattr(node, key)
     return node
