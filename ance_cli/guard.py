@@ -264,6 +264,11 @@ def guard(fn, resumes: bool | str = False):
     from ance_core.pipeline.loading import format_validation_error
 
     _ending["resumes"], _ending["body_ended"] = resumes, False
+    if resumes and (uri := os.environ.get("MLFLOW_TRACKING_URI")):  # (a command that tracks: said before a server
+        from tracking.client import file_store_problem  # starts, once, not by the flow's failure after it)
+
+        if problem := file_store_problem(uri):
+            fail(f"MLFLOW_TRACKING_URI '{uri}' {problem}")
     try:
         return _body(fn)
     except KeyboardInterrupt:

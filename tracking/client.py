@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from filelock import FileLock
 from pydantic import BaseModel
@@ -62,6 +63,8 @@ def mlflow_client(uri: str, registry_uri: str | None = None):
     from mlflow.tracking import MlflowClient
 
     where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "the tracking URI"
+    if problem := file_store_problem(uri):
+        raise AnceError(f"{where} '{uri}' {problem}")
     check_sqlite_store(uri, where)
     if registry_uri and registry_uri != uri:
         check_sqlite_store(registry_uri, "the registry URI")
@@ -73,6 +76,21 @@ def mlflow_client(uri: str, registry_uri: str | None = None):
         raise AnceError(f"{where} '{uri}' cannot be used by MLflow ({type(e).__name__}: {said}); give a "
                         "tracking server as http(s)://host:port, or sqlite:///<path>.db (unset: the work folder's "
                         "own store)") from None
+
+
+def file_store_problem(uri: str) -> str | None:
+    """What is wrong with a tracking URI that MLflow reads as a folder of its file store (no scheme: a path, or a
+    scheme typed without its "://"; file:), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE is true (its error
+    is a paragraph on migrating); None for any other URI. Pure: no MLflow import, so a command can check before it
+    starts anything."""
+    scheme = urlsplit(uri).scheme.lower()
+    if not (scheme in ("", "file") or len(scheme) == 1):  # (one letter: a Windows drive)
+        return None
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+        return None
+    return ("is a folder to MLflow (its file store: no scheme, or file:), which MLflow 3 opens only with "
+            "MLFLOW_ALLOW_FILE_STORE=true; give a tracking server as http(s)://host:port, or sqlite:///<path>.db "
+            "(unset: the work folder's own store)")
 
 
 def sqlite_file(uri: str) -> Path | None:

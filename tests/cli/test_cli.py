@@ -165,6 +165,24 @@ def test_a_work_dir_that_cannot_be_created_is_one_line_before_any_work(tmp_path)
     assert code == 2 and f"work_dir {tmp_path / 'a-file'}: a file, not a folder" in out, out  # ("File exists")
 
 
+def test_a_tracking_uri_mlflow_reads_as_a_folder_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """MLFLOW_TRACKING_URI without "://" (a typo) was said after the temporary server's start, three times (the flow's
+    error, its failed state, the command's line), as MLflow's paragraph on migrating its file store."""
+    ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],
+                    {"test": [("q1", "d1", 1)]})
+    work = tmp_path / "work"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http//127.0.0.1:5000")
+    for args in (["bm25", "--dataset", str(ds), "--work-dir", str(work)],
+                 ["run", "--set", f"data.dataset={ds}", "--set", f"work_dir={work}"]):
+        code, out = _invoke(args)
+        assert code == 2 and "error: MLFLOW_TRACKING_URI 'http//127.0.0.1:5000' is a folder to MLflow" in out, out
+        assert "MLFLOW_ALLOW_FILE_STORE=true" in out and "migrate" not in out, out
+        assert "Traceback" not in out and len(set(out.strip().splitlines())) == 1, out
+    assert not work.exists()
+    code, out = _invoke(["recipes"])  # a command that tracks nothing is not refused for it
+    assert code == 0, out
+
+
 def test_an_empty_work_dir_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch):
     """`--set work_dir=$UNSET`: the stages (and a run record) were written into the current folder."""
     ds = write_beir(tmp_path / "ds", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}],

@@ -285,6 +285,22 @@ def test_a_tracking_uri_mlflow_cannot_use_is_one_clear_error(tmp_path, monkeypat
     assert "'http', 'https'" in str(e.value)  # MLflow's list of schemes whole (a probe: cut mid-list at 150)
 
 
+@pytest.mark.parametrize("uri", ["./mlruns", "file:///tmp/mlruns", "http//localhost:5000", r"C:\\mlruns"])
+def test_a_tracking_uri_that_mlflow_reads_as_its_file_store_says_so(tmp_path, monkeypatch, uri):
+    """MLflow 3 refuses its file store with a paragraph on migrating; a URI typed without "://" is one."""
+    from ance_core.errors import AnceError
+    from tracking.client import file_store_problem
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(AnceError, match=r"^MLFLOW_TRACKING_URI '.*' is a folder to MLflow \(its file store") as e:
+        Tracker(tmp_path / "work", "ance-train")
+    assert "migrate" not in str(e.value)
+    for fine in ("http://127.0.0.1:5000", "https://mlflow.example.com", "sqlite:///x.db", "postgresql://h/db"):
+        assert file_store_problem(fine) is None
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-in: the store is the user's choice
+    assert file_store_problem(uri) is None
+
+
 def test_a_work_folder_store_that_is_not_a_database_is_one_line_naming_it(tmp_path):
     """A damaged mlflow.db (or another file of that name) was MLflow's SQLAlchemy error, SQL included, and `ance
     compress` / retrain said it as "no champion"."""
