@@ -2,7 +2,10 @@
 flow is in flows/evaluate.py), and `encode` (a corpus encoded with a checkpoint; bench/scale.py,
 tests/tasks/test_execution.py). Each reuses the stage tasks, so their outputs are shared with the full pipeline."""
 
+from typing import Annotated
+
 from prefect import flow
+from pydantic import Field
 
 from ance_core.artifacts import write_json
 from ance_core.data.config import DataConfig
@@ -43,10 +46,10 @@ def bm25_warmup(config: PipelineConfig = PipelineConfig()) -> dict:
             "mlflow_run_id": result["mlflow_run_id"]}
 
 
-@flow(name="refresh-negatives", log_prints=True)
+@flow(name="refresh-negatives", flow_run_name=dataset_run_name, log_prints=True)
 def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: EncodeConfig = EncodeConfig(),
                            index: IndexConfig = IndexConfig(), mining: MiningConfig = MiningConfig(),
-                           round_number: int = 1, work_dir: WorkDir = "work",
+                           round_number: Annotated[int, Field(ge=1)] = 1, work_dir: WorkDir = "work",
                            execution: ExecutionConfig = ExecutionConfig(),
                            result_file: str | None = None, train: TrainConfig | None = None,
                            bm25: BM25Config = BM25Config()) -> dict[str, str]:
@@ -68,9 +71,10 @@ def refresh_negatives_flow(checkpoint: str, data: DataConfig = DataConfig(), enc
         train: The training stage that will use the negatives (a draw per epoch); unset: one draw.
         bm25: BM25's settings, for BM25 samplers.
     """
+    model = checkpoint_ref(checkpoint)  # (a mistyped path: said before the data stage reads the corpus)
     with live_run(work_dir, "refresh-negatives", keep=result_file is None):  # a trainer's refresh: part of its run
         tables = run_task(prepare_data, data, work_dir)
-        refs = refresh_negatives(checkpoint_ref(checkpoint), tables, data.train_split, encode, index, mining,
+        refs = refresh_negatives(model, tables, data.train_split, encode, index, mining,
                                  round_number, work_dir, bm25, execution=execution, train=train)
         folders = {name: r.path for name, r in refs.items()}
         if result_file:  # (while recorded: the trainer records them once it reads this)
@@ -92,8 +96,9 @@ def encode_flow(checkpoint: str, data: DataConfig = DataConfig(), encode: Encode
         work_dir: Where stage outputs are kept.
         execution: Where the shards' tasks run (the flow's process, or Ray).
     """
+    model = checkpoint_ref(checkpoint)  # (a mistyped path: said before the data stage reads the corpus)
     with live_run(work_dir, "encode"):  # the stages it uses, which garbage collection leaves
         tables = run_task(prepare_data, data, work_dir)
-        ref = run_task(encode_corpus, checkpoint_ref(checkpoint), tables, encode, work_dir, execution)
+        ref = run_task(encode_corpus, model, tables, encode, work_dir, execution)
     print(f"corpus encoding: {ref.path}")
     return {"encode": ref.path, "seconds": ref.seconds, "cached": ref.cached}

@@ -69,6 +69,32 @@ def test_an_empty_work_dir_in_a_form_is_refused_before_the_run_starts(entrypoint
         flow.validate_parameters(parameters | {"work_dir": " "})
 
 
+def test_a_round_below_one_is_refused_by_the_refresh_negatives_form():
+    """The form's round_number took 0 or -3 (it seeds the sampler's draw); its schema now says the minimum."""
+    from prefect.exceptions import ParameterTypeError
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.stages import refresh_negatives_flow
+
+    assert parameter_schema(refresh_negatives_flow).model_dump()["properties"]["round_number"]["minimum"] == 1
+    refresh_negatives_flow.validate_parameters({"checkpoint": "/c", "round_number": 2})
+    with pytest.raises(ParameterTypeError, match=r"round_number[\s\S]*greater than or equal to 1"):
+        refresh_negatives_flow.validate_parameters({"checkpoint": "/c", "round_number": 0})
+
+
+@pytest.mark.parametrize("name", ["refresh_negatives_flow", "encode_flow"])
+def test_a_checkpoint_that_is_not_there_is_said_before_the_data_stage(name, tiny_scifact, tmp_path):
+    """Found by a review of the forms: refresh-negatives and encode read the corpus into a data stage first, and
+    only then found that the checkpoint's path was mistyped."""
+    import flows.stages
+    from ance_core.data.config import DataConfig
+
+    flow = getattr(flows.stages, name)
+    with pytest.raises(AnceError, match=r"nope: no such checkpoint folder"):
+        flow.fn(str(tmp_path / "nope"), DataConfig(dataset=str(tiny_scifact)), work_dir=str(tmp_path / "work"))
+    assert not (tmp_path / "work" / "data").exists()
+
+
 @pytest.mark.parametrize("flow, setting, said", [
     ("flows.ance_pipeline:retrain", {"warmup_only": True}, r"retrain trains ANCE rounds from the champion, and "
                                                            r"config.warmup_only is true"),
