@@ -39,6 +39,35 @@ def test_windows_cut_a_document_on_token_boundaries(tiny_model):
     assert passage_windows(tokenizer, "short", 16, 3) == ["short"] and passage_windows(tokenizer, "", 16, 3) == [""]
 
 
+def test_a_huge_document_is_cut_before_its_windows_are_tokenized_to_the_same_windows(tiny_model):
+    """MaxP tokenized a document whole before keeping its first windows (a 2 MB one: 1.7 s of each corpus encoding
+    on this CPU); it is cut as FirstP's texts are (token_id_chunks), to the same windows, and a cut that holds fewer
+    tokens than the windows keep (a DNA sequence: one [UNK] of any length) is read whole."""
+    from ance_core.modeling.tokenizing import CHARS_PER_TOKEN
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    seen = []
+
+    class Spied:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text, **kwargs):
+            seen.append(len(text))
+            return tokenizer(text, **kwargs)
+
+    def uncut(text: str) -> list[str]:  # what the windows were: the whole text tokenized, then truncated
+        enc = tokenizer(text, add_special_tokens=False, truncation=True, max_length=14 * 3, return_offsets_mapping=True)
+        o = enc["offset_mapping"]
+        return [text[o[i][0]:o[min(i + 14, len(o)) - 1][1]] for i in range(0, len(o), 14)]
+
+    huge = "gene cancer patients study " * 20_000  # 540 k characters
+    assert passage_windows(Spied(), huge, 16, 3) == uncut(huge) and seen == [14 * 3 * CHARS_PER_TOKEN]
+    dna = "ACGT" * 30_000 + " cancer gene expression" * 10
+    seen.clear()
+    assert passage_windows(Spied(), dna, 16, 3) == uncut(dna) and seen == [14 * 3 * CHARS_PER_TOKEN, len(dna)]
+
+
 @pytest.mark.parametrize("mode", ["firstp", "maxp"])
 def test_an_answer_in_the_second_window_is_found_by_maxp_only(mode, tmp_path):
     """all-MiniLM-L6-v2 with 32-token passages: MaxP ranks the document whose second window holds the answer first;
