@@ -45,7 +45,7 @@ from flows.publish import artifact_key, flow_tags, link_mlflow_run, publish_tabl
 from flows.start import warn_other_dev_split
 from tasks.analysis import analyse_negatives
 from tasks.bm25 import bm25_index, bm25_run
-from tasks.common import StageLog, run_task
+from tasks.common import StageLog, run_task, stages_for
 from tasks.data import prepare_data
 from tasks.evaluate import evaluate
 from tasks.fusion import fused_run, fusion_choice, read_fusion
@@ -169,9 +169,10 @@ class RunBook:
         model that scores BM25 candidates there). The corpus encoding and index belong to `model` (they also serve
         its evaluation), retrieval and mining to `label`; a stage already recorded for its label is not recorded
         twice. `train`: the config of the stage that trains on them (a draw of negatives per epoch)."""
-        refs = refresh_negatives(checkpoint, self.data, self.split, self.c.encode, self.c.index, mining, round_,
-                                 self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None,
-                                 execution=self.c.execution, train=train)
+        with stages_for(f"negatives for {label}"):
+            refs = refresh_negatives(checkpoint, self.data, self.split, self.c.encode, self.c.index, mining, round_,
+                                     self.wd, self.c.bm25, scorer=self.models[scorer] if scorer else None,
+                                     execution=self.c.execution, train=train)
         seen = {(t.label, t.ref.path) for t in self.log.timings}
         for name, ref in refs.items():
             for_label = model if name in ("encode", "index") else label
@@ -237,8 +238,9 @@ class RunBook:
         negatives)."""
         c, built = self.c, built or {}
         exact = built.get("index") if c.index.type == "flat" else None  # an approximate mining index is not reused
-        refs = evaluate_stages(checkpoint, self.data, self.eval_split, self.eval, c.encode, c.index, self.wd,
-                               exact, self.dev_split, c.execution)
+        with stages_for(label):
+            refs = evaluate_stages(checkpoint, self.data, self.eval_split, self.eval, c.encode, c.index, self.wd,
+                                   exact, self.dev_split, c.execution)
         self.log.record(label, refs)
         self.models[label] = {"checkpoint": checkpoint, "encode": built.get("encode") or refs["encode"],
                               "index": exact or refs["index"]}
@@ -252,9 +254,11 @@ class RunBook:
             # ranks at least the analysis's depth: the samplers that rank with the model rank 100 deep or more)
             mined = self.next_mining
             shared = built.get("retrieve") if mined is not None and mined.queries is None else None
-            self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint, self.models[label]["index"],
-                                                  self.data, self.split, c.encode, c.index, self.wd,
-                                                  self.models.get(self.started_from[label]), shared)
+            with stages_for(f"negatives of {label}"):
+                self.stats[label] = analyse_negatives(self.trained_on[label], checkpoint,
+                                                      self.models[label]["index"], self.data, self.split, c.encode,
+                                                      c.index, self.wd, self.models.get(self.started_from[label]),
+                                                      shared)
 
     def hybrid(self, last: str) -> str | None:
         """The hybrid row (`hybrid`): the best dense model on the dev split (`last` without one) fused with BM25, the

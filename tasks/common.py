@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -341,10 +342,37 @@ def run_task(stage: Task, *args: Any, **kwargs: Any) -> ArtifactRef:
     return dataclasses.replace(ref, cached=ref.cached or state.name == "Cached")
 
 
+_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("ance_stage_label", default=None)
+
+
+@contextlib.contextmanager
+def stages_for(label: str) -> Iterator[None]:
+    """The stage tasks called within are named after `label` in the Prefect UI, `encode (ANCE round 1)` (a stage
+    whose task names its runs itself, encode-shard-3, keeps its name): Prefect's own, `encode-2`, said neither which
+    model nor which split."""
+    token = _LABEL.set(label)
+    try:
+        yield
+    finally:
+        _LABEL.reset(token)
+
+
+def named(stage: Task) -> Task:
+    """`stage` with its runs named after the label `stages_for` set, and the split a stage of one works on: `evaluate
+    (warmup, dev)`, `train (warmup)` (unchanged without a label)."""
+    label = _LABEL.get()
+    if label is None or stage.task_run_name is not None:
+        return stage
+    # (Prefect fills it in; a training stage's is the train split, said by its name)
+    split = ", {split}" if "split" in inspect.signature(stage.fn).parameters and stage.name != "train" else ""
+    return stage.with_options(task_run_name=f"{stage.name} ({label.replace('{', '{{').replace('}', '}}')}{split})")
+
+
 def held_result(stage: Task, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
     """Call a stage task and record the folders of its result (an ArtifactRef, or dicts and lists of them) under
     their stage locks; called again when one went missing between Prefect's cached answer and that record (run_task).
     Its final state and result."""
+    stage = named(stage)
     state = stage(*args, return_state=True, **kwargs)
     result = state.result()
     if not hold_refs(result):
@@ -362,7 +390,8 @@ class StageLog:
         self.timings: list[StageTiming] = []
 
     def run(self, label: str, name: str, stage: Task, *args: Any) -> ArtifactRef:
-        ref = run_task(stage, *args)
+        with stages_for(label):
+            ref = run_task(stage, *args)
         self.timings.append(StageTiming(label, name, ref))
         return ref
 

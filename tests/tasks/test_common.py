@@ -55,3 +55,44 @@ def test_drills_are_armed_only_while_ance_fault_asks_for_one(monkeypatch):
     assert drills_armed()
     with common.faults_off():
         assert not drills_armed()
+
+
+def test_stage_task_runs_are_named_after_the_model_and_split_they_ran_for(prefect_server, monkeypatch, tmp_path):
+    """The Prefect UI's task runs read `encode-2`, `evaluate-5`: neither which model nor which split. Within
+    `stages_for(label)` a stage's runs are named after the label (and its split, where it takes one); a stage that
+    names its runs itself keeps its names."""
+    import time
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from tasks.common import held_result, stage_task, stages_for
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+
+    @stage_task("probe-evaluate")
+    def evaluate(split: str, salt: str) -> str:
+        return split
+
+    @stage_task("probe-shard", task_run_name="probe-shard-{n}")
+    def shard(n: int, salt: str) -> int:
+        return n
+
+    @flow(name="named-task-runs")
+    def named_runs(salt: str) -> None:
+        with stages_for("ANCE round {1}"):  # (braces: the label is not a template)
+            held_result(evaluate, "dev", salt)  # (run_task, without its ArtifactRef)
+            held_result(shard, 3, salt)
+        held_result(evaluate, "test", salt)
+
+    state = named_runs(str(tmp_path), return_state=True)
+    deadline, names = time.time() + 120, []
+    while len(names) < 3 and time.time() < deadline:  # (the server records task runs from events: later when busy)
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+        names = sorted(r.name for r in runs)
+        time.sleep(0.5)
+    assert {"probe-evaluate (ANCE round {1}, dev)", "probe-shard-3"} < set(names) and len(names) == 3, names
+    assert any(n.startswith("probe-evaluate-") for n in names), names  # no label: Prefect's own name
