@@ -151,3 +151,15 @@ def test_a_run_name_the_user_gave_is_kept(monkeypatch):
     assert names.dataset_run_name() == "nightly-retrain-3"
     monkeypatch.setattr(names.FlowRunContext, "get", staticmethod(lambda: context("witty-otter")))
     assert re.fullmatch(r"med-[a-z]+-[a-z]+", names.dataset_run_name())
+
+
+def test_a_dataset_that_is_not_there_is_said_before_a_registered_model_is_looked_up(tmp_path):
+    """Found by a review of the forms: the evaluate flow downloaded a registered model (or said it was not found)
+    before it found that the form's dataset does not exist."""
+    from ance_core.data.config import DataConfig
+    from flows.evaluate import evaluate_checkpoint
+
+    with pytest.raises(AnceError, match=r"dataset '.*nope' not found"):
+        evaluate_checkpoint.fn("models:/ance-nope@champion", DataConfig(dataset=str(tmp_path / "nope"), download=False),
+                               work_dir=str(tmp_path / "work"))
+    assert not (tmp_path / "work").exists()
