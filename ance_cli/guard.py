@@ -264,8 +264,8 @@ def guard(fn, resumes: bool | str = False):
     from ance_core.pipeline.loading import format_validation_error
 
     _ending["resumes"], _ending["body_ended"] = resumes, False
-    if resumes and (uri := os.environ.get("MLFLOW_TRACKING_URI")):  # (a command that tracks: said before a server
-        from tracking.client import file_store_problem  # starts, once, not by the flow's failure after it)
+    if resumes is True and (uri := os.environ.get("MLFLOW_TRACKING_URI")):  # (a command that trains, so tracks:
+        from tracking.client import file_store_problem  # said before a server starts, not by the flow's failure)
 
         if problem := file_store_problem(uri):
             fail(f"MLFLOW_TRACKING_URI '{uri}' {problem}")

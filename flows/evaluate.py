@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from ance_core.artifacts import ArtifactRef, read_manifest
 from ance_core.data.config import DataConfig
-from ance_core.data.sources import resolve_dataset
+from ance_core.data.sources import BEIR_MD5, resolve_dataset
 from ance_core.errors import AnceError
 from ance_core.pipeline.config import WorkDir, validation_message
 from ance_core.pipeline.report import COLUMNS, read_metrics
@@ -62,7 +62,11 @@ def evaluate_checkpoint(checkpoint: str, data: DataConfig = DataConfig(), encode
             settings it fused with}.
     """
     fusing = checked_hybrid(hybrid) if hybrid is not None else None  # (before any work: a UI form's JSON box)
-    resolve_dataset(data.dataset, data.data_home, data.download)  # a missing dataset: said before a model downloads
+    try:  # a missing dataset: said before a registered model is looked up (one still to download: after it)
+        resolve_dataset(data.dataset, data.data_home, download=False)
+    except AnceError:
+        if not (data.download and data.dataset in BEIR_MD5):  # nothing to download: said in the user's terms
+            resolve_dataset(data.dataset, data.data_home, data.download)
     with live_run(work_dir, "evaluate"):  # the stages it uses, which garbage collection leaves
         ref = held_checkpoint(local_checkpoint(work_dir, checkpoint))  # the checkpoint too
         tables = run_task(prepare_data, data, work_dir)

@@ -83,7 +83,12 @@ def file_store_problem(uri: str) -> str | None:
     scheme typed without its "://"; file:), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE is true (its error
     is a paragraph on migrating); None for any other URI. Pure: no MLflow import, so a command can check before it
     starts anything."""
-    scheme = urlsplit(uri).scheme.lower()
+    if uri.strip() in ("databricks", "databricks-uc", "uc"):  # (MLflow's names of its Databricks stores)
+        return None
+    try:
+        scheme = urlsplit(uri).scheme.lower()
+    except ValueError:  # (`http://[::1:5000`: MLflow's own refusal says what is wrong)
+        return None
     if not (scheme in ("", "file") or len(scheme) == 1):  # (one letter: a Windows drive)
         return None
     if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):

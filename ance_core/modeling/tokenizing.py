@@ -19,8 +19,16 @@ CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: o
 # a text whose start is kept (truncation on the right) is cut to this many characters per token kept before it is
 # tokenized: a tokenizer reads the whole text before it truncates (a 30 MB document took ~23 s of each corpus
 # encoding). A cut text that gives fewer tokens than kept (WordPiece reads a word of any length over 100 characters as
-# one [UNK]: a DNA sequence) is tokenized whole, so the ids are the tokenizer's own
+# one [UNK]: a DNA sequence), or whose last token kept is not of a word wholly before the cut (`kept_whole`), is
+# tokenized whole, so the ids are the tokenizer's own
 CHARS_PER_TOKEN = 1000
+
+
+def kept_whole(cut: str, end: int) -> bool:
+    """Whether the tokens of a cut text up to character `end` (its last token kept) are those of the whole text: they
+    end at or before the cut's last whitespace, so no word the cut split is among them (a word over 100 characters
+    is one [UNK] whole and word pieces cut)."""
+    return end <= max(cut.rfind(c) for c in " \n\t\r")
 
 
 _copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> {settings: its set copy}
@@ -55,19 +63,28 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
     backend = _backend(tokenizer, max_length)
     most = max_length * CHARS_PER_TOKEN if getattr(tokenizer, "truncation_side", "right") == "right" else None
 
-    def ids(part: list[str]) -> list[list[int]]:
+    def ids(part: list[str]) -> tuple[list[list[int]], list | None]:
+        """Each text's ids, and its Encoding (None without a Rust backend)."""
         if backend is not None:
-            return [encoding.ids for encoding in backend.encode_batch(part, add_special_tokens=True)]
+            encodings = backend.encode_batch(part, add_special_tokens=True)
+            return [e.ids for e in encodings], encodings
         return tokenizer(part, truncation=True, max_length=max_length, return_attention_mask=False,
-                         return_token_type_ids=False)["input_ids"]
+                         return_token_type_ids=False)["input_ids"], None
+
+    def split_a_word(encoding, cut: str) -> bool:  # (its last token that is not a special one: not kept_whole)
+        ends = [end for (_, end), special in zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
+                if not special]
+        return bool(ends) and not kept_whole(cut, ends[-1])
 
     for start in range(0, len(texts), chunk):
         whole = list(texts[start:start + chunk])
         cut = [j for j, text in enumerate(whole) if most is not None and len(text) > most]
-        got = ids([text[:most] for text in whole] if cut else whole)
-        if short := [j for j in cut if len(got[j]) < max_length]:  # (the cut ended before the tokens kept did)
-            for j, again in zip(short, ids([whole[j] for j in short]), strict=True):
-                got[j] = again
+        got, encodings = ids([text[:most] for text in whole] if cut else whole)
+        # (the cut ended before the tokens kept did, or inside a word among them)
+        if again := [j for j in cut if len(got[j]) < max_length
+                     or (encodings is not None and split_a_word(encodings[j], whole[j][:most]))]:
+            for j, ids_again in zip(again, ids([whole[j] for j in again])[0], strict=True):
+                got[j] = ids_again
         yield got
 
 

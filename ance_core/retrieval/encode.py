@@ -33,7 +33,7 @@ from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.modeling.devices import autocast_dtype, out_of_memory_advice, pick_device
 from ance_core.modeling.model import BiEncoder, ModelMeta, load_checkpoint
-from ance_core.modeling.tokenizing import CHARS_PER_TOKEN, pad_ids, padded_width, token_id_chunks, token_ids
+from ance_core.modeling.tokenizing import CHARS_PER_TOKEN, kept_whole, pad_ids, padded_width, token_id_chunks, token_ids
 from ance_core.retrieval.attention import attention_backends
 from ance_core.retrieval.config import EncodeConfig
 
@@ -236,8 +236,8 @@ def passage_windows(tokenizer: PreTrainedTokenizerBase, text: str, max_length: i
     # a tokenizer reads the whole text before it truncates: a long one is cut first, as token_id_chunks cuts
     cut = getattr(tokenizer, "truncation_side", "right") == "right" and len(text) > kept * CHARS_PER_TOKEN
     offsets = offsets_of(text[:kept * CHARS_PER_TOKEN] if cut else text)
-    if cut and len(offsets) < kept:  # the cut ended before the tokens kept did: the whole text
-        offsets = offsets_of(text)
+    if cut and (len(offsets) < kept or not kept_whole(text[:kept * CHARS_PER_TOKEN], offsets[-1][1])):
+        offsets = offsets_of(text)  # (the cut ended before the tokens kept did, or inside a word among them)
     if not offsets:
         return [text]
     return [text[offsets[start][0]:offsets[min(start + size, len(offsets)) - 1][1]]

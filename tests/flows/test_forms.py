@@ -159,7 +159,15 @@ def test_a_dataset_that_is_not_there_is_said_before_a_registered_model_is_looked
     from ance_core.data.config import DataConfig
     from flows.evaluate import evaluate_checkpoint
 
-    with pytest.raises(AnceError, match=r"dataset '.*nope' not found"):
-        evaluate_checkpoint.fn("models:/ance-nope@champion", DataConfig(dataset=str(tmp_path / "nope"), download=False),
-                               work_dir=str(tmp_path / "work"))
+    for download in (False, True):  # (not a BEIR name: nothing to download either way)
+        with pytest.raises(AnceError, match=r"dataset '.*nope' not found"):
+            evaluate_checkpoint.fn("models:/ance-nope@champion",
+                                   DataConfig(dataset=str(tmp_path / "nope"), download=download),
+                                   work_dir=str(tmp_path / "work"))
     assert not (tmp_path / "work").exists()
+    # a BEIR name still to download is downloaded after the checkpoint is found: its lookup is said first
+    with pytest.raises(AnceError, match=r"models:/ance-nope@champion"):
+        evaluate_checkpoint.fn("models:/ance-nope@champion",
+                               DataConfig(dataset="fiqa", data_home=str(tmp_path / "home"), download=True),
+                               work_dir=str(tmp_path / "work"))
+    assert not (tmp_path / "home").exists()

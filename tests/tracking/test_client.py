@@ -295,8 +295,10 @@ def test_a_tracking_uri_that_mlflow_reads_as_its_file_store_says_so(tmp_path, mo
     with pytest.raises(AnceError, match=r"^MLFLOW_TRACKING_URI '.*' is a folder to MLflow \(its file store") as e:
         Tracker(tmp_path / "work", "ance-train")
     assert "migrate" not in str(e.value)
-    for fine in ("http://127.0.0.1:5000", "https://mlflow.example.com", "sqlite:///x.db", "postgresql://h/db"):
-        assert file_store_problem(fine) is None
+    for fine in ("http://127.0.0.1:5000", "https://mlflow.example.com", "sqlite:///x.db", "postgresql://h/db",
+                 "databricks", "databricks-uc", "uc", "databricks://profile"):  # (bare: MLflow's Databricks stores)
+        assert file_store_problem(fine) is None, fine
+    assert file_store_problem("http://[::1:5000") is None  # (urlsplit refuses it: MLflow's own error says why)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-in: the store is the user's choice
     assert file_store_problem(uri) is None
 

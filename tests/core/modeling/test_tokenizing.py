@@ -99,3 +99,22 @@ def test_a_huge_text_is_cut_before_it_is_tokenized_to_the_same_ids(tokenizer, mo
     tokenizer.truncation_side = "right"  # a cut that gives fewer tokens than kept (a review: a DNA sequence is one
     dna = "ACGT" * 70_000 + " cancer gene expression" * 10  # [UNK] of any length): tokenized whole, the same ids
     assert list(token_ids(tokenizer, [dna], 64)) == tokenizer([dna], truncation=True, max_length=64)["input_ids"]
+
+
+def straddled(cut: int, words: int) -> str:
+    """`words` words of over 100 characters (each one [UNK] to WordPiece), then a word that starts 100 characters
+    before character `cut` and ends after it: cut there, its start is word pieces; whole, one [UNK]."""
+    size = (cut - 100 - words) // words
+    return " ".join("x" * size for _ in range(words)).ljust(cut - 101) + " " + "the" * 100
+
+
+def test_a_cut_inside_a_word_among_the_tokens_kept_is_read_whole(tokenizer):
+    """A review: a cut text can give as many tokens as are kept while its last one is a piece of a word the cut split
+    (whole, the word is one [UNK]); such a text is tokenized whole, so the ids stay the tokenizer's own."""
+    from ance_core.modeling.tokenizing import CHARS_PER_TOKEN
+
+    text = straddled(44 * CHARS_PER_TOKEN, 41)  # 42 tokens kept besides [CLS] and [SEP]: the 42nd the split word's
+    expected = tokenizer([text], truncation=True, max_length=44)["input_ids"]
+    cut = tokenizer([text[:44 * CHARS_PER_TOKEN]], truncation=True, max_length=44)["input_ids"]
+    assert cut != expected  # (the case: the cut alone would give other ids)
+    assert list(token_ids(tokenizer, [text], 44)) == expected

@@ -14,6 +14,7 @@ from ance_core.retrieval.config import EncodeConfig
 from ance_core.retrieval.encode import encode_corpus, passage_windows
 from ance_core.retrieval.index import SearchIndex, build_index
 from ance_core.retrieval.search import dense_retrieve_with_positives, score_pairs
+from tests.core.modeling.test_tokenizing import straddled
 from tests.tiny import run_pipeline_cli, tiny_pipeline_config
 
 FILLER = ("The committee met on Tuesday to review the quarterly budget, the parking arrangements and the schedule of "
@@ -66,6 +67,9 @@ def test_a_huge_document_is_cut_before_its_windows_are_tokenized_to_the_same_win
     dna = "ACGT" * 30_000 + " cancer gene expression" * 10
     seen.clear()
     assert passage_windows(Spied(), dna, 16, 3) == uncut(dna) and seen == [14 * 3 * CHARS_PER_TOKEN, len(dna)]
+    split = straddled(14 * 3 * CHARS_PER_TOKEN, 41)  # (a review: the 42nd token kept, a piece of a word the cut split)
+    seen.clear()
+    assert passage_windows(Spied(), split, 16, 3) == uncut(split) and seen == [14 * 3 * CHARS_PER_TOKEN, len(split)]
 
 
 @pytest.mark.parametrize("mode", ["firstp", "maxp"])
