@@ -96,6 +96,8 @@ def train(model, tok, meta, data, docs: np.ndarray, ids: list[str], epochs: int,
     positives, relevant = data.positives("train"), data.relevant("train")
     text = dict(zip(data.queries["query_id"].astype(str), data.queries["text"], strict=True))
     pairs = [(q, d) for q in sorted(positives) for d in sorted(positives[q]) if d in doc_row]
+    if not pairs:
+        raise SystemExit("no (query, positive) pair of the train split to train on")
     batch = 16
     total = (len(pairs) + batch - 1) // batch * epochs
     optimizer = make_optimizer(model, "adamw", lr, 0.01)
@@ -139,6 +141,8 @@ def main():
     t0 = time.time()
     data = with_training_grades(read_tables(only_folder(args.work / "data")), "train", "auto")
     model, tok, meta = load_checkpoint(only_folder(args.work / "model"), hidden_dropout=0.0)
+    if meta.document_mode != "firstp" or model.projector is not None:  # (one row per document, no projection)
+        raise SystemExit("a FirstP model without compression only (model.document_mode firstp)")
     model.eval()
     with torch.no_grad():
         docs, ids, _ = encode_documents(model, tok, meta, data.corpus, EncodeConfig())
