@@ -214,8 +214,12 @@ def test_ui_triggered_run_completes_with_artifacts(stack, trained, tiny):
     assert len(states) >= 15 and set(states.values()) <= {"Completed", "Cached"}, states
     # the only reuse in a first run: a round's mining asks for the corpus encoding and index of the model it starts
     # from, which that model's evaluation has just built
-    assert all(name.startswith(("encode-corpus-", "build-index-")) for name, state in states.items()
+    assert all(name.startswith(("encode-corpus (", "build-index (")) for name, state in states.items()
                if state == "Cached"), states
+    # each task run named after the model and split it ran for (not Prefect's `evaluate-4`)
+    names = {name.rsplit(" ", 1)[0] for name in states}
+    assert {"train (warmup)", "train (ANCE round 1)", "evaluate (warmup, dev)", "evaluate (zero-shot, test)",
+            "encode-corpus (negatives for ANCE round 1)"} <= names, names
     work = Path(tiny["work_dir"])
     latest = json.loads((work / "latest.json").read_text())
     assert latest["flow_run_id"] == flow_run_id and Path(latest["checkpoint"], "model.safetensors").is_file()
@@ -380,11 +384,11 @@ def test_prefect_ui_shows_the_completed_run(stack, trained):
         header = page.inner_text("body")
         assert "Completed" in header and "ance-train" in header
         page.get_by_text("Task Runs", exact=True).first.click()
-        page.get_by_text("train-", exact=False).first.wait_for(timeout=60_000)
+        page.get_by_text("train (warmup)", exact=False).first.wait_for(timeout=60_000)
         page.wait_for_load_state("networkidle")
         body = page.inner_text("body")
         page.screenshot(path=str(ARTIFACTS / "prefect-ui-flow-run.png"), full_page=True)
     count = len(task_states(stack, flow_run_id))
     assert f"{count} Task runs" in body and f"({count} Completed)" in body
     for task in ("prepare-data", "bm25-run", "encode-corpus", "build-index", "mine-negatives", "train", "evaluate"):
-        assert f"{task}-" in body, task
+        assert f"{task} (" in body, task
