@@ -265,7 +265,7 @@ def guard(fn, resumes: bool | str = False):
 
     _ending["resumes"], _ending["body_ended"] = resumes, False
     if resumes is True and (uri := os.environ.get("MLFLOW_TRACKING_URI")):  # (a command that trains, so tracks:
-        from tracking.client import file_store_problem  # said before a server starts, not by the flow's failure)
+        from tracking.stores import file_store_problem  # said before a server starts, not by the flow's failure)
 
         if problem := file_store_problem(uri):
             fail(f"MLFLOW_TRACKING_URI '{uri}' {problem}")

@@ -16,14 +16,8 @@ from ance_core.artifacts import write_json
 from ance_core.errors import AnceError
 from ance_core.modeling.model import checkpoint_files
 from ance_core.pipeline.report import COLUMNS, DEV_KEY
-from tracking.client import (
-    Tracker,
-    check_sqlite_store,
-    mlflow_client,
-    resolve_tracking_uri,
-    sqlite_file,
-    store_lock,
-)
+from tracking.client import Tracker, mlflow_client
+from tracking.stores import check_sqlite_store, resolve_tracking_uri, sqlite_file, store_lock
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

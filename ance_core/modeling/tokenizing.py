@@ -24,6 +24,12 @@ CHUNK = 8192  # texts per call: a fast tokenizer holds a full Encoding (~5 KB: o
 CHARS_PER_TOKEN = 1000
 
 
+def cut_at(tokenizer, tokens: int) -> int | None:
+    """The characters a text is cut to before its first `tokens` tokens are read (CHARS_PER_TOKEN each); None for a
+    tokenizer that keeps a text's end (truncation on the left): never cut."""
+    return tokens * CHARS_PER_TOKEN if getattr(tokenizer, "truncation_side", "right") == "right" else None
+
+
 def kept_whole(cut: str, end: int) -> bool:
     """Whether the tokens of a cut text up to character `end` (its last token kept) are those of the whole text: they
     end at or before the cut's last whitespace, so no word the cut split is among them (a word over 100 characters
@@ -61,7 +67,7 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
     """The ids `tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]` gives (special tokens
     included), `chunk` texts per call and per list yielded, in order."""
     backend = _backend(tokenizer, max_length)
-    most = max_length * CHARS_PER_TOKEN if getattr(tokenizer, "truncation_side", "right") == "right" else None
+    most = cut_at(tokenizer, max_length)
 
     def ids(part: list[str]) -> tuple[list[list[int]], list | None]:
         """Each text's ids, and its Encoding (None without a Rust backend)."""
@@ -86,6 +92,28 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
             for j, ids_again in zip(again, ids([whole[j] for j in again])[0], strict=True):
                 got[j] = ids_again
         yield got
+
+
+def passage_windows(tokenizer, text: str, max_length: int, max_passages: int) -> list[str]:
+    """A text's consecutive windows of `max_length` tokens with the model's special tokens (at most `max_passages`),
+    cut on token boundaries and returned as the text they cover (MaxP's passages). The first window is what FirstP
+    encodes. A long text is cut first, as `token_id_chunks` cuts."""
+    size = max(1, max_length - tokenizer.num_special_tokens_to_add(pair=False))
+    kept = size * max_passages
+
+    def offsets_of(part: str) -> list[tuple[int, int]]:
+        return tokenizer(part, add_special_tokens=False, truncation=True, max_length=kept,
+                         return_offsets_mapping=True)["offset_mapping"]
+
+    most = cut_at(tokenizer, kept)
+    cut = most is not None and len(text) > most
+    offsets = offsets_of(text[:most] if cut else text)
+    if cut and (len(offsets) < kept or not kept_whole(text[:most], offsets[-1][1])):
+        offsets = offsets_of(text)  # (the cut ended before the tokens kept did, or inside a word among them)
+    if not offsets:
+        return [text]
+    return [text[offsets[start][0]:offsets[min(start + size, len(offsets)) - 1][1]]
+            for start in range(0, len(offsets), size)]
 
 
 def token_ids(tokenizer, texts: Sequence[str], max_length: int, chunk: int = CHUNK) -> Iterator[list[int]]:

@@ -33,7 +33,7 @@ from ance_core.errors import AnceError
 from ance_core.faults import fault_point
 from ance_core.modeling.devices import autocast_dtype, out_of_memory_advice, pick_device
 from ance_core.modeling.model import BiEncoder, ModelMeta, load_checkpoint
-from ance_core.modeling.tokenizing import CHARS_PER_TOKEN, kept_whole, pad_ids, padded_width, token_id_chunks, token_ids
+from ance_core.modeling.tokenizing import pad_ids, padded_width, passage_windows, token_id_chunks, token_ids
 from ance_core.retrieval.attention import attention_backends
 from ance_core.retrieval.config import EncodeConfig
 
@@ -220,28 +220,6 @@ def _encode_batches(model: BiEncoder, batches: Iterator[tuple[np.ndarray, dict]]
                                       batch["attention_mask"].to(device, non_blocking=True)))  # (b, h)
         results.flush()
     return out
-
-
-def passage_windows(tokenizer: PreTrainedTokenizerBase, text: str, max_length: int, max_passages: int) -> list[str]:
-    """A text's consecutive windows of `max_length` tokens with the model's special tokens (at most `max_passages`),
-    cut on token boundaries and returned as the text they cover. The first window is what FirstP encodes."""
-    special = tokenizer.num_special_tokens_to_add(pair=False)
-    size = max(1, max_length - special)
-    kept = size * max_passages
-
-    def offsets_of(part: str) -> list[tuple[int, int]]:
-        return tokenizer(part, add_special_tokens=False, truncation=True, max_length=kept,
-                         return_offsets_mapping=True)["offset_mapping"]
-
-    # a tokenizer reads the whole text before it truncates: a long one is cut first, as token_id_chunks cuts
-    cut = getattr(tokenizer, "truncation_side", "right") == "right" and len(text) > kept * CHARS_PER_TOKEN
-    offsets = offsets_of(text[:kept * CHARS_PER_TOKEN] if cut else text)
-    if cut and (len(offsets) < kept or not kept_whole(text[:kept * CHARS_PER_TOKEN], offsets[-1][1])):
-        offsets = offsets_of(text)  # (the cut ended before the tokens kept did, or inside a word among them)
-    if not offsets:
-        return [text]
-    return [text[offsets[start][0]:offsets[min(start + size, len(offsets)) - 1][1]]
-            for start in range(0, len(offsets), size)]
 
 
 def document_passages(tokenizer: PreTrainedTokenizerBase, corpus: pd.DataFrame, meta: ModelMeta

@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, Dataset
 from ance_core.data.corpus import CorpusRows
 from ance_core.errors import preview
 from ance_core.modeling.model import ModelMeta
+from ance_core.modeling.tokenizing import passage_windows
 from ance_core.negatives.teacher import group_teacher_scores
-from ance_core.retrieval.encode import passage_windows
 from ance_core.training.ranks import Ranks, rank_rows
 from ance_core.training.tokens import TokenTable, token_dtype, tokenize
 

@@ -168,7 +168,7 @@ def test_the_bm25_warmup_flow_records_its_stages_as_a_run_of_the_work_folder(tin
     # its own MLflow experiment (it was logged as an ance-train run, its Prefect artifacts under ance-train's keys)
     from mlflow.tracking import MlflowClient
 
-    from tracking.client import resolve_tracking_uri
+    from tracking.stores import resolve_tracking_uri
 
     client = MlflowClient(resolve_tracking_uri(work))
     assert client.get_experiment(client.get_run(result["mlflow_run_id"]).info.experiment_id).name == "bm25-warmup"

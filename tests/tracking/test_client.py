@@ -289,7 +289,7 @@ def test_a_tracking_uri_mlflow_cannot_use_is_one_clear_error(tmp_path, monkeypat
 def test_a_tracking_uri_that_mlflow_reads_as_its_file_store_says_so(tmp_path, monkeypatch, uri):
     """MLflow 3 refuses its file store with a paragraph on migrating; a URI typed without "://" is one."""
     from ance_core.errors import AnceError
-    from tracking.client import file_store_problem
+    from tracking.stores import file_store_problem
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with pytest.raises(AnceError, match=r"^MLFLOW_TRACKING_URI '.*' is a folder to MLflow \(its file store") as e:

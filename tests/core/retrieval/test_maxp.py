@@ -10,8 +10,9 @@ from transformers import AutoTokenizer
 
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model, load_checkpoint
+from ance_core.modeling.tokenizing import passage_windows
 from ance_core.retrieval.config import EncodeConfig
-from ance_core.retrieval.encode import encode_corpus, passage_windows
+from ance_core.retrieval.encode import encode_corpus
 from ance_core.retrieval.index import SearchIndex, build_index
 from ance_core.retrieval.search import dense_retrieve_with_positives, score_pairs
 from tests.core.modeling.test_tokenizing import straddled

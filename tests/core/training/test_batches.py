@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from ance_core.data.corpus import FrameCorpus
 from ance_core.modeling.model import ModelMeta
-from ance_core.retrieval.encode import passage_windows
+from ance_core.modeling.tokenizing import passage_windows
 from ance_core.training.batches import (
     PairTokens,
     PassageSource,
