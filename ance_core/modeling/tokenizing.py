@@ -85,10 +85,11 @@ def token_id_chunks(tokenizer, texts: Sequence[str], max_length: int, chunk: int
     for start in range(0, len(texts), chunk):
         whole = list(texts[start:start + chunk])
         cut = [j for j, text in enumerate(whole) if most is not None and len(text) > most]
-        got, encodings = ids([text[:most] for text in whole] if cut else whole)
+        parts = [text[:most] for text in whole] if cut else whole
+        got, encodings = ids(parts)
         # (the cut ended before the tokens kept did, or inside a word among them)
         if again := [j for j in cut if len(got[j]) < max_length
-                     or (encodings is not None and split_a_word(encodings[j], whole[j][:most]))]:
+                     or (encodings is not None and split_a_word(encodings[j], parts[j]))]:
             for j, ids_again in zip(again, ids([whole[j] for j in again])[0], strict=True):
                 got[j] = ids_again
         yield got
@@ -106,9 +107,9 @@ def passage_windows(tokenizer, text: str, max_length: int, max_passages: int) ->
                          return_offsets_mapping=True)["offset_mapping"]
 
     most = cut_at(tokenizer, kept)
-    cut = most is not None and len(text) > most
-    offsets = offsets_of(text[:most] if cut else text)
-    if cut and (len(offsets) < kept or not kept_whole(text[:most], offsets[-1][1])):
+    part = text[:most] if most is not None and len(text) > most else text
+    offsets = offsets_of(part)
+    if part is not text and (len(offsets) < kept or not kept_whole(part, offsets[-1][1])):
         offsets = offsets_of(text)  # (the cut ended before the tokens kept did, or inside a word among them)
     if not offsets:
         return [text]
