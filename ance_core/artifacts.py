@@ -103,10 +103,10 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # read as TREC with its ids shifted, nor is a file whose iteration column holds more than 20 values; a 3-column header
 # naming the grade `label` is a header).
 STAGE_RULES: dict[str, int] = {
-    "data": 4, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
+    "data": 5, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 1, "train-async": 1,
     "snapshot": 0, "dev-candidates": 0, "evaluate": 1, "fusion": 3, "fuse": 3, "serving": 0, "reports": 0,
-    "compress": 1, "trial": 0, "tune": 0, "corpus": 2,
+    "compress": 1, "trial": 0, "tune": 0, "corpus": 3,
 }
 
 

@@ -29,6 +29,7 @@ from ance_core.data.lines import (
     read_jsonl,
     read_lines,
     read_tsv,
+    refuse_index_column,
     warn_repeats,
 )
 from ance_core.data.qrels import check_qrels, read_qrels
@@ -107,6 +108,8 @@ def _collection_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, st
         while len(parts) > 2 and not parts[-1].strip():  # (tabs ending the line: its text is the column before)
             parts.pop()
         doc_id = parts[0].strip()  # (ids trimmed, as qrels' are)
+        if not left_out.read and not left_out.count:
+            refuse_index_column(path, number, line.split("\t"))
         if not left_out.read and not left_out.count and _header(parts):
             warn(f"{path}:{number}: read as a header line ({' '.join(p.strip() for p in parts)}) and skipped: "
                  "MS MARCO's collection.tsv has none, its first line is a passage")
@@ -176,7 +179,7 @@ def _read_corpus(path: Path, rows: Iterator[tuple[str, str, str]], out: Path | N
 def _beir_rows(path: Path, seen: dict[str, int]) -> Iterator[tuple[str, str, str]]:
     # a missing or null text is empty, as a missing title is (BEIR's loader reads both so): a title-only document is
     # kept, and one with neither is said (`_read_corpus`)
-    return ((d, title, text) for d, text, title in jsonl_rows(path, (), ("text", "title"), seen))
+    return ((d, title, text) for d, text, title in jsonl_rows(path, (), ("text", "title"), seen, expected="text"))
 
 
 def _beir_corpus(folder: Path, seen: dict[str, int], corpus_to: Path | None = None) -> pd.DataFrame:
@@ -286,7 +289,11 @@ def _finish(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, qu
         warn(f"{queries_file}: {len(ids)} queries with empty text are left out of every split (nothing to train on "
              f"or search for): {preview(ids)}")
         queries = queries[~empty].reset_index(drop=True)
-        qrels = qrels[~qrels["query_id"].isin(ids)]
+        kept = qrels[~qrels["query_id"].isin(ids)]
+        for split in sorted(set(qrels["split"]) - set(kept["split"])):  # (else said as a split with no qrels file)
+            warn(f"{qrels_files[split]}: every query split '{split}' judges has empty text in {queries_file.name}: "
+                 "the split is left out")
+        qrels = kept
     pairs = ["query_id", "doc_id", "split"]
     grades = qrels[qrels.duplicated(pairs, keep=False)].groupby(pairs)[["relevance", "line"]].agg(list)  # in order
     if len(conflicts := grades[grades["relevance"].map(lambda g: len(set(g)) > 1)]):  # two grades: the last stands

@@ -51,6 +51,15 @@ def msmarco_splits(folder: Path) -> list[tuple[str, Path, Path]]:
     return splits
 
 
+def data_files(folder: Path) -> list[Path]:
+    """The files a load of the folder may read (either layout's, where there; links followed, a linked qrels/ folder
+    too), which its content digest hashes: not the rest of the folder (a work folder kept inside it, notes)."""
+    files = [folder / "corpus.jsonl", folder / "queries.jsonl", *beir_qrels(folder / "qrels"),
+             folder / "collection.tsv"]
+    files += [path for _, qrels, queries in msmarco_splits(folder) for path in (qrels, queries)]
+    return sorted(path for path in files if path.is_file())
+
+
 def split_files(folder: Path, fmt: str = "auto") -> tuple[dict[str, Path], Callable[[str], Path]]:
     """The qrels file of each split of a dataset folder (BEIR: qrels/<split>.tsv; MS MARCO: qrels.<split>.tsv), and
     where a split of a given name would be read from."""

@@ -1,12 +1,14 @@
 """A collection's files read line by line, each problem naming its file and line: decoding (a byte-order mark, CRLF,
 gzip, bytes that are not UTF-8), ids claimed once, JSON lines and TSV rows (qrels: data/qrels.py)."""
 
+import codecs
 import contextlib
 import gzip
 import io
 import json
 import math
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +33,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
         gzipped = path.suffix == ".gz" or head.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f, _readable_gzip(path):
         if (utf16 := _utf16_encoding(f.peek(4)[:4])) is not None:
-            yield from _utf16_lines(f, utf16)
+            yield from _utf16_lines(f, path, utf16)
             return
         for number, raw in enumerate(_cr_split(f), start=1):
             encoding = "utf-8-sig" if number == 1 else "utf-8"
@@ -87,14 +89,33 @@ def _readable_gzip(path: Path) -> Iterator[None]:
         raise DataError(path, f"not a readable gzip file ({e})") from None
 
 
-def _utf16_lines(f, encoding: str = "utf-16") -> Iterator[tuple[int, str]]:
+def _utf16_lines(f, path: Path, encoding: str = "utf-16") -> Iterator[tuple[int, str]]:
     """`read_lines` of a UTF-16 file, with its byte-order mark (Windows PowerShell 5.1's `>` and `Out-File` write
     them) or without (`encoding` utf-16-le or -be): decoded as UTF-16, not read as UTF-8 with a NUL byte between
     every character."""
-    for number, line in enumerate(io.TextIOWrapper(f, encoding=encoding, errors="replace", newline=None), start=1):
-        line = line.rstrip("\r\n").lstrip("\ufeff")
-        if line.strip():
-            yield number, line
+    replaced = _REPLACED.__dict__.setdefault("count", [0])
+    start, warned = replaced[0], False
+    with io.TextIOWrapper(f, encoding=encoding, errors=UTF16_ERRORS, newline=None) as text:
+        for number, line in enumerate(text, start=1):  # (decoded a chunk at a time: a bad unit is near the line)
+            if replaced[0] > start and not warned:
+                warn(f"{path}:{number}: not valid UTF-16 (near this line): its invalid bytes are read as U+FFFD, and "
+                     "so are any later line's")
+                warned = True
+            line = line.rstrip("\r\n").lstrip("\ufeff")
+            if line.strip():
+                yield number, line
+
+
+UTF16_ERRORS = "ance-utf16-replace"  # errors="replace" that counts (per thread) what it replaced
+_REPLACED = threading.local()
+
+
+def _count_and_replace(error: UnicodeDecodeError) -> tuple[str, int]:
+    _REPLACED.__dict__.setdefault("count", [0])[0] += 1
+    return "\ufffd", error.end
+
+
+codecs.register_error(UTF16_ERRORS, _count_and_replace)
 
 
 class LeftOut:
@@ -153,12 +174,15 @@ def warn_repeats(path: Path, repeats: list[str]) -> None:
              f"{preview(repeats)}")
 
 
-def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int]
-                ) -> Iterator[tuple[str, ...]]:
-    """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines)."""
+def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], seen: dict[str, int],
+               expected: str | None = None) -> Iterator[tuple[str, ...]]:
+    """(id, *fields, *optional) of each line, validated as it is read; `seen` collects the ids (and their lines).
+    `expected`: an optional field that no line holding it is an error when lines hold other fields (a corpus's text
+    under another name, `body`: every document read as its title alone, without a word), else a warning."""
     repeats: list[str] = []
     left_out = LeftOut(path)
     surrogates: list[int] = []
+    missing, others = expected, set()  # (the expected field until a line holds it; the fields lines hold instead)
     for number, line in read_lines(path):
         try:
             doc_id, obj = _json_row(path, number, line, fields, optional)
@@ -166,6 +190,10 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
             left_out.add(e)
             continue
         left_out.keep()
+        if missing is not None and missing in obj:
+            missing = None
+        elif missing is not None:
+            others |= set(obj) - {"_id", *fields, *optional}
         row = (doc_id, *(obj[f] for f in fields), *(_optional_text(obj.get(f)) for f in optional))
         if "\\u" in line and any(_SURROGATE.search(value) for value in row):  # (only a \u escape makes one)
             surrogates.append(number)
@@ -173,10 +201,21 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], optional: tuple[str, ...], s
         if claim_id(seen, row[0], number, repeats):
             yield row
     left_out.done()
+    if missing is not None and left_out.read:
+        _no_field(path, missing, others)
     warn_repeats(path, repeats)
     if surrogates:
         warn(f"{path}: {len(surrogates)} lines hold half of a UTF-16 surrogate pair (a \\ud800-\\udfff escape "
              f"alone, as an emoji cut in two; not text), read as U+FFFD: lines {preview(surrogates)}")
+
+
+def _no_field(path: Path, name: str, others: set[str]) -> None:
+    """No line of the file holds the field `name`: refused when its lines hold other fields (the text under another
+    name), said when they hold none."""
+    if others:
+        raise DataError(path, f"no line has a '{name}' field; its lines have {', '.join(sorted(others)[:8])} besides "
+                        f"_id and title: rename the field that holds each row's {name} to '{name}'")
+    warn(f"{path}: no line has a '{name}' field: every row is read as its title alone")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -203,15 +242,22 @@ def _json_row(path: Path, number: int, line: str, fields: tuple[str, ...], optio
     if not isinstance(obj, dict):
         raise DataError(path, f"expected a JSON object, got {type(obj).__name__}"
                         + (JSON_LINES if isinstance(obj, list) else ""), number)
-    for name in ("_id", *fields):
-        if name not in obj or obj[name] is None:
-            raise DataError(path, f"field '{name}' is null" if name in obj else f"missing field '{name}'", number)
-        if name != "_id" and not isinstance(obj[name], str):
-            raise DataError(path, f"field '{name}' must be a string", number)
+    if obj.get("_id") is None:
+        raise DataError(path, "field '_id' is null" if "_id" in obj else "missing field '_id'", number)
+    row_id = _id_text(path, number, obj["_id"])
+    for name in fields:  # (the row's id named: a bad row is found by it, as its qrels name it)
+        value = obj.get(name)
+        if value is None:
+            raise DataError(path, f"id '{row_id}': " + (f"field '{name}' is null" if name in obj
+                                                        else f"missing field '{name}'"), number)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            obj[name] = str(value)  # (a number is read as its digits, as in an optional field)
+        elif not isinstance(value, str):
+            raise DataError(path, f"id '{row_id}': field '{name}' must be a string", number)
     for name in optional:
         if isinstance(obj.get(name), list | dict | bool):
-            raise DataError(path, f"field '{name}' must be a string", number)
-    return _id_text(path, number, obj["_id"]), obj
+            raise DataError(path, f"id '{row_id}': field '{name}' must be a string", number)
+    return row_id, obj
 
 
 def _id_text(path: Path, number: int, value) -> str:
@@ -246,6 +292,27 @@ def id_problem(text: str) -> str | None:
     return None
 
 
+class FileLayoutError(DataError):
+    """A problem with a file's layout (not one of its rows): it stops the load."""
+
+
+INDEX_COLUMNS = {"", "unnamed: 0", "index"}  # what pandas' to_csv names its row numbers' column (index=True)
+ID_COLUMNS = {"id", "qid", "pid", "docid", "docno", "queryid", "corpusid", "documentid", "passageid", "topic",
+              "topicid", "query", "doc", "document"}  # (lower case, without '-' and '_')
+
+
+def refuse_index_column(path: Path, number: int, parts: list[str]) -> None:
+    """A TSV file's first line, split on tabs, that is a header after an unnamed first column: the row numbers
+    pandas' `to_csv` writes unless `index=False`. Read on, every row's columns were shifted by one (a qrels row taken
+    for TREC's, the row number as the query id; a passage's id as its title), without a word."""
+    names = [p.strip().lower() for p in parts]
+    if len(names) >= 3 and names[0] in INDEX_COLUMNS and names[1].replace("-", "").replace("_", "") in ID_COLUMNS \
+            and all(name and not re.fullmatch(r"[-+.\d]+", name) for name in names[1:]):
+        raise FileLayoutError(path, f"its header ({' '.join(p.strip() for p in parts[1:])}) follows an unnamed first "
+                              "column: row numbers, as pandas' to_csv writes unless index=False, which would be read "
+                              "as the ids; write the file without them", number)
+
+
 def read_jsonl(path: Path, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     return pd.DataFrame(list(jsonl_rows(path, fields, optional, {})), columns=["id", *fields, *optional])
 
@@ -255,6 +322,8 @@ def read_tsv(path: Path, columns: int, name: str) -> Iterator[tuple[int, list[st
     rest of the line, tabs included, trimmed (text with a tab in it, or a trailing tab, is still one value)."""
     left_out = LeftOut(path)
     for number, line in read_lines(path):
+        if not left_out.read and not left_out.count:
+            refuse_index_column(path, number, line.split("\t"))
         parts = line.split("\t", columns - 1)
         parts[0], parts[-1] = parts[0].strip(), parts[-1].strip()
         problem = (f"expected {columns} tab-separated columns ({name}), got {len(parts)}" if len(parts) != columns

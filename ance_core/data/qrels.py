@@ -5,7 +5,7 @@ import math
 import unicodedata
 from pathlib import Path
 
-from ance_core.data.lines import LeftOut, read_lines
+from ance_core.data.lines import FileLayoutError, LeftOut, read_lines, refuse_index_column
 from ance_core.errors import DataError, preview, warn
 
 
@@ -59,7 +59,8 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         raise FileLayoutError(path, f"read as TREC's qrels (query-id iteration doc-id relevance), its second column "
                               f"holds {len(iterations):,} different values (e.g. {', '.join(sorted(iterations)[:3])}); "
                               "TREC's iteration holds a few (0, Q0, a round's number): is it BEIR's 3 columns "
-                              "(query-id, corpus-id, score) with a fourth after the score? remove that column")
+                              "(query-id, corpus-id, score) with a fourth, a row number before them (pandas' to_csv "
+                              "writes one unless index=False) or a value after the score? remove that column")
     return rows
 
 
@@ -75,6 +76,8 @@ def _qrels_row(path: Path, number: int, line: str, first: bool) -> tuple[int, st
     """(line, query id, document id, grade) of one qrels line; None for a header (the file's first line). A header of
     4 columns is an error that stops the load: a file's layout, not one bad row."""
     parts = line.split("\t")
+    if first:
+        refuse_index_column(path, number, parts)
     if len(parts) != 3:
         tabs, parts = parts, line.split()
         if len(parts) == 4:  # TREC: qid iteration docid relevance
@@ -139,10 +142,6 @@ def _normalisation_hint(missing: list[tuple], column: int, known: set) -> str:
                 return (f"; {row[column]!r} is {other!r} there in Unicode {form} (they print alike): normalise the "
                         "ids of both files to one form")
     return ""
-
-
-class FileLayoutError(DataError):
-    """A problem with a file's layout (not one of its rows): it stops the load."""
 
 
 def check_qrels(path: Path, rows: list[tuple[int, str, str, int]], query_ids: set, doc_ids: set, split: str

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 from ance_core.artifacts import file_digest
+from ance_core.data.layout import data_files
 from ance_core.errors import AnceError
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
@@ -94,12 +95,13 @@ def download_beir(name: str, root: Path) -> Path:
 
 
 def dataset_digest(folder: Path) -> str:
-    """Content digest of every data file in the folder (names and bytes).
+    """Content digest of the folder's data files, those a load reads (names and bytes; layout.data_files): a qrels/
+    folder that is a link is hashed through it (rglob did not follow it: an edited qrels file kept the data stage
+    of before), and a work folder kept inside the dataset's is not (its stage manifests changed the digest).
 
     Memoised on the files' (name, size, mtime): the CLI's preflight, the data task's cache key and the task itself
     all ask for it, and hashing a large collection three times in one run is wasted I/O."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
-                   and p.suffix in {".jsonl", ".tsv", ".json"})
+    files = data_files(folder)
     stats = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return _hash_files(str(folder.resolve()), stats)
 

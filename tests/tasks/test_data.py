@@ -48,3 +48,21 @@ def test_the_grades_are_read_from_the_qrels_file_the_loader_reads(tmp_path):
     (folder / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "text {i}"}}\n' for i in range(4)))
     assert positive_grades(folder, "train", "msmarco") == {1, 2}
     assert positive_grades(folder, "train", "beir") == {1}
+
+
+def test_the_content_digest_hashes_the_files_a_load_reads(tmp_path):
+    """A qrels/ folder that is a link is hashed through it: an edited qrels file is another data stage (rglob did not
+    follow the link, and the stage of before was reused); a work folder kept inside the dataset's folder, its stages'
+    manifests and tables, is not hashed (each run changed the digest, and the data stage was built again)."""
+    folder = _dataset(tmp_path / "ds", (1,))
+    (tmp_path / "judged").mkdir()
+    (folder / "qrels").rename(tmp_path / "judged" / "qrels")
+    (folder / "qrels").symlink_to(tmp_path / "judged" / "qrels", target_is_directory=True)
+    before = dataset_digest(folder)
+    (folder / "work" / "data" / "stage").mkdir(parents=True)
+    (folder / "work" / "data" / "stage" / "manifest.json").write_text("{}")
+    (folder / "work" / "run.tsv").write_text("q0\td0\t1\n")
+    (folder / "notes.json").write_text("{}")
+    assert dataset_digest(folder) == before
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td2\t1\n")
+    assert dataset_digest(folder) != before

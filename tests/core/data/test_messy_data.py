@@ -265,7 +265,7 @@ def test_a_missing_file_or_field_says_what_is_there(tmp_path):
     corpus = [{"_id": "1", "title": "", "text": "apple pie"}, {"_id": "2", "title": "", "text": "cherry tart"}]
     folder = write_beir(tmp_path / "ds", corpus, [{"_id": "1", "text": "apple"}, {"_id": "2", "text": None}],
                         {"train": [("1", "1.0", 1)], "test": [("1", "2.0", 1)]})
-    with pytest.warns(AnceWarning, match=r"queries.jsonl: 1 of its 2 rows .*line 2: field 'text' is null"), \
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 1 of its 2 rows .*line 2: id '2': field 'text' is null"), \
             pytest.raises(DataError, match=r"'2.0' is '2' there: the qrels' ids were written as floats"):
         load_dataset(folder)
     (folder / "queries.jsonl").rename(folder / "queries.tsv")
@@ -288,3 +288,57 @@ def test_a_fourth_column_after_numeric_document_ids_is_refused_not_read_as_trec(
     rounds = ["0.5", "1", "1.5", "2", "2.5", "3", "3.5", "4", "4.5", "5"]
     (folder / "qrels" / "train.tsv").write_text("".join(f"q1 {rounds[k % 10]} {k} 1\n" for k in range(3, 30)))
     assert len(load_dataset(folder).split_qrels("train")) == 27
+
+
+@pytest.mark.parametrize("name", ["qrels/train.tsv", "collection.tsv", "queries.train.tsv"])
+def test_a_tsv_file_with_pandas_row_numbers_is_refused(tmp_path, name):
+    """`to_csv(sep="\\t")` writes row numbers first, their column unnamed: a BEIR qrels file was read as TREC's (the
+    row number as the query id: every positive shifted), a collection's passage id as its title, each without a
+    word."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS) if name.startswith("qrels") else \
+        _marco(tmp_path, "1\tapple recipe\n", "2\tcherry\n")
+    frames = {"qrels/train.tsv": pd.DataFrame([("q1", "d1", 1)], columns=["query-id", "corpus-id", "score"]),
+              "collection.tsv": pd.DataFrame([("d1", "apple pie"), ("d2", "cherry tart")], columns=["id", "text"]),
+              "queries.train.tsv": pd.DataFrame([("1", "apple recipe")], columns=["id", "text"])}
+    frames[name].to_csv(folder / name, sep="\t")
+    with pytest.raises(DataError, match=rf"{name}:1: its header \(\S+ \S+( score)?\) follows an unnamed first "
+                       r"column: row numbers, as pandas' to_csv writes unless index=False"):
+        load_dataset(folder)
+    frames[name].to_csv(folder / name, sep="\t", index=False)
+    load_dataset(folder)
+
+
+def test_a_corpus_whose_text_field_has_another_name_is_refused_naming_it(tmp_path):
+    """`body` for `text`: every document was read as its title alone, without a word. A corpus of titles alone (no
+    other field) loads, said once."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    _lines(folder / "corpus.jsonl", [{"_id": d["_id"], "title": d["title"], "body": d["text"]} for d in CORPUS])
+    with pytest.raises(DataError, match=r"corpus.jsonl: no line has a 'text' field; its lines have body besides _id "
+                       "and title: rename the field that holds each row's text to 'text'"):
+        load_dataset(folder)
+    _lines(folder / "corpus.jsonl", [{"_id": d["_id"], "title": d["text"]} for d in CORPUS])
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl: no line has a 'text' field: every row is read as its title "
+                      "alone"):
+        assert load_dataset(folder).corpus["title"].tolist() == ["apple pie", "cherry tart"]
+
+
+def test_a_query_text_that_is_a_number_is_read_as_its_digits_and_a_bad_row_names_its_id(tmp_path):
+    folder = write_beir(tmp_path / "ds", CORPUS, [{"_id": "q1", "text": 1984}, {"_id": "q2", "text": ["cherry"]},
+                                                  {"_id": "q3", "text": "tart"}],
+                        {"train": [("q1", "d1", 1)], "test": [("q2", "d2", 1), ("q3", "d2", 1)]})
+    with pytest.warns(AnceWarning, match=r"queries.jsonl: 1 of its 3 rows .*line 2: id 'q2': field 'text' must be a "
+                      "string"):
+        ds = load_dataset(folder)
+    assert dict(zip(ds.queries["query_id"], ds.queries["text"], strict=True)) == {"q1": "1984", "q3": "tart"}
+
+
+def test_bytes_that_are_not_utf16_in_a_utf16_file_are_said(tmp_path):
+    """Read as U+FFFD as in a UTF-8 file, but without the warning a UTF-8 file gets."""
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    encoded = (folder / "corpus.jsonl").read_text().replace("pie", "p\u2603e").encode("utf-16-le")
+    encoded = encoded.replace("\u2603".encode("utf-16-le"), b"\x00\xd8")  # half a surrogate pair
+    (folder / "corpus.jsonl").write_bytes(b"\xff\xfe" + encoded)
+    with pytest.warns(AnceWarning, match=r"corpus.jsonl:1: not valid UTF-16 \(near this line\): its invalid bytes "
+                      "are read as U\\+FFFD"):
+        ds = load_dataset(folder)
+    assert ds.corpus["text"].tolist() == ["apple p\ufffde", "cherry tart"]
