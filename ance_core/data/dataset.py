@@ -206,8 +206,9 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     corpus = _beir_corpus(folder, seen, corpus_to)
     queries_file = folder / "queries.jsonl"
     if not queries_file.exists() and (near := sorted(p.name for p in folder.glob("queries*") if p.is_file())):
-        raise DataError(queries_file, f"file not found; the folder holds {', '.join(near)}: a BEIR folder's queries "
-                        'are queries.jsonl, one JSON object {"_id": ..., "text": ...} per line')
+        unpack = "unpack it (e.g. gunzip) in place: " if near == ["queries.jsonl.gz"] else ""
+        raise DataError(queries_file, f"file not found; the folder holds {', '.join(near)}: {unpack}a BEIR folder's "
+                        'queries are queries.jsonl, one JSON object {"_id": ..., "text": ...} per line')
     queries = read_jsonl(queries_file, ("text",)).rename(columns={"id": "query_id"})
     if queries.empty:
         raise DataError(queries_file, "no queries: the file is empty (a query is a line "
@@ -215,7 +216,10 @@ def _load_beir(folder: Path, corpus_to: Path | None) -> Dataset:
     qrels_dir = folder / "qrels"
     files = beir_qrels(qrels_dir)
     if not files:
-        raise DataError(qrels_dir, "no qrels/<split>.tsv files")
+        near = sorted(p.name for p in qrels_dir.glob("*") if not p.name.startswith(".")) if qrels_dir.is_dir() else []
+        unpack = "; unpack them (e.g. gunzip) in place" if near and near[0].endswith(".gz") else ""
+        raise DataError(qrels_dir, "no qrels/<split>.tsv files" + (f" (it holds {', '.join(near[:5])}{unpack})"
+                                                                   if near else ""))
     query_ids = set(queries["query_id"])
     frames = []
     for path in files:

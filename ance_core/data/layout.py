@@ -21,8 +21,12 @@ def detect_format(folder: Path) -> str:
             raise AnceError(f"{path}: a link to {os.readlink(path)}, which cannot be followed (missing, or a loop)")
         if path.exists():
             raise AnceError(f"{path}: not a regular file (a device or a pipe): give the corpus as a file")
-    packed = sorted(p.name for p in folder.glob("*") if p.name.startswith(("corpus.jsonl.", "collection.tsv.")))
-    hint = f"; it holds {packed[0]}: unpack it (e.g. gunzip) in place" if packed else ""
+    names = sorted(p.name for p in folder.glob("*"))
+    packed = [name for name in names if name.startswith(("corpus.jsonl.", "collection.tsv."))]
+    near = [name for name in names if name.lower() in ("corpus.jsonl", "corpus.json", "collection.tsv")]
+    hint = (f"; it holds {packed[0]}: unpack it (e.g. gunzip) in place" if packed
+            else f"; it holds {near[0]}: name it corpus.jsonl (one JSON object per line) or collection.tsv" if near
+            else "")
     raise AnceError(f"{folder}: neither a BEIR folder (corpus.jsonl) nor MS MARCO (collection.tsv){hint}")
 
 

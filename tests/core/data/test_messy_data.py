@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ance_core.data.dataset import load_dataset, save_tables
-from ance_core.errors import AnceWarning, DataError
+from ance_core.errors import AnceError, AnceWarning, DataError
 from tests.tiny import write_beir
 
 CORPUS = [{"_id": "d1", "title": "t1", "text": "apple pie"}, {"_id": "d2", "title": "t2", "text": "cherry tart"}]
@@ -342,3 +342,19 @@ def test_bytes_that_are_not_utf16_in_a_utf16_file_are_said(tmp_path):
                       "are read as U\\+FFFD"):
         ds = load_dataset(folder)
     assert ds.corpus["text"].tolist() == ["apple p\ufffde", "cherry tart"]
+
+
+def test_files_of_a_near_name_or_still_packed_are_named(tmp_path):
+    folder = write_beir(tmp_path / "ds", CORPUS, QUERIES, QRELS)
+    (folder / "corpus.jsonl").rename(folder / "Corpus.jsonl")
+    with pytest.raises(AnceError, match=r"neither a BEIR folder .*; it holds Corpus.jsonl: name it corpus.jsonl"):
+        load_dataset(folder)
+    (folder / "Corpus.jsonl").rename(folder / "corpus.jsonl")
+    for path in (folder / "queries.jsonl", *(folder / "qrels").glob("*.tsv")):
+        path.rename(path.with_name(path.name + ".gz"))
+    with pytest.raises(DataError, match=r"queries.jsonl: file not found; the folder holds queries.jsonl.gz: unpack it"):
+        load_dataset(folder)
+    (folder / "queries.jsonl.gz").rename(folder / "queries.jsonl")
+    with pytest.raises(DataError, match=r"qrels: no qrels/<split>.tsv files \(it holds test.tsv.gz, train.tsv.gz; "
+                       r"unpack them \(e.g. gunzip\) in place\)"):
+        load_dataset(folder)
