@@ -257,18 +257,21 @@ def finish(run: RunBook, last: str, checkpoint: ArtifactRef, async_refresh: dict
     plots.mkdir(parents=True, exist_ok=True)
     drawing = Path(tempfile.mkdtemp(dir=plots.parent, prefix=".drawing-"))  # a concurrent run draws its own
     package = run.retrieval_package(chosen) if is_hybrid(chosen) and run.trial is None else None
-    tracked = run.track(result, drawing, (dense_of(chosen), final["checkpoint"]), async_refresh, retrieval=package)
+    compressing = c.compression is not None and run.trial is None  # (the parent ends once it is logged)
+    tracked = run.track(result, drawing, (dense_of(chosen), final["checkpoint"]), async_refresh, retrieval=package,
+                        end=not compressing)
     for png in drawing.iterdir():
         os.replace(png, plots / png.name)  # each file whole, whichever run renames last
     shutil.rmtree(drawing, ignore_errors=True)
     extra = {"async_refresh": async_refresh} if async_refresh is not None else {}
-    if c.compression is not None and run.trial is None:  # the chosen model, from the corpus encoding its evaluation
+    if compressing:  # the chosen model, from the corpus encoding its evaluation
         compressed = compress_model(final["checkpoint"], final["encode"], run.data, c.compression, run.split,
                                     c.data.eval_split, c.encode, c.index, c.work_dir, run.eval)
         tracked["compression"] = log_compression(run.tracking.tracker, run.tracking.parent, compressed, c.compression,
                                                  c.data, run.tracking.tags) | {"table": compressed["table"]}
         extra["compression"] = {"table": compressed["table"], "files": compressed["files"],
                                 "rows": public_rows(compressed["rows"])}
+        run.tracking.tracker.end_run(run.tracking.parent)  # (a failure before: FAILED, by run.ended_on_failure)
         tracked |= run.tracking.tracker.summary()
     run.conclude(tracked, result, chosen)
     extra |= {"fusion": fusion} if fusion is not None else {}

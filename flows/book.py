@@ -322,15 +322,15 @@ class RunBook:
         return list(dict.fromkeys(w for folder in folders for w in stage_warnings(folder)))
 
     def track(self, result: dict, plots_dir: Path, selected: tuple[str, ArtifactRef] | None = None,
-              async_refresh: dict | None = None, extra_plots: Iterable[Path] = (), retrieval: Path | None = None
-              ) -> dict:
+              async_refresh: dict | None = None, extra_plots: Iterable[Path] = (), retrieval: Path | None = None,
+              end: bool = True) -> dict:
         """Log the rest of the run to MLflow (tracking.run.PipelineTracking.finish); never fails the run. The run's
         warnings are the stages' and the report's, and those said outside any stage's build (`loose`)."""
         result["warnings"] = list(dict.fromkeys(result["warnings"] + self.loose))
         return self.tracking.finish_safely(result, self.log.timings, self.evaluations, self.data.path, self.stats,
                                            async_refresh, extra_plots=extra_plots, plots_dir=plots_dir,
                                            selected=selected, dev=self.dev, dev_setting=self.dev_setting,
-                                           retrieval=retrieval)
+                                           retrieval=retrieval, end=end)
 
     def retrieval_package(self, label: str) -> Path | None:
         """The retrieval package of a hybrid row's dense model (its corpus encoding, the BM25 index, the fusion:

@@ -285,10 +285,11 @@ def test_the_run_is_tracked_on_the_mlflow_server(stack, trained, tiny, tmp_path)
         contexts = {n: {t["key"]: t["value"] for t in i["tags"]}["mlflow.data.context"] for n, i in inputs.items()}
         assert contexts == {f"{name}/train": "training", f"{name}/dev": "dev", f"{name}/test": "evaluation"}
         assert len({i["dataset"]["digest"] for i in inputs.values()}) == 3  # each split's own content digest
-    # one loss point per training step on one global step axis: warm-up steps 1-3, round 1 steps 4-6
+    # one loss point per training step: the parent's on one global step axis (warm-up steps 1-3, round 1 steps
+    # 4-6), each stage's own run from its step 1
     assert loss_points(stack, pid) == [1, 2, 3, 4, 5, 6]
     assert loss_points(stack, children["warmup"]["info"]["run_id"]) == [1, 2, 3]
-    assert loss_points(stack, children["ANCE round 1"]["info"]["run_id"]) == [4, 5, 6]
+    assert loss_points(stack, children["ANCE round 1"]["info"]["run_id"]) == [1, 2, 3]
     assert seen_while_running  # streamed while the flow was still running, not only logged at its end
     metrics = {m["key"]: m["value"] for m in children["ANCE round 1"]["data"]["metrics"]}
     for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000", "time_train_s", "time_mine_s",

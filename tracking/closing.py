@@ -22,7 +22,8 @@ def closing_lines(summary: dict, selected: str | None = None, warnings: Iterable
                      "one standard error of it: selection one-se)")
     elif selected is not None:
         lines.append(f"Result: {selected} (the best dev nDCG@10 of the run's models, the starting one included)")
-    where = summary["run_url"] or f"{summary['tracking_uri']} (run {summary['run_id']})"
+    where = summary["run_url"] or f"{summary['tracking_uri']} " + (
+        f"(run {summary['run_id']})" if summary["run_id"] else "(none: the server could not be reached to create it)")
     lines += [f"MLflow: parent run {where}" + (f" (final logging took {summary['final_logging_s']} s)"
                                                if "final_logging_s" in summary else "")]
     for c in (summary.get("champion"), summary.get("compression", summary).get("registered")):

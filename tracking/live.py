@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 STEP_KEYS = ["loss", "lr", "grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top",
              "dev_check_ndcg_at_10", "examples_per_s"]  # (a dev check's score on the steps that have one)
-PARENT_KEYS = STEP_KEYS[:-1]  # the parent run's curves span all stages on one global step axis
+PARENT_KEYS = STEP_KEYS[:-1]  # the parent run's curves span all stages on one global step axis (a stage's own run:
+# its steps from 1, so that Compare lays the same stage of two runs, or two samplers from one warm-up, on each other)
 LIVE_INTERVAL = float(os.environ.get("ANCE_MLFLOW_LIVE_INTERVAL", "5"))
 
 
@@ -31,8 +32,12 @@ class LiveMetrics:
     logging, which sends it from train_log.jsonl or keeps it in the spool. `delivered` lists the steps that arrived.
     """
 
-    def __init__(self, tracker: Tracker, runs: dict[str, list[str]], step_offset: int, interval: float = 5.0):
-        self.tracker, self.runs, self.offset, self.interval = tracker, runs, step_offset, interval
+    def __init__(self, tracker: Tracker, runs: dict[str, list[str]], step_offset: int | dict[str, int],
+                 interval: float = 5.0):
+        """`runs`: the keys logged to each run; `step_offset`: added to each run's steps (a run id's own, or one for
+        all: the parent's curves span the stages on one step axis, a stage's own run counts from its step 1)."""
+        self.tracker, self.runs, self.interval = tracker, runs, interval
+        self.offsets = step_offset if isinstance(step_offset, dict) else dict.fromkeys(runs, step_offset)
         self.queue: list[dict] = []
         self.pending: dict[str, list[Metric]] = {run: [] for run in runs}
         self.delivered: dict[str, set[int]] = {run: set() for run in runs}
@@ -64,9 +69,9 @@ class LiveMetrics:
             records, self.queue = self.queue, []
         now = int(time.time() * 1000)
         for run, keys in self.runs.items():
-            carried = len(self.pending[run])  # points a failed flush left queued
-            self.pending[run] += [Metric(metric_key(k), float(r[k]), now, int(r["step"]) + self.offset)
-                                  for r in records for k in keys if k in r]
+            carried, offset = len(self.pending[run]), self.offsets.get(run, 0)  # (points a failed flush left queued)
+            self.pending[run] += [Metric(metric_key(k), float(r[k]), int(r.get("timestamp", now)),
+                                         int(r["step"]) + offset) for r in records for k in keys if k in r]
             if not self.pending[run]:
                 continue
             sent: set[int] = set()
@@ -76,10 +81,10 @@ class LiveMetrics:
                     break
                 self.tracker.delivered_late += min(carried, len(batch))
                 carried = max(0, carried - len(batch))
-                sent |= {m.step - self.offset for m in batch}
+                sent |= {m.step - offset for m in batch}
                 del self.pending[run][:BATCH]
             # a step is delivered when all its points are (one split across batches is sent again whole at the end)
-            self.delivered[run] |= sent - {m.step - self.offset for m in self.pending[run]}
+            self.delivered[run] |= sent - {m.step - offset for m in self.pending[run]}
         self.busy_s += time.perf_counter() - started
 
     def close(self) -> None:

@@ -81,7 +81,8 @@ def register_models(tracker: Tracker, name: str, versions: list[tuple[str, str, 
     for label, run_id, metrics in versions:
         if run_id is None:  # its MLflow run was never created (the server down): no checkpoint to point at
             continue
-        tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" for k, v in metrics.items()}
+        tags = {"label": label, "dataset": dataset, "split": split} | {k: f"{v:.6f}" if isinstance(v, float) else str(v)
+                                                                         for k, v in metrics.items()}
         tags |= {"dev_split": dev_setting} if dev_setting else {}
         tags |= {DIGEST_TAG: digests[label]} if label in (digests or {}) else {}
         own = {RUN_TAG: logged_by[label]} if (logged_by or {}).get(label, run_id) != run_id else {}

@@ -123,7 +123,7 @@ class PipelineTracking:
         train), named <dataset>/<split>, with the split's content digest, so that runs on different data are told
         apart in the runs table's Dataset column."""
         self.tracker.set_tags(self.parent, {"dataset_digest": digest})
-        self.inputs = dataset_inputs(Path(self.config.data.dataset).name, folder, summary, splits)
+        self.inputs = dataset_inputs(self.config.data.collection, folder, summary, splits)
         self.tracker.log_inputs(self.parent, self.inputs)
 
     @staticmethod
@@ -138,7 +138,7 @@ class PipelineTracking:
         if not runs:
             yield
             return
-        live = LiveMetrics(self.tracker, runs, self.steps_before(timings), LIVE_INTERVAL)
+        live = LiveMetrics(self.tracker, runs, {self.parent: self.steps_before(timings)}, LIVE_INTERVAL)
         token = LIVE.set(live)
         try:
             yield
@@ -188,11 +188,13 @@ class PipelineTracking:
                async_refresh: dict | None = None, extra_plots: Iterable[Path] = (),
                plots_dir: Path | None = None, selected: tuple[str, ArtifactRef] | None = None,
                dev: dict[str, ArtifactRef] | None = None, dev_setting: str | None = None,
-               retrieval: Path | None = None) -> dict:
+               retrieval: Path | None = None, end: bool = True) -> dict:
         """Log the rest of the run (see the class docstring). `selected`: the run's result (label, checkpoint), the
-        champion candidate; `dev`: each model's evaluation on the dev split, logged beside the other; `dev_setting`:
+        champion candidate (None: a run with no result, a comparison of samplers, whose parent gets no result's tag
+        nor metrics); `dev`: each model's evaluation on the dev split, logged beside the other; `dev_setting`:
         the dev split's name and content digest (a champion's dev score is compared only on the same one);
-        `retrieval`: the retrieval package logged with the selected checkpoint (a hybrid result's)."""
+        `retrieval`: the retrieval package logged with the selected checkpoint (a hybrid result's); `end`: False
+        leaves the parent running, for work logged to it after (the pipeline's compression), which ends it."""
         tracker, parent = self.tracker, self.parent
         stats = {label: read_stats(ref) for label, ref in (stats or {}).items()}
         per_model: dict[str, dict[str, float]] = {}
@@ -209,12 +211,13 @@ class PipelineTracking:
             child, records = self.child(t.label), train_log(t.ref.path)
             for run, keys in ((child, STEP_KEYS), (parent, PARENT_KEYS)):
                 done = self.delivered.get((run, t.label), set())
-                tracker.log_history(run, [r for r in records if r["step"] not in done], keys, global_step)
+                tracker.log_history(run, [r for r in records if r["step"] not in done], keys,
+                                    global_step if run == parent else 0)  # (a stage's own run: from its step 1)
             curve += [r | {"step": r["step"] + global_step, "stage": t.label} for r in records]
             if async_refresh is not None and (state := read_refresh_state(Path(t.ref.path)))["staleness"]:
                 # recorded before each step (0-based, as the trainer asks for negatives); logged at the step it trained
                 tracker.log_history(child, [{"step": s + 1, "staleness": v} for s, v in state["staleness"]],
-                                    ["staleness"], global_step)
+                                    ["staleness"])
             global_step += len(records)
             holder = child  # the run that holds the checkpoint's files: its own, or an earlier run's with the same
             if not self.trial:
@@ -273,9 +276,10 @@ class PipelineTracking:
                     log_evaluation(tracker, child, dev[label].path, "evaluation-dev")
                 tracker.end_run(child)
                 table.append({"model": label, **metrics})
-            result_label = report.get("selected") or last_dense(report["results"])
-            tracker.log_metrics(parent, results[result_label])
-            tracker.set_tags(parent, {"result_model": result_label} | (
+            result_label = report.get("selected") or (last_dense(report["results"]) if selected else None)
+            if result_label is not None:
+                tracker.log_metrics(parent, results[result_label])
+            tracker.set_tags(parent, ({"result_model": result_label} if result_label is not None else {}) | (
                 {"best_on_dev": report["best_on_dev"], "selection": report["selection"]}
                 if report.get("selection") else {}) | (
                 {"warnings": "\n".join(report["warnings"])[:5000]} if report.get("warnings") else {}))
@@ -288,7 +292,8 @@ class PipelineTracking:
             pd.DataFrame(table).to_csv(tmp / "results.csv", index=False)
             for name in ("results.md", "results.csv"):
                 tracker.log_artifact(parent, tmp / name, "report")
-        start = self.config.start_checkpoint  # (a retrain's: its `start` row scores that model on this dev split)
+        # a retrain's: its `start` row scores that model on this dev split (a comparison of samplers has none)
+        start = getattr(self.config, "start_checkpoint", None)
         rescored = (start, results["start"][DEV_KEY]) if start and DEV_KEY in results.get("start", {}) else None
         decision = {} if self.trial else register_models(
             tracker, model_name(self.config.data.collection), versions, report["dataset"], report["split"],
@@ -296,11 +301,12 @@ class PipelineTracking:
             dataset_source(self.config.data), rescored, digests,
             {label: self.children[label] for label, _, _ in versions})  # (a version's card: its model's run)
         if decision:
-            tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items()})
+            tracker.set_tags(parent, {f"champion.{k}": v for k, v in decision.items() if v is not None})
         if tracker.undelivered:
             tracker.set_tags(parent, {"tracking.undelivered_calls": sum(tracker.undelivered.values()),
                                       "tracking.kept_in": str(tracker.spool)})
-        tracker.end_run(parent)
+        if end:
+            tracker.end_run(parent)
         return tracker.summary() | {"run_id": parent, "run_url": run_url(tracker, parent), "champion": decision,
                                     "experiment_id": tracker.experiment_id}
 

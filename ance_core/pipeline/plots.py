@@ -66,19 +66,28 @@ def plot_curves(curve: list[dict], results: list[dict], stats: dict[str, dict], 
                 ax.axvspan(step, end, color="0.93", lw=0)
             ax.annotate(stage, (step, 1.0), xycoords=("data", "axes fraction"), va="top", fontsize=7)
 
+    def stage_parts() -> list[list[dict]]:
+        parts: list[list[dict]] = []
+        for i, r in enumerate(curve):
+            if i == 0 or curve[i - 1]["stage"] != r["stage"]:
+                parts.append([])
+            parts[-1].append(r)
+        return parts
+
     paths = []
-    steps = [r["step"] for r in curve]
     if curve:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         stage_bands(ax)
-        ax.plot(steps, [r["loss"] for r in curve], lw=0.8)
+        for part in stage_parts():  # (a line per stage: samplers compared from one warm-up are not one run)
+            ax.plot([r["step"] for r in part], [r["loss"] for r in part], lw=0.8, color="C0")
         ax.set(xlabel="global step", ylabel="NLL loss", title="training loss")
         paths.append(save(fig, "loss.png"))
         fig, ax = plt.subplots(figsize=(8, 3.5))
         stage_bands(ax)
-        for key in ("grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top"):
-            if key in curve[0]:
-                ax.plot(steps, [r.get(key, float("nan")) for r in curve], lw=0.8, label=key)
+        for k, key in enumerate(("grad_norm", "grad_norm_bottom", "grad_norm_middle", "grad_norm_top")):
+            for n, part in enumerate(stage_parts()) if key in curve[0] else ():
+                ax.plot([r["step"] for r in part], [r.get(key, float("nan")) for r in part], lw=0.8, color=f"C{k}",
+                        label=key if n == 0 else None)
         ax.set(xlabel="global step", yscale="log", title="pre-clip gradient norm (overall, per third of the layers)")
         ax.legend(fontsize=7)
         paths.append(save(fig, "grad_norms.png"))

@@ -264,7 +264,8 @@ def train(
                             "training stopped and nothing was published: lower the learning rate, or train in fp32")
         seconds = (time.perf_counter() if ended is None else ended) - started
         state["epoch"] = epoch
-        return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds}
+        return {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, **norms, "examples_per_s": rows / seconds,
+                "timestamp": int(time.time() * 1000)}  # (its points' time in MLflow, when logged after the stage)
 
     def log_step(record: dict) -> None:
         if ranks.main:

@@ -288,8 +288,8 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     # `ance run` started itself again under mimalloc (ance_core/allocator.py), unless told not to
     assert parent.data.tags["allocator"] == ("system" if os.environ.get("ANCE_ALLOCATOR") == "system" else "mimalloc")
     assert parent.data.metrics["ndcg_at_10"] == pytest.approx(result["ndcg_at_10"])
-    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "loss")]
-    assert steps == list(range(1, 3 * (ROUNDS + 1) + 1))  # 3 steps per training stage, one global step axis
+    history = client.get_metric_history(parent.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, 3 * (ROUNDS + 1) + 1))  # 3 steps a stage, one global axis
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     names = {r.info.run_name: r for r in children}
@@ -299,6 +299,14 @@ def test_pipeline_run_is_tracked_in_the_embedded_mlflow_store(pipeline):
     assert names["warmup"].data.metrics["time_train_s"] > 0
     for key in ("grad_norm", "grad_norm_bottom", "grad_norm_top", "examples_per_s"):  # the tiny BERT has 2 layers
         assert len(client.get_metric_history(names["warmup"].info.run_id, key)) == 3, key
+    # a stage's own run counts its steps from 1 (Compare lays the same round of two runs on each other); each point
+    # is dated when its step trained, not when it was logged
+    trained = {(t["for"], t["stage"]): t["path"] for t in result["stages"]}
+    for label in ("warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))):
+        log = Path(trained[label, "train"], "train_log.jsonl")
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        points = client.get_metric_history(names[label].info.run_id, "loss")
+        assert [(m.step, m.timestamp) for m in points] == [(r["step"], r["timestamp"]) for r in records], label
     # negatives statistics (ANCE Fig. 3) for every model trained on mined negatives, also in the flow's result
     assert set(result["negatives"]) == {"warmup", *(f"ANCE round {k}" for k in range(1, ROUNDS + 1))}
     for label in result["negatives"]:
@@ -512,6 +520,8 @@ def test_compression_is_in_mlflow_with_projectors_and_registered_models(pipeline
     run_id = result["tracking"]["compression"]["run_id"]
     run = client.get_run(run_id)
     assert run.data.tags["mlflow.parentRunId"] == result["mlflow_run_id"] and run.info.status == "FINISHED"
+    parent = client.get_run(result["mlflow_run_id"])  # ended once the compression was logged (it was ended before
+    assert parent.info.status == "FINISHED" and parent.info.end_time >= run.info.end_time  # it started)
     assert {a.path for a in client.list_artifacts(run_id)} >= {"compression.md", "compression.csv"}
     children = {r.info.run_name: r for r in client.search_runs(
         [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")}
