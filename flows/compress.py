@@ -80,7 +80,9 @@ def compress_model(checkpoint: ArtifactRef, embeddings: ArtifactRef, data: Artif
             run = run_task(dense_run, model, built, data, eval_split, DEPTH, encode, searched, work_dir)
             evaluated = run_task(evaluate, run, data, eval_split, work_dir, evaluation)
             rows.append({"method": method, "dim": dim, "index": kind, "compress": folder, "checkpoint": model,
-                         "index_ref": built, "evaluation": evaluated} | read_metrics(evaluated))
+                         "index_ref": built, "evaluation": evaluated}
+                        | {k: v for k, v in read_metrics(evaluated).items() if k in METRICS})  # (R@1000 of a ranking
+            # DEPTH deep is R@100: not reported)
     eval_queries = run_task(encode_split_queries, checkpoint, data, eval_split, encode, work_dir)
     measured = measure_latency([(r["index_ref"], r["compress"]) for r in rows], eval_queries, DEPTH, c.latency_batch,
                                searched)

@@ -52,9 +52,13 @@ class EmbeddingModel:
 
         self.checkpoint = Path(checkpoint)
         self.encoder = Encoder(checkpoint)
-        self.searcher, self.cannot_search = None, "this version has no retrieval package " + (
-            f"({RETRIEVAL}/): only a version whose run's result was a hybrid row can search; kind query or passage "
-            "encodes")
+        compressed = self.encoder.onnx is None and self.encoder.model.projector is not None
+        why = ("a compressed model (ConAE or PCA) is served without one" if compressed else
+               "a MaxP model is served without one (its encoding has a row per window)"
+               if self.encoder.meta.document_mode != "firstp" else
+               "only a version whose run's result was a hybrid row can search")
+        self.searcher, self.cannot_search = None, (f"this version has no retrieval package ({RETRIEVAL}/): {why}; kind "
+                                                   "query or passage encodes")
         if (self.checkpoint / RETRIEVAL).is_dir():  # loaded now, not at the first search: `mlflow models serve`
             # loads the model from a download folder in /tmp, which a cleaner may empty before a long-lived server's
             # first search (the embeddings and the BM25 index are memory-mapped: their files stay readable)

@@ -316,10 +316,13 @@ def _training(info: dict[str, Any]) -> str:
     if stages := info.get("stages"):
         lines += ["", "The stages that made this model, in order (each stage's exact configuration is below):", ""]
         lines += [f"{k}. {_describe(stage)}" for k, stage in enumerate(stages, 1)]
-    elif params := info.get("params"):
+    elif params := info.get("params"):  # (a registered version: the run's recipe, and which of its models this is)
         recipe = (f"a warm-up on BM25 negatives, then {params['rounds']} ANCE round(s) with negatives mined by "
                   f"`{params.get('mining.sampler', '?')}`" if "rounds" in params else "see the parameters below")
-        lines += ["", f"The pipeline run that trained it: {recipe}; the run's exact parameters are below."]
+        label = info.get("label")
+        which = (f"; this model is its `{label}`" + (" (the model it started from, not one it trained)"
+                                                      if label in ("zero-shot", "start") else "")) if label else ""
+        lines += ["", f"The pipeline run it comes from: {recipe}{which}; the run's exact parameters are below."]
     else:
         lines += ["", "How it was trained is not recorded with this checkpoint (it is not a stage folder of a work "
                       "folder, nor a registered model version): its settings are those of `ance_model.json` below."]

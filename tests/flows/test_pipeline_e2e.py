@@ -457,6 +457,7 @@ def test_compression_table_of_the_final_model(pipeline):
     assert teacher["checkpoint_path"] == result["final_checkpoint"]
     for r in rows:
         assert 0 <= r["ndcg_at_10"] <= 1 and 0 <= r["recall_at_100"] <= 1
+        assert "recall_at_1000" not in r  # (the table's rankings are 100 deep: it read as R@100)
         assert r["index_bytes"] > 0 and r["latency_batched_ms"] > 0 and r["latency_single_ms"] > 0
         if r["method"] != "teacher":
             assert read_manifest(r["index_path"])["summary"]["dim"] == r["dim"]

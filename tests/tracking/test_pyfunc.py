@@ -137,7 +137,8 @@ def test_a_hybrid_results_version_searches_as_the_run_did_and_another_says_it_ca
                                                   r"\(\\ud800\) at character 3"):
             model.predict(["fine", "abc\ud800"], params={"kind": kind})
     plain = mlflow.pyfunc.load_model("models:/ance-scifact/1")
-    with pytest.raises(MlflowException, match="this version has no retrieval package") as refused:
+    with pytest.raises(MlflowException, match="this version has no retrieval package .*: only a version whose run's "
+                       "result was a hybrid row can search") as refused:
         plain.predict(QUERIES, params={"kind": "search"})
     assert "/" not in str(refused.value).split("(")[0], refused.value  # (not MLflow's download folder: a client
     # cannot read it)
@@ -242,6 +243,12 @@ def test_a_compressed_version_encodes_to_its_compressed_dimension(registry, trac
         out = model.predict(texts, params={"kind": kind})
         assert out.shape == (len(texts), COMPRESSED_DIM)
         np.testing.assert_allclose(out, encoder.encode(texts, kind=kind), atol=1e-5)
+    from mlflow.exceptions import MlflowException
+
+    # why it cannot search: not "only a hybrid result's version can", which a hybrid result compressed is too
+    with pytest.raises(MlflowException, match=r"no retrieval package \(retrieval/\): a compressed model \(ConAE or "
+                       "PCA\) is served without one; kind query or passage encodes"):
+        model.predict(QUERIES, params={"kind": "search"})
 
 
 def test_the_logged_model_files_do_not_mix_with_the_checkpoint(registry, tmp_path, monkeypatch):

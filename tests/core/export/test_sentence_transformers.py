@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ance_cli.main import app
-from ance_core.export.sentence_transformers import export_checkpoint
+from ance_core.export.sentence_transformers import _training, export_checkpoint
 from ance_core.modeling.config import ModelConfig
 from ance_core.modeling.model import init_model, load_checkpoint, model_files
 from ance_core.retrieval.config import EncodeConfig, EvalConfig
@@ -308,3 +308,13 @@ def test_prefixes_are_kept_by_the_checkpoint_the_export_and_the_ance_encoder(tin
     encoder = Encoder(checkpoint)
     np.testing.assert_allclose(encoder.encode(TEXTS, "query"), queries, atol=1e-5, rtol=0)
     np.testing.assert_allclose(encoder.encode(TEXTS, "passage"), passages, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("label,said", [("warmup", "this model is its `warmup`;"),
+                                        ("zero-shot", "this model is its `zero-shot` (the model it started from, "
+                                                      "not one it trained);")])
+def test_a_registered_versions_card_says_which_of_its_runs_models_it_is(label, said):
+    """A version of the warm-up was carded as trained by the run's whole recipe (its ANCE rounds too)."""
+    card = _training({"params": {"rounds": "1", "mining.sampler": "simans"}, "label": label})
+    assert ("The pipeline run it comes from: a warm-up on BM25 negatives, then 1 ANCE round(s) with negatives mined "
+            f"by `simans`; {said} the run's exact parameters are below.") in card
