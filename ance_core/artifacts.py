@@ -13,6 +13,7 @@ A folder that is not a stage (a flow's result files) is written the same way wit
 The names of the files that one stage writes and others read are defined here, once (see "Stage file names").
 """
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -22,7 +23,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel
 
 import ance_core
-from ance_core.errors import AnceError, collect_warnings
+from ance_core.errors import AnceError, DamagedStage, collect_warnings
 from ance_core.stage_config import KEY_DUMP
 
 MANIFEST = "manifest.json"
@@ -93,15 +93,8 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # its key stays, and a folder the old code built is handed out as the new code's). 0 adds nothing to the key (the
 # keys from before the rules); tests/core/test_stage_keys.py pins this table, every stage name the code builds, and
 # a key per stage, so a change of output meets a failing test until its rule is bumped on purpose (issue 41 changed the
-# keys of the inputs that were missing: a teacher's content, SimANS under a margin). Bumped: data and corpus to 1 (ids
-# trimmed in every file, UTF-16 files, half surrogate pairs and NaN titles: what messy collections load as changed);
-# fusion and fuse to 1 (RRF no longer ranks BM25's score-0 filler rows as hits); compress to 1 (PCA no longer centres
-# the queries); mine to 1 (BM25's filler rows are no candidates, a query's own id is never its negative); data to 2
-# (a dataset's own dev queries are no longer in its train split); train and train-async to 1 (AdamW's fused kernel on
-# a CPU too: the same update to float rounding); fusion and fuse to 3 (a convex combination scales BM25's matches only,
-# not its filler rows); data to 4 (a 4-column qrels row whose second column is no TREC iteration is a bad row, not
-# read as TREC with its ids shifted, nor is a file whose iteration column holds more than 20 values; a 3-column header
-# naming the grade `label` is a header).
+# keys of the inputs that were missing: a teacher's content, SimANS under a margin). Each bump and its reason:
+# tests/core/test_stage_keys.py.
 STAGE_RULES: dict[str, int] = {
     "data": 5, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 1, "train-async": 1,
@@ -130,11 +123,20 @@ def id_lines(path: str | Path) -> list[str]:
 
 
 def is_complete(folder: str | Path) -> bool:
-    return (Path(folder) / MANIFEST).is_file()
+    """A stage folder whose manifest (written last) is readable: one cut short by a crash is built again."""
+    try:
+        read_manifest(folder)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / MANIFEST).read_text())
+    with contextlib.suppress(ValueError):
+        if isinstance(manifest := json.loads((Path(folder) / MANIFEST).read_text()), dict):
+            return manifest
+    raise DamagedStage(f"{folder}: a damaged stage folder (its {MANIFEST} cannot be read: cut short by a crash, or an "
+                       "interrupted copy); remove it, and the run that needs it builds it again")
 
 
 # called with (stage, ref) for every stage folder `run_stage` hands out, built or reused: the live runs' records of the
@@ -281,7 +283,7 @@ def _build_stage(final: Path, stage: str, key: str, config: Any, inputs: Mapping
     return ArtifactRef(str(final), key, manifest["seconds"])
 
 
-@contextmanager
+@contextlib.contextmanager
 def atomic_folder(final: str | Path) -> Iterator[Path]:
     """Write a whole folder at once: yields an empty temporary folder beside `final` (`.partial-<name>-<random>`),
     which replaces `final` (and whatever it held) when the block ends without an exception; on an exception it is
@@ -361,7 +363,7 @@ def new_file_mode() -> int:
     return 0o644
 
 
-@contextmanager
+@contextlib.contextmanager
 def replaced_file(path: str | Path, encoding: str | None = None) -> Iterator[TextIO]:
     """A text file to write `path` through, streamed: a temporary file beside it, renamed into place when the block
     ends (a new file, never half of one); removed when the block raises. A `path` that is a symbolic link: the file it

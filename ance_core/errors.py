@@ -37,6 +37,12 @@ def damaged_stage(folder: str | Path, what: str = "stage folder",
                         f"{then}") from None
 
 
+class DamagedStage(AnceError, ValueError):
+    """A stage folder whose manifest cannot be read (cut short by a crash before it reached the disk, a copy
+    interrupted): `run_stage` builds such a folder again; a command given it says so in one line. (A ValueError too,
+    as the JSON error it replaces: callers that treat an unreadable manifest as no stage still do.)"""
+
+
 class OutOfMemory(AnceError):
     """The accelerator ran out of memory. The same batch runs out of memory the same way again, so it is not retried;
     the message names the batch and what to change."""

@@ -241,8 +241,17 @@ def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -
     if dry_run:
         return plan
     work_dir = Path(work_dir).resolve()
-    with FileLock(work_dir / ".locks" / "gc.lock"):  # one gc at a time (each deletes what another left aside)
+    lock = FileLock(work_dir / ".locks" / "gc.lock")  # one gc at a time (each deletes what another left aside)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:  # (said, as a stage's builder waiting is: a run at its end seemed hung)
+        print(f"gc: another garbage collection of {work_dir} is running; waiting for it to finish ({lock.lock_file})",
+              flush=True)
+        lock.acquire()
+    try:
         return _collect(work_dir, plan, since)
+    finally:
+        lock.release()
 
 
 def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:

@@ -1,10 +1,9 @@
 """What every stage task shares: a content cache key, persisted results, retries with backoff, fault injection.
 
 Cache key (`StageCache`): the task's source, the ance_core version and the task's inputs with each `ArtifactRef`
-reduced to its digest (which is itself derived from content: the dataset's bytes, upstream configs and digests),
-plus whatever content the inputs do not carry (the dataset files, read by `prepare-data`). Results are persisted,
-so a re-run in a new process finds them. A cached record whose folder was deleted or is incomplete is not used:
-the task runs again and rebuilds the same folder.
+reduced to its content digest, plus the content the inputs do not carry (the dataset's files, a local model's).
+Results are persisted, so a re-run in a new process finds them. A cached record whose folder was deleted or is
+incomplete is not used: the task runs again and rebuilds the same folder.
 
 Fault injection, for tests and drills: `ANCE_FAULT="<task>[@<step>][:fail|:hang|:exit]"` (comma-separated for
 several) makes the named task raise `InjectedFault` once per process (the retry then succeeds), or hang so that the
@@ -23,6 +22,7 @@ of the data before the flow).
 import contextlib
 import contextvars
 import dataclasses
+import errno
 import functools
 import inspect
 import logging
@@ -115,9 +115,8 @@ RUN_LOGS = "ance.warnings"  # the logger that sends warnings to the Prefect API 
 
 
 def to_run_logs(message: str) -> None:
-    """A warning (`ance_core.errors.warn`) as a WARNING line of the Prefect flow or task run this code runs in
-    (nothing outside one): Python's warnings reach a process's stderr only, a worker's terminal, never the run's page
-    in the UI."""
+    """A warning (`ance_core.errors.warn`) as a WARNING line of the Prefect flow or task run this code runs in (none
+    outside one): Python's warnings reach a process's stderr only, never the run's page in the UI."""
     try:
         get_run_context()
     except MissingContextError:
@@ -151,14 +150,16 @@ class ChildTasksFailed(Exception):
 
 
 def retry_unless_user_error(task: Task, task_run: TaskRun, state: State) -> bool:
-    """Retry transient failures; a bad dataset or config fails the same way every time, and a child task that failed
-    after its own retries is not retried again by its parent (retries would multiply)."""
+    """Retry transient failures; a bad dataset or config, a full disk or a folder it may not write, fails the same way
+    every time, and a child task that failed after its own retries is not retried again by its parent."""
     try:
         state.result()
     except (AnceError, ValueError, ChildTasksFailed):
         return False
-    except Exception:
-        return True
+    except OSError as e:
+        return e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+    except Exception:  # noqa: BLE001 (transient)
+        pass
     return True
 
 
@@ -347,9 +348,8 @@ _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("ance_stage_
 
 @contextlib.contextmanager
 def stages_for(label: str) -> Iterator[None]:
-    """The stage tasks called within are named after `label` in the Prefect UI, `encode (ANCE round 1)` (a stage
-    whose task names its runs itself, encode-shard-3, keeps its name): Prefect's own, `encode-2`, said neither which
-    model nor which split."""
+    """The stage tasks called within are named after `label` in the Prefect UI, `encode (ANCE round 1)` (one whose
+    task names its runs itself keeps its name): Prefect's own, `encode-2`, said neither which model nor which split."""
     token = _LABEL.set(label)
     try:
         yield

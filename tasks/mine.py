@@ -5,10 +5,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, digest_of, file_digest, run_stage
+from ance_core.artifacts import NEGATIVES, POSITIVE_SCORES, RUN, ArtifactRef, run_stage
 from ance_core.data.corpus import ParquetCorpus
 from ance_core.data.dataset import read_tables
-from ance_core.modeling.model import META_FILE, checkpoint_digest
 from ance_core.negatives.config import MiningConfig
 from ance_core.negatives.mining import SortedIds, fallback_stats, sample_negatives, sorted_ids, warn_fallback
 from ance_core.negatives.randomness import round_sample
@@ -17,24 +16,17 @@ from ance_core.retrieval.search import score_pairs
 from ance_core.training.config import TrainConfig
 from ance_core.training.plan import planned_epochs
 from tasks.common import stage_task
+from tasks.model import local_model_digest
 
 MINE_CHUNK = 20_000  # queries mined at a time (their rankings' rows are read, sampled and dropped)
 MAX_DRAWS = 8  # negatives drawn per pair for a stage of several epochs: one per epoch, cycling after this many
 
 
-TEACHER_FILES = (".safetensors", ".bin", ".json", ".txt", ".model")  # what a local teacher folder computes with
-
-
 def teacher_digest(cfg: MiningConfig) -> str | None:
     """The content of a local teacher (a checkpoint retrained at the same path is another teacher, with other
-    scores): a pipeline checkpoint's `checkpoint_digest`, another folder's weights, config and vocabulary files. None
-    without a teacher, or for a hub id (or the 'minilm' alias), which its name in the config names."""
-    if cfg.teacher is None or not (path := Path(cfg.teacher.model).expanduser()).is_dir():
-        return None
-    if (path / META_FILE).is_file():
-        return checkpoint_digest(path)
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TEACHER_FILES))
-    return digest_of({p.name: file_digest(p) for p in files})
+    scores): `local_model_digest`. None without a teacher, or for a hub id (or the 'minilm' alias), which its name in
+    the config names."""
+    return local_model_digest(cfg.teacher.model) if cfg.teacher is not None else None
 
 
 def _teacher_key(inputs: dict) -> dict:

@@ -211,3 +211,23 @@ def test_a_file_written_through_a_link_keeps_the_link_and_a_device_is_refused(tm
     for link, said in (("a", "a symbolic link that cannot be followed"), ("dangling", "in a folder that does not")):
         with pytest.raises(AnceError, match=said):
             write_text(tmp_path / link, "x")
+
+
+@pytest.mark.parametrize("content", ["", "{\"stage\": \"bm25\", \"ke", "[]"])
+def test_a_stage_folder_whose_manifest_is_cut_short_is_built_again(tmp_path, content):
+    """A crash before the manifest reached the disk leaves it empty: the folder counted as complete and every later
+    run failed on it with a JSON traceback (a command given it too)."""
+    from ance_core.errors import DamagedStage
+
+    def build(out):
+        (out / "x.txt").write_text("built")
+        return {"n": 1}
+
+    first = run_stage(tmp_path, "demo", {"a": 1}, {}, build)
+    (tmp_path / "demo" / first.digest / "manifest.json").write_text(content)
+    assert not is_complete(first.path)
+    with pytest.raises(DamagedStage, match=r"a damaged stage folder \(its manifest.json cannot be read: cut short by "
+                       "a crash, or an interrupted copy\\); remove it"):
+        read_manifest(first.path)
+    again = run_stage(tmp_path, "demo", {"a": 1}, {}, build)
+    assert again.path == first.path and not again.cached and read_manifest(again.path)["summary"] == {"n": 1}

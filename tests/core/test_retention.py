@@ -492,3 +492,25 @@ def test_old_champion_copies_go_unless_the_newest_or_a_kept_run_started_from_one
     assert all(copies[v].is_dir() for v in (2, 3, 4, 5)) and not list((work / "champion").glob(".gc-*"))
     assert other.is_dir() and (work / "champion" / "backup").is_dir()
     assert (work / "champion" / "ance-c-v9-00000009").is_symlink()
+
+
+def test_a_collection_waiting_for_another_says_so(tmp_path, capsys):
+    """`ance gc`, or a run's retention at its end, waited on another collection's lock without a word: a run that had
+    done its work seemed hung."""
+    from filelock import FileLock
+
+    work = _retrained(tmp_path / "work", 3)
+    held = FileLock(work / ".locks" / "gc.lock")
+    held.acquire()
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (collect(work, RetentionConfig(keep_runs=1)), done.set()))
+    worker.start()
+    said, deadline = "", time.time() + 60
+    while "waiting for it to finish" not in said and time.time() < deadline:
+        time.sleep(0.05)
+        said += capsys.readouterr().out
+    assert f"gc: another garbage collection of {work.resolve()} is running; waiting for it to finish" in said
+    assert not done.is_set()  # (still waiting)
+    held.release()
+    worker.join(60)
+    assert done.is_set()

@@ -49,3 +49,21 @@ def test_the_demo_recipes_training_keys_keep_their_values():
     assert stage_key("train", train_config(demo.warmup, "train"), checkpoint) == "d9d1323b76133804"
     trainer = trainer_config(demo.ance, "train", 2, demo.encode, demo.index, demo.mining, None, demo.bm25)
     assert stage_key("train-async", trainer, checkpoint) == "978ae6e9867e2503"
+
+
+def test_a_local_model_folder_changed_in_place_is_another_starting_model(tiny_model, tmp_path):
+    """A model folder whose weights were replaced at the same path kept its `model` stage (keyed by the path alone),
+    and every stage after it: the old model's results were handed out for the new one."""
+    import shutil
+
+    from ance_core.modeling.config import ModelConfig
+    from tasks.model import init_checkpoint, local_model_digest
+
+    folder = shutil.copytree(tiny_model, tmp_path / "base")
+    cfg = ModelConfig(name=str(folder))
+    first = init_checkpoint.fn(cfg, str(tmp_path / "work"))
+    assert init_checkpoint.fn(cfg, str(tmp_path / "work")).path == first.path  # (unchanged: reused)
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)  # (the last bytes of a weight: another model)
+    assert init_checkpoint.fn(cfg, str(tmp_path / "work")).path != first.path
+    assert local_model_digest("minilm") is None and local_model_digest("org/some-hub-model") is None

@@ -200,6 +200,11 @@ def test_out_of_gpu_memory_names_the_batch_and_is_not_retried(setup, tmp_path, m
     assert "\n" not in message
     assert retry_unless_user_error(None, None, Failed(data=caught.value)) is False
     assert retry_unless_user_error(None, None, Failed(data=RuntimeError("connection reset"))) is True
+    import errno
+
+    full = OSError(errno.ENOSPC, "No space left on device")  # (retried twice, seconds apart, to fail the same way)
+    assert retry_unless_user_error(None, None, Failed(data=full)) is False
+    assert retry_unless_user_error(None, None, Failed(data=ConnectionResetError(errno.ECONNRESET, "reset"))) is True
 
 
 def test_fp16_training_is_refused_off_cuda_and_bf16_is_named():
