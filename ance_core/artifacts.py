@@ -92,9 +92,8 @@ def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
 # Each stage's rule: bump it when a change alters what the stage writes for the same config and inputs (otherwise
 # its key stays, and a folder the old code built is handed out as the new code's). 0 adds nothing to the key (the
 # keys from before the rules); tests/core/test_stage_keys.py pins this table, every stage name the code builds, and
-# a key per stage, so a change of output meets a failing test until its rule is bumped on purpose (issue 41 changed the
-# keys of the inputs that were missing: a teacher's content, SimANS under a margin). Each bump and its reason:
-# tests/core/test_stage_keys.py.
+# a key per stage, so a change of output meets a failing test until its rule is bumped on purpose, and says why each
+# was (issue 41 changed the keys of the inputs that were missing: a teacher's content, SimANS under a margin).
 STAGE_RULES: dict[str, int] = {
     "data": 5, "bm25-index": 0, "bm25": 0, "model": 0, "encode": 0, "encode-shard": 0, "index": 0, "retrieve": 0,
     "query-embeddings": 0, "mine": 1, "negative-stats": 0, "score-profile": 0, "train": 1, "train-async": 1,
@@ -176,18 +175,24 @@ def run_stage(
         with lock:
             if is_complete(final):
                 return _reused(final, stage, key)
+    with waited_for(lock, f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})"):
+        ref = _build_stage(final, stage, key, config, inputs, build, resumable)
+        _observe(stage, ref)
+    return ref
+
+
+@contextlib.contextmanager
+def waited_for(lock: FileLock, waiting: str) -> Iterator[None]:
+    """`lock` held for the block; when another holder has it, `waiting` is printed first (a wait said, not a hang)."""
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        print(f"{stage} {key}: another run is building it; waiting for it to finish ({lock.lock_file})",
-              flush=True)
+        print(waiting, flush=True)
         lock.acquire()
     try:
-        ref = _build_stage(final, stage, key, config, inputs, build, resumable)
-        _observe(stage, ref)
+        yield
     finally:
         lock.release()
-    return ref
 
 
 def read_only(work_dir: str | Path) -> bool:

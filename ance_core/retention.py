@@ -39,7 +39,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from pydantic import Field
 
-from ance_core.artifacts import MANIFEST
+from ance_core.artifacts import MANIFEST, waited_for
 from ance_core.errors import warn
 from ance_core.run_records import CHAMPION, mtime, protected_keys, run_records
 from ance_core.stage_config import StageConfig
@@ -242,16 +242,9 @@ def collect(work_dir: str | Path, cfg: RetentionConfig, dry_run: bool = False) -
         return plan
     work_dir = Path(work_dir).resolve()
     lock = FileLock(work_dir / ".locks" / "gc.lock")  # one gc at a time (each deletes what another left aside)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:  # (said, as a stage's builder waiting is: a run at its end seemed hung)
-        print(f"gc: another garbage collection of {work_dir} is running; waiting for it to finish ({lock.lock_file})",
-              flush=True)
-        lock.acquire()
-    try:
+    with waited_for(lock, f"gc: another garbage collection of {work_dir} is running; waiting for it to finish "
+                          f"({lock.lock_file})"):  # (said: a run at its end seemed hung)
         return _collect(work_dir, plan, since)
-    finally:
-        lock.release()
 
 
 def _collect(work_dir: Path, plan: GcPlan, since: float) -> GcPlan:

@@ -48,15 +48,13 @@ class EmbeddingModel:
     and parameters, not outputs. `k` is an integer.)"""
 
     def __init__(self, checkpoint: str | Path):
-        from ance_core.export.hybrid import RETRIEVAL, HybridSearch
+        from ance_core.export.hybrid import RETRIEVAL, HybridSearch, package_refusal
 
         self.checkpoint = Path(checkpoint)
         self.encoder = Encoder(checkpoint)
-        compressed = self.encoder.onnx is None and self.encoder.model.projector is not None
-        why = ("a compressed model (ConAE or PCA) is served without one" if compressed else
-               "a MaxP model is served without one (its encoding has a row per window)"
-               if self.encoder.meta.document_mode != "firstp" else
-               "only a version whose run's result was a hybrid row can search")
+        refused = package_refusal(self.encoder)
+        why = f"{refused} is served without one" if refused else \
+            "only a version whose run's result was a hybrid row can search"
         self.searcher, self.cannot_search = None, (f"this version has no retrieval package ({RETRIEVAL}/): {why}; kind "
                                                    "query or passage encodes")
         if (self.checkpoint / RETRIEVAL).is_dir():  # loaded now, not at the first search: `mlflow models serve`

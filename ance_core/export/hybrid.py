@@ -68,6 +68,14 @@ def copy_package(package: Path, checkpoint_copy: Path) -> None:
     shutil.copytree(package, checkpoint_copy / RETRIEVAL, dirs_exist_ok=True)
 
 
+def package_refusal(encoder) -> str | None:
+    """What a model is that a retrieval package cannot serve (its search ranks FirstP, uncompressed passage
+    embeddings), or None: a compressed model, a MaxP model. (An ONNX export is never compressed.)"""
+    if encoder.onnx is None and encoder.model.projector is not None:
+        return "a compressed model (ConAE or PCA)"
+    return "a MaxP model (its encoding has a row per window)" if encoder.meta.document_mode != "firstp" else None
+
+
 class HybridSearch:
     """Search with a checkpoint folder that holds a retrieval package (module docstring)."""
 
@@ -96,8 +104,7 @@ class HybridSearch:
                             + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                             + (", the same counts of other documents" if len(set(counts.values())) == 1 else "")
                             + "): its encoding and BM25 index are not of one corpus; log the run's package again")
-        compressed = self.encoder.onnx is None and self.encoder.model.projector is not None  # (an ONNX export: never)
-        if compressed or self.encoder.meta.document_mode != "firstp":
+        if package_refusal(self.encoder) is not None:
             raise AnceError(f"{checkpoint}: a retrieval package serves a FirstP, uncompressed checkpoint")
 
     def _dense(self, queries: pd.DataFrame, depth: int) -> pd.DataFrame:
